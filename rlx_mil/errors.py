@@ -1,0 +1,92 @@
+"""Typed errors raised by rlx_mil.
+
+Every error that stems from user input is an :class:`RlxMilError`, so callers can catch one
+base class. Subclasses say *what* went wrong; messages name the node, op, input or parameter
+at fault.
+"""
+
+from __future__ import annotations
+
+
+class RlxMilError(Exception):
+    """Base class of every error rlx_mil raises on purpose."""
+
+
+class GraphError(RlxMilError):
+    """A graph violates an IR rule (shape, dtype, arity, axis, unknown node id...)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: int | None = None,
+        op: str | None = None,
+        name: str | None = None,
+        operand: str | None = None,
+    ) -> None:
+        self.node = node
+        self.op = op
+        self.name = name
+        self.operand = operand
+        where = []
+        if node is not None:
+            where.append(f"node %{node}")
+        if name:
+            where.append(f"'{name}'")
+        if op is not None:
+            where.append(f"({op})")
+        if operand is not None:
+            where.append(f"operand {operand}")
+        prefix = " ".join(where)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+        self.detail = message
+
+
+class ShapeError(GraphError):
+    """Rank, shape or broadcast mismatch."""
+
+
+class DTypeError(GraphError):
+    """An operand has a dtype the op does not accept."""
+
+
+class AttributeValueError(GraphError):
+    """An op attribute is out of range or inconsistent (bad axis, heads not dividing...)."""
+
+
+class ArityError(GraphError):
+    """An op received the wrong number of inputs."""
+
+
+class UnknownNodeError(GraphError):
+    """A node id does not refer to an existing node."""
+
+
+class GraphFormatError(RlxMilError):
+    """Serialized graph text (JSON) is malformed, hostile or inconsistent."""
+
+
+class EvaluationError(RlxMilError):
+    """Inputs or params handed to an evaluator are missing, extra or mis-shaped."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        self.problems = list(problems or [])
+        if self.problems:
+            message = message + ":\n  - " + "\n  - ".join(self.problems)
+        super().__init__(message)
+
+
+class ParamError(EvaluationError):
+    """Params handed to convert/lower are missing, extra, mis-shaped or mistyped."""
+
+
+class UnsupportedOpError(RlxMilError):
+    """No lowering (or no executor kernel) exists for an op, or the target cannot express it."""
+
+
+class ConversionError(RlxMilError):
+    """Conversion failed for a reason that is not a graph or param defect."""
+
+
+class MilExecError(RlxMilError):
+    """The NumPy MIL executor cannot run a program (missing kernel, bad feed...)."""
