@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass
 
 from rlx_mil.errors import AttributeValueError, ShapeError
-from rlx_mil.ir.shape import Dim, Dynamic, Shape, Static
+from rlx_mil.ir.shape import Dim, Shape, Static
 
 
 class AttentionLayout(enum.Enum):
@@ -79,10 +79,6 @@ def _heads_in(t: Shape, layout: AttentionLayout, head_dim: int, operand: str) ->
     return d.size
 
 
-def _same(a: Dim, b: Dim) -> bool:
-    return a == b or isinstance(a, Dynamic) and isinstance(b, Dynamic) and a.symbol == b.symbol
-
-
 def attention_geometry(q: Shape, k: Shape, v: Shape, num_heads: int, head_dim: int) -> AttentionGeometry:
     """Validate q/k/v against each other and the attributes; raise a typed error naming the
     operand at fault. GQA/MQA: k and v may carry H_kv heads with num_heads % H_kv == 0."""
@@ -107,13 +103,13 @@ def attention_geometry(q: Shape, k: Shape, v: Shape, num_heads: int, head_dim: i
             f"num_heads={num_heads} is not a multiple of the {kv_heads} kv heads in k {k}", operand="k"
         )
     seq = layout.seq_axis
-    if not _same(k.dims[seq], v.dims[seq]):
+    if k.dims[seq] != v.dims[seq]:
         raise ShapeError(f"k and v must share the key length, got k {k} and v {v}", operand="v")
     if layout is AttentionLayout.SX:
         batch: Dim = Static(1)
     else:
         batch = q.dims[0]
         for name, t in (("k", k), ("v", v)):
-            if not _same(t.dims[0], batch):
+            if t.dims[0] != batch:
                 raise ShapeError(f"{name} batch {t.dims[0]} differs from q batch {batch}", operand=name)
     return AttentionGeometry(layout, batch, num_heads, kv_heads, q.dims[seq], k.dims[seq], head_dim)
