@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging as _logging
 import os as _os
-from typing import Any
 
 # coremltools prints Linux-only proxy warnings and tqdm bars; keep the library quiet unless
 # the user configured logging themselves.
@@ -19,14 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = ["DType", "Graph", "MaskKind", "QuantScheme", "Shape", "__version__", "convert", "errors", "lower", "save"]
 
-# Conversion pulls in coremltools (slow to import); load it on first use.
-_LAZY = {"convert": "rlx_mil.lower.api", "lower": "rlx_mil.lower.api", "save": "rlx_mil.lower.api"}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rlx_mil' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+# `rlx_mil.lower` is both the lowering package and the public function: importing the API
+# here binds the name to the function (the package stays importable as `rlx_mil.lower.*`).
+# coremltools itself is only imported on first conversion.
+from rlx_mil.lower.api import convert, lower, save

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 from rlx_mil.ir.dtype import DType
 
@@ -32,8 +31,8 @@ class Dynamic:
         return f"?{self.symbol}"
 
 
-Dim = Union[Static, Dynamic]
-DimLike = Union[int, Static, Dynamic]
+Dim = Static | Dynamic
+DimLike = int | Static | Dynamic
 
 
 def as_dim(value: DimLike) -> Dim:

@@ -1,0 +1,128 @@
+"""Public conversion API: `lower`, `convert`, `save`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rlx_mil.errors import ConversionError, RlxMilError
+from rlx_mil.ir.graph import Graph
+from rlx_mil.lower.context import LowerOptions
+from rlx_mil.lower.program import LoweredProgram, lower_graph
+from rlx_mil.lower.target import Precision, Target
+from rlx_mil.naming import IO_NAMES_METADATA_KEY
+
+ATTENTION_MODES = ("auto", "fused", "decomposed")
+COMPUTE_UNITS = ("ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE")
+
+
+def _options(attention: str) -> LowerOptions:
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+    return LowerOptions(attention=attention)
+
+
+def lower_with_names(
+    graph: Graph,
+    params: Mapping[str, Any] | None = None,
+    *,
+    target: str | Target = "iOS18",
+    precision: str | Precision = "fp16",
+    attention: str = "auto",
+) -> LoweredProgram:
+    """Like `lower`, also returning the model-interface name maps."""
+    return lower_graph(
+        graph, params, target=Target.parse(target), precision=Precision.parse(precision),
+        options=_options(attention),
+    )
+
+
+def lower(
+    graph: Graph,
+    params: Mapping[str, Any] | None = None,
+    *,
+    target: str | Target = "iOS18",
+    precision: str | Precision = "fp16",
+    attention: str = "auto",
+) -> Any:
+    """Build the coremltools MIL `Program` for `graph` (before Core ML's passes), for inspection."""
+    return lower_with_names(graph, params, target=target, precision=precision, attention=attention).program
+
+
+def convert(
+    graph: Graph,
+    params: Mapping[str, Any] | None = None,
+    *,
+    target: str | Target = "iOS18",
+    precision: str | Precision = "fp16",
+    compute_units: str = "ALL",
+    attention: str = "auto",
+    pass_pipeline: Any = None,
+) -> Any:
+    """Convert `graph` with `params` (name -> ndarray) into a `ct.models.MLModel`.
+
+    Inputs keep their Input names and outputs the keys `rlx_mil.reference.evaluate` returns
+    (as Core ML-legal identifiers; the original names are in the model metadata). Callers pass
+    and get float32 arrays whatever the compute precision.
+    """
+    import coremltools as ct
+
+    tgt = Target.parse(target)
+    prec = Precision.parse(precision)
+    if compute_units not in COMPUTE_UNITS:
+        raise ValueError(f"compute_units must be one of {COMPUTE_UNITS}, got {compute_units!r}")
+    lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention))
+    kwargs: dict[str, Any] = {}
+    if pass_pipeline is not None:
+        kwargs["pass_pipeline"] = pass_pipeline
+    try:
+        model = ct.convert(
+            lowered.program,
+            convert_to="mlprogram",
+            minimum_deployment_target=tgt.ct_target,
+            compute_precision=prec.ct_precision,
+            compute_units=getattr(ct.ComputeUnit, compute_units),
+            skip_model_load=sys.platform != "darwin",
+            **kwargs,
+        )
+    except RlxMilError:
+        raise
+    except Exception as err:
+        raise ConversionError(f"coremltools failed to convert graph {graph.name!r}: {type(err).__name__}: {err}") from err
+    meta = model.user_defined_metadata
+    meta[IO_NAMES_METADATA_KEY] = json.dumps({"inputs": lowered.inputs, "outputs": lowered.outputs})
+    meta["rlx_mil.graph"] = graph.name
+    meta["rlx_mil.target"] = tgt.label
+    meta["rlx_mil.precision"] = prec.value
+    from rlx_mil import __version__
+
+    meta["rlx_mil.version"] = __version__
+    return model
+
+
+def save(model: Any, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+    """Write `model` to `path` (.mlpackage) atomically: the package is written to a temporary
+    folder beside `path` and renamed into place, so a failure leaves nothing half-written."""
+    dest = Path(path)
+    if dest.suffix != ".mlpackage":
+        raise ValueError(f"a Core ML ML Program is saved as a .mlpackage folder, got {str(dest)!r}")
+    if dest.exists() and not overwrite:
+        raise FileExistsError(f"{dest} exists; pass overwrite=True to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp_root = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        staged = tmp_root / dest.name
+        model.save(str(staged))
+        if dest.exists():
+            old = tmp_root / (dest.name + ".old")
+            os.replace(dest, old)
+        os.replace(staged, dest)
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
+    return dest

@@ -1,0 +1,203 @@
+"""What a lowering rule sees: its node, already-lowered inputs, target, precision, naming."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import ConversionError, UnsupportedOpError
+from rlx_mil.ir.dtype import DType
+from rlx_mil.ir.graph import Graph, Node
+from rlx_mil.ir.ops import Op
+from rlx_mil.ir.shape import Shape
+from rlx_mil.lower.target import Precision, Target
+from rlx_mil.naming import generated_name, mil_identifier
+
+
+@dataclass(frozen=True)
+class LowerOptions:
+    """Options that steer rule choices (not numerics)."""
+
+    #: "auto": the best form per target; "fused": force Core ML's fused
+    #: scaled_dot_product_attention (an error where impossible); "decomposed": never fuse.
+    attention: str = "auto"
+
+
+class NameAllocator:
+    """Unique, Core ML-legal op names derived from IR node names."""
+
+    def __init__(self, reserved: set[str] | None = None) -> None:
+        self._used: set[str] = set(reserved or ())
+
+    def reserve(self, name: str) -> None:
+        self._used.add(name)
+
+    def fresh(self, base: str) -> str:
+        base = mil_identifier(base)
+        name, k = base, 1
+        while name in self._used:
+            name, k = f"{base}_{k}", k + 1
+        self._used.add(name)
+        return name
+
+
+class LowerContext:
+    """Handed to each lowering rule for one node.
+
+    Inputs are lowered lazily: `var(i)` materialises a Param/Constant as a `const` only when a
+    rule asks for it as a tensor, so a rule that reads raw weights through `value(i)` (e.g.
+    quantized weights becoming `constexpr_*` ops) leaves no uncompressed copy behind.
+    """
+
+    def __init__(
+        self,
+        *,
+        graph: Graph,
+        node: Node,
+        target: Target,
+        precision: Precision,
+        options: LowerOptions,
+        names: NameAllocator,
+        var_of: Callable[[int], Any],
+        value_of: Callable[[int], np.ndarray | None],
+        lowerer: Any = None,
+    ) -> None:
+        self.graph = graph
+        self.node = node
+        self.target = target
+        self.precision = precision
+        self.options = options
+        self._names = names
+        self._var_of = var_of
+        self._value_of = value_of
+        self._lowerer = lowerer
+
+    # ------------------------------------------------------------------ the node
+    @property
+    def op(self) -> Op:
+        return self.node.op
+
+    @property
+    def out_shape(self) -> Shape:
+        return self.node.shape
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.node.inputs)
+
+    def input_shape(self, i: int) -> Shape:
+        return self.graph.node(self.node.inputs[i]).shape
+
+    def input_node(self, i: int) -> Node:
+        return self.graph.node(self.node.inputs[i])
+
+    # ------------------------------------------------------------------ values
+    def var(self, i: int) -> Any:
+        """The MIL var of input `i`, in the dtype `mil_dtype` gives its IR dtype."""
+        return self._var_of(self.node.inputs[i])
+
+    def vars(self) -> list[Any]:
+        return [self.var(i) for i in range(self.num_inputs)]
+
+    def value(self, i: int) -> np.ndarray | None:
+        """The NumPy value of input `i` when it is a Param or Constant (known at conversion
+        time), else None. Raw: quantized bytes stay as given."""
+        return self._value_of(self.node.inputs[i])
+
+    # ------------------------------------------------------------------ dtypes and consts
+    @property
+    def float_dtype(self) -> type[np.floating[Any]]:
+        """NumPy dtype that float tensors are held in inside the program."""
+        return np.float16 if self.precision is Precision.FP16 else np.float32
+
+    @property
+    def mil_float(self) -> str:
+        """MIL dtype string of float tensors inside the program ("fp16" or "fp32")."""
+        return "fp16" if self.precision is Precision.FP16 else "fp32"
+
+    def mil_dtype(self, dtype: DType) -> str:
+        """MIL dtype string in which IR values of `dtype` are held inside the program."""
+        return mil_dtype_for(dtype, self.precision)
+
+    def const(self, value: Any, suffix: str = "const") -> Any:
+        """A `const` op. Float values take the program's float dtype; ints become int32
+        (Core ML's index type) unless already a narrower int type; bools stay bool."""
+        from coremltools.converters.mil import Builder as mb
+
+        arr = np.asarray(value)
+        if arr.dtype.kind == "f":
+            arr = arr.astype(self.float_dtype)
+        elif (arr.dtype.kind in "iu" and arr.dtype.itemsize > 4) or arr.dtype == np.uint32:
+            arr = arr.astype(np.int32)
+        val: Any = arr if arr.ndim else arr[()]
+        return mb.const(val=val, name=self.name(suffix))
+
+    def scalar(self, value: float) -> Any:
+        """A float scalar in the program's float dtype, as an inline op argument."""
+        return self.float_dtype(value)
+
+    # ------------------------------------------------------------------ decompositions
+    def lower_subgraph(
+        self,
+        subgraph: Graph,
+        bindings: dict[int, int],
+        params: dict[str, np.ndarray] | None = None,
+    ) -> list[Any]:
+        """Lower an IR `subgraph` that spells this node as simpler IR ops, each through its own
+        registered rule, and return the vars of its outputs.
+
+        `bindings` maps each Input node id of `subgraph` to the index of this node's input it
+        stands for; a bound input that is a Param/Constant of the outer graph keeps its value,
+        so weight-aware rules (e.g. `linear`) still see it. `params` supplies the subgraph's
+        own Params.
+        """
+        from rlx_mil.lower.program import NodeLowerer
+
+        values = dict(params or {})
+        inner = NodeLowerer(
+            subgraph, values, target=self.target, precision=self.precision, options=self.options,
+            names=self._names, name_prefix=f"{self.base_name}_",
+        )
+        for sub_id, outer_index in bindings.items():
+            value = self.value(outer_index)
+            if value is not None:
+                inner.values[sub_id] = value
+            else:
+                inner.env[sub_id] = self.var(outer_index)
+        inner.run()
+        return [inner.var_of(i) for i in subgraph.outputs]
+
+    # ------------------------------------------------------------------ names and errors
+    @property
+    def base_name(self) -> str:
+        node = self.node
+        prefix = getattr(self._lowerer, "name_prefix", "")
+        return prefix + (node.name if node.name else generated_name(self.graph, node.id))
+
+    def name(self, suffix: str = "") -> str:
+        """A fresh op name derived from the node's name."""
+        return self._names.fresh(f"{self.base_name}_{suffix}" if suffix else self.base_name)
+
+    def unsupported(self, message: str) -> UnsupportedOpError:
+        """An error naming this node and op, for a variant this target/option cannot express."""
+        return UnsupportedOpError(f"node %{self.node.id} {self.base_name!r} ({self.op.type_name}): {message}")
+
+    def error(self, message: str) -> ConversionError:
+        return ConversionError(f"node %{self.node.id} {self.base_name!r} ({self.op.type_name}): {message}")
+
+    def require_target(self, minimum: Target, what: str) -> None:
+        if self.target < minimum:
+            raise self.unsupported(f"{what} needs target {minimum.label} or newer (asked for {self.target.label})")
+
+
+def mil_dtype_for(dtype: DType, precision: Precision) -> str:
+    if dtype.is_float:
+        return "fp16" if precision is Precision.FP16 else "fp32"
+    if dtype is DType.BOOL:
+        return "bool"
+    if dtype.is_int:
+        return "int32"
+    raise UnsupportedOpError(f"dtype {dtype.value} has no Core ML representation")

@@ -1,0 +1,278 @@
+"""Turn an IR graph plus weights into a coremltools MIL Program, one rule per node."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import ConversionError, ParamError, RlxMilError, UnsupportedOpError
+from rlx_mil.ir.dtype import DType
+from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.ops import Constant, Input, Param
+from rlx_mil.ir.shape import Shape
+from rlx_mil.lower.context import LowerContext, LowerOptions, NameAllocator, mil_dtype_for
+from rlx_mil.lower.registry import rule_for
+from rlx_mil.lower.target import Precision, Target
+from rlx_mil.naming import input_names, mil_identifiers, output_names
+
+
+@dataclass
+class LoweredProgram:
+    program: Any
+    #: MIL identifier -> IR name, for the model interface.
+    inputs: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def live_nodes(graph: Graph) -> set[int]:
+    """Ids of the nodes the outputs depend on; dead nodes are not lowered."""
+    live: set[int] = set()
+    stack = list(graph.outputs)
+    while stack:
+        i = stack.pop()
+        if i in live:
+            continue
+        live.add(i)
+        stack.extend(graph.node(i).inputs)
+    return live
+
+
+def _static_sizes(shape: Shape, what: str) -> tuple[int, ...]:
+    try:
+        return shape.sizes()
+    except ValueError:
+        raise UnsupportedOpError(
+            f"{what} has dynamic shape {shape}; bind every dynamic dim to a size before converting"
+        ) from None
+
+
+def decode_constant(op: Constant, shape: Shape, node_id: int) -> np.ndarray:
+    sizes = _static_sizes(shape, f"constant %{node_id}")
+    dtype = shape.dtype.numpy.newbyteorder("<")
+    if shape.dtype is DType.BF16:
+        raw = np.frombuffer(op.data, dtype="<u2").astype(np.uint32) << 16
+        return raw.view(np.float32).reshape(sizes)
+    count = int(np.prod(sizes, dtype=np.int64))
+    if len(op.data) != count * shape.dtype.itemsize:
+        raise ConversionError(
+            f"constant %{node_id}: payload has {len(op.data)} bytes, shape {shape} needs"
+            f" {count * shape.dtype.itemsize}"
+        )
+    return np.frombuffer(op.data, dtype=dtype).reshape(sizes).astype(shape.dtype.numpy)
+
+
+def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dict[str, np.ndarray]:
+    """Every Param the outputs need must be given with its declared shape and a compatible
+    dtype; extra names are errors too. Every problem is listed at once."""
+    wanted = {n.op.name: n for n in graph if isinstance(n.op, Param)}
+    problems: list[str] = []
+    arrays: dict[str, np.ndarray] = {}
+    for name in sorted(set(params) - set(wanted)):
+        problems.append(f"param {name!r}: not a Param of graph {graph.name!r}")
+    for name, node in wanted.items():
+        if name not in params:
+            if node.id in live:
+                problems.append(f"param {name!r}: missing (node %{node.id}, shape {node.shape})")
+            continue
+        try:
+            arr = np.asarray(params[name])
+        except Exception as err:  # any array-like failure is the caller's input problem
+            problems.append(f"param {name!r}: not convertible to an array ({err})")
+            continue
+        want = _static_sizes(node.shape, f"param {name!r}")
+        if arr.shape != want:
+            problems.append(f"param {name!r}: shape {arr.shape} does not match the declared {list(want)}")
+            continue
+        declared = node.shape.dtype
+        if declared.is_float and arr.dtype.kind not in "f":
+            problems.append(f"param {name!r}: dtype {arr.dtype} where {declared.value} (float) is declared")
+            continue
+        if (declared.is_int or declared is DType.BOOL) and arr.dtype.kind not in "iub" and arr.dtype != np.float32:
+            problems.append(f"param {name!r}: dtype {arr.dtype} where {declared.value} is declared")
+            continue
+        if declared.is_int and arr.dtype.kind == "f" and not np.array_equal(arr, np.trunc(arr)):
+            problems.append(f"param {name!r}: non-integer values for declared {declared.value}")
+            continue
+        arrays[name] = arr
+    if problems:
+        raise ParamError(f"params do not match graph {graph.name!r}", problems)
+    return arrays
+
+
+class NodeLowerer:
+    """Lowers the nodes of one graph in order, each through its registered rule.
+
+    `env` maps node ids to MIL vars; Input nodes must be bound in `env` before `run`.
+    Params and Constants become `const` ops lazily, on first use as a tensor.
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        params: Mapping[str, np.ndarray],
+        *,
+        target: Target,
+        precision: Precision,
+        options: LowerOptions,
+        names: NameAllocator,
+        live: set[int] | None = None,
+        name_prefix: str = "",
+    ) -> None:
+        self.graph = graph
+        self.params = params
+        self.target = target
+        self.precision = precision
+        self.options = options
+        self.names = names
+        self.live = live_nodes(graph) if live is None else live
+        self.name_prefix = name_prefix
+        self.env: dict[int, Any] = {}
+        self.values: dict[int, np.ndarray] = {}
+
+    def value_of(self, node_id: int) -> np.ndarray | None:
+        if node_id in self.values:
+            return self.values[node_id]
+        node = self.graph.node(node_id)
+        if isinstance(node.op, Param):
+            return np.asarray(self.params[node.op.name])
+        if isinstance(node.op, Constant):
+            self.values[node_id] = decode_constant(node.op, node.shape, node.id)
+            return self.values[node_id]
+        return None
+
+    def var_of(self, node_id: int) -> Any:
+        from coremltools.converters.mil import Builder as mb
+
+        if node_id in self.env:
+            return self.env[node_id]
+        node = self.graph.node(node_id)
+        value = self.value_of(node_id)
+        if value is None:
+            raise ConversionError(f"node %{node_id} used before it was lowered")
+        base = node.op.name if isinstance(node.op, Param) else (node.name or f"const_{node_id}")
+        target_dtype = mil_dtype_for(node.shape.dtype, self.precision)
+        np_dtype = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32, "bool": np.bool_}[target_dtype]
+        arr: np.ndarray = np.asarray(value).astype(np_dtype)
+        self.env[node_id] = mb.const(val=arr if arr.ndim else arr[()], name=self.names.fresh(self.name_prefix + base))
+        return self.env[node_id]
+
+    def run(self) -> None:
+        graph = self.graph
+        for node in graph:
+            if node.id not in self.live or node.id in self.env:
+                continue
+            op = node.op
+            if isinstance(op, Input):
+                if node.id in self.values:
+                    continue
+                raise ConversionError(f"input %{node.id} {op.name!r} was not bound")
+            if isinstance(op, (Param, Constant)):
+                continue
+            info = rule_for(op, self.target, node=node.id, name=node.name)
+            ctx = LowerContext(
+                graph=graph, node=node, target=self.target, precision=self.precision,
+                options=self.options, names=self.names, var_of=self.var_of, value_of=self.value_of,
+                lowerer=self,
+            )
+            try:
+                var = info.rule(op, ctx)
+            except RlxMilError:
+                raise
+            except Exception as err:
+                raise ConversionError(
+                    f"node %{node.id} {node.name or ''} ({op.type_name}): lowering failed inside"
+                    f" coremltools: {type(err).__name__}: {err}"
+                ) from err
+            want = node.shape.sizes()
+            got = tuple(var.shape) if var.shape is not None else None
+            if got != want and not (want in ((), (1,)) and got in ((), (1,))):
+                raise ConversionError(
+                    f"node %{node.id} ({op.type_name}): lowering produced shape {got}, declared {list(want)}"
+                )
+            self.env[node.id] = var
+
+
+def lower_graph(
+    graph: Graph,
+    params: Mapping[str, Any] | None,
+    *,
+    target: Target,
+    precision: Precision,
+    options: LowerOptions,
+) -> LoweredProgram:
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import Function, Program, types
+
+    if not graph.outputs:
+        raise ConversionError(f"graph {graph.name!r} has no outputs; call set_outputs first")
+    live = live_nodes(graph)
+    arrays = check_params(graph, params or {}, live)
+
+    # Every check that can fail on the graph runs before coremltools sees anything.
+    for node in graph:
+        if node.id not in live:
+            continue
+        _static_sizes(node.shape, f"node %{node.id} ({node.op.type_name})")
+        if not isinstance(node.op, (Input, Param, Constant)):
+            rule_for(node.op, target, node=node.id, name=node.name)
+        if node.shape.dtype is DType.C64:
+            raise UnsupportedOpError(f"node %{node.id}: complex dtype C64 is outside the supported subset")
+
+    in_names = input_names(graph)
+    in_ids = mil_identifiers(in_names)
+    out_names = output_names(graph)
+    out_ids = mil_identifiers(out_names, taken=in_ids.values())
+
+    placeholders: dict[str, Any] = {}
+    input_nodes = {n.op.name: n for n in graph if isinstance(n.op, Input)}
+    for ir_name, ident in in_ids.items():
+        node = input_nodes[ir_name]
+        dtype = node.shape.dtype
+        io_type = types.int32 if (dtype.is_int) else types.fp32
+        placeholders[ident] = mb.placeholder(shape=node.shape.sizes(), dtype=io_type, name=ident)
+
+    names = NameAllocator(set(in_ids.values()) | set(out_ids.values()))
+    float_mil = "fp16" if precision is Precision.FP16 else "fp32"
+
+    with Function(placeholders, opset_version=target.ct_target) as func:
+        lowerer = NodeLowerer(
+            graph, arrays, target=target, precision=precision, options=options, names=names, live=live
+        )
+        for ir_name, ident in in_ids.items():
+            node = input_nodes[ir_name]
+            var = func.inputs[ident]
+            if node.shape.dtype.is_float and float_mil == "fp16":
+                var = mb.cast(x=var, dtype="fp16", name=names.fresh(f"{ident}_to_fp16"))
+            elif node.shape.dtype is DType.BOOL:
+                var = mb.not_equal(x=var, y=np.float32(0), name=names.fresh(f"{ident}_to_bool"))
+            lowerer.env[node.id] = var
+        lowerer.run()
+        var_of = lowerer.var_of
+
+        outs = []
+        for node_id, ident in zip(graph.outputs, out_ids.values(), strict=True):
+            node = graph.node(node_id)
+            var = var_of(node_id)
+            if tuple(var.shape) != node.shape.sizes():
+                var = mb.reshape(x=var, shape=list(node.shape.sizes()), name=names.fresh(f"{ident}_shape"))
+            dtype = node.shape.dtype
+            if dtype.is_float or dtype is DType.BOOL:
+                if var.dtype == types.fp32:
+                    outs.append(mb.identity(x=var, name=ident))
+                else:
+                    outs.append(mb.cast(x=var, dtype="fp32", name=ident))
+            else:
+                outs.append(mb.cast(x=var, dtype="int32", name=ident) if var.dtype != types.int32
+                            else mb.identity(x=var, name=ident))
+        func.set_outputs(outs)
+
+    program = Program()
+    program.add_function("main", func)
+    return LoweredProgram(
+        program,
+        inputs={ident: name for name, ident in in_ids.items()},
+        outputs={ident: name for name, ident in zip(out_names, out_ids.values(), strict=True)},
+    )
