@@ -1,0 +1,131 @@
+"""`rlx-mil`: convert, inspect and run Core ML packages from RLX graphs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import RlxMilError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlx-mil", description="Convert RLX IR graphs into Core ML ML Programs (.mlpackage)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def conversion_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--target", default="iOS18", choices=["iOS15", "iOS16", "iOS17", "iOS18"])
+        p.add_argument("--precision", default="fp16", choices=["fp16", "fp32"])
+        p.add_argument("--compute-units", default="ALL", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"])
+        p.add_argument("--attention", default="auto", choices=["auto", "fused", "decomposed"])
+
+    conv = sub.add_parser("convert", help="convert a graph (upstream RLX JSON) plus weights to .mlpackage")
+    conv.add_argument("graph", type=Path, help="graph JSON as serialised by upstream RLX or rlx_mil")
+    conv.add_argument("--params", type=Path, help="weights: .npz or .safetensors")
+    conv.add_argument("-o", "--output", type=Path, required=True, help="output .mlpackage path")
+    conv.add_argument("--overwrite", action="store_true", help="replace an existing package")
+    conversion_flags(conv)
+
+    insp = sub.add_parser("inspect", help="summarise a .mlpackage: IO, op histogram, weights, target")
+    insp.add_argument("package", type=Path)
+    insp.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    run = sub.add_parser("run", help="run a .mlpackage (Core ML on macOS, the NumPy MIL executor elsewhere)")
+    run.add_argument("package", type=Path)
+    run.add_argument("--inputs", type=Path, required=True, help=".npz of inputs keyed by input name")
+    run.add_argument("-o", "--output", type=Path, help="write outputs to this .npz")
+    run.add_argument("--engine", choices=["auto", "coreml", "milexec"], default="auto")
+
+    demo = sub.add_parser("demo", help="build, convert and save a built-in transformer block")
+    demo.add_argument("-o", "--output", type=Path, default=Path("rlx_mil_demo.mlpackage"))
+    demo.add_argument("--layers", type=int, default=2)
+    demo.add_argument("--hidden", type=int, default=256)
+    demo.add_argument("--heads", type=int, default=8)
+    demo.add_argument("--kv-heads", type=int, default=2)
+    demo.add_argument("--seq", type=int, default=64)
+    demo.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                      help="check the package's numbers against the NumPy reference")
+    conversion_flags(demo)
+    return parser
+
+
+def _convert(args: argparse.Namespace) -> int:
+    import rlx_mil
+    from rlx_mil.ir.graph import Graph
+    from rlx_mil.package_info import package_info
+    from rlx_mil.weights import load_params
+
+    graph = Graph.from_json_file(args.graph)
+    params = load_params(args.params) if args.params else {}
+    if args.output.exists() and not args.overwrite:
+        raise RlxMilError(f"{args.output} exists; pass --overwrite to replace it")
+    start = time.perf_counter()
+    model = rlx_mil.convert(
+        graph, params, target=args.target, precision=args.precision,
+        compute_units=args.compute_units, attention=args.attention,
+    )
+    rlx_mil.save(model, args.output, overwrite=args.overwrite)
+    info = package_info(args.output)
+    print(f"wrote {args.output} ({info.num_ops} ops, {info.package_bytes} bytes) in {time.perf_counter() - start:.2f} s")
+    return EXIT_OK
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from rlx_mil.package_info import package_info
+
+    info = package_info(args.package)
+    print(info.to_json() if args.json else info.to_text())
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rlx_mil.runner import run_package
+
+    try:
+        with np.load(args.inputs, allow_pickle=False) as archive:
+            inputs = {k: archive[k] for k in archive.files}
+    except (OSError, ValueError) as err:
+        raise RlxMilError(f"{args.inputs}: not a readable .npz ({err})") from None
+    outputs, engine = run_package(args.package, inputs, engine=args.engine)
+    print(f"engine: {engine}")
+    for name, value in outputs.items():
+        flat = value.astype(np.float64).ravel()
+        stats = f"min {flat.min():.4g} max {flat.max():.4g} mean {flat.mean():.4g}" if flat.size else "empty"
+        print(f"  {name}: {value.dtype}{list(value.shape)} {stats}")
+    if args.output:
+        np.savez(args.output, **outputs)  # type: ignore[arg-type]
+        print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from rlx_mil.models.demo import run_demo
+
+    return run_demo(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    handlers: dict[str, Any] = {"convert": _convert, "inspect": _inspect, "run": _run, "demo": _demo}
+    try:
+        return int(handlers[args.command](args))
+    except RlxMilError as err:
+        print(f"rlx-mil {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_ERROR
+    except (OSError, ValueError) as err:
+        print(f"rlx-mil {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Built-in example graphs: a Llama-style pre-norm decoder (GQA, RoPE, SwiGLU, RmsNorm).
+
+Used by the `rlx-mil demo` command, the benchmarks and end-to-end tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.ops import Param
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    hidden: int = 256
+    heads: int = 8
+    kv_heads: int = 2
+    intermediate: int = 512
+    layers: int = 2
+    seq: int = 64
+    batch: int = 1
+    eps: float = 1e-5
+    rope_base: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def __post_init__(self) -> None:
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError(
+                f"hidden {self.hidden} must divide into {self.heads} heads, and heads into {self.kv_heads} kv heads"
+            )
+
+
+def rope_tables(seq: int, head_dim: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
+    """NeoX RoPE tables `[seq, head_dim/2]` (cos, sin) for positions 0..seq-1."""
+    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.arange(seq, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def llama_decoder(config: DecoderConfig = DecoderConfig(), name: str = "llama_decoder") -> Graph:
+    """`config.layers` pre-norm decoder layers on input `hidden [B, S, E]`, output `out`."""
+    c = config
+    d = c.head_dim
+    g = Graph(name)
+    x = g.input("hidden", [c.batch, c.seq, c.hidden])
+    cos = g.param("rope.cos", [c.seq, d // 2])
+    sin = g.param("rope.sin", [c.seq, d // 2])
+    for i in range(c.layers):
+        p = f"layers.{i}."
+
+        def weight(n: str, shape: list[int], p: str = p) -> int:
+            return g.param(p + n, shape)
+
+        h = g.rms_norm(x, weight("input_layernorm.weight", [c.hidden]), weight("input_layernorm.bias", [c.hidden]),
+                       eps=c.eps, name=p + "input_norm")
+        q = g.matmul(h, weight("self_attn.q_proj.weight", [c.hidden, c.heads * d]), name=p + "q_proj")
+        k = g.matmul(h, weight("self_attn.k_proj.weight", [c.hidden, c.kv_heads * d]), name=p + "k_proj")
+        v = g.matmul(h, weight("self_attn.v_proj.weight", [c.hidden, c.kv_heads * d]), name=p + "v_proj")
+        q = g.rope(q, cos, sin, d, name=p + "q_rope")
+        k = g.rope(k, cos, sin, d, name=p + "k_rope")
+        a = g.attention_kind(q, k, v, c.heads, d, "causal", name=p + "attn")
+        o = g.matmul(a, weight("self_attn.o_proj.weight", [c.heads * d, c.hidden]), name=p + "o_proj")
+        x = g.add(x, o, name=p + "attn_residual")
+        h = g.rms_norm(x, weight("post_attention_layernorm.weight", [c.hidden]),
+                       weight("post_attention_layernorm.bias", [c.hidden]), eps=c.eps, name=p + "post_norm")
+        gate = g.matmul(h, weight("mlp.gate_proj.weight", [c.hidden, c.intermediate]), name=p + "gate_proj")
+        up = g.matmul(h, weight("mlp.up_proj.weight", [c.hidden, c.intermediate]), name=p + "up_proj")
+        act = g.mul(g.silu(gate, name=p + "gate_act"), up, name=p + "swiglu")
+        down = g.matmul(act, weight("mlp.down_proj.weight", [c.intermediate, c.hidden]), name=p + "down_proj")
+        x = g.add(x, down, name=p + "mlp_residual")
+    g.set_name(x, "out")
+    g.set_outputs([x])
+    return g
+
+
+def random_params(graph: Graph, config: DecoderConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Weights with realistic scales: unit-variance activations through the layers."""
+    rng = np.random.default_rng(seed)
+    params: dict[str, np.ndarray] = {}
+    cos, sin = rope_tables(config.seq, config.head_dim, config.rope_base)
+    for node in graph:
+        if not isinstance(node.op, Param):
+            continue
+        name = node.op.name
+        shape = node.shape.sizes()
+        if name == "rope.cos":
+            params[name] = cos
+        elif name == "rope.sin":
+            params[name] = sin
+        elif name.endswith("norm.weight"):
+            params[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif name.endswith("norm.bias"):
+            params[name] = np.zeros(shape, np.float32)
+        else:
+            params[name] = (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+    return params
+
+
+def example_inputs(config: DecoderConfig, seed: int = 1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"hidden": rng.standard_normal((config.batch, config.seq, config.hidden)).astype(np.float32)}

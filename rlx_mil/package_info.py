@@ -1,0 +1,130 @@
+"""Summaries of converted models and saved `.mlpackage` folders (what `rlx-mil inspect` prints)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlx_mil.errors import RlxMilError
+
+#: Core ML specification version -> the deployment target that introduced it.
+SPEC_VERSION_TARGETS = {6: "iOS15", 7: "iOS16", 8: "iOS17", 9: "iOS18", 10: "iOS26"}
+
+_IO_TYPES = {65568: "fp32", 65552: "fp16", 131104: "int32", 65600: "fp64", 131080: "int8"}
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+@dataclass
+class PackageInfo:
+    path: str | None
+    target: str
+    spec_version: int
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    op_histogram: dict[str, int]
+    weight_bytes: int
+    package_bytes: int
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_ops(self) -> int:
+        return sum(n for op, n in self.op_histogram.items() if op != "const")
+
+    def to_text(self) -> str:
+        lines = [f"package:  {self.path or '(in memory)'}", f"target:   {self.target} (spec version {self.spec_version})"]
+        graph = self.metadata.get("rlx_mil.graph")
+        if graph:
+            lines.append(f"graph:    {graph} (precision {self.metadata.get('rlx_mil.precision', '?')})")
+        lines.append("inputs:")
+        lines += [f"  {t.name}: {t.dtype}{t.shape}" for t in self.inputs]
+        lines.append("outputs:")
+        lines += [f"  {t.name}: {t.dtype}{t.shape}" for t in self.outputs]
+        lines.append(f"ops:      {self.num_ops} (plus {self.op_histogram.get('const', 0)} const)")
+        for op, n in sorted(self.op_histogram.items(), key=lambda kv: (-kv[1], kv[0])):
+            if op != "const":
+                lines.append(f"  {op:<36} {n}")
+        lines.append(f"weights:  {_human(self.weight_bytes)}")
+        lines.append(f"package:  {_human(self.package_bytes)}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, default=lambda o: o.__dict__, indent=2)
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{n} B"
+        size /= 1024
+    return f"{n} B"
+
+
+def _tree_bytes(path: Path) -> int:
+    if not path.exists():
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _count_ops(block: Any, counts: Counter[str]) -> None:
+    for op in block.operations:
+        counts[op.type] += 1
+        for inner in op.blocks:
+            _count_ops(inner, counts)
+
+
+def _tensor_infos(features: Any) -> list[TensorInfo]:
+    out = []
+    for feat in features:
+        arr = feat.type.multiArrayType
+        out.append(TensorInfo(feat.name, [int(s) for s in arr.shape], _IO_TYPES.get(arr.dataType, str(arr.dataType))))
+    return out
+
+
+def package_info(model_or_path: Any) -> PackageInfo:
+    """Summarise an `MLModel` or a saved `.mlpackage` path."""
+    import coremltools as ct
+
+    path: Path | None
+    if isinstance(model_or_path, (str, os.PathLike)):
+        path = Path(model_or_path)
+        if not path.exists():
+            raise RlxMilError(f"{path}: no such package")
+        try:
+            model = ct.models.MLModel(str(path), skip_model_load=True)
+        except Exception as err:
+            raise RlxMilError(f"{path}: not a readable Core ML package ({type(err).__name__}: {err})") from None
+    else:
+        model = model_or_path
+        path = Path(model.package_path) if getattr(model, "package_path", None) else None
+    spec = model.get_spec()
+    if spec.WhichOneof("Type") != "mlProgram":
+        raise RlxMilError(f"{path}: not an ML Program (model type {spec.WhichOneof('Type')})")
+    counts: Counter[str] = Counter()
+    for func in spec.mlProgram.functions.values():
+        for block in func.block_specializations.values():
+            _count_ops(block, counts)
+    weights_dir = Path(model.weights_dir) if getattr(model, "weights_dir", None) else None
+    return PackageInfo(
+        path=str(path) if path else None,
+        target=SPEC_VERSION_TARGETS.get(spec.specificationVersion, f"spec{spec.specificationVersion}"),
+        spec_version=spec.specificationVersion,
+        inputs=_tensor_infos(spec.description.input),
+        outputs=_tensor_infos(spec.description.output),
+        op_histogram=dict(counts),
+        weight_bytes=_tree_bytes(weights_dir) if weights_dir else 0,
+        package_bytes=_tree_bytes(path) if path else 0,
+        metadata=dict(spec.description.metadata.userDefined),
+    )

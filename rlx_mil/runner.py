@@ -1,0 +1,64 @@
+"""Run a converted model: Core ML itself on macOS, the NumPy MIL executor elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import RlxMilError
+from rlx_mil.naming import IO_NAMES_METADATA_KEY
+
+
+def coreml_available() -> bool:
+    """True where `MLModel.predict` works (macOS with the Core ML runtime)."""
+    if sys.platform != "darwin":
+        return False
+    try:
+        from coremltools.libcoremlpython import _MLModelProxy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def io_name_maps(model: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """(inputs, outputs) maps from model-interface names to IR names, from the metadata."""
+    raw = model.user_defined_metadata.get(IO_NAMES_METADATA_KEY)
+    if not raw:
+        return {}, {}
+    data = json.loads(raw)
+    return dict(data.get("inputs", {})), dict(data.get("outputs", {}))
+
+
+def predict_coreml(model: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`MLModel.predict` with inputs/outputs keyed by IR names (macOS only)."""
+    in_map, out_map = io_name_maps(model)
+    to_mil = {ir: mil for mil, ir in in_map.items()}
+    feeds = {to_mil.get(name, name): np.asarray(value, dtype=np.float32) if np.asarray(value).dtype.kind == "f"
+             else np.asarray(value).astype(np.int32) for name, value in inputs.items()}
+    raw = model.predict(feeds)
+    return {out_map.get(name, name): np.asarray(value) for name, value in raw.items()}
+
+
+def run_package(
+    path: str | os.PathLike[str], inputs: Mapping[str, np.ndarray], *, engine: str = "auto"
+) -> tuple[dict[str, np.ndarray], str]:
+    """Run the package at `path`; returns (outputs keyed by IR names, engine used)."""
+    p = Path(path)
+    if not p.exists():
+        raise RlxMilError(f"{p}: no such package")
+    if engine == "coreml" or (engine == "auto" and coreml_available()):
+        if not coreml_available():
+            raise RlxMilError("engine 'coreml' needs macOS with the Core ML runtime; use --engine milexec")
+        import coremltools as ct
+
+        model = ct.models.MLModel(str(p))
+        return predict_coreml(model, inputs), "coreml"
+    from rlx_mil import milexec
+
+    return milexec.run(p, inputs), "milexec (NumPy MIL executor)"
