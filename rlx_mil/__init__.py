@@ -22,3 +22,14 @@ __all__ = ["DType", "Graph", "MaskKind", "QuantScheme", "Shape", "__version__", 
 # here binds the name to the function (the package stays importable as `rlx_mil.lower.*`).
 # coremltools itself is only imported on first conversion.
 from rlx_mil.lower.api import convert, lower, save
+
+_SUBMODULES = ("reference", "milexec", "testing", "weights", "models")
+
+
+def __getattr__(name: str) -> object:
+    # Heavier submodules load on first attribute access (`rlx_mil.reference.evaluate(...)`).
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"rlx_mil.{name}")
+    raise AttributeError(f"module 'rlx_mil' has no attribute {name!r}")
