@@ -1,0 +1,63 @@
+"""Plausible inputs and weights for arbitrary graphs (upstream fixtures, examples)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.ops import Attention, AttentionBackward, DequantMatMul, Gather, Input, Param, QuantKind, Rope
+
+
+def _consumers(graph: Graph) -> dict[int, list[tuple[int, int]]]:
+    users: dict[int, list[tuple[int, int]]] = {n.id: [] for n in graph}
+    for node in graph:
+        for pos, i in enumerate(node.inputs):
+            users[i].append((node.id, pos))
+    return users
+
+
+def leaf_values(graph: Graph, seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(inputs, params) for `graph`, shaped by how each leaf is consumed: attention masks are
+    0/1 key-padding masks with at least one kept key, gather indices are in range, rope tables
+    are real cos/sin tables, quantized weights hold valid codes."""
+    rng = np.random.default_rng(seed)
+    users = _consumers(graph)
+    inputs: dict[str, np.ndarray] = {}
+    params: dict[str, np.ndarray] = {}
+    for node in graph:
+        if not isinstance(node.op, (Input, Param)):
+            continue
+        shape = node.shape.sizes()
+        dtype = node.shape.dtype.numpy
+        value = rng.standard_normal(shape).astype(np.float32)
+        for user_id, pos in users[node.id]:
+            user = graph.node(user_id)
+            if isinstance(user.op, (Attention, AttentionBackward)) and pos == len(user.inputs) - 1 and user.op.mask_kind.has_mask_input:
+                if user.op.mask_kind.type.value == "Custom":
+                    mask = (rng.random(shape) > 0.3).astype(np.float32)
+                    flat = mask.reshape(shape[0], -1)
+                    flat[:, 0] = 1.0
+                    value = flat.reshape(shape)
+            elif isinstance(user.op, Gather) and pos == 1:
+                table = graph.node(user.inputs[0]).shape.sizes()
+                value = rng.integers(0, table[user.op.axis], size=shape).astype(np.float32)
+            elif isinstance(user.op, Rope) and pos in (1, 2):
+                positions = np.arange(shape[0])[:, None]
+                freq = 10000.0 ** (-np.arange(shape[1]) / shape[1])
+                value = (np.cos if pos == 1 else np.sin)(positions * freq).astype(np.float32)
+            elif isinstance(user.op, DequantMatMul) and pos == 1:
+                kind = user.op.scheme.kind
+                low, high = (0, 16) if kind is QuantKind.INT4_BLOCK else (-127, 128)
+                value = rng.integers(low, high, size=shape).astype(np.float32)
+            elif isinstance(user.op, DequantMatMul) and pos == 2:
+                value = rng.uniform(0.01, 0.05, size=shape).astype(np.float32)
+            elif isinstance(user.op, DequantMatMul) and pos == 3:
+                value = rng.integers(-4, 5, size=shape).astype(np.float32)
+        if dtype.kind in "iu":
+            value = np.trunc(value).astype(dtype) if np.all(np.abs(value) < 1e6) else value.astype(dtype)
+        elif dtype.kind == "b":
+            value = value > 0
+        else:
+            value = value.astype(dtype)
+        (inputs if isinstance(node.op, Input) else params)[node.op.name] = value
+    return inputs, params
