@@ -216,16 +216,23 @@ class Op:
                 object.__setattr__(self, f.name, tuple(value))
 
     def __str__(self) -> str:
-        parts = []
-        for key, value in self.attrs().items():
-            if isinstance(value, enum.Enum):
-                value = value.value
-            elif isinstance(value, bytes):
-                value = f"<{len(value)} bytes>"
-            elif isinstance(value, (MaskKind, QuantScheme)):
-                value = str(value)
-            parts.append(f"{key}={value}")
+        parts = [f"{key}={_attr_text(value)}" for key, value in self.attrs().items()]
         return f"{self.type_name}({', '.join(parts)})" if parts else self.type_name
+
+
+def _attr_text(value: object) -> str:
+    """Attribute as printed by `Op.__str__`; floats in their shortest float32 form (0.2)."""
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    if isinstance(value, float):
+        return str(np.float32(value))
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_attr_text(v) for v in value) + "]"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
 
 
 def _fix_f32(op: Op, *names: str) -> None:
