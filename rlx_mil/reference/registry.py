@@ -96,7 +96,8 @@ def to_dtype(a: np.ndarray, dtype: DType) -> np.ndarray:
     """Convert values to `dtype` with the IR's Cast semantics (spec 4.2).
 
     float -> int truncates toward zero and saturates at the type's range; NaN becomes 0
-    (Rust `as` semantics: NumPy leaves these cases undefined). -> Bool is `x != 0`.
+    (Rust `as` semantics: NumPy leaves these cases undefined). int -> int wraps. -> Bool is
+    `x != 0`.
     -> F16 rounds to nearest even; -> BF16 rounds to the nearest bfloat16 held as float32.
     """
     a = np.asarray(a)
@@ -114,9 +115,7 @@ def to_dtype(a: np.ndarray, dtype: DType) -> np.ndarray:
             hi_f = np.nextafter(np.float64(hi), -np.inf) if dtype is DType.I64 else np.float64(hi)
             t = np.clip(t, np.float64(lo), hi_f)
         return t.astype(target)
-    if dtype.is_int and a.dtype.kind in "iu" and a.dtype != target:
-        lo, hi = _INT_LIMITS[dtype]
-        return np.clip(a, lo, hi).astype(target) if a.size else a.astype(target)
+    # int -> narrower int wraps (two's complement truncation), as Rust `as` and C++ casts do.
     with np.errstate(over="ignore", invalid="ignore"):
         return a.astype(target)
 

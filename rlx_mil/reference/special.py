@@ -23,22 +23,27 @@ def erf(x: np.ndarray) -> np.ndarray:
     """
     x = np.asarray(x, dtype=np.float64)
     ax = np.abs(x)
-
-    small = np.minimum(ax, _SERIES_LIMIT)
-    neg_sq = -small * small
-    term = small.copy()
-    total = small.copy()
-    for n in range(1, _SERIES_TERMS):
-        term = term * neg_sq / n
-        total = total + term / (2 * n + 1)
-    series = total * _TWO_OVER_SQRT_PI
-
-    large = np.maximum(ax, _SERIES_LIMIT)
-    denom = large.copy()
-    for n in range(_FRACTION_TERMS, 0, -1):
-        denom = large + (n / 2.0) / denom
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        tail = 1.0 - np.exp(-large * large) * _INV_SQRT_PI / denom
-
-    magnitude = np.where(ax < _SERIES_LIMIT, series, tail)
+    magnitude = np.empty_like(ax)
+    near = ax < _SERIES_LIMIT
+    magnitude[near] = _series(ax[near])
+    far = ~near  # includes NaN, which the continued fraction propagates
+    magnitude[far] = _continued_fraction(ax[far])
     return np.copysign(magnitude, x)
+
+
+def _series(a: np.ndarray) -> np.ndarray:
+    neg_sq = -a * a
+    term = a.copy()
+    total = a.copy()
+    for n in range(1, _SERIES_TERMS):
+        term *= neg_sq / n
+        total += term / (2 * n + 1)
+    return total * _TWO_OVER_SQRT_PI
+
+
+def _continued_fraction(a: np.ndarray) -> np.ndarray:
+    denom = a.copy()
+    for n in range(_FRACTION_TERMS, 0, -1):
+        denom = a + (n / 2.0) / denom
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        return 1.0 - np.exp(-a * a) * _INV_SQRT_PI / denom

@@ -1,0 +1,252 @@
+"""Run a whole graph on NumPy: feed validation, dynamic-dim binding, node-by-node evaluation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import EvaluationError, GraphError, ShapeError, UnsupportedOpError
+from rlx_mil.ir.dtype import DType
+from rlx_mil.ir.graph import Graph, Node
+from rlx_mil.ir.ops import DequantMatMul, Input, Param, QuantKind
+from rlx_mil.ir.shape import Dynamic, Shape, Static
+from rlx_mil.naming import output_names
+from rlx_mil.reference.registry import kernel_for, to_dtype
+
+# Importing the kernel modules registers their kernels.
+from rlx_mil.reference import attention as _attention  # noqa: F401  isort: skip
+from rlx_mil.reference import conv as _conv  # noqa: F401  isort: skip
+from rlx_mil.reference import fused as _fused  # noqa: F401  isort: skip
+from rlx_mil.reference import ops as _ops  # noqa: F401  isort: skip
+from rlx_mil.reference import quant as _quant  # noqa: F401  isort: skip
+
+_SCALARISH = ((), (1,))
+_FOUR_BIT = (QuantKind.INT4_BLOCK, QuantKind.NVFP4_BLOCK)
+_INT_RANGE = {
+    DType.I8: (-(2**7), 2**7 - 1), DType.I16: (-(2**15), 2**15 - 1),
+    DType.I32: (-(2**31), 2**31 - 1), DType.I64: (-(2**63), 2**63 - 1),
+    DType.U8: (0, 2**8 - 1), DType.U32: (0, 2**32 - 1),
+}
+
+
+class _Bindings:
+    """Sizes of dynamic symbols, with the source that fixed each one (for messages)."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[int, int] = {}
+        self.sources: dict[int, str] = {}
+
+    def resolve(self, shape: Shape) -> Shape:
+        dims = tuple(
+            Static(self.sizes[d.symbol]) if isinstance(d, Dynamic) and d.symbol in self.sizes else d
+            for d in shape.dims
+        )
+        return Shape(dims, shape.dtype)
+
+    def match(self, declared: Shape, actual: tuple[int, ...], source: str) -> list[str]:
+        """Problems with `actual` against `declared`; binds unseen symbols."""
+        if len(actual) != declared.rank:
+            if declared.dims in ((), (Static(1),)) and actual in _SCALARISH:
+                return []
+            return [f"{source}: shape {list(actual)} has rank {len(actual)}, declared {declared} has rank {declared.rank}"]
+        problems = []
+        for axis, (dim, size) in enumerate(zip(declared.dims, actual, strict=True)):
+            if isinstance(dim, Static):
+                if dim.size != size:
+                    problems.append(f"{source}: shape {list(actual)} does not match the declared {declared} (dim {axis})")
+            elif dim.symbol in self.sizes:
+                if self.sizes[dim.symbol] != size:
+                    problems.append(
+                        f"{source}: dim {axis} (?{dim.symbol}) is {size}, but ?{dim.symbol} is"
+                        f" {self.sizes[dim.symbol]} from {self.sources[dim.symbol]}"
+                    )
+            else:
+                self.sizes[dim.symbol] = size
+                self.sources[dim.symbol] = source
+        return problems
+
+
+def _convert(value: Any, dtype: DType) -> tuple[np.ndarray | None, str | None]:
+    """A fed value as an array of `dtype`'s NumPy type, or the reason it cannot be one."""
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:
+        return None, f"cannot be converted to an array ({exc})"
+    if arr.dtype.kind not in "biuf":
+        return None, f"has dtype {arr.dtype}, which does not convert to {dtype.value}"
+    if dtype is DType.C64:
+        return None, "C64 tensors are outside the rlx_mil IR subset"
+    if dtype.is_int and arr.dtype.kind in "iuf" and arr.size:
+        lo, hi = _INT_RANGE[dtype]
+        if arr.dtype.kind == "f":
+            with np.errstate(invalid="ignore"):
+                integral = np.isfinite(arr) & (np.trunc(arr) == arr)
+            if not integral.all():
+                return None, f"holds non-integer values, which do not convert to {dtype.value}"
+        if arr.min() < lo or arr.max() > hi:
+            return None, f"holds values outside the {dtype.value} range [{lo}, {hi}]"
+    return to_dtype(arr, dtype).copy(), None
+
+
+def _feed_nodes(graph: Graph, kind: type[Input] | type[Param]) -> dict[str, list[Node]]:
+    nodes: dict[str, list[Node]] = {}
+    for node in graph:
+        if isinstance(node.op, kind):
+            nodes.setdefault(node.op.name, []).append(node)
+    return nodes
+
+
+def _packed_weight_sizes(graph: Graph) -> dict[int, int]:
+    """Leaves that are the 4-bit weight of a DequantMatMul and declared with their logical
+    `[K, N]` shape (as upstream does), mapped to the byte count of their packed form."""
+    sizes: dict[int, int] = {}
+    for node in graph:
+        if not isinstance(node.op, DequantMatMul) or node.op.scheme.kind not in _FOUR_BIT:
+            continue
+        weight = graph.node(node.inputs[1])
+        if isinstance(weight.op, (Input, Param)) and weight.shape.rank == 2 and weight.shape.is_static:
+            k, n = weight.shape.sizes()
+            sizes[weight.id] = (k * n + 1) // 2
+    return sizes
+
+
+def _packed_feed(value: Any, nodes: list[Node], packed_sizes: dict[int, int]) -> np.ndarray | str | None:
+    """A 4-bit weight fed as packed bytes: flat uint8 bytes, a problem message, or None when
+    the value is not a packed feed (it then goes through the ordinary checks)."""
+    want = {packed_sizes.get(node.id) for node in nodes}
+    if len(want) != 1 or None in want:
+        return None
+    try:
+        arr = np.asarray(value)
+    except Exception:
+        return None
+    declared = nodes[0].shape.sizes()
+    if arr.shape == declared or arr.size != want.pop() or arr.dtype.kind not in "iuf":
+        return None
+    with np.errstate(invalid="ignore"):
+        values = arr.astype(np.float64).reshape(-1)
+    if values.size and (not np.all(np.trunc(values) == values) or values.min() < -128 or values.max() > 255):
+        return "holds packed 4-bit bytes outside -128..255 or non-integer values"
+    return (values.astype(np.int64) & 0xFF).astype(np.uint8)
+
+
+def _bind_feeds(
+    graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any]
+) -> tuple[dict[int, np.ndarray], _Bindings]:
+    problems: list[str] = []
+    feeds: dict[int, np.ndarray] = {}
+    bindings = _Bindings()
+    input_nodes, param_nodes = _feed_nodes(graph, Input), _feed_nodes(graph, Param)
+    packed_sizes = _packed_weight_sizes(graph)
+    for label, nodes, given, other, other_label in (
+        ("input", input_nodes, inputs, param_nodes, "params"),
+        ("param", param_nodes, params, input_nodes, "inputs"),
+    ):
+        for name in given:
+            if name not in nodes:
+                hint = f"; it is a {'param' if label == 'input' else 'input'}, pass it in {other_label}=" if name in other else ""
+                known = ", ".join(sorted(nodes)) or "none"
+                problems.append(f"unexpected {label} '{name}' (the graph's {label}s: {known}){hint}")
+        for name, same_name in nodes.items():
+            declared = same_name[0].shape
+            if name not in given:
+                problems.append(f"{label} '{name}' is missing (declared {declared})")
+                continue
+            packed = _packed_feed(given[name], same_name, packed_sizes)
+            if packed is not None:
+                if isinstance(packed, str):
+                    problems.append(f"{label} '{name}' {packed}")
+                else:
+                    feeds.update((node.id, packed) for node in same_name)
+                continue
+            arr, why = _convert(given[name], declared.dtype)
+            if arr is None:
+                problems.append(f"{label} '{name}' {why}")
+                continue
+            for node in same_name:
+                found = bindings.match(node.shape, arr.shape, f"{label} '{name}'")
+                problems.extend(found)
+                if not found:
+                    feeds[node.id] = arr.reshape(arr.shape if arr.ndim == node.shape.rank else (1,) * node.shape.rank)
+    if problems:
+        raise EvaluationError("cannot evaluate the graph with these inputs/params", problems)
+    return feeds, bindings
+
+
+def _needed(graph: Graph, roots: Iterable[int]) -> set[int]:
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        node_id = stack.pop()
+        if node_id in seen:
+            continue
+        seen.add(node_id)
+        stack.extend(graph.node(node_id).inputs)
+    return seen
+
+
+def _run_node(node: Node, args: list[np.ndarray], bindings: _Bindings) -> np.ndarray:
+    out = bindings.resolve(node.shape)
+    op_name = node.op.type_name
+    try:
+        result = kernel_for(node.op)(node.op, args, out)
+    except GraphError as err:
+        raise type(err)(err.detail, node=node.id, op=op_name, name=node.name, operand=err.operand) from None
+    except EvaluationError as err:
+        where = f"node %{node.id}" + (f" '{node.name}'" if node.name else "") + f" ({op_name})"
+        raise EvaluationError(f"{where}: {err.args[0].splitlines()[0].rstrip(':')}", err.problems) from None
+    except UnsupportedOpError as err:
+        raise UnsupportedOpError(f"node %{node.id} ({op_name}): {err}") from None
+    result = np.asarray(result)
+    found = bindings.match(out, result.shape, "result")
+    if found:
+        bound = ", ".join(f"?{sym}={size}" for sym, size in sorted(bindings.sizes.items()))
+        raise ShapeError(
+            f"the reference result has shape {list(result.shape)}, but the node declares {node.shape}"
+            + (f" (with {bound})" if bound else ""),
+            node=node.id, op=op_name, name=node.name,
+        )
+    if result.ndim != out.rank:
+        result = result.reshape((1,) * out.rank)
+    if result.dtype != (np.dtype(np.float32) if out.dtype is DType.BF16 else out.dtype.numpy):
+        result = to_dtype(result, out.dtype)
+    return result
+
+
+def _evaluate(
+    graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None, only: set[int] | None
+) -> dict[int, np.ndarray]:
+    feeds, bindings = _bind_feeds(graph, inputs, params or {})
+    values: dict[int, np.ndarray] = {}
+    for node in graph:
+        if only is not None and node.id not in only:
+            continue
+        if isinstance(node.op, (Input, Param)):
+            values[node.id] = feeds[node.id]
+            continue
+        values[node.id] = _run_node(node, [values[i] for i in node.inputs], bindings)
+    return values
+
+
+def evaluate(
+    graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None
+) -> dict[str, np.ndarray]:
+    """Run `graph` with the NumPy reference semantics.
+
+    `inputs` are keyed by Input op names, `params` by Param op names; each value must convert
+    to its node's declared dtype (float32 arrays are accepted for integer and bool dtypes) and
+    match its declared shape, with equal dynamic symbols bound to equal sizes. Any problem
+    raises EvaluationError listing every problem found. The result is keyed by
+    `rlx_mil.naming.output_names(graph)`, in output order.
+    """
+    values = _evaluate(graph, inputs, params, _needed(graph, graph.outputs))
+    return {name: values[node_id] for name, node_id in zip(output_names(graph), graph.outputs, strict=True)}
+
+
+def evaluate_all(
+    graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None
+) -> dict[int, np.ndarray]:
+    """Like `evaluate`, but computes every node and returns all values keyed by node id."""
+    return _evaluate(graph, inputs, params, None)
