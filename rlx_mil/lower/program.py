@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from rlx_mil.errors import ConversionError, ParamError, RlxMilError, UnsupportedOpError
 from rlx_mil.ir.dtype import DType
-from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import Constant, Input, Param
 from rlx_mil.ir.shape import Shape
 from rlx_mil.lower.context import LowerContext, LowerOptions, NameAllocator, mil_dtype_for
@@ -64,6 +64,19 @@ def decode_constant(op: Constant, shape: Shape, node_id: int) -> np.ndarray:
     return np.frombuffer(op.data, dtype=dtype).reshape(sizes).astype(shape.dtype.numpy)
 
 
+#: Layouts a Param may arrive in besides its declared shape. Rule modules register hooks
+#: (graph, param node, array) -> bool that accept an array as given because the consuming rule
+#: decodes it, e.g. 4-bit weight codes packed two per byte behind a logical [K, N] Param.
+PARAM_LAYOUT_HOOKS: list[Callable[[Graph, Node, np.ndarray], bool]] = []
+
+
+def _alternative_layout(graph: Graph, node: Node, arr: np.ndarray) -> bool:
+    from rlx_mil.lower.registry import registered_rules
+
+    registered_rules()  # importing the rule modules registers their hooks
+    return any(hook(graph, node, arr) for hook in PARAM_LAYOUT_HOOKS)
+
+
 def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dict[str, np.ndarray]:
     """Every Param the outputs need must be given with its declared shape and a compatible
     dtype; extra names are errors too. Every problem is listed at once."""
@@ -84,6 +97,9 @@ def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dic
             continue
         want = _static_sizes(node.shape, f"param {name!r}")
         if arr.shape != want:
+            if _alternative_layout(graph, node, arr):
+                arrays[name] = arr
+                continue
             problems.append(f"param {name!r}: shape {arr.shape} does not match the declared {list(want)}")
             continue
         declared = node.shape.dtype
@@ -232,7 +248,8 @@ def lower_graph(
         node = input_nodes[ir_name]
         dtype = node.shape.dtype
         io_type = types.int32 if (dtype.is_int) else types.fp32
-        placeholders[ident] = mb.placeholder(shape=node.shape.sizes(), dtype=io_type, name=ident)
+        # Core ML has no rank-0 inputs: a scalar travels as [1] and is reshaped inside.
+        placeholders[ident] = mb.placeholder(shape=node.shape.sizes() or (1,), dtype=io_type, name=ident)
 
     names = NameAllocator(set(in_ids.values()) | set(out_ids.values()))
     float_mil = "fp16" if precision is Precision.FP16 else "fp32"
@@ -244,6 +261,8 @@ def lower_graph(
         for ir_name, ident in in_ids.items():
             node = input_nodes[ir_name]
             var = func.inputs[ident]
+            if not node.shape.sizes():
+                var = mb.reshape(x=var, shape=np.zeros((0,), np.int32), name=names.fresh(f"{ident}_scalar"))
             if node.shape.dtype.is_float and float_mil == "fp16":
                 var = mb.cast(x=var, dtype="fp16", name=names.fresh(f"{ident}_to_fp16"))
             elif node.shape.dtype is DType.BOOL:
