@@ -9,7 +9,6 @@ exclude_padding_from_average=False divides by the kernel area). Results are comp
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 from itertools import product
 from types import SimpleNamespace
@@ -33,16 +32,6 @@ from .conftest import (
     ops_outside_opset,
     run_model,
 )
-
-
-@pytest.fixture(autouse=True)
-def _fast_gc() -> Iterator[None]:
-    """ct.convert runs gc.collect(), whose cost grows with every object alive in the test
-    process; freezing what exists before each test keeps each conversion fast."""
-    gc.freeze()
-    yield
-    gc.unfreeze()
-
 
 # -------------------------------------------------------------------------- MIL kernels
 

@@ -8,8 +8,6 @@ converted program, evaluated on Linux, against decoders written here from the sp
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +24,6 @@ from rlx_mil.reference.evaluate import evaluate
 from rlx_mil.reference.quant import gguf_dequantize
 
 from .conftest import convert_and_cleanup, emitted_ops, ops_outside_opset, run_model
-
-
-@pytest.fixture(autouse=True)
-def _fast_gc() -> Iterator[None]:
-    """ct.convert runs gc.collect(), whose cost grows with every object alive in the test
-    process; freezing what exists before each test keeps each conversion fast. Unfrozen (and
-    collected) when the test ends."""
-    gc.freeze()
-    yield
-    gc.unfreeze()
 
 TARGETS = ("iOS15", "iOS16", "iOS17", "iOS18")
 PRECISIONS = ("fp32", "fp16")
