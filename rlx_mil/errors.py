@@ -90,3 +90,7 @@ class ConversionError(RlxMilError):
 
 class MilExecError(RlxMilError):
     """The NumPy MIL executor cannot run a program (missing kernel, bad feed...)."""
+
+
+class AmbiguousLayoutWarning(UserWarning):
+    """An attention operand's layout is read by the upstream rule but could mean another."""

@@ -9,10 +9,18 @@ wrong: two static sizes that differ. Dynamic dims pass unless a rule needs their
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from rlx_mil.errors import ArityError, AttributeValueError, DTypeError, GraphError, ShapeError
+from rlx_mil.errors import (
+    AmbiguousLayoutWarning,
+    ArityError,
+    AttributeValueError,
+    DTypeError,
+    GraphError,
+    ShapeError,
+)
 from rlx_mil.ir.attention_layout import AttentionGeometry, attention_geometry
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.ops import (
@@ -881,9 +889,22 @@ def _attention(op: Attention, ins: Sequence[Shape], declared: Shape | None) -> S
             raise AttributeValueError(f"{attr} must be finite, got {value}")
     q, k, v = ins[:3]
     geom = attention_geometry(q, k, v, op.num_heads, op.head_dim)
+    _warn_if_ambiguous(geom, q)
     if op.mask_kind.has_mask_input:
         _check_mask(op.mask_kind.type, ins[3], geom)
     return q
+
+
+def _warn_if_ambiguous(geom: AttentionGeometry, q: Shape) -> None:
+    if geom.is_ambiguous:
+        warnings.warn(
+            AmbiguousLayoutWarning(
+                f"q {q}: dims 1 and 2 both equal num_heads={geom.num_heads}; read as [B, H, S, D]"
+                " (the upstream rule). A [B, S, H, D] tensor with S == num_heads would be misread:"
+                " transpose it to [B, H, S, D] first."
+            ),
+            stacklevel=2,
+        )
 
 
 @shape_rule(AttentionBackward)
@@ -891,6 +912,7 @@ def _attention_backward(op: AttentionBackward, ins: Sequence[Shape], declared: S
     _check_attention_attrs(op)
     q, k, v, dy = ins[:4]
     geom = attention_geometry(q, k, v, op.num_heads, op.head_dim)
+    _warn_if_ambiguous(geom, q)
     if dy.rank != q.rank or any(_conflict(a, b) for a, b in zip(dy.dims, q.dims, strict=True)):
         raise ShapeError(f"dy must have q's shape {q}, got {dy}", operand="dy")
     if op.mask_kind.has_mask_input:

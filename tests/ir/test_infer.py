@@ -763,3 +763,20 @@ def test_every_upstream_fixture_reinfers_to_its_declared_shapes(upstream_json_di
                 assert inferred.same_elements_as(node.shape), (path.name, str(node))
                 checked.add(node.op.type_name)
     assert {"Attention", "AttentionBackward", "DequantMatMul", "Rope", "RmsNorm", "Gather", "Expand"} <= checked
+
+
+def test_ambiguous_attention_layout_warns() -> None:
+    import warnings
+
+    from rlx_mil.errors import AmbiguousLayoutWarning
+    from rlx_mil.ir.graph import Graph
+
+    g = Graph("ambiguous")
+    q, k, v = (g.input(n, [1, 4, 4, 8]) for n in "qkv")
+    with pytest.warns(AmbiguousLayoutWarning, match="dims 1 and 2 both equal num_heads=4"):
+        g.attention_kind(q, k, v, 4, 8, "none")
+    g2 = Graph("clear")
+    q, k, v = (g2.input(n, [1, 4, 6, 8]) for n in "qkv")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AmbiguousLayoutWarning)
+        g2.attention_kind(q, k, v, 4, 8, "none")
