@@ -1,0 +1,113 @@
+"""Rotary position embedding, NeoX rotate-half form (spec 8.7)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import AttributeValueError, ShapeError
+from rlx_mil.ir import ops
+from rlx_mil.lower.context import LowerContext
+from rlx_mil.lower.registry import lowering
+from rlx_mil.lower.rules.norm import input_sizes, node_error, require_float
+
+
+def _table(ctx: LowerContext, index: int, name: str, seq: int, half: int, rank4: bool) -> Any:
+    """Rows 0..S-1 (or the single broadcast row) and columns 0..half-1 of a cos/sin table, shaped
+    to broadcast against the per-head view of x: [S', 1, half] for [.., S, H, D], [S', half] for
+    [B, H, S, D]."""
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = input_sizes(ctx, index)
+    if not sizes or math.prod(sizes) == 0:
+        raise node_error(ctx, ShapeError, f"{name} must be a [P, head_dim/2] table, got {list(sizes)}", name)
+    cols = sizes[-1]
+    rows = math.prod(sizes[:-1])
+    if cols < half:
+        raise node_error(ctx, ShapeError, f"{name} rows hold {cols} values but n_rot/2 = {half} are needed", name)
+    if rows != 1 and rows < seq:
+        raise node_error(
+            ctx, ShapeError, f"{name} has {rows} rows but the sequence has {seq} positions (need P >= S or P == 1)", name
+        )
+    used_rows = 1 if rows == 1 else seq
+    view = [used_rows, half] if rank4 else [used_rows, 1, half]
+
+    value = ctx.value(index)
+    if value is not None:
+        arr = np.asarray(value, dtype=np.float32).reshape(rows, cols)[:used_rows, :half]
+        return ctx.const(arr.reshape(view), name)
+    table = ctx.var(index)
+    if len(sizes) != 2:
+        table = mb.reshape(x=table, shape=[rows, cols], name=ctx.name(f"{name}_2d"))
+    if (used_rows, half) != (rows, cols):
+        table = mb.slice_by_index(x=table, begin=[0, 0], end=[used_rows, half], name=ctx.name(f"{name}_rows"))
+    return mb.reshape(x=table, shape=view, name=ctx.name(f"{name}_view"))
+
+
+@lowering(
+    ops.Rope, family="rope",
+    notes="`reshape` to heads (rank 2/3), `split` into the two rotated halves (+ the unrotated"
+    " tail for n_rot < head_dim), `mul`/`sub`/`add` with table rows 0..S-1 (`slice_by_index`, or"
+    " sliced at conversion for Param tables; a 1-row table broadcasts), `concat`, `reshape` back",
+)
+def lower_rope(op: ops.Rope, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    head_dim, n_rot = op.head_dim, op.n_rot
+    if head_dim < 1 or n_rot < 0 or n_rot % 2 != 0 or n_rot > head_dim:
+        raise node_error(
+            ctx, AttributeValueError,
+            f"need head_dim >= 1 and an even 0 <= n_rot <= head_dim, got head_dim={head_dim} n_rot={n_rot}",
+        )
+    require_float(ctx, 0, "x")
+    require_float(ctx, 1, "cos")
+    require_float(ctx, 2, "sin")
+    sizes = input_sizes(ctx, 0)
+    rank = len(sizes)
+    if rank == 4:
+        if sizes[3] != head_dim:
+            raise node_error(ctx, ShapeError, f"rank-4 x must be [B, H, S, {head_dim}], got {list(sizes)}", "x")
+        seq = sizes[2]
+        heads_view = list(sizes)
+    elif rank in (2, 3):
+        if sizes[-1] % head_dim != 0:
+            raise node_error(
+                ctx, ShapeError, f"feature width {sizes[-1]} is not a multiple of head_dim {head_dim}", "x"
+            )
+        seq = sizes[-2]
+        heads_view = [*sizes[:-1], sizes[-1] // head_dim, head_dim]
+    else:
+        raise node_error(ctx, ShapeError, f"x must have rank 2, 3 or 4, got {list(sizes)}", "x")
+    if ctx.out_shape.sizes() != sizes:
+        raise node_error(ctx, ShapeError, f"declared shape {list(ctx.out_shape.sizes())} is not x's {list(sizes)}")
+    cos_rows, sin_rows = (math.prod(input_sizes(ctx, i)[:-1]) for i in (1, 2))
+    if cos_rows != sin_rows:
+        raise node_error(ctx, ShapeError, f"cos has {cos_rows} rows but sin has {sin_rows}", "sin")
+
+    x = ctx.var(0)
+    half = n_rot // 2
+    if half == 0:
+        return x
+    cos = _table(ctx, 1, "cos", seq, half, rank == 4)
+    sin = _table(ctx, 2, "sin", seq, half, rank == 4)
+
+    heads = x if rank == 4 else mb.reshape(x=x, shape=heads_view, name=ctx.name("heads"))
+    parts = [half, half] + ([head_dim - n_rot] if n_rot < head_dim else [])
+    pieces = mb.split(x=heads, split_sizes=parts, axis=-1, name=ctx.name("halves"))
+    first, second = pieces[0], pieces[1]
+    new_first = mb.sub(
+        x=mb.mul(x=first, y=cos, name=ctx.name("first_cos")),
+        y=mb.mul(x=second, y=sin, name=ctx.name("second_sin")),
+        name=ctx.name("rot_first"),
+    )
+    new_second = mb.add(
+        x=mb.mul(x=second, y=cos, name=ctx.name("second_cos")),
+        y=mb.mul(x=first, y=sin, name=ctx.name("first_sin")),
+        name=ctx.name("rot_second"),
+    )
+    rotated = mb.concat(values=[new_first, new_second, *pieces[2:]], axis=-1, name=ctx.name("rotated"))
+    if rank == 4:
+        return rotated
+    return mb.reshape(x=rotated, shape=list(sizes), name=ctx.name())
