@@ -1,0 +1,76 @@
+"""linear, matmul, einsum and scaled_dot_product_attention.
+
+fp16 inputs reach these kernels upcast to float32, so every product goes through float32 BLAS
+(numpy has no fp16 BLAS; fp16 matmul in numpy is ~4x slower) and accumulates in float32, as the
+GPU and ANE do; the executor then rounds the result to fp16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlx_mil.milexec.kernels._math import softmax
+from rlx_mil.milexec.registry import OpContext, kernel
+
+
+def _float_or_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "f" or b.dtype.kind == "f":
+        return np.matmul(a.astype(np.float32, copy=False), b.astype(np.float32, copy=False))
+    return np.matmul(a.astype(np.int64), b.astype(np.int64))
+
+
+@kernel("linear")
+def linear(ctx: OpContext) -> np.ndarray:
+    x = ctx.val("x")
+    weight = ctx.val("weight")
+    flat = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
+    out = _float_or_int_matmul(flat, weight.T)
+    if ctx.has("bias"):
+        out = out + ctx.val("bias")
+    return out.reshape((*x.shape[:-1], weight.shape[0]))
+
+
+@kernel("matmul")
+def matmul(ctx: OpContext) -> np.ndarray:
+    x, y = ctx.val("x"), ctx.val("y")
+    if ctx.param("transpose_x", False) and x.ndim >= 2:
+        x = np.swapaxes(x, -1, -2)
+    if ctx.param("transpose_y", False) and y.ndim >= 2:
+        y = np.swapaxes(y, -1, -2)
+    return _float_or_int_matmul(x, y)
+
+
+@kernel("einsum")
+def einsum(ctx: OpContext) -> np.ndarray:
+    equation = str(ctx.param("equation")).replace(" ", "")
+    operands = [v.astype(np.float32, copy=False) for v in ctx.vals("values")]
+    lhs, _, _ = equation.partition("->")
+    specs = lhs.split(",")
+    if len(specs) != len(operands) or "." in equation:
+        raise ctx.error(f"unsupported einsum equation {equation!r} for {len(operands)} operands")
+    # MIL broadcasts size-1 batch dims between operands; np.einsum does not.
+    sizes: dict[str, int] = {}
+    for spec, operand in zip(specs, operands, strict=True):
+        if len(spec) != operand.ndim:
+            raise ctx.error(f"einsum term {spec!r} does not match an operand of rank {operand.ndim}")
+        for label, n in zip(spec, operand.shape, strict=True):
+            sizes[label] = max(sizes.get(label, 1), n)
+    expanded = [
+        np.broadcast_to(operand, tuple(sizes[label] for label in spec))
+        for spec, operand in zip(specs, operands, strict=True)
+    ]
+    return np.einsum(equation, *expanded, optimize=True)
+
+
+@kernel("scaled_dot_product_attention")
+def scaled_dot_product_attention(ctx: OpContext) -> np.ndarray:
+    q, k, v = ctx.val("query"), ctx.val("key"), ctx.val("value")
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) / np.float32(np.sqrt(q.shape[-1]))
+    if ctx.has("attn_mask"):
+        mask = ctx.val("attn_mask")
+        if mask.dtype == np.bool_:
+            # True = attend; a fully masked row becomes NaN, as in Core ML.
+            scores = np.where(mask, scores, np.float32(-np.inf))
+        else:
+            scores = scores + mask.astype(np.float32)
+    return np.matmul(softmax(scores, axis=-1), v)

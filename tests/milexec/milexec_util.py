@@ -1,0 +1,74 @@
+"""Helpers shared by the milexec tests: building Functions from feeds, converting, cleanup."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def mil_dtype(array: np.ndarray) -> Any:
+    from coremltools.converters.mil.mil import types
+
+    return {
+        np.dtype(np.float32): types.fp32,
+        np.dtype(np.float16): types.fp16,
+        np.dtype(np.int32): types.int32,
+        np.dtype(np.int8): types.int8,
+        np.dtype(np.uint8): types.uint8,
+        np.dtype(np.bool_): types.bool,
+    }[np.asarray(array).dtype]
+
+
+def build_function(
+    feeds: dict[str, np.ndarray], build: Callable[[dict[str, Any]], list[Any]], opset: str = "iOS18"
+) -> Any:
+    """A MIL Function with one placeholder per feed (named after the key) and `build`'s outputs."""
+    import coremltools as ct
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import Function
+
+    placeholders = {
+        name: mb.placeholder(shape=np.asarray(value).shape, dtype=mil_dtype(value), name=name)
+        for name, value in feeds.items()
+    }
+    with Function(placeholders, opset_version=getattr(ct.target, opset)) as fn:
+        outputs = build(dict(fn.inputs))
+        fn.set_outputs(list(outputs))
+    return fn
+
+
+def build_program(
+    feeds: dict[str, np.ndarray], build: Callable[[dict[str, Any]], list[Any]], opset: str = "iOS18"
+) -> Any:
+    from coremltools.converters.mil.mil import Program
+
+    program = Program()
+    program.add_function("main", build_function(feeds, build, opset))
+    return program
+
+
+@contextmanager
+def converted(
+    program: Any, tmp_path: Path, *, opset: str = "iOS18", fp16: bool = False, name: str = "model"
+) -> Iterator[Any]:
+    """ct.convert `program` into tmp_path/<name>.mlpackage; removes the package afterwards."""
+    import coremltools as ct
+
+    package = tmp_path / f"{name}.mlpackage"
+    model = ct.convert(
+        program,
+        convert_to="mlprogram",
+        minimum_deployment_target=getattr(ct.target, opset),
+        compute_precision=ct.precision.FLOAT16 if fp16 else ct.precision.FLOAT32,
+        skip_model_load=True,
+        package_dir=str(package),
+    )
+    try:
+        yield model
+    finally:
+        shutil.rmtree(package, ignore_errors=True)
