@@ -66,7 +66,7 @@ from rlx_mil.ir.ops import (
     Transpose,
     Where,
 )
-from rlx_mil.ir.shape import Dim, DimLike, Shape, Static, as_dim
+from rlx_mil.ir.shape import Dim, DimLike, Dynamic, Shape, Static, as_dim
 
 EnumT = TypeVar("EnumT", bound=enum.Enum)
 
@@ -203,6 +203,26 @@ class Graph:
     def set_name(self, node_id: int, name: str | None) -> None:
         node = self.node(node_id)
         self._nodes[node_id] = Node(node.id, node.op, node.inputs, node.shape, name, node.origin)
+
+    def dynamic_symbols(self) -> set[int]:
+        """Symbols of the Dynamic dims anywhere in the graph."""
+        return {d.symbol for n in self._nodes for d in n.shape.dims if isinstance(d, Dynamic)}
+
+    def bind(self, sizes: Mapping[int, int]) -> Graph:
+        """A copy with every Dynamic(symbol) dim replaced by `sizes[symbol]`, re-checked node
+        by node (so a size that contradicts an op's constraints is a typed error)."""
+        missing = sorted(self.dynamic_symbols() - set(sizes))
+        if missing:
+            raise ShapeError(f"graph {self.name!r}: no size given for dynamic symbols {missing}")
+        for symbol, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ShapeError(f"graph {self.name!r}: size of symbol {symbol} must be an int >= 0, got {size!r}")
+        bound = Graph(self.name)
+        for node in self._nodes:
+            dims = [Static(sizes[d.symbol]) if isinstance(d, Dynamic) else d for d in node.shape.dims]
+            bound.add_node(node.op, node.inputs, node.shape.with_dims(dims), name=node.name, origin=node.origin)
+        bound.set_outputs(self._outputs)
+        return bound
 
     def consumers(self) -> dict[int, list[int]]:
         users: dict[int, list[int]] = {n.id: [] for n in self._nodes}

@@ -35,8 +35,11 @@ def lower_with_names(
     target: str | Target = "iOS18",
     precision: str | Precision = "fp16",
     attention: str = "auto",
+    dims: Mapping[int, int] | None = None,
 ) -> LoweredProgram:
     """Like `lower`, also returning the model-interface name maps."""
+    if dims is not None:
+        graph = graph.bind(dims)
     return lower_graph(
         graph, params, target=Target.parse(target), precision=Precision.parse(precision),
         options=_options(attention),
@@ -50,9 +53,15 @@ def lower(
     target: str | Target = "iOS18",
     precision: str | Precision = "fp16",
     attention: str = "auto",
+    dims: Mapping[int, int] | None = None,
 ) -> Any:
-    """Build the coremltools MIL `Program` for `graph` (before Core ML's passes), for inspection."""
-    return lower_with_names(graph, params, target=target, precision=precision, attention=attention).program
+    """Build the coremltools MIL `Program` for `graph` (before Core ML's passes), for inspection.
+
+    `dims` binds dynamic dims (`{symbol: size}`) for graphs that have them.
+    """
+    return lower_with_names(
+        graph, params, target=target, precision=precision, attention=attention, dims=dims
+    ).program
 
 
 def convert(
@@ -64,12 +73,14 @@ def convert(
     compute_units: str = "ALL",
     attention: str = "auto",
     pass_pipeline: Any = None,
+    dims: Mapping[int, int] | None = None,
 ) -> Any:
     """Convert `graph` with `params` (name -> ndarray) into a `ct.models.MLModel`.
 
     Inputs keep their Input names and outputs the keys `rlx_mil.reference.evaluate` returns
     (as Core ML-legal identifiers; the original names are in the model metadata). Callers pass
-    and get float32 arrays whatever the compute precision.
+    and get float32 arrays whatever the compute precision. `dims` binds dynamic dims
+    (`{symbol: size}`); a graph with unbound dynamic dims is a typed error.
     """
     import coremltools as ct
 
@@ -77,6 +88,8 @@ def convert(
     prec = Precision.parse(precision)
     if compute_units not in COMPUTE_UNITS:
         raise ValueError(f"compute_units must be one of {COMPUTE_UNITS}, got {compute_units!r}")
+    if dims is not None:
+        graph = graph.bind(dims)
     lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention))
     kwargs: dict[str, Any] = {}
     if pass_pipeline is not None:

@@ -46,6 +46,7 @@ def _static_sizes(shape: Shape, what: str) -> tuple[int, ...]:
     except ValueError:
         raise UnsupportedOpError(
             f"{what} has dynamic shape {shape}; bind every dynamic dim to a size before converting"
+            " (convert(..., dims={symbol: size}) or Graph.bind)"
         ) from None
 
 
