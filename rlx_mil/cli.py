@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("--params", type=Path, help="weights: .npz or .safetensors")
     conv.add_argument("-o", "--output", type=Path, required=True, help="output .mlpackage path")
     conv.add_argument("--overwrite", action="store_true", help="replace an existing package")
+    conv.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
+                      help="bind a dynamic dim symbol (e.g. 1=128 for SEQ); repeatable")
     conversion_flags(conv)
 
     insp = sub.add_parser("inspect", help="summarise a .mlpackage: IO, op histogram, weights, target")
@@ -68,10 +70,16 @@ def _convert(args: argparse.Namespace) -> int:
     params = load_params(args.params) if args.params else {}
     if args.output.exists() and not args.overwrite:
         raise RlxMilError(f"{args.output} exists; pass --overwrite to replace it")
+    dims: dict[int, int] = {}
+    for item in args.dim:
+        symbol, _, size = item.partition("=")
+        if not (symbol.strip().isdigit() and size.strip().isdigit()):
+            raise RlxMilError(f"--dim takes SYMBOL=SIZE with non-negative integers, got {item!r}")
+        dims[int(symbol)] = int(size)
     start = time.perf_counter()
     model = rlx_mil.convert(
         graph, params, target=args.target, precision=args.precision,
-        compute_units=args.compute_units, attention=args.attention,
+        compute_units=args.compute_units, attention=args.attention, dims=dims or None,
     )
     rlx_mil.save(model, args.output, overwrite=args.overwrite)
     info = package_info(args.output)
