@@ -51,10 +51,21 @@ def input_names(graph: Graph) -> list[str]:
     return [n.op.name for n in graph if isinstance(n.op, Input)]
 
 
+#: Names coremltools' name sanitizer renames (to `<name>_workaround`) because they are MIL
+#: type or keyword names; a model interface name must avoid them or the metadata goes stale.
+MIL_RESERVED_NAMES = frozenset({
+    "any", "bool", "program", "func", "tensor", "list", "dict", "tuple", "true", "false", "string",
+    "bf16", "fp16", "fp32", "fp64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+    "uint64", "state",
+})
+
+
 def mil_identifier(name: str) -> str:
     """A Core ML-legal identifier for `name` (identity for names that already are legal)."""
     ident = _NOT_IDENT.sub("_", name)
     if not ident or ident[0].isdigit():
+        ident = "var_" + ident
+    if ident in MIL_RESERVED_NAMES:
         ident = "var_" + ident
     return ident
 
