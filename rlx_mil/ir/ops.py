@@ -341,8 +341,9 @@ class FusedMatMulBiasAct(Op):
 
 
 @dataclass(frozen=True)
-class Quantize(_Unary):
-    type_name: ClassVar[str] = "Quantize"
+class _AffineQuant(_Unary):
+    """Per-tensor (`axis=None`, one scale/zero point) or per-channel along `axis`."""
+
     axis: int | None
     scales: tuple[float, ...]
     zero_points: tuple[int, ...]
@@ -354,16 +355,17 @@ class Quantize(_Unary):
 
 
 @dataclass(frozen=True)
-class Dequantize(_Unary):
-    type_name: ClassVar[str] = "Dequantize"
-    axis: int | None
-    scales: tuple[float, ...]
-    zero_points: tuple[int, ...]
+class Quantize(_AffineQuant):
+    """Float -> I8: `clip(round_half_away(x * (1/s)) + zp, -128, 127)`."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "scales", tuple(f32(s) for s in self.scales))
-        object.__setattr__(self, "zero_points", tuple(int(z) for z in self.zero_points))
+    type_name: ClassVar[str] = "Quantize"
+
+
+@dataclass(frozen=True)
+class Dequantize(_AffineQuant):
+    """I8 -> F32: `(q - zp) * s`."""
+
+    type_name: ClassVar[str] = "Dequantize"
 
 
 @dataclass(frozen=True)
@@ -376,8 +378,9 @@ class DequantMatMul(Op):
 
 
 @dataclass(frozen=True)
-class LayerNorm(Op):
-    type_name: ClassVar[str] = "LayerNorm"
+class _LastAxisNorm(Op):
+    """Inputs x, gamma [H], beta [H]; normalises over the last axis (`axis` must name it)."""
+
     axis: int
     eps: float
 
@@ -390,17 +393,15 @@ class LayerNorm(Op):
 
 
 @dataclass(frozen=True)
-class RmsNorm(Op):
+class LayerNorm(_LastAxisNorm):
+    type_name: ClassVar[str] = "LayerNorm"
+
+
+@dataclass(frozen=True)
+class RmsNorm(_LastAxisNorm):
+    """`x / sqrt(mean(x^2) + eps) * gamma + beta` (beta is added, as upstream)."""
+
     type_name: ClassVar[str] = "RmsNorm"
-    axis: int
-    eps: float
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _fix_f32(self, "eps")
-
-    def arity(self) -> int | None:
-        return 3
 
 
 @dataclass(frozen=True)
@@ -418,10 +419,9 @@ class GroupNorm(Op):
 
 
 @dataclass(frozen=True)
-class FusedResidualLN(Op):
-    """LayerNorm(x + residual (+ bias)); inputs x, residual, [bias], gamma, beta."""
+class _FusedResidualNorm(Op):
+    """Norm(x + residual (+ bias)); inputs x, residual, [bias], gamma, beta."""
 
-    type_name: ClassVar[str] = "FusedResidualLN"
     has_bias: bool
     eps: float
 
@@ -434,19 +434,13 @@ class FusedResidualLN(Op):
 
 
 @dataclass(frozen=True)
-class FusedResidualRmsNorm(Op):
-    """RmsNorm(x + residual (+ bias)); inputs x, residual, [bias], gamma, beta."""
+class FusedResidualLN(_FusedResidualNorm):
+    type_name: ClassVar[str] = "FusedResidualLN"
 
+
+@dataclass(frozen=True)
+class FusedResidualRmsNorm(_FusedResidualNorm):
     type_name: ClassVar[str] = "FusedResidualRmsNorm"
-    has_bias: bool
-    eps: float
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _fix_f32(self, "eps")
-
-    def arity(self) -> int | None:
-        return 5 if self.has_bias else 4
 
 
 @dataclass(frozen=True)
