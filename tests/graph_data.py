@@ -5,7 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 from rlx_mil.ir.graph import Graph
-from rlx_mil.ir.ops import Attention, AttentionBackward, DequantMatMul, Gather, Input, Param, QuantKind, Rope
+from rlx_mil.ir.ops import (
+    Attention,
+    AttentionBackward,
+    DequantMatMul,
+    Gather,
+    Input,
+    MatMul,
+    Param,
+    QuantKind,
+    Rope,
+)
 
 
 def _consumers(graph: Graph) -> dict[int, list[tuple[int, int]]]:
@@ -45,6 +55,10 @@ def leaf_values(graph: Graph, seed: int = 0) -> tuple[dict[str, np.ndarray], dic
                 positions = np.arange(shape[0])[:, None]
                 freq = 10000.0 ** (-np.arange(shape[1]) / shape[1])
                 value = (np.cos if pos == 1 else np.sin)(positions * freq).astype(np.float32)
+            elif isinstance(user.op, MatMul) and pos == 1 and len(shape) >= 2:
+                # Unit-variance activations through the layer, as trained weights give;
+                # unscaled weights make softmax near one-hot and fp16 checks ill-conditioned.
+                value = (value / np.sqrt(shape[-2])).astype(np.float32)
             elif isinstance(user.op, DequantMatMul) and pos == 1:
                 kind = user.op.scheme.kind
                 low, high = (0, 16) if kind is QuantKind.INT4_BLOCK else (-127, 128)

@@ -54,7 +54,7 @@ class AttentionGeometry:
     @property
     def is_ambiguous(self) -> bool:
         """A BHSD reading of a tensor whose seq length equals num_heads (spec 9.2 warning)."""
-        return self.layout is AttentionLayout.BHSD and self.q_len == Static(self.num_heads)
+        return self.num_heads > 1 and self.layout is AttentionLayout.BHSD and self.q_len == Static(self.num_heads)
 
 
 def _heads_in(t: Shape, layout: AttentionLayout, head_dim: int, operand: str) -> int:
