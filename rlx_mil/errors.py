@@ -94,3 +94,7 @@ class MilExecError(RlxMilError):
 
 class AmbiguousLayoutWarning(UserWarning):
     """An attention operand's layout is read by the upstream rule but could mean another."""
+
+
+class InvalidOptionError(RlxMilError, ValueError):
+    """A conversion option (target, precision, compute units, attention mode, path) is invalid."""

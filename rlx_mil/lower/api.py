@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlx_mil.errors import ConversionError, RlxMilError
+from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lower.context import LowerOptions
 from rlx_mil.lower.program import LoweredProgram, lower_graph
@@ -24,7 +24,7 @@ COMPUTE_UNITS = ("ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE")
 
 def _options(attention: str) -> LowerOptions:
     if attention not in ATTENTION_MODES:
-        raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+        raise InvalidOptionError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
     return LowerOptions(attention=attention)
 
 
@@ -87,7 +87,7 @@ def convert(
     tgt = Target.parse(target)
     prec = Precision.parse(precision)
     if compute_units not in COMPUTE_UNITS:
-        raise ValueError(f"compute_units must be one of {COMPUTE_UNITS}, got {compute_units!r}")
+        raise InvalidOptionError(f"compute_units must be one of {COMPUTE_UNITS}, got {compute_units!r}")
     if dims is not None:
         graph = graph.bind(dims)
     lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention))
@@ -124,7 +124,7 @@ def save(model: Any, path: str | os.PathLike[str], *, overwrite: bool = False) -
     folder beside `path` and renamed into place, so a failure leaves nothing half-written."""
     dest = Path(path)
     if dest.suffix != ".mlpackage":
-        raise ValueError(f"a Core ML ML Program is saved as a .mlpackage folder, got {str(dest)!r}")
+        raise InvalidOptionError(f"a Core ML ML Program is saved as a .mlpackage folder, got {str(dest)!r}")
     if dest.exists() and not overwrite:
         raise FileExistsError(f"{dest} exists; pass overwrite=True to replace it")
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from rlx_mil.errors import InvalidOptionError
+
 
 class Target(enum.IntEnum):
     """Minimum deployment target. The value orders targets (iOS15 < iOS16 < ...)."""
@@ -34,7 +36,7 @@ class Target(enum.IntEnum):
         for t in Target:
             if text in (t.label.lower(), t.name.lower(), str(t.value)):
                 return t
-        raise ValueError(f"unknown target {value!r}; choose one of {', '.join(t.label for t in Target)}")
+        raise InvalidOptionError(f"unknown target {value!r}; choose one of {', '.join(t.label for t in Target)}")
 
 
 class Precision(enum.Enum):
@@ -55,5 +57,5 @@ class Precision(enum.Enum):
         aliases = {"fp16": Precision.FP16, "float16": Precision.FP16, "f16": Precision.FP16,
                    "fp32": Precision.FP32, "float32": Precision.FP32, "f32": Precision.FP32}
         if text not in aliases:
-            raise ValueError(f"unknown precision {value!r}; choose 'fp16' or 'fp32'")
+            raise InvalidOptionError(f"unknown precision {value!r}; choose 'fp16' or 'fp32'")
         return aliases[text]

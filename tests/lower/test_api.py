@@ -1,0 +1,81 @@
+"""The public API's options and the atomic save."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rlx_mil
+from rlx_mil.errors import InvalidOptionError
+from rlx_mil.ir.graph import Graph
+from rlx_mil.lower.target import Precision, Target
+
+
+def _graph() -> Graph:
+    g = Graph("api")
+    x = g.input("x", [2, 4])
+    g.set_outputs([g.relu(x, name="y")])
+    return g
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"target": "iOS14"}, "unknown target 'iOS14'"),
+        ({"precision": "int8"}, "unknown precision 'int8'"),
+        ({"compute_units": "GPU"}, "compute_units must be one of"),
+        ({"attention": "flash"}, "attention must be one of"),
+    ],
+)
+def test_bad_options_are_typed_errors(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidOptionError, match=message):
+        rlx_mil.convert(_graph(), **kwargs)
+
+
+def test_target_and_precision_spellings() -> None:
+    assert Target.parse("ios17") is Target.IOS17
+    assert Target.parse(16) is Target.IOS16
+    assert Precision.parse("float32") is Precision.FP32
+
+
+class _FailingModel:
+    """Writes part of a package, then fails, like an interrupted save."""
+
+    def save(self, path: str) -> None:
+        Path(path).mkdir()
+        (Path(path) / "Manifest.json").write_text("{}")
+        raise OSError("disk full")
+
+
+def test_failed_save_leaves_nothing_behind(tmp_path: Path) -> None:
+    dest = tmp_path / "m.mlpackage"
+    with pytest.raises(OSError, match="disk full"):
+        rlx_mil.save(_FailingModel(), dest)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_overwrite_keeps_the_old_package(tmp_path: Path) -> None:
+    dest = tmp_path / "m.mlpackage"
+    dest.mkdir()
+    (dest / "old").write_text("keep me")
+    with pytest.raises(OSError, match="disk full"):
+        rlx_mil.save(_FailingModel(), dest, overwrite=True)
+    assert (dest / "old").read_text() == "keep me"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.mlpackage"]
+
+
+def test_save_refuses_to_overwrite_and_checks_suffix(tmp_path: Path) -> None:
+    model = rlx_mil.convert(_graph(), precision="fp32")
+    dest = rlx_mil.save(model, tmp_path / "m.mlpackage")
+    assert (dest / "Manifest.json").is_file()
+    with pytest.raises(FileExistsError):
+        rlx_mil.save(model, dest)
+    rlx_mil.save(model, dest, overwrite=True)
+    assert (dest / "Manifest.json").is_file()
+    with pytest.raises(InvalidOptionError, match=r"\.mlpackage"):
+        rlx_mil.save(model, tmp_path / "m.mlmodel")
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) - 4
+    np.testing.assert_array_equal(rlx_mil.milexec.run(dest, {"x": x})["y"], np.maximum(x, 0))
