@@ -39,8 +39,12 @@ def predict_coreml(model: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np
     """`MLModel.predict` with inputs/outputs keyed by IR names (macOS only)."""
     in_map, out_map = io_name_maps(model)
     to_mil = {ir: mil for mil, ir in in_map.items()}
-    feeds = {to_mil.get(name, name): np.asarray(value, dtype=np.float32) if np.asarray(value).dtype.kind == "f"
-             else np.asarray(value).astype(np.int32) for name, value in inputs.items()}
+    feeds = {}
+    for name, value in inputs.items():
+        array = np.asarray(value)
+        array = array.astype(np.int32) if array.dtype.kind in "iu" else array.astype(np.float32)
+        # Core ML has no rank-0 inputs: a converted scalar input is a [1] placeholder.
+        feeds[to_mil.get(name, name)] = array.reshape(1) if array.ndim == 0 else array
     raw = model.predict(feeds)
     return {out_map.get(name, name): np.asarray(value) for name, value in raw.items()}
 

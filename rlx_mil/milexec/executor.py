@@ -305,6 +305,9 @@ def _bind_inputs(
     for mil, (key, value) in given.items():
         var = tensor_vars[mil]
         array, problem = _convert_input(value, var, precision)
+        if problem is None and array.ndim == 0 and tuple(var.shape) == (1,):
+            # Core ML has no rank-0 inputs: a converted scalar input is a [1] placeholder.
+            array = array.reshape(1)
         if problem is None:
             problem = _shape_problem(array.shape, tuple(var.shape), symbols, key)
         if problem is not None:
