@@ -145,7 +145,7 @@ def convert(
     if src_kind == "bool":
         return mb.cast(x=var, dtype="int32", name=ctx.name(suffix))
     if src_kind == "int":
-        return _clamp_int(ctx, var, INT_RANGES[src], INT_RANGES[dst], suffix)
+        return _wrap_int(ctx, var, INT_RANGES[src], INT_RANGES[dst], suffix)
     return _float_to_int(ctx, var, INT_RANGES[dst], suffix)
 
 
@@ -186,15 +186,32 @@ def _round_to_bf16(ctx: LowerContext, var: Any, suffix: str) -> Any:
     return mb.select(cond=finite, a=rounded, b=var, name=ctx.name(suffix))
 
 
-def _clamp_int(ctx: LowerContext, var: Any, src: tuple[int, int], dst: tuple[int, int], suffix: str) -> Any:
+def _wrap_int(ctx: LowerContext, var: Any, src: tuple[int, int], dst: tuple[int, int], suffix: str) -> Any:
+    """Int -> narrower int as NumPy's astype: wrap modulo 2^bits. I64/U32 are held as int32,
+    so a destination as wide as int32 cannot wrap; values outside int32 saturate there."""
     from coremltools.converters.mil import Builder as mb
 
     lo, hi = dst
-    if src[0] < lo:
-        var = mb.maximum(x=var, y=np.int32(lo), name=ctx.name(join(suffix, "lo")))
-    if src[1] > hi:
-        var = mb.minimum(x=var, y=np.int32(hi), name=ctx.name(join(suffix, "hi")))
-    return var
+    if src[0] >= lo and src[1] <= hi:
+        return var
+    width = hi - lo + 1
+    if width >= 2**31:
+        if src[0] < lo:
+            var = mb.maximum(x=var, y=np.int32(lo), name=ctx.name(join(suffix, "lo")))
+        if src[1] > hi:
+            var = mb.minimum(x=var, y=np.int32(hi), name=ctx.name(join(suffix, "hi")))
+        return var
+    # r = x mod width in [0, width), whatever sign convention the device's mod has; no
+    # intermediate leaves int32.
+    rem = mb.mod(x=var, y=np.int32(width), name=ctx.name(join(suffix, "mod")))
+    negative = mb.less(x=rem, y=np.int32(0), name=ctx.name(join(suffix, "neg")))
+    shifted = mb.add(x=rem, y=np.int32(width), name=ctx.name(join(suffix, "shift")))
+    rem = mb.select(cond=negative, a=shifted, b=rem, name=ctx.name(join(suffix, "rem")))
+    if lo == 0:
+        return rem
+    over = mb.greater(x=rem, y=np.int32(hi), name=ctx.name(join(suffix, "over")))
+    wrapped = mb.sub(x=rem, y=np.int32(width), name=ctx.name(join(suffix, "wrapped")))
+    return mb.select(cond=over, a=wrapped, b=rem, name=ctx.name(join(suffix, "signed")))
 
 
 def _float_to_int(ctx: LowerContext, var: Any, bounds: tuple[int, int], suffix: str) -> Any:
@@ -259,7 +276,7 @@ def float_activation(ctx: LowerContext, kind: ActivationKind, x: Any, suffix: st
     name = ctx.name(suffix)
     zero = ctx.scalar(0.0)
     simple: dict[ActivationKind, Callable[..., Any]] = {
-        ActivationKind.SILU: mb.silu, ActivationKind.RELU: mb.relu, ActivationKind.SIGMOID: mb.sigmoid,
+        ActivationKind.SILU: mb.silu, ActivationKind.SIGMOID: mb.sigmoid,
         ActivationKind.TANH: mb.tanh, ActivationKind.EXP: mb.exp, ActivationKind.SQRT: mb.sqrt,
         ActivationKind.ABS: mb.abs, ActivationKind.SIN: mb.sin, ActivationKind.COS: mb.cos,
         ActivationKind.TAN: mb.tan, ActivationKind.ATAN: mb.atan,
@@ -270,12 +287,19 @@ def float_activation(ctx: LowerContext, kind: ActivationKind, x: Any, suffix: st
         return mb.gelu(x=x, mode="EXACT", name=name)
     if kind is ActivationKind.GELU_APPROX:
         return mb.gelu(x=x, mode="TANH_APPROXIMATION", name=name)
-    # MIL log/rsqrt add an epsilon (1e-45 / 1e-12 by default); the IR wants the exact
-    # function (log(0) = -inf, rsqrt(0) = inf).
+    if kind is ActivationKind.RELU:
+        # The IR's Relu maps NaN to 0 (fmax(x, 0)); how MIL relu/maximum treat NaN differs by
+        # compute unit, a comparison-and-select does not.
+        positive = mb.greater(x=x, y=zero, name=ctx.name(join(suffix, "positive")))
+        return mb.select(cond=positive, a=x, b=zero, name=name)
+    # MIL log adds an epsilon (1e-45 by default); the IR wants the exact log(0) = -inf.
     if kind is ActivationKind.LOG:
         return mb.log(x=x, epsilon=zero, name=name)
     if kind is ActivationKind.RSQRT:
-        return mb.rsqrt(x=x, epsilon=zero, name=name)
+        # 1/sqrt(x), not MIL rsqrt: rsqrt computes 1/sqrt(x + epsilon), which turns -0 into +0
+        # (rsqrt(-0) must be -inf) and, with its default epsilon, is not exact at all.
+        root = mb.sqrt(x=x, name=ctx.name(join(suffix, "sqrt")))
+        return mb.real_div(x=ctx.scalar(1.0), y=root, name=name)
     if kind is ActivationKind.NEG:
         # mul by -1 (not 0 - x) so that -(+0) is -0.
         return mb.mul(x=x, y=ctx.scalar(-1.0), name=name)
@@ -299,7 +323,7 @@ def activation_var(ctx: LowerContext, kind: ActivationKind, x: Any, src: DType, 
             y = mb.maximum(x=xi, y=np.int32(0), name=ctx.name(suffix))
         else:
             return convert(ctx, xi, src if kind_of(src) == "int" else DType.I32, dst, suffix=join(suffix, "out"))
-        # -(-128) and |-128| leave the I8 range: clamp from the full int32 range.
+        # -(-128) and |-128| leave the I8 range: wrap back into it, as NumPy does.
         return convert(ctx, y, DType.I32, dst, suffix=join(suffix, "out"))
     xf = to_float(ctx, x, src, suffix=join(suffix, "float"))
     y = float_activation(ctx, kind, xf, suffix)
@@ -309,10 +333,11 @@ def activation_var(ctx: LowerContext, kind: ActivationKind, x: Any, src: DType, 
 @lowering(
     ops.Activation, family="elementwise",
     notes=(
-        "gelu(EXACT) / gelu(TANH_APPROXIMATION), silu, relu, sigmoid, tanh, exp, sqrt, abs, sin, cos, tan,"
-        " atan; log and rsqrt with epsilon=0 (exact log(0)=-inf, rsqrt(0)=inf); Neg = mul by -1;"
+        "gelu(EXACT) / gelu(TANH_APPROXIMATION), silu, sigmoid, tanh, exp, sqrt, abs, sin, cos, tan,"
+        " atan; log with epsilon=0 (exact log(0)=-inf); Rsqrt = real_div(1, sqrt) (IEEE at 0 and -0);"
+        " Neg = mul by -1; Relu = greater + select (NaN -> 0 on every compute unit);"
         " Round = round + tie detection (floor/sub/equal/select) so halves go to even on every"
-        " compute unit. Relu uses MIL relu: NaN -> 0 is left to the compute unit. Integer inputs:"
+        " compute unit. Integer inputs:"
         " Neg/Abs/Relu/Round exact in int32, the rest via float. Same on every target."
     ),
 )
@@ -327,8 +352,9 @@ def lower_activation(op: ops.Activation, ctx: LowerContext) -> Any:
     ops.Cast, family="elementwise",
     notes=(
         "float->int: floor/ceil/select truncation, NaN->0, clip + select saturation, cast int32;"
-        " ->Bool: not_equal 0; int->narrower int: maximum/minimum clamp (every int dtype is held"
-        " as int32 on every target; I64/U32 saturate at the int32 range); ->F16 in an fp32"
+        " ->Bool: not_equal 0; int->narrower int: wraps modulo 2^bits like NumPy (mod/select;"
+        " every int dtype is held as int32 on every target, so I64/U32 saturate at the int32"
+        " range instead); ->F16 in an fp32"
         " program: cast fp16 then fp32 (real rounding); ->BF16: Veltkamp split (mul/sub) rounding"
         " to 8 significant bits; F16 in an fp16 program and F32/F64: no op."
     ),
