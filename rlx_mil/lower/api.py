@@ -28,6 +28,22 @@ def _options(attention: str) -> LowerOptions:
     return LowerOptions(attention=attention)
 
 
+#: coremltools 9.0 passes that break programs built in fp16: `fuse_elementwise_to_batchnorm`
+#: turns `mul`/`add` by [C, 1, 1] consts on a rank-4 fp16 tensor into a `batch_norm` whose
+#: mean/variance it makes fp32, which its own type check then rejects.
+FP16_UNSAFE_PASSES = frozenset({"common::fuse_elementwise_to_batchnorm"})
+
+
+def default_pass_pipeline(precision: Precision) -> Any:
+    """Core ML's default pipeline, minus the passes that cannot handle fp16 programs."""
+    import coremltools as ct
+
+    pipeline = ct.PassPipeline.DEFAULT
+    if precision is Precision.FP16:
+        pipeline.remove_passes(FP16_UNSAFE_PASSES)
+    return pipeline
+
+
 def lower_with_names(
     graph: Graph,
     params: Mapping[str, Any] | None = None,
@@ -91,9 +107,7 @@ def convert(
     if dims is not None:
         graph = graph.bind(dims)
     lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention))
-    kwargs: dict[str, Any] = {}
-    if pass_pipeline is not None:
-        kwargs["pass_pipeline"] = pass_pipeline
+    kwargs: dict[str, Any] = {"pass_pipeline": default_pass_pipeline(prec) if pass_pipeline is None else pass_pipeline}
     try:
         model = ct.convert(
             lowered.program,

@@ -79,3 +79,19 @@ def test_save_refuses_to_overwrite_and_checks_suffix(tmp_path: Path) -> None:
         rlx_mil.save(model, tmp_path / "m.mlmodel")
     x = np.arange(8, dtype=np.float32).reshape(2, 4) - 4
     np.testing.assert_array_equal(rlx_mil.milexec.run(dest, {"x": x})["y"], np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("target", ["iOS15", "iOS18"])
+def test_channel_scale_and_shift_convert_in_fp16(target: str) -> None:
+    """coremltools' fuse_elementwise_to_batchnorm pass rejects its own output on fp16
+    programs; convert() leaves it out, so mul/add by [C, 1, 1] weights convert."""
+    g = Graph("scale_shift")
+    x = g.input("x", [1, 4, 3, 3])
+    y = g.add(g.mul(x, g.param("s", [4, 1, 1])), g.param("b", [4, 1, 1]), name="y")
+    g.set_outputs([y])
+    rng = np.random.default_rng(0)
+    params = {"s": rng.standard_normal((4, 1, 1)).astype(np.float32), "b": rng.standard_normal((4, 1, 1)).astype(np.float32)}
+    xv = rng.standard_normal((1, 4, 3, 3)).astype(np.float32)
+    model = rlx_mil.convert(g, params, target=target, precision="fp16")
+    got = rlx_mil.milexec.run(model, {"x": xv})["y"]
+    np.testing.assert_allclose(got, xv * params["s"] + params["b"], rtol=5e-3, atol=5e-3)

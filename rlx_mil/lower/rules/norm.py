@@ -251,9 +251,7 @@ def lower_group_norm(op: ops.GroupNorm, ctx: LowerContext) -> Any:
     per_group = math.prod(sizes) // (batch * groups) if batch * groups else 0
     grouped = mb.reshape(x=ctx.var(0), shape=[batch, groups, per_group], name=ctx.name("groups"))
     normed = normalize_last_axis(ctx, grouped, op.eps, center=True)
-    # The affine runs on an [N, C, spatial] view, never on a rank-4 tensor with [C, 1, 1]
-    # consts: Core ML's fuse_elementwise_to_batchnorm pass turns that mul+add into a
-    # batch_norm with fp32 mean/variance, which fp16 programs below iOS17 reject.
+    # The affine runs on an [N, C, spatial] view: one [C, 1] weight shape serves any spatial rank.
     if len(sizes) == 2:
         view, affine_shape = list(sizes), [channels]
     else:
