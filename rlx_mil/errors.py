@@ -50,8 +50,11 @@ class DTypeError(GraphError):
     """An operand has a dtype the op does not accept."""
 
 
-class AttributeValueError(GraphError):
-    """An op attribute is out of range or inconsistent (bad axis, heads not dividing...)."""
+class AttributeValueError(GraphError, ValueError):
+    """An op attribute is out of range, mistyped or inconsistent (bad axis, heads not dividing...).
+
+    Also a ValueError: op constructors (`MaskKind`, `QuantScheme`, float attributes) raise it,
+    and code around them may catch ValueError."""
 
 
 class ArityError(GraphError):

@@ -39,12 +39,15 @@ def predict_coreml(model: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np
     """`MLModel.predict` with inputs/outputs keyed by IR names (macOS only)."""
     in_map, out_map = io_name_maps(model)
     to_mil = {ir: mil for mil, ir in in_map.items()}
+    # As the executor: all-IR keys are IR names, else an interface name wins over an IR name.
+    by_ir_name = all(name in to_mil for name in inputs)
     feeds = {}
     for name, value in inputs.items():
         array = np.asarray(value)
         array = array.astype(np.int32) if array.dtype.kind in "iu" else array.astype(np.float32)
         # Core ML has no rank-0 inputs: a converted scalar input is a [1] placeholder.
-        feeds[to_mil.get(name, name)] = array.reshape(1) if array.ndim == 0 else array
+        mil = to_mil[name] if by_ir_name else (name if name in in_map else to_mil.get(name, name))
+        feeds[mil] = array.reshape(1) if array.ndim == 0 else array
     raw = model.predict(feeds)
     return {out_map.get(name, name): np.asarray(value) for name, value in raw.items()}
 

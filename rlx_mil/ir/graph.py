@@ -10,9 +10,9 @@ from __future__ import annotations
 import enum
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeGuard, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import numpy as np
 
@@ -113,6 +113,8 @@ class Graph:
     """
 
     def __init__(self, name: str = "graph") -> None:
+        if not isinstance(name, str):
+            raise GraphError(f"a graph name must be a string, got {name!r}")
         self.name = name
         self._nodes: list[Node] = []
         self._outputs: list[int] = []
@@ -159,10 +161,24 @@ class Graph:
         where the op has an inference rule (the declared shape is kept, as upstream).
         Violations raise a GraphError subclass naming the node id, op, node name and input.
         """
-        from rlx_mil.ir.infer import infer_shape, input_roles
+        from rlx_mil.ir.infer import check_attributes, infer_shape, input_roles
 
         node_id = len(self._nodes)
-        inputs = tuple(inputs)
+        op_name = op.type_name if isinstance(op, Op) else type(op).__name__
+        try:
+            check_attributes(op)
+        except GraphError as err:
+            raise type(err)(err.detail, node=node_id, op=op_name, name=name) from None
+        if name is not None and not isinstance(name, str):
+            raise AttributeValueError(f"a node name must be a string, got {name!r}", node=node_id, op=op_name)
+        if shape is not None:
+            _check_declared_shape(shape, node_id, op_name, name)
+        try:
+            inputs = tuple(inputs)
+        except TypeError:
+            raise UnknownNodeError(
+                f"inputs must be a sequence of node ids, got {inputs!r}", node=node_id, op=op_name, name=name
+            ) from None
         roles = input_roles(op, len(inputs))
         for role, inp in zip(roles, inputs, strict=True):
             if not self._is_node_id(inp):
@@ -202,6 +218,8 @@ class Graph:
 
     def set_name(self, node_id: int, name: str | None) -> None:
         node = self.node(node_id)
+        if name is not None and not isinstance(name, str):
+            raise AttributeValueError(f"a node name must be a string, got {name!r}", node=node_id, op=node.op.type_name)
         self._nodes[node_id] = Node(node.id, node.op, node.inputs, node.shape, name, node.origin)
 
     def dynamic_symbols(self) -> set[int]:
@@ -211,9 +229,19 @@ class Graph:
     def bind(self, sizes: Mapping[int, int]) -> Graph:
         """A copy with every Dynamic(symbol) dim replaced by `sizes[symbol]`, re-checked node
         by node (so a size that contradicts an op's constraints is a typed error)."""
-        missing = sorted(self.dynamic_symbols() - set(sizes))
+        if not isinstance(sizes, Mapping):
+            raise ShapeError(f"graph {self.name!r}: sizes must map dynamic symbols to sizes, got {sizes!r}")
+        symbols = self.dynamic_symbols()
+        missing = sorted(symbols - set(sizes))
         if missing:
             raise ShapeError(f"graph {self.name!r}: no size given for dynamic symbols {missing}")
+        unknown = sorted((s for s in sizes if s not in symbols), key=repr)
+        if unknown:
+            # A size for a symbol the graph lacks is a typo (or the wrong graph), not a no-op.
+            raise ShapeError(
+                f"graph {self.name!r} has no dynamic symbol {', '.join(map(repr, unknown))}"
+                f" (its dynamic symbols: {sorted(symbols) or 'none'})"
+            )
         for symbol, size in sizes.items():
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise ShapeError(f"graph {self.name!r}: size of symbol {symbol} must be an int >= 0, got {size!r}")
@@ -276,6 +304,23 @@ class Graph:
         except (TypeError, ValueError) as err:
             raise self._fail(ShapeError, f"bad shape {dims!r}: {err}", op, name) from None
 
+    def _sequence(self, values: object, what: str, op: str, name: str | None) -> tuple[Any, ...]:
+        """A builder argument that must be a sequence, as a tuple (entries are checked by add_node)."""
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            raise self._fail(AttributeValueError, f"{what} must be a sequence, got {values!r}", op, name)
+        return tuple(values)
+
+    def _affine(
+        self, scales: object, zero_points: object, op: str, name: str | None
+    ) -> tuple[tuple[float, ...], tuple[int, ...]]:
+        try:
+            return _floats(scales), _ints(zero_points)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise self._fail(
+                AttributeValueError,
+                f"scales must be numbers and zero_points integers, got {scales!r} and {zero_points!r}", op, name,
+            ) from None
+
     def _dtype_arg(self, dtype: DType | str | np.dtype | type, op: str, name: str | None) -> DType:
         try:
             return DType.parse(dtype)
@@ -336,6 +381,8 @@ class Graph:
     def _activation_kind(self, kind: ActivationKind | str, op: str, name: str | None) -> ActivationKind:
         if isinstance(kind, ActivationKind):
             return kind
+        if not isinstance(kind, str):
+            raise self._fail(AttributeValueError, f"an activation is an ActivationKind or text such as 'gelu', got {kind!r}", op, name)
         key = _squash(kind)
         for member in ActivationKind:
             if _squash(member.value) == key:
@@ -478,7 +525,7 @@ class Graph:
     ) -> int:
         """Float -> I8; per tensor (`axis=None`, one scale) or per channel along `axis`."""
         the_axis = None if axis is None else self._signed_to_unsigned(axis, x)
-        op = Quantize(the_axis, _floats(scales), _ints(zero_points))
+        op = Quantize(the_axis, *self._affine(scales, zero_points, "Quantize", name))
         return self.add_node(op, [x], name=name)
 
     def dequantize(
@@ -492,7 +539,7 @@ class Graph:
     ) -> int:
         """I8 -> F32: `(q - zp) * scale`, per tensor or per channel along `axis`."""
         the_axis = None if axis is None else self._signed_to_unsigned(axis, q)
-        op = Dequantize(the_axis, _floats(scales), _ints(zero_points))
+        op = Dequantize(the_axis, *self._affine(scales, zero_points, "Dequantize", name))
         return self.add_node(op, [q], name=name)
 
     def dequant_matmul(
@@ -530,6 +577,11 @@ class Graph:
     def _scheme(self, scheme: QuantScheme | str, name: str | None) -> QuantScheme:
         if isinstance(scheme, QuantScheme):
             return scheme
+        if not isinstance(scheme, str):
+            raise self._fail(
+                AttributeValueError, f"a scheme is a QuantScheme or text such as 'int8_block:32', got {scheme!r}",
+                "DequantMatMul", name,
+            )
         match = re.fullmatch(r"\s*([A-Za-z0-9_\-]+)\s*(?:[:(]\s*(\d+)\s*\)?)?\s*", scheme)
         kind = None
         if match:
@@ -607,7 +659,7 @@ class Graph:
         the_op = _lookup(op, ReduceOp, _REDUCE_ALIASES)
         if the_op is None:
             raise self._fail(AttributeValueError, f"unknown reduction {op!r}", "Reduce", name)
-        axis_list = [axes] if isinstance(axes, int) else list(axes)
+        axis_list = [axes] if isinstance(axes, int) else list(self._sequence(axes, "axes", "Reduce", name))
         the_axes = tuple(self._signed_to_unsigned(a, x) for a in axis_list)
         return self.add_node(Reduce(the_op, the_axes, keep_dim), [x], name=name)
 
@@ -650,22 +702,23 @@ class Graph:
     # ---------------------------------------------------------------- data movement
     def reshape(self, x: int, new_shape: Sequence[int], *, name: str | None = None) -> int:
         """Row-major reshape; at most one -1 entry."""
-        return self.add_node(Reshape(tuple(new_shape)), [x], name=name)
+        return self.add_node(Reshape(self._sequence(new_shape, "new_shape", "Reshape", name)), [x], name=name)
 
     def transpose(self, x: int, perm: Sequence[int], *, name: str | None = None) -> int:
-        return self.add_node(Transpose(tuple(perm)), [x], name=name)
+        return self.add_node(Transpose(self._sequence(perm, "perm", "Transpose", name)), [x], name=name)
 
     def narrow(self, x: int, axis: int, start: int, length: int, *, name: str | None = None) -> int:
         """`x[..., start:start+length, ...]` along `axis`."""
         return self.add_node(Narrow(self._signed_to_unsigned(axis, x), start, length), [x], name=name)
 
     def concat(self, ids: Sequence[int], axis: int, *, name: str | None = None) -> int:
+        ids = self._sequence(ids, "ids", "Concat", name)
         first = ids[0] if len(ids) else None
         return self.add_node(Concat(self._signed_to_unsigned(axis, first)), list(ids), name=name)
 
     def expand(self, x: int, target_shape: Sequence[int], *, name: str | None = None) -> int:
         """Broadcast to `target_shape` (left-padding with 1s; -1 keeps the input's dim)."""
-        return self.add_node(Expand(tuple(target_shape)), [x], name=name)
+        return self.add_node(Expand(self._sequence(target_shape, "target_shape", "Expand", name)), [x], name=name)
 
     def gather(self, table: int, indices: int, axis: int = 0, *, name: str | None = None) -> int:
         """`np.take(table, indices, axis)`."""
@@ -992,6 +1045,29 @@ def _lookup(value: object, enum_type: type[EnumT], aliases: Mapping[str, EnumT])
         if _squash(str(member.value)) == squashed:
             return member
     return None
+
+
+def _check_declared_shape(shape: object, node_id: int, op: str, name: str | None) -> None:
+    """A declared shape built by hand (not through `Shape.of` or the builder) must still be
+    a Shape of Static/Dynamic dims with sizes >= 0 and a DType."""
+    if not isinstance(shape, Shape):
+        raise ShapeError(f"the declared shape must be a Shape, got {shape!r}", node=node_id, op=op, name=name)
+    if not isinstance(shape.dtype, DType):
+        raise DTypeError(f"the declared dtype must be a DType, got {shape.dtype!r}", node=node_id, op=op, name=name)
+    if not isinstance(shape.dims, tuple):
+        raise ShapeError(f"the declared dims must be a tuple, got {shape.dims!r}", node=node_id, op=op, name=name)
+    for axis, dim in enumerate(shape.dims):
+        value = dim.size if isinstance(dim, Static) else dim.symbol if isinstance(dim, Dynamic) else None
+        if (
+            value is None
+            or isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < 0
+        ):
+            raise ShapeError(
+                f"declared dim {axis} must be Static(size >= 0) or Dynamic(symbol >= 0), got {dim!r}",
+                node=node_id, op=op, name=name,
+            )
 
 
 def _floats(values: float | Sequence[float]) -> tuple[float, ...]:

@@ -8,10 +8,16 @@ wrong: two static sizes that differ. Dynamic dims pass unless a rule needs their
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
+import types
+import typing
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar
+
+import numpy as np
 
 from rlx_mil.errors import (
     AmbiguousLayoutWarning,
@@ -49,6 +55,7 @@ from rlx_mil.ir.ops import (
     Input,
     LayerNorm,
     LoraMatMul,
+    MaskKind,
     MaskType,
     MatMul,
     Narrow,
@@ -57,6 +64,7 @@ from rlx_mil.ir.ops import (
     Pool,
     Quantize,
     QuantKind,
+    QuantScheme,
     Reduce,
     Reshape,
     RmsNorm,
@@ -199,6 +207,76 @@ def _arity_text(op: Op) -> str:
         roles = _roles(op, n)
         parts.append(f"{n} ({', '.join(roles)})" if roles else str(n))
     return " or ".join(parts)
+
+
+# -------------------------------------------------------------------------------- attribute types
+
+AttrCheck = tuple[str, Callable[[object], bool], str]
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _type_check(hint: object) -> tuple[Callable[[object], bool], str] | None:
+    """A predicate and its wording for one attribute annotation (None: nothing to check)."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        inner = _type_check(options[0]) if len(options) == 1 else None
+        if inner is None:
+            return None
+        check, text = inner
+        return (lambda v: v is None or check(v)), f"{text} or None"
+    if typing.get_origin(hint) is tuple:
+        args = typing.get_args(hint)
+        item = _type_check(args[0]) if len(args) == 2 and args[1] is Ellipsis else None
+        if item is None:
+            return None
+        item_check, item_text = item
+        plural = {"an integer": "integers", "a number": "numbers"}.get(item_text, item_text)
+        return (lambda v: isinstance(v, tuple) and all(item_check(x) for x in v)), f"a sequence of {plural}"
+    if hint is bool:
+        return (lambda v: isinstance(v, (bool, np.bool_))), "a bool"
+    if hint is int:
+        return _integer, "an integer"
+    if hint is float:
+        return (lambda v: isinstance(v, float)), "a number"
+    if hint is str:
+        return (lambda v: isinstance(v, str)), "a string"
+    if hint is bytes:
+        return (lambda v: isinstance(v, bytes)), "bytes"
+    if isinstance(hint, type) and (issubclass(hint, enum.Enum) or hint in (MaskKind, QuantScheme)):
+        cls = hint
+        return (lambda v: isinstance(v, cls)), f"{'an' if cls.__name__[0] in 'AEIOU' else 'a'} {cls.__name__}"
+    return None
+
+
+_ATTRIBUTE_CHECKS: dict[type[Op], tuple[AttrCheck, ...]] = {}
+
+
+def _attribute_checks(op_type: type[Op]) -> tuple[AttrCheck, ...]:
+    checks = _ATTRIBUTE_CHECKS.get(op_type)
+    if checks is None:
+        hints = typing.get_type_hints(op_type)
+        found = ((field.name, _type_check(hints[field.name])) for field in dataclasses.fields(op_type))
+        checks = tuple((name, *check) for name, check in found if check is not None)
+        _ATTRIBUTE_CHECKS[op_type] = checks
+    return checks
+
+
+def check_attributes(op: object) -> None:
+    """`op` must be an IR op whose attributes have their declared types.
+
+    Ops built directly (not through the builder or the JSON loader) skip the parsing those
+    do; a mistyped attribute (a string for an enum, None for a float...) would otherwise fail
+    deep inside a shape rule, a reference kernel or coremltools.
+    """
+    if not isinstance(op, Op) or type(op) is Op:
+        raise GraphError(f"expected an op from rlx_mil.ir.ops (e.g. ops.MatMul()), got {op!r}")
+    for name, check, text in _attribute_checks(type(op)):
+        value = getattr(op, name)
+        if not check(value):
+            raise AttributeValueError(f"attribute {name} must be {text}, got {value!r}")
 
 
 # -------------------------------------------------------------------------------- helpers

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from rlx_mil.errors import AttributeValueError
 from rlx_mil.ir.dtype import DType
 
 
@@ -96,9 +97,9 @@ class MaskKind:
     def __post_init__(self) -> None:
         if self.type is MaskType.SLIDING_WINDOW:
             if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
-                raise ValueError(f"SlidingWindow needs a window >= 0, got {self.window!r}")
+                raise AttributeValueError(f"SlidingWindow needs a window >= 0, got {self.window!r}")
         elif self.window is not None:
-            raise ValueError(f"{self.type.value} mask takes no window")
+            raise AttributeValueError(f"{self.type.value} mask takes no window")
 
     @staticmethod
     def sliding_window(window: int) -> MaskKind:
@@ -109,13 +110,18 @@ class MaskKind:
         """`none`, `causal`, `sliding:<N>`, `custom`, `bias` (case-insensitive), as pyrlx."""
         if isinstance(text, MaskKind):
             return text
+        if not isinstance(text, str):
+            raise AttributeValueError(f"a mask kind is a MaskKind or text such as 'causal', got {text!r}")
         key = text.strip().lower()
         if key.startswith("sliding:") or key.startswith("slidingwindow:"):
-            return MaskKind.sliding_window(int(key.split(":", 1)[1]))
+            window = key.split(":", 1)[1].strip()
+            if not window.isdigit():
+                raise AttributeValueError(f"mask kind {text!r}: the sliding window must be an integer >= 0")
+            return MaskKind.sliding_window(int(window))
         for t in MaskType:
             if t is not MaskType.SLIDING_WINDOW and t.value.lower() == key:
                 return MaskKind(t)
-        raise ValueError(f"unknown mask kind {text!r}")
+        raise AttributeValueError(f"unknown mask kind {text!r}")
 
     @property
     def has_mask_input(self) -> bool:
@@ -166,9 +172,9 @@ class QuantScheme:
     def __post_init__(self) -> None:
         if self.kind.has_block_size:
             if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
-                raise ValueError(f"{self.kind.value} needs block_size >= 1, got {self.block_size!r}")
+                raise AttributeValueError(f"{self.kind.value} needs block_size >= 1, got {self.block_size!r}")
         elif self.block_size is not None:
-            raise ValueError(f"{self.kind.value} takes no block_size")
+            raise AttributeValueError(f"{self.kind.value} takes no block_size")
 
     @staticmethod
     def int8_block(block_size: int) -> QuantScheme:
@@ -235,11 +241,18 @@ def _attr_text(value: object) -> str:
     return str(value)
 
 
+def _attr_f32(op: Op, name: str, value: object) -> float:
+    try:
+        return f32(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise AttributeValueError(f"{name} must be a number, got {value!r}", op=op.type_name) from None
+
+
 def _fix_f32(op: Op, *names: str) -> None:
     for name in names:
         value = getattr(op, name)
         if value is not None:
-            object.__setattr__(op, name, f32(value))
+            object.__setattr__(op, name, _attr_f32(op, name, value))
 
 
 class _Unary(Op):
@@ -278,7 +291,13 @@ class Constant(_Leaf):
 
     def __post_init__(self) -> None:
         if not isinstance(self.data, bytes):
-            object.__setattr__(self, "data", bytes(self.data))
+            try:
+                object.__setattr__(self, "data", bytes(self.data))
+            except (TypeError, ValueError):
+                raise AttributeValueError(
+                    f"data must be bytes (or byte values 0..255), got {type(self.data).__name__}",
+                    op=self.type_name, operand="data",
+                ) from None
 
 
 @dataclass(frozen=True)
@@ -350,8 +369,14 @@ class _AffineQuant(_Unary):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "scales", tuple(f32(s) for s in self.scales))
-        object.__setattr__(self, "zero_points", tuple(int(z) for z in self.zero_points))
+        for name in ("scales", "zero_points"):
+            if isinstance(getattr(self, name), (str, bytes)) or not hasattr(getattr(self, name), "__iter__"):
+                raise AttributeValueError(f"{name} must be a sequence, got {getattr(self, name)!r}", op=self.type_name)
+        object.__setattr__(self, "scales", tuple(_attr_f32(self, "scales", s) for s in self.scales))
+        zero_points = tuple(self.zero_points)
+        if not all(isinstance(z, (int, np.integer)) and not isinstance(z, (bool, np.bool_)) for z in zero_points):
+            raise AttributeValueError(f"zero_points must be integers, got {list(zero_points)}", op=self.type_name)
+        object.__setattr__(self, "zero_points", tuple(int(z) for z in zero_points))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,11 @@ from rlx_mil.ir.dtype import DType
 #: Well-known dynamic symbols (upstream rlx-ir/src/dynamic.rs).
 BATCH, SEQ, ROWS, PAST_SEQ = 0, 1, 2, 3
 
+#: Largest tensor, in elements, that conversion and the reference evaluator accept. MIL shape
+#: and index operands (reshape, slice, tile, gather) are int32, so larger tensors cannot be
+#: addressed; checking declared shapes against it fails fast instead of allocating.
+MAX_TENSOR_ELEMENTS = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class Static:

@@ -14,7 +14,7 @@ from typing import Any
 from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lower.context import LowerOptions
-from rlx_mil.lower.program import LoweredProgram, lower_graph
+from rlx_mil.lower.program import LoweredProgram, lower_graph, require_graph
 from rlx_mil.lower.target import Precision, Target
 from rlx_mil.naming import IO_NAMES_METADATA_KEY
 
@@ -54,6 +54,7 @@ def lower_with_names(
     dims: Mapping[int, int] | None = None,
 ) -> LoweredProgram:
     """Like `lower`, also returning the model-interface name maps."""
+    graph = require_graph(graph)
     if dims is not None:
         graph = graph.bind(dims)
     return lower_graph(
@@ -100,6 +101,7 @@ def convert(
     """
     import coremltools as ct
 
+    graph = require_graph(graph)
     tgt = Target.parse(target)
     prec = Precision.parse(precision)
     if compute_units not in COMPUTE_UNITS:
@@ -136,6 +138,10 @@ def convert(
 def save(model: Any, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
     """Write `model` to `path` (.mlpackage) atomically: the package is written to a temporary
     folder beside `path` and renamed into place, so a failure leaves nothing half-written."""
+    if not callable(getattr(model, "save", None)):
+        raise InvalidOptionError(f"save takes the MLModel that rlx_mil.convert returns, got {type(model).__name__}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidOptionError(f"path must be a str or os.PathLike ending in .mlpackage, got {path!r}")
     dest = Path(path)
     if dest.suffix != ".mlpackage":
         raise InvalidOptionError(f"a Core ML ML Program is saved as a .mlpackage folder, got {str(dest)!r}")

@@ -8,11 +8,18 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.errors import ConversionError, ParamError, RlxMilError, UnsupportedOpError
+from rlx_mil.errors import (
+    ConversionError,
+    GraphError,
+    ParamError,
+    RlxMilError,
+    ShapeError,
+    UnsupportedOpError,
+)
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import Constant, Input, Param
-from rlx_mil.ir.shape import Shape
+from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Shape
 from rlx_mil.lower.context import LowerContext, LowerOptions, NameAllocator, mil_dtype_for
 from rlx_mil.lower.registry import rule_for
 from rlx_mil.lower.target import Precision, Target
@@ -50,6 +57,27 @@ def _static_sizes(shape: Shape, what: str) -> tuple[int, ...]:
         ) from None
 
 
+def check_tensor_size(node: Node) -> None:
+    """A live node's declared tensor must be addressable by Core ML (see MAX_TENSOR_ELEMENTS);
+    checked before coremltools could try to allocate or constant-fold it."""
+    count = 1
+    for size in node.shape.sizes():
+        count *= size
+    if count > MAX_TENSOR_ELEMENTS:
+        raise ShapeError(
+            f"declared shape {node.shape} holds {count} elements, more than the {MAX_TENSOR_ELEMENTS}"
+            " a Core ML tensor can address (MIL shapes and indices are int32)",
+            node=node.id, op=node.op.type_name, name=node.name,
+        )
+
+
+def require_graph(graph: object) -> Graph:
+    if isinstance(graph, Graph):
+        return graph
+    hint = " (load JSON text with Graph.from_json or a file with Graph.from_json_file)" if isinstance(graph, (str, bytes)) else ""
+    raise GraphError(f"expected an rlx_mil Graph, got {type(graph).__name__}{hint}")
+
+
 def decode_constant(op: Constant, shape: Shape, node_id: int) -> np.ndarray:
     sizes = _static_sizes(shape, f"constant %{node_id}")
     dtype = shape.dtype.numpy.newbyteorder("<")
@@ -81,10 +109,22 @@ def _alternative_layout(graph: Graph, node: Node, arr: np.ndarray) -> bool:
 def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dict[str, np.ndarray]:
     """Every Param the outputs need must be given with its declared shape and a compatible
     dtype; extra names are errors too. Every problem is listed at once."""
-    wanted = {n.op.name: n for n in graph if isinstance(n.op, Param)}
+    if not isinstance(params, Mapping):
+        raise ParamError(f"params must map Param names to arrays, got {type(params).__name__}")
+    wanted: dict[str, Node] = {}
     problems: list[str] = []
+    for n in graph:
+        if not isinstance(n.op, Param):
+            continue
+        first = wanted.setdefault(n.op.name, n)
+        if first.shape != n.shape:
+            # Same-named Params are one weight: both nodes get the same array.
+            problems.append(
+                f"param {n.op.name!r}: declared twice with different shapes (node %{first.id} {first.shape},"
+                f" node %{n.id} {n.shape})"
+            )
     arrays: dict[str, np.ndarray] = {}
-    for name in sorted(set(params) - set(wanted)):
+    for name in sorted(set(params) - set(wanted), key=repr):
         problems.append(f"param {name!r}: not a Param of graph {graph.name!r}")
     for name, node in wanted.items():
         if name not in params:
@@ -95,6 +135,9 @@ def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dic
             arr = np.asarray(params[name])
         except Exception as err:  # any array-like failure is the caller's input problem
             problems.append(f"param {name!r}: not convertible to an array ({err})")
+            continue
+        if arr.dtype.kind not in "biufc":
+            problems.append(f"param {name!r}: {type(params[name]).__name__} value of dtype {arr.dtype} is not a numeric array")
             continue
         want = _static_sizes(node.shape, f"param {name!r}")
         if arr.shape != want:
@@ -223,16 +266,18 @@ def lower_graph(
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import Function, Program, types
 
+    graph = require_graph(graph)
     if not graph.outputs:
         raise ConversionError(f"graph {graph.name!r} has no outputs; call set_outputs first")
     live = live_nodes(graph)
-    arrays = check_params(graph, params or {}, live)
+    arrays = check_params(graph, {} if params is None else params, live)
 
     # Every check that can fail on the graph runs before coremltools sees anything.
     for node in graph:
         if node.id not in live:
             continue
         _static_sizes(node.shape, f"node %{node.id} ({node.op.type_name})")
+        check_tensor_size(node)
         if not isinstance(node.op, (Input, Param, Constant)):
             rule_for(node.op, target, node=node.id, name=node.name)
         if node.shape.dtype is DType.C64:
@@ -244,7 +289,20 @@ def lower_graph(
     out_ids = mil_identifiers(out_names, taken=in_ids.values())
 
     placeholders: dict[str, Any] = {}
-    input_nodes = {n.op.name: n for n in graph if isinstance(n.op, Input)}
+    same_named: dict[str, list[Node]] = {}
+    for n in graph:
+        if isinstance(n.op, Input):
+            same_named.setdefault(n.op.name, []).append(n)
+    for ir_name, group in same_named.items():
+        # Same-named Inputs are one feed (as in reference.evaluate): one placeholder for all.
+        for other in group[1:]:
+            if other.shape != group[0].shape:
+                raise ShapeError(
+                    f"input {ir_name!r} is declared twice with different shapes (node %{group[0].id}"
+                    f" {group[0].shape}, node %{other.id} {other.shape})",
+                    node=other.id, op="Input", name=other.name,
+                )
+    input_nodes = {name: group[0] for name, group in same_named.items()}
     for ir_name, ident in in_ids.items():
         node = input_nodes[ir_name]
         dtype = node.shape.dtype
@@ -268,7 +326,8 @@ def lower_graph(
                 var = mb.cast(x=var, dtype="fp16", name=names.fresh(f"{ident}_to_fp16"))
             elif node.shape.dtype is DType.BOOL:
                 var = mb.not_equal(x=var, y=np.float32(0), name=names.fresh(f"{ident}_to_bool"))
-            lowerer.env[node.id] = var
+            for same in same_named[ir_name]:
+                lowerer.env[same.id] = var
         lowerer.run()
         var_of = lowerer.var_of
 

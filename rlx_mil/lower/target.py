@@ -30,7 +30,7 @@ class Target(enum.IntEnum):
     def parse(value: str | int | Target | Any) -> Target:
         if isinstance(value, Target):
             return value
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, int) and not isinstance(value, bool) and value in {t.value for t in Target}:
             return Target(value)
         text = str(getattr(value, "name", value)).strip().lower()
         for t in Target:

@@ -283,11 +283,16 @@ def _bind_inputs(
     state_vars = {n: v for n, v in placeholders.items() if types.is_state(v.sym_type)}
     tensor_vars = {n: v for n, v in placeholders.items() if n not in state_vars}
     ir_to_mil = {ir: mil for mil, ir in (io_names.inputs.items() if io_names else ())}
+    if not isinstance(inputs, Mapping):
+        raise MilExecError(f"inputs must map input names to arrays, got {type(inputs).__name__}")
+    # An IR name can equal another input's interface name ("a.b" becomes "a_b" beside an input
+    # named "a_b", which becomes "a_b_1"): when every key is an IR name, read them all as such.
+    by_ir_name = bool(ir_to_mil) and all(key in ir_to_mil for key in inputs)
 
     problems: list[str] = []
     given: dict[str, tuple[str, Any]] = {}
     for key, value in inputs.items():
-        mil = key if key in tensor_vars else ir_to_mil.get(key)
+        mil = ir_to_mil.get(key) if by_ir_name else (key if key in tensor_vars else ir_to_mil.get(key))
         if mil is None or mil not in tensor_vars:
             problems.append(f"unexpected input '{key}' (model inputs: {_names_text(tensor_vars, io_names)})")
             continue

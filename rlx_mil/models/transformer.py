@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Param
 
@@ -30,10 +31,16 @@ class DecoderConfig:
         return self.hidden // self.heads
 
     def __post_init__(self) -> None:
+        for field in ("hidden", "heads", "kv_heads", "intermediate", "layers", "seq", "batch"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidOptionError(f"{field} must be an integer >= 1, got {value!r}")
         if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ValueError(
+            raise InvalidOptionError(
                 f"hidden {self.hidden} must divide into {self.heads} heads, and heads into {self.kv_heads} kv heads"
             )
+        if self.head_dim % 2:
+            raise InvalidOptionError(f"head_dim = hidden / heads = {self.head_dim} must be even for RoPE")
 
 
 def rope_tables(seq: int, head_dim: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:

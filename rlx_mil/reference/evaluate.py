@@ -11,7 +11,7 @@ from rlx_mil.errors import EvaluationError, GraphError, ShapeError, UnsupportedO
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import DequantMatMul, Input, Param, QuantKind
-from rlx_mil.ir.shape import Dynamic, Shape, Static
+from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Dynamic, Shape, Static
 from rlx_mil.naming import output_names
 from rlx_mil.reference.registry import kernel_for, to_dtype
 
@@ -190,15 +190,32 @@ def _needed(graph: Graph, roots: Iterable[int]) -> set[int]:
 def _run_node(node: Node, args: list[np.ndarray], bindings: _Bindings) -> np.ndarray:
     out = bindings.resolve(node.shape)
     op_name = node.op.type_name
+    if out.is_static and out.numel() > MAX_TENSOR_ELEMENTS:
+        raise ShapeError(
+            f"the result would hold {out.numel()} elements ({out}), more than the {MAX_TENSOR_ELEMENTS}"
+            " rlx_mil evaluates or converts",
+            node=node.id, op=op_name, name=node.name,
+        )
+    where = f"node %{node.id}" + (f" '{node.name}'" if node.name else "") + f" ({op_name})"
     try:
-        result = kernel_for(node.op)(node.op, args, out)
+        kernel = kernel_for(node.op)
+        if out.is_static and out.numel() == 0:
+            # An empty result holds no values (and kernels need not handle empty reductions).
+            result = np.zeros(out.sizes(), np.float32 if out.dtype is DType.BF16 else out.dtype.numpy)
+        else:
+            result = kernel(node.op, args, out)
     except GraphError as err:
         raise type(err)(err.detail, node=node.id, op=op_name, name=node.name, operand=err.operand) from None
     except EvaluationError as err:
-        where = f"node %{node.id}" + (f" '{node.name}'" if node.name else "") + f" ({op_name})"
         raise EvaluationError(f"{where}: {err.args[0].splitlines()[0].rstrip(':')}", err.problems) from None
     except UnsupportedOpError as err:
         raise UnsupportedOpError(f"node %{node.id} ({op_name}): {err}") from None
+    except MemoryError as err:
+        raise EvaluationError(f"{where}: out of memory computing its {out} result ({err})") from None
+    except Exception as err:
+        # Feeds and attributes are validated before this point; anything else a kernel raises
+        # still names the node rather than surfacing from deep inside NumPy.
+        raise EvaluationError(f"{where}: the reference kernel failed: {type(err).__name__}: {err}") from err
     result = np.asarray(result)
     found = bindings.match(out, result.shape, "result")
     if found:
@@ -213,6 +230,14 @@ def _run_node(node: Node, args: list[np.ndarray], bindings: _Bindings) -> np.nda
     if result.dtype != (np.dtype(np.float32) if out.dtype is DType.BF16 else out.dtype.numpy):
         result = to_dtype(result, out.dtype)
     return result
+
+
+def _check_arguments(graph: object, inputs: object, params: object) -> None:
+    if not isinstance(graph, Graph):
+        raise GraphError(f"expected an rlx_mil Graph, got {type(graph).__name__}")
+    for label, given in (("inputs", inputs), ("params", params)):
+        if given is not None and not isinstance(given, Mapping):
+            raise EvaluationError(f"{label} must map names to arrays, got {type(given).__name__}")
 
 
 def _evaluate(
@@ -241,7 +266,8 @@ def evaluate(
     raises EvaluationError listing every problem found. The result is keyed by
     `rlx_mil.naming.output_names(graph)`, in output order.
     """
-    values = _evaluate(graph, inputs, params, _needed(graph, graph.outputs))
+    _check_arguments(graph, inputs, params)
+    values = _evaluate(graph, inputs or {}, params, _needed(graph, graph.outputs))
     return {name: values[node_id] for name, node_id in zip(output_names(graph), graph.outputs, strict=True)}
 
 
@@ -249,4 +275,5 @@ def evaluate_all(
     graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None
 ) -> dict[int, np.ndarray]:
     """Like `evaluate`, but computes every node and returns all values keyed by node id."""
-    return _evaluate(graph, inputs, params, None)
+    _check_arguments(graph, inputs, params)
+    return _evaluate(graph, inputs or {}, params, None)
