@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--engine", choices=["auto", "coreml", "milexec"], default="auto")
 
     demo = sub.add_parser("demo", help="build, convert and save a built-in transformer block")
-    demo.add_argument("-o", "--output", type=Path, default=Path("rlx_mil_demo.mlpackage"))
+    demo.add_argument("-o", "--output", type=Path, default=Path("rlx_mil_demo.mlpackage"),
+                      help="package to write (replaced if it exists)")
     demo.add_argument("--layers", type=int, default=2)
     demo.add_argument("--hidden", type=int, default=256)
     demo.add_argument("--heads", type=int, default=8)
