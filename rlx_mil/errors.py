@@ -101,3 +101,7 @@ class AmbiguousLayoutWarning(UserWarning):
 
 class InvalidOptionError(RlxMilError, ValueError):
     """A conversion option (target, precision, compute units, attention mode, path) is invalid."""
+
+
+class PrecisionWarning(UserWarning):
+    """Values will not survive the requested compute precision (e.g. beyond fp16's range)."""

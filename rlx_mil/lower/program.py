@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,7 @@ from rlx_mil.errors import (
     ConversionError,
     GraphError,
     ParamError,
+    PrecisionWarning,
     RlxMilError,
     ShapeError,
     UnsupportedOpError,
@@ -255,6 +257,26 @@ class NodeLowerer:
             self.env[node.id] = var
 
 
+FP16_MAX = 65504.0
+
+
+def warn_fp16_overflow(arrays: Mapping[str, np.ndarray]) -> None:
+    """Float weights beyond fp16's range become +-inf under fp16 precision; say which."""
+    for name, arr in arrays.items():
+        if arr.dtype.kind != "f" or arr.size == 0:
+            continue
+        finite = arr[np.isfinite(arr)]
+        peak = float(np.max(np.abs(finite))) if finite.size else 0.0
+        if peak > FP16_MAX:
+            warnings.warn(
+                PrecisionWarning(
+                    f"param {name!r}: values up to {peak:.4g} exceed fp16's range ({FP16_MAX:g}) and"
+                    " become +-inf under precision='fp16'; use precision='fp32' or rescale them"
+                ),
+                stacklevel=3,
+            )
+
+
 def lower_graph(
     graph: Graph,
     params: Mapping[str, Any] | None,
@@ -271,6 +293,8 @@ def lower_graph(
         raise ConversionError(f"graph {graph.name!r} has no outputs; call set_outputs first")
     live = live_nodes(graph)
     arrays = check_params(graph, {} if params is None else params, live)
+    if precision is Precision.FP16:
+        warn_fp16_overflow(arrays)
 
     # Every check that can fail on the graph runs before coremltools sees anything.
     for node in graph:

@@ -95,3 +95,19 @@ def test_channel_scale_and_shift_convert_in_fp16(target: str) -> None:
     model = rlx_mil.convert(g, params, target=target, precision="fp16")
     got = rlx_mil.milexec.run(model, {"x": xv})["y"]
     np.testing.assert_allclose(got, xv * params["s"] + params["b"], rtol=5e-3, atol=5e-3)
+
+
+def test_weights_beyond_fp16_range_warn_naming_the_param() -> None:
+    from rlx_mil.errors import PrecisionWarning
+
+    g = Graph("big_weights")
+    x = g.input("x", [1, 4])
+    g.set_outputs([g.add(x, g.param("attn.bias", [4]), name="y")])
+    params = {"attn.bias": np.float32([0.0, -1e9, 0.0, 1.0])}
+    with pytest.warns(PrecisionWarning, match=r"param 'attn\.bias': values up to 1e\+09"):
+        rlx_mil.lower(g, params, precision="fp16")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrecisionWarning)
+        rlx_mil.lower(g, params, precision="fp32")
