@@ -100,7 +100,8 @@ def compare(got: np.ndarray, want: np.ndarray, tol: Tolerance) -> tuple[bool, fl
         return False, float("inf"), f"at {idx}: got non-finite {g[idx]}, reference {w[idx]}"
     if not finite_w.any():
         return True, 0.0, ""
-    diff = np.where(finite_w, np.abs(g - w), 0.0)
+    with np.errstate(invalid="ignore"):  # inf - inf where both are inf: masked out below
+        diff = np.where(finite_w, np.abs(g - w), 0.0)
     allowed = tol.atol + tol.rtol * np.abs(np.where(finite_w, w, 0.0))
     max_err = float(diff.max())
     excess = diff - allowed
