@@ -93,3 +93,14 @@ def test_topk(dims: tuple[int, ...], ties: bool, out_dtype: DType, seed: int) ->
     x = f.input("x", values)
     outputs = [f.graph.topk(x, k, dtype=out_dtype, name=f"top{k}") for k in sorted({1, (n + 1) // 2, n})]
     f.verify(outputs)
+
+
+def test_topk_ranks_nan_last() -> None:
+    """NaN ranks after every number (the reference's stable argsort of -x), so a k that
+    reaches past the numbers picks the NaN positions in index order; k below them never
+    picks a NaN, whatever rank Core ML's topk would give it."""
+    nan = np.nan
+    values = np.array([[1.0, nan, 3.0, 2.0], [nan, nan, -1.0, 0.5], [nan, 2.0, nan, nan]], np.float32)
+    f = Feeds("topk_nan")
+    x = f.input("x", values)
+    f.verify([f.graph.topk(x, k, name=f"top{k}") for k in (1, 2, 4)])

@@ -159,7 +159,12 @@ def lower_topk(op: ops.TopK, ctx: LowerContext) -> Any:
 
     src_dt = ctx.input_shape(0).dtype
     if kind_of(src_dt) == "float":
-        x = ctx.var(0)
+        # The reference's stable argsort of -x ranks NaN after every number; Core ML leaves
+        # NaN's rank in topk unspecified, and NaN never equals the picked value, so the index
+        # recovery below would return 0 for it. As -inf, NaN ranks last (tied with a genuine
+        # -inf by index, the one order that still differs from the reference).
+        is_nan = mb.not_equal(x=ctx.var(0), y=ctx.var(0), name=ctx.name("is_nan"))
+        x = mb.select(cond=is_nan, a=ctx.scalar(-np.inf), b=ctx.var(0), name=ctx.name("nan_last"))
     else:
         x = to_int32(ctx, ctx.var(0), src_dt, "x_int")
     if ctx.target >= Target.IOS16:
