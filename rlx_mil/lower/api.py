@@ -14,6 +14,7 @@ from typing import Any
 from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lower.context import LowerOptions
+from rlx_mil.lower.kv_cache import LLM_METADATA_KEY, KVCachePlan, plan_kv_cache
 from rlx_mil.lower.program import LoweredProgram, lower_graph, require_graph
 from rlx_mil.lower.target import Precision, Target
 from rlx_mil.naming import IO_NAMES_METADATA_KEY
@@ -52,15 +53,32 @@ def lower_with_names(
     precision: str | Precision = "fp16",
     attention: str = "auto",
     dims: Mapping[int, int] | None = None,
+    kv_cache: KVCacheOption = None,
+    max_context: int | None = None,
+    cache_layout: str = "stacked",
 ) -> LoweredProgram:
     """Like `lower`, also returning the model-interface name maps."""
     graph = require_graph(graph)
     if dims is not None:
         graph = graph.bind(dims)
+    tgt = Target.parse(target)
     return lower_graph(
-        graph, params, target=Target.parse(target), precision=Precision.parse(precision),
-        options=_options(attention),
+        graph, params, target=tgt, precision=Precision.parse(precision),
+        options=_options(attention), kv_cache=_kv_plan(graph, kv_cache, max_context, cache_layout, tgt),
     )
+
+
+KVCacheOption = str | bool | Mapping[str, str] | None
+
+
+def _kv_plan(
+    graph: Graph, kv_cache: KVCacheOption, max_context: int | None, cache_layout: str, target: Target
+) -> KVCachePlan | None:
+    if kv_cache is None or kv_cache is False:
+        if max_context is not None:
+            raise InvalidOptionError("max_context is the capacity of a stateful KV cache; it needs kv_cache=")
+        return None
+    return plan_kv_cache(graph, kv_cache, max_context=max_context, layout=cache_layout, target=target)
 
 
 def lower(
@@ -71,13 +89,18 @@ def lower(
     precision: str | Precision = "fp16",
     attention: str = "auto",
     dims: Mapping[int, int] | None = None,
+    kv_cache: KVCacheOption = None,
+    max_context: int | None = None,
+    cache_layout: str = "stacked",
 ) -> Any:
     """Build the coremltools MIL `Program` for `graph` (before Core ML's passes), for inspection.
 
-    `dims` binds dynamic dims (`{symbol: size}`) for graphs that have them.
+    `dims` binds dynamic dims (`{symbol: size}`) for graphs that have them; `kv_cache`,
+    `max_context` and `cache_layout` are as for `convert`.
     """
     return lower_with_names(
-        graph, params, target=target, precision=precision, attention=attention, dims=dims
+        graph, params, target=target, precision=precision, attention=attention, dims=dims,
+        kv_cache=kv_cache, max_context=max_context, cache_layout=cache_layout,
     ).program
 
 
@@ -91,6 +114,9 @@ def convert(
     attention: str = "auto",
     pass_pipeline: Any = None,
     dims: Mapping[int, int] | None = None,
+    kv_cache: KVCacheOption = None,
+    max_context: int | None = None,
+    cache_layout: str = "stacked",
 ) -> Any:
     """Convert `graph` with `params` (name -> ndarray) into a `ct.models.MLModel`.
 
@@ -98,6 +124,11 @@ def convert(
     (as Core ML-legal identifiers; the original names are in the model metadata). Callers pass
     and get float32 arrays whatever the compute precision. `dims` binds dynamic dims
     (`{symbol: size}`); a graph with unbound dynamic dims is a typed error.
+
+    `kv_cache` ("auto", or `{past_input_name: cache_output_name}`) makes a stateful model
+    (iOS18): the caches of a decode graph in upstream's form become fp16 Core ML states of
+    `max_context` slots (`cache_layout` "stacked" or "per_layer"), written at the new input
+    `cache_position: int32[1]`. See docs/llm.md for the contract.
     """
     import coremltools as ct
 
@@ -108,7 +139,8 @@ def convert(
         raise InvalidOptionError(f"compute_units must be one of {COMPUTE_UNITS}, got {compute_units!r}")
     if dims is not None:
         graph = graph.bind(dims)
-    lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention))
+    plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
+    lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention), kv_cache=plan)
     kwargs: dict[str, Any] = {"pass_pipeline": default_pass_pipeline(prec) if pass_pipeline is None else pass_pipeline}
     try:
         model = ct.convert(
@@ -129,6 +161,8 @@ def convert(
     meta["rlx_mil.graph"] = graph.name
     meta["rlx_mil.target"] = tgt.label
     meta["rlx_mil.precision"] = prec.value
+    if plan is not None:
+        meta[LLM_METADATA_KEY] = json.dumps(plan.describe())
     from rlx_mil import __version__
 
     meta["rlx_mil.version"] = __version__

@@ -23,6 +23,7 @@ from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import Constant, Input, Param
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Shape
 from rlx_mil.lower.context import LowerContext, LowerOptions, NameAllocator, mil_dtype_for
+from rlx_mil.lower.kv_cache import POSITION_INPUT, KVCacheLowering, KVCachePlan
 from rlx_mil.lower.registry import rule_for
 from rlx_mil.lower.target import Precision, Target
 from rlx_mil.naming import input_names, mil_identifiers, output_names
@@ -193,6 +194,9 @@ class NodeLowerer:
         self.name_prefix = name_prefix
         self.env: dict[int, Any] = {}
         self.values: dict[int, np.ndarray] = {}
+        #: node id -> rule lowering that node instead of its registered one (the stateful KV
+        #: cache rewrites cache Concats and the attention reading them; shapes are its own).
+        self.overrides: Mapping[int, Callable[[LowerContext], Any]] = {}
 
     def value_of(self, node_id: int) -> np.ndarray | None:
         if node_id in self.values:
@@ -233,6 +237,7 @@ class NodeLowerer:
                 raise ConversionError(f"input %{node.id} {op.name!r} was not bound")
             if isinstance(op, (Param, Constant)):
                 continue
+            override = self.overrides.get(node.id)
             info = rule_for(op, self.target, node=node.id, name=node.name)
             ctx = LowerContext(
                 graph=graph, node=node, target=self.target, precision=self.precision,
@@ -240,7 +245,7 @@ class NodeLowerer:
                 lowerer=self,
             )
             try:
-                var = info.rule(op, ctx)
+                var = info.rule(op, ctx) if override is None else override(ctx)
             except RlxMilError:
                 raise
             except Exception as err:
@@ -250,7 +255,7 @@ class NodeLowerer:
                 ) from err
             want = node.shape.sizes()
             got = tuple(var.shape) if var.shape is not None else None
-            if got != want and not (want in ((), (1,)) and got in ((), (1,))):
+            if override is None and got != want and not (want in ((), (1,)) and got in ((), (1,))):
                 raise ConversionError(
                     f"node %{node.id} ({op.type_name}): lowering produced shape {got}, declared {list(want)}"
                 )
@@ -284,7 +289,10 @@ def lower_graph(
     target: Target,
     precision: Precision,
     options: LowerOptions,
+    kv_cache: KVCachePlan | None = None,
 ) -> LoweredProgram:
+    """`kv_cache` (see `rlx_mil.lower.kv_cache`) turns the planned cache inputs/outputs into
+    Core ML states."""
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import Function, Program, types
 
@@ -292,6 +300,8 @@ def lower_graph(
     if not graph.outputs:
         raise ConversionError(f"graph {graph.name!r} has no outputs; call set_outputs first")
     live = live_nodes(graph)
+    if kv_cache is not None:
+        live -= kv_cache.removed_inputs  # read from the state instead
     arrays = check_params(graph, {} if params is None else params, live)
     if precision is Precision.FP16:
         warn_fp16_overflow(arrays)
@@ -307,10 +317,12 @@ def lower_graph(
         if node.shape.dtype is DType.C64:
             raise UnsupportedOpError(f"node %{node.id}: complex dtype C64 is outside the supported subset")
 
-    in_names = input_names(graph)
-    in_ids = mil_identifiers(in_names)
-    out_names = output_names(graph)
-    out_ids = mil_identifiers(out_names, taken=in_ids.values())
+    stateful = None if kv_cache is None else KVCacheLowering(kv_cache, graph, precision)
+    dropped_inputs = set() if kv_cache is None else set(kv_cache.removed_input_names)
+    in_names = [n for n in input_names(graph) if n not in dropped_inputs]
+    in_ids = mil_identifiers(in_names, taken=() if stateful is None else stateful.reserved_names())
+    out_names = [n for n in output_names(graph) if kv_cache is None or n not in kv_cache.removed_outputs]
+    out_ids = mil_identifiers(out_names, taken=list(in_ids.values()) + ([] if stateful is None else stateful.reserved_names()))
 
     placeholders: dict[str, Any] = {}
     same_named: dict[str, list[Node]] = {}
@@ -332,15 +344,21 @@ def lower_graph(
         dtype = node.shape.dtype
         io_type = types.int32 if (dtype.is_int) else types.fp32
         # Core ML has no rank-0 inputs: a scalar travels as [1] and is reshaped inside.
-        placeholders[ident] = mb.placeholder(shape=node.shape.sizes() or (1,), dtype=io_type, name=ident)
+        shape = (node.shape.sizes() or (1,)) if stateful is None else stateful.input_shape(node)
+        placeholders[ident] = mb.placeholder(shape=shape, dtype=io_type, name=ident)
+    if stateful is not None:
+        placeholders.update(stateful.placeholders())
 
-    names = NameAllocator(set(in_ids.values()) | set(out_ids.values()))
+    names = NameAllocator(set(in_ids.values()) | set(out_ids.values()) | set(placeholders))
     float_mil = "fp16" if precision is Precision.FP16 else "fp32"
 
     with Function(placeholders, opset_version=target.ct_target) as func:
         lowerer = NodeLowerer(
             graph, arrays, target=target, precision=precision, options=options, names=names, live=live
         )
+        if stateful is not None:
+            stateful.bind(func)
+            lowerer.overrides = stateful.overrides()
         for ir_name, ident in in_ids.items():
             node = input_nodes[ir_name]
             var = func.inputs[ident]
@@ -356,7 +374,8 @@ def lower_graph(
         var_of = lowerer.var_of
 
         outs = []
-        for node_id, ident in zip(graph.outputs, out_ids.values(), strict=True):
+        kept_outputs = [i for i, n in zip(graph.outputs, output_names(graph), strict=True) if n in out_ids]
+        for node_id, ident in zip(kept_outputs, out_ids.values(), strict=True):
             node = graph.node(node_id)
             var = var_of(node_id)
             if tuple(var.shape) != node.shape.sizes():
@@ -374,8 +393,11 @@ def lower_graph(
 
     program = Program()
     program.add_function("main", func)
+    interface_inputs = {ident: name for name, ident in in_ids.items()}
+    if stateful is not None:
+        interface_inputs[POSITION_INPUT] = POSITION_INPUT
     return LoweredProgram(
         program,
-        inputs={ident: name for name, ident in in_ids.items()},
+        inputs=interface_inputs,
         outputs={ident: name for name, ident in zip(out_names, out_ids.values(), strict=True)},
     )

@@ -116,7 +116,8 @@ def run(
             inputs raise `MilExecError` listing every problem.
         function_name: function of a multifunction program (default: the program's default).
         states: state values by state name; missing states start as zeros. The mapping is
-            updated in place with the values the program writes (fp16, as declared).
+            updated in place with the values the program writes (fp16, as declared; float32
+            under precision_model="float32", which rounds nothing).
         precision_model: "declared" (fp16 vars rounded to fp16) or "float32"; see the module doc.
         cross_check: also evaluate each op with coremltools' value_inference (or
             materialized_val_inference for constexpr ops) and raise `MilExecError` naming the

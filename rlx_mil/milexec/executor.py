@@ -324,6 +324,8 @@ def _bind_inputs(
     provided = dict(states or {})
     for name, var in state_vars.items():
         dtype = declared_dtype(var) or np.dtype(np.float16)
+        if dtype == np.float16 and precision == "float32":
+            dtype = np.dtype(np.float32)  # the float32 model keeps states unrounded too
         if not all(_is_static(d) for d in var.shape):
             problems.append(f"state '{name}' has a symbolic shape {_shape_text(tuple(var.shape))}")
             continue
