@@ -47,6 +47,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--output", type=Path, help="write outputs to this .npz")
     run.add_argument("--engine", choices=["auto", "coreml", "milexec"], default="auto")
 
+    gen = sub.add_parser("generate", help="generate token ids with a stateful LLM package (docs/llm.md)")
+    gen.add_argument("package", type=Path)
+    gen.add_argument("--prompt-ids", required=True, metavar="ID,ID,...", help="comma-separated prompt token ids")
+    gen.add_argument("-n", "--max-new-tokens", type=int, default=16, help="tokens to generate (default 16)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens (with --temperature)")
+    gen.add_argument("--seed", type=int, help="random seed for sampling")
+    gen.add_argument("--engine", choices=["auto", "coreml", "milexec"], default="auto")
+
     demo = sub.add_parser("demo", help="build, convert and save a built-in transformer block")
     demo.add_argument("-o", "--output", type=Path, default=Path("rlx_mil_demo.mlpackage"),
                       help="package to write (replaced if it exists)")
@@ -116,6 +125,26 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from rlx_mil.generate import Session
+
+    try:
+        prompt = [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise RlxMilError(f"--prompt-ids takes comma-separated integers, got {args.prompt_ids!r}") from None
+    session = Session(args.package, engine=args.engine)
+    start = time.perf_counter()
+    tokens = session.generate(
+        prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed
+    )
+    seconds = time.perf_counter() - start
+    print(f"engine: {session.engine}")
+    print(",".join(str(t) for t in tokens))
+    rate = f" ({len(tokens) / seconds:.1f} tokens/s)" if seconds > 0 and tokens else ""
+    print(f"{len(prompt)} prompt + {len(tokens)} new tokens in {seconds:.2f} s{rate}", file=sys.stderr)
+    return EXIT_OK
+
+
 def _demo(args: argparse.Namespace) -> int:
     from rlx_mil.models.demo import run_demo
 
@@ -125,7 +154,9 @@ def _demo(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    handlers: dict[str, Any] = {"convert": _convert, "inspect": _inspect, "run": _run, "demo": _demo}
+    handlers: dict[str, Any] = {
+        "convert": _convert, "inspect": _inspect, "run": _run, "demo": _demo, "generate": _generate,
+    }
     try:
         return int(handlers[args.command](args))
     except RlxMilError as err:

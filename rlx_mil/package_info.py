@@ -35,6 +35,11 @@ class PackageInfo:
     weight_bytes: int
     package_bytes: int
     metadata: dict[str, str] = field(default_factory=dict)
+    #: Core ML states (a stateful model's KV cache), fp16.
+    states: list[TensorInfo] = field(default_factory=list)
+    #: Functions of a multifunction package: name -> {"inputs", "outputs", "states"}.
+    functions: dict[str, dict[str, list[TensorInfo]]] = field(default_factory=dict)
+    default_function: str | None = None
 
     @property
     def num_ops(self) -> int:
@@ -49,6 +54,10 @@ class PackageInfo:
         lines += [f"  {t.name}: {t.dtype}{t.shape}" for t in self.inputs]
         lines.append("outputs:")
         lines += [f"  {t.name}: {t.dtype}{t.shape}" for t in self.outputs]
+        if self.states:
+            lines.append("states:")
+            lines += [f"  {t.name}: {t.dtype}{t.shape}" for t in self.states]
+        lines += self._function_lines()
         lines.append(f"ops:      {self.num_ops} (plus {self.op_histogram.get('const', 0)} const)")
         for op, n in sorted(self.op_histogram.items(), key=lambda kv: (-kv[1], kv[0])):
             if op != "const":
@@ -56,6 +65,26 @@ class PackageInfo:
         lines.append(f"weights:  {_human(self.weight_bytes)}")
         lines.append(f"package:  {_human(self.package_bytes)}")
         return "\n".join(lines)
+
+    def _function_lines(self) -> list[str]:
+        lines = []
+        if self.functions:
+            lines.append(f"functions: {len(self.functions)} (default {self.default_function})")
+            for name, parts in self.functions.items():
+                lines.append(f"  {name}:")
+                for kind in ("inputs", "outputs", "states"):
+                    text = ", ".join(f"{t.name} {t.dtype}{t.shape}" for t in parts[kind])
+                    if text:
+                        lines.append(f"    {kind + ':':<9}{text}")
+        llm = self.metadata.get("rlx_mil.llm")
+        if llm:
+            contract = json.loads(llm)
+            lines.append(
+                f"kv cache: {contract['layout']}, {contract['layers']} layers, max_context {contract['max_context']},"
+                f" write position input {contract['cache_position']!r}"
+            )
+            lines += [f"  note: {n}" for n in contract.get("neural_engine_notes", [])]
+        return lines
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, default=lambda o: o.__dict__, indent=2)
@@ -88,7 +117,8 @@ def _count_ops(block: Any, counts: Counter[str]) -> None:
 def _tensor_infos(features: Any) -> list[TensorInfo]:
     out = []
     for feat in features:
-        arr = feat.type.multiArrayType
+        kind = feat.type.WhichOneof("Type")
+        arr = feat.type.stateType.arrayType if kind == "stateType" else feat.type.multiArrayType
         out.append(TensorInfo(feat.name, [int(s) for s in arr.shape], _IO_TYPES.get(arr.dataType, str(arr.dataType))))
     return out
 
@@ -127,4 +157,10 @@ def package_info(model_or_path: Any) -> PackageInfo:
         weight_bytes=_tree_bytes(weights_dir) if weights_dir else 0,
         package_bytes=_tree_bytes(path) if path else 0,
         metadata=dict(spec.description.metadata.userDefined),
+        states=_tensor_infos(spec.description.state),
+        functions={
+            f.name: {"inputs": _tensor_infos(f.input), "outputs": _tensor_infos(f.output), "states": _tensor_infos(f.state)}
+            for f in spec.description.functions
+        },
+        default_function=spec.description.defaultFunctionName or None,
     )

@@ -18,7 +18,14 @@ from rlx_mil.lower.kv_cache import NeuralEngineWarning
 from .decode_graphs import TinyLM, decode_graph
 
 _PACKAGES: list[str] = []
-atexit.register(lambda: [shutil.rmtree(p, ignore_errors=True) for p in _PACKAGES])
+
+
+def _remove_packages() -> None:
+    while _PACKAGES:
+        shutil.rmtree(_PACKAGES.pop(), ignore_errors=True)
+
+
+atexit.register(_remove_packages)
 
 
 def convert_stateful(graph: Any, params: Mapping[str, np.ndarray], **kwargs: Any) -> Any:
@@ -30,8 +37,11 @@ def convert_stateful(graph: Any, params: Mapping[str, np.ndarray], **kwargs: Any
     return model
 
 
-def step_feeds(c: TinyLM, tokens: list[int], position: int, max_context: int | None) -> dict[str, np.ndarray]:
-    """Inputs of one call writing `tokens` at `position`; `max_context` None = stateless graph."""
+def step_feeds(
+    c: TinyLM, tokens: list[int], position: int, max_context: int | None, hidden: frozenset[int] = frozenset()
+) -> dict[str, np.ndarray]:
+    """Inputs of one call writing `tokens` at `position`; `max_context` None = stateless graph.
+    `hidden`: positions the Custom key-padding mask hides."""
     n = len(tokens)
     feeds = {
         "input_ids": np.array([tokens], np.int32),
@@ -39,7 +49,9 @@ def step_feeds(c: TinyLM, tokens: list[int], position: int, max_context: int | N
     }
     if c.mask == "custom":
         width = position + n if max_context is None else max_context
-        feeds["attention_mask"] = np.ones((1, width), np.float32)
+        flags = np.ones((1, width), np.float32)
+        flags[0, [h for h in hidden if h < width]] = 0.0
+        feeds["attention_mask"] = flags
     if max_context is not None:
         feeds["cache_position"] = np.array([position], np.int32)
     return feeds
@@ -48,15 +60,15 @@ def step_feeds(c: TinyLM, tokens: list[int], position: int, max_context: int | N
 class StatelessReference:
     """The decode graph evaluated by the reference with its caches passed in and out."""
 
-    def __init__(self, c: TinyLM, params: Mapping[str, np.ndarray]) -> None:
-        self.c, self.params = c, params
+    def __init__(self, c: TinyLM, params: Mapping[str, np.ndarray], hidden: frozenset[int] = frozenset()) -> None:
+        self.c, self.params, self.hidden = c, params, hidden
         self.caches: dict[str, np.ndarray] | None = None
         self.position = 0
 
     def __call__(self, tokens: list[int]) -> np.ndarray:
         c = self.c
         past = None if self.caches is None else self.position
-        feeds = step_feeds(c, tokens, self.position, None)
+        feeds = step_feeds(c, tokens, self.position, None, self.hidden)
         if self.caches is not None:
             feeds.update({name.replace("new_", "past_"): value for name, value in self.caches.items()})
         graph = decode_graph(c, len(tokens), past, cache_outputs=True)
@@ -74,10 +86,10 @@ def full_sequence_logits(c: TinyLM, params: Mapping[str, np.ndarray], tokens: li
 
 def run_stateful(
     models: Mapping[int, Any], c: TinyLM, tokens: list[int], position: int, states: dict[str, np.ndarray],
-    max_context: int, precision_model: str = "declared",
+    max_context: int, precision_model: str = "declared", hidden: frozenset[int] = frozenset(),
 ) -> np.ndarray:
     model = models[len(tokens)]
     out = milexec.run(
-        model, step_feeds(c, tokens, position, max_context), states=states, precision_model=precision_model,  # type: ignore[arg-type]
+        model, step_feeds(c, tokens, position, max_context, hidden), states=states, precision_model=precision_model,  # type: ignore[arg-type]
     )
     return out["logits"]

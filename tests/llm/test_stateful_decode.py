@@ -19,7 +19,8 @@ FP32_LOGITS_ATOL = 2e-5
 
 
 def generate_and_compare(
-    c: TinyLM, precision: str, layout: str = "stacked", precision_model: str = "declared"
+    c: TinyLM, precision: str, layout: str = "stacked", precision_model: str = "declared",
+    hidden: frozenset[int] = frozenset(),
 ) -> list[float]:
     params = tiny_params(c)
     models = {
@@ -27,12 +28,12 @@ def generate_and_compare(
         for n in (len(PROMPT), 1)
     }
     states: dict[str, np.ndarray] = {}
-    stateless = StatelessReference(c, params)
+    stateless = StatelessReference(c, params, hidden)
     tokens = list(PROMPT)
     errors = []
     chunk, position = list(PROMPT), 0
     for _ in range(DECODE_STEPS + 1):
-        got = run_stateful(models, c, chunk, position, states, MAX_CONTEXT, precision_model)
+        got = run_stateful(models, c, chunk, position, states, MAX_CONTEXT, precision_model, hidden)
         want = stateless(chunk)
         if c.mask != "custom":
             # Causal masks: the stateless step equals the plain graph over the whole sequence.
@@ -73,3 +74,16 @@ def test_fp32_program_with_fp16_states_as_on_device() -> None:
     # Declared precision: the state holds fp16, as Core ML's does; the rest runs in fp32.
     errors = generate_and_compare(TinyLM(), "fp32")
     assert max(errors) < FP16_LOGITS_ATOL / 4, errors
+
+
+def test_key_padding_mask_hides_slots_like_the_stateless_graph() -> None:
+    # Positions 1 and 3 of the prompt are padding; later keys stay visible.
+    errors = generate_and_compare(TinyLM(mask="custom"), "fp32", precision_model="float32", hidden=frozenset({1, 3}))
+    assert max(errors) < FP32_LOGITS_ATOL, errors
+
+
+def test_rows_whose_mask_hides_every_written_key_average_them() -> None:
+    # The whole prompt is masked: the prompt's rows see no key at all (uniform average over
+    # the written keys, as the stateless graph's P+n keys); decode tokens see themselves.
+    errors = generate_and_compare(TinyLM(mask="custom"), "fp32", precision_model="float32", hidden=frozenset(range(5)))
+    assert max(errors) < FP32_LOGITS_ATOL, errors

@@ -1,0 +1,143 @@
+"""Multifunction stateful packages: prefill buckets + decode sharing one copy of the weights and
+the same states; the generation Session on the MIL executor against the reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlx_mil
+from rlx_mil.errors import InvalidOptionError
+from rlx_mil.generate import GenerationError, Session, pick_token
+from rlx_mil.lower.kv_cache import NeuralEngineWarning
+
+from .decode_graphs import TinyLM, decode_graph, tiny_params
+from .stepping import full_sequence_logits
+
+C = TinyLM()
+PARAMS = tiny_params(C)
+MAX_CONTEXT = 32
+
+
+def _weights(path: Path) -> int:
+    return os.path.getsize(path / "Data" / "com.apple.CoreML" / "weights" / "weight.bin")
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("mf") / "llm.mlpackage"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NeuralEngineWarning)
+        rlx_mil.convert_functions(
+            {"prefill_8": decode_graph(C, 8, 1), "prefill_4": decode_graph(C, 4, 1), "decode": decode_graph(C, 1, 1)},
+            PARAMS, kv_cache="auto", max_context=MAX_CONTEXT, path=path,
+        )
+    return path
+
+
+def test_functions_share_weights_and_states(package: Path, tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NeuralEngineWarning)
+        single = rlx_mil.save(rlx_mil.convert(decode_graph(C, 1, 1), PARAMS, kv_cache="auto", max_context=MAX_CONTEXT), tmp_path / "decode.mlpackage")
+    ratio = _weights(package) / _weights(single)
+    assert ratio <= 1.05, ratio
+    import coremltools as ct
+
+    model = ct.models.MLModel(str(package), skip_model_load=True)
+    spec = model.get_spec()
+    assert spec.description.defaultFunctionName == "decode"
+    functions = {f.name: f for f in spec.description.functions}
+    assert set(functions) == {"prefill_8", "prefill_4", "decode"}
+    for f in functions.values():
+        assert [s.name for s in f.state] == ["key_cache", "value_cache"]
+        assert {i.name for i in f.input} == {"input_ids", "position_ids", "cache_position"}
+    contract = json.loads(model.user_defined_metadata["rlx_mil.llm"])
+    assert contract["functions"] == {"prefill_8": {"query_len": 8}, "prefill_4": {"query_len": 4}, "decode": {"query_len": 1}}
+    assert contract["default_function"] == "decode" and contract["max_context"] == MAX_CONTEXT
+
+
+def test_every_function_runs_and_matches_the_reference(package: Path) -> None:
+    from rlx_mil import milexec
+
+    program = milexec.load_program(package)
+    for name, n in (("prefill_8", 8), ("prefill_4", 4), ("decode", 1)):
+        tokens = list(range(3, 3 + n))
+        feeds = {
+            "input_ids": np.array([tokens], np.int32),
+            "position_ids": np.arange(n, dtype=np.int32)[None],
+            "cache_position": np.array([0], np.int32),
+        }
+        out = milexec.run(program, feeds, function_name=name, states={})
+        want = full_sequence_logits(C, PARAMS, tokens)
+        np.testing.assert_allclose(out["logits"], want, atol=0.02, rtol=0)
+
+
+def reference_greedy(prompt: list[int], steps: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(steps):
+        tokens.append(int(np.argmax(full_sequence_logits(C, PARAMS, tokens)[0, -1])))
+    return tokens[len(prompt):]
+
+
+def test_session_generates_the_reference_greedy_tokens(package: Path) -> None:
+    session = Session(package, precision_model="float32")
+    assert session.engine == "milexec" or session.engine == "coreml"
+    prompt = [5, 17, 3, 41, 8, 2, 9, 30, 11, 7, 1, 44, 20]  # 13 = 8 + 4 + 1: every function
+    got = session.generate(prompt, 16)
+    assert session.position == len(prompt) + 15
+    assert got == reference_greedy(prompt, 16)
+    session.reset()
+    assert session.position == 0 and session.generate(prompt, 16) == got
+
+
+def test_session_refuses_what_does_not_fit(package: Path) -> None:
+    session = Session(package)
+    with pytest.raises(GenerationError, match="ints in"):
+        session.feed([C.vocab])
+    with pytest.raises(GenerationError, match="cache holds 32 tokens"):
+        session.feed(list(range(MAX_CONTEXT + 1)))
+    with pytest.raises(InvalidOptionError):
+        session.generate([1], 2, temperature=-1.0)
+
+
+def test_sampling_is_seeded_and_respects_top_k() -> None:
+    logits = np.array([0.0, 5.0, 4.0, -3.0])
+    rng = np.random.default_rng(0)
+    picks = {pick_token(logits, 1.0, 2, rng) for _ in range(200)}
+    assert picks == {1, 2}
+    assert pick_token(logits, 0.0, None, rng) == 1
+
+
+def test_function_options_are_checked() -> None:
+    with pytest.raises(InvalidOptionError, match="identifier"):
+        rlx_mil.convert_functions({"pre fill": decode_graph(C, 1, 1)}, PARAMS, kv_cache="auto", max_context=8)
+    with pytest.raises(InvalidOptionError, match="default_function"):
+        rlx_mil.convert_functions({"decode": decode_graph(C, 1, 1)}, PARAMS, default_function="x", kv_cache="auto", max_context=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NeuralEngineWarning)
+        with pytest.raises(InvalidOptionError, match="different states"):
+            rlx_mil.convert_functions(
+                {"decode": decode_graph(C, 1, 1), "other": (decode_graph(C, 1, 1), {"max_context": 64})},
+                PARAMS, kv_cache="auto", max_context=32,
+            )
+
+
+def test_cli_generate_and_inspect(package: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlx_mil.cli import main
+
+    assert main(["generate", str(package), "--prompt-ids", "5,17,3", "-n", "16", "--engine", "milexec"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "engine: milexec"
+    ids = [int(t) for t in out[1].split(",")]
+    assert len(ids) == 16 and all(0 <= t < C.vocab for t in ids)
+    assert main(["inspect", str(package)]) == 0
+    text = capsys.readouterr().out
+    assert "functions: 3 (default decode)" in text
+    assert "    states:  key_cache fp16[2, 1, 2, 32, 8], value_cache fp16[2, 1, 2, 32, 8]" in text
+    assert "kv cache: stacked, 2 layers, max_context 32, write position input 'cache_position'" in text
+    assert main(["generate", str(package), "--prompt-ids", "5,x"]) == 1
