@@ -29,6 +29,7 @@ class TinyLM:
     intermediate: int = 48
     max_positions: int = 64
     mask: str = "causal"  # "causal", "sliding:<w>", "custom"
+    layout: str = "bhsd"  # attention operands [B, H, S, D] (upstream's decode form) or "bshd"
 
 
 def decode_graph(
@@ -59,19 +60,25 @@ def decode_graph(
         v = g.matmul(hn, w("v.weight", [c.hidden, hkv * d]), name=p + "v")
         qh = g.transpose(g.reshape(q, [1, new, h, d]), [0, 2, 1, 3], name=p + "q_heads")
         rows_named = past is None and cache_outputs
-        kh = g.transpose(g.reshape(k, [1, new, hkv, d]), [0, 2, 1, 3], name=f"new_k_{i}" if rows_named else p + "k_heads")
-        vh = g.transpose(g.reshape(v, [1, new, hkv, d]), [0, 2, 1, 3], name=f"new_v_{i}" if rows_named else p + "v_heads")
+        bshd = c.layout == "bshd"
+        perm = [0, 1, 2, 3] if bshd else [0, 2, 1, 3]
+        seq_axis = 1 if bshd else 2
+        kh = g.transpose(g.reshape(k, [1, new, hkv, d]), perm, name=f"new_k_{i}" if rows_named else p + "k_heads")
+        vh = g.transpose(g.reshape(v, [1, new, hkv, d]), perm, name=f"new_v_{i}" if rows_named else p + "v_heads")
+        if bshd:
+            qh = g.reshape(q, [1, new, h, d], name=p + "q_heads")
         if rows_named:
             caches += [kh, vh]
         if past is not None:
-            kh = g.concat([g.input(f"past_k_{i}", [1, hkv, past, d]), kh], 2, name=f"new_k_{i}")
-            vh = g.concat([g.input(f"past_v_{i}", [1, hkv, past, d]), vh], 2, name=f"new_v_{i}")
+            past_shape = [1, past, hkv, d] if bshd else [1, hkv, past, d]
+            kh = g.concat([g.input(f"past_k_{i}", past_shape), kh], seq_axis, name=f"new_k_{i}")
+            vh = g.concat([g.input(f"past_v_{i}", past_shape), vh], seq_axis, name=f"new_v_{i}")
             caches += [kh, vh]
         if mask is not None:
             att = g.attention(qh, kh, vh, mask, h, d, name=p + "attn")
         else:
             att = g.attention_kind(qh, kh, vh, h, d, c.mask, name=p + "attn")
-        merged = g.reshape(g.transpose(att, [0, 2, 1, 3]), [1, new, h * d], name=p + "attn_merged")
+        merged = g.reshape(g.transpose(att, perm), [1, new, h * d], name=p + "attn_merged")
         x = g.add(x, g.matmul(merged, w("o.weight", [h * d, c.hidden])), name=p + "attn_residual")
         hn = g.rms_norm(x, w("post_norm.weight", [c.hidden]), w("post_norm.bias", [c.hidden]), name=p + "post_norm")
         gate = g.silu(g.matmul(hn, w("gate.weight", [c.hidden, c.intermediate])))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rlx_mil.ir.graph import Graph
+
 from .decode_graphs import TinyLM, decode_graph, tiny_params
 from .stepping import StatelessReference, convert_stateful, full_sequence_logits, run_stateful
 
@@ -18,13 +20,18 @@ FP16_LOGITS_ATOL = 0.02
 FP32_LOGITS_ATOL = 2e-5
 
 
+def _graph(graph: Graph, from_json: bool) -> Graph:
+    """`from_json`: the graph as upstream RLX would hand it over, through the JSON interchange."""
+    return Graph.from_json(graph.to_json()) if from_json else graph
+
+
 def generate_and_compare(
     c: TinyLM, precision: str, layout: str = "stacked", precision_model: str = "declared",
-    hidden: frozenset[int] = frozenset(),
+    hidden: frozenset[int] = frozenset(), from_json: bool = False,
 ) -> list[float]:
     params = tiny_params(c)
     models = {
-        n: convert_stateful(decode_graph(c, n, 3), params, max_context=MAX_CONTEXT, precision=precision, cache_layout=layout)
+        n: convert_stateful(_graph(decode_graph(c, n, 3), from_json), params, max_context=MAX_CONTEXT, precision=precision, cache_layout=layout)
         for n in (len(PROMPT), 1)
     }
     states: dict[str, np.ndarray] = {}
@@ -52,8 +59,9 @@ def generate_and_compare(
         TinyLM(heads=4, kv_heads=4),  # MHA
         TinyLM(heads=4, kv_heads=1, mask="sliding:3"),  # MQA, sliding window shorter than the run
         TinyLM(heads=4, kv_heads=2, mask="custom"),  # key-padding mask input
+        TinyLM(heads=4, kv_heads=2, layout="bshd"),  # caches joined along axis 1
     ],
-    ids=["gqa", "mha", "mqa-sliding", "gqa-custom"],
+    ids=["gqa", "mha", "mqa-sliding", "gqa-custom", "gqa-bshd"],
 )
 def test_fp32_program_matches_stateless_graph_every_step(config: TinyLM) -> None:
     # precision_model="float32": the executor keeps the fp16 state in fp32, so the comparison
@@ -86,4 +94,9 @@ def test_rows_whose_mask_hides_every_written_key_average_them() -> None:
     # The whole prompt is masked: the prompt's rows see no key at all (uniform average over
     # the written keys, as the stateless graph's P+n keys); decode tokens see themselves.
     errors = generate_and_compare(TinyLM(mask="custom"), "fp32", precision_model="float32", hidden=frozenset(range(5)))
+    assert max(errors) < FP32_LOGITS_ATOL, errors
+
+
+def test_decode_graph_through_upstream_json_converts() -> None:
+    errors = generate_and_compare(TinyLM(), "fp32", precision_model="float32", from_json=True)
     assert max(errors) < FP32_LOGITS_ATOL, errors

@@ -120,10 +120,12 @@ def slice_by_index(ctx: OpContext) -> np.ndarray:
 
 @kernel("slice_update")
 def slice_update(ctx: OpContext) -> np.ndarray:
-    x = ctx.val("x").copy()
+    # In the stored dtype: a pure copy (no arithmetic), and a KV-cache state is not widened
+    # to float32 on every write.
+    x = ctx.raw("x").copy()
     slices, _ = _index_slices(ctx, x.ndim)
     target = x[slices]
-    x[slices] = ctx.val("update").reshape(target.shape)
+    x[slices] = ctx.raw("update").reshape(target.shape)
     return x
 
 
