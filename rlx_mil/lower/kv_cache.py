@@ -474,11 +474,11 @@ class KVCacheLowering:
         from coremltools.converters.mil import Builder as mb
 
         kind = _attention(node).mask_kind
-        written = self._written(ctx, dims.q_len)
         if kind.type is MaskType.CAUSAL:
             return self._window_keep(ctx, dims, None), None, None
         if kind.type is MaskType.SLIDING_WINDOW:
             return self._window_keep(ctx, dims, kind.window), None, None
+        written = self._written(ctx, dims.q_len)
         if kind.type is MaskType.NONE:
             return written, None, None
         assert kind.type is MaskType.CUSTOM

@@ -27,11 +27,12 @@ def _graph(graph: Graph, from_json: bool) -> Graph:
 
 def generate_and_compare(
     c: TinyLM, precision: str, layout: str = "stacked", precision_model: str = "declared",
-    hidden: frozenset[int] = frozenset(), from_json: bool = False,
+    hidden: frozenset[int] = frozenset(), from_json: bool = False, attention: str = "auto",
 ) -> list[float]:
     params = tiny_params(c)
     models = {
-        n: convert_stateful(_graph(decode_graph(c, n, 3), from_json), params, max_context=MAX_CONTEXT, precision=precision, cache_layout=layout)
+        n: convert_stateful(_graph(decode_graph(c, n, 3), from_json), params, max_context=MAX_CONTEXT, precision=precision, cache_layout=layout,
+                            attention=attention)
         for n in (len(PROMPT), 1)
     }
     states: dict[str, np.ndarray] = {}
@@ -42,7 +43,7 @@ def generate_and_compare(
     for _ in range(DECODE_STEPS + 1):
         got = run_stateful(models, c, chunk, position, states, MAX_CONTEXT, precision_model, hidden)
         want = stateless(chunk)
-        if c.mask != "custom":
+        if c.mask not in ("custom", "none"):
             # Causal masks: the stateless step equals the plain graph over the whole sequence.
             np.testing.assert_allclose(want, full_sequence_logits(c, params, tokens), atol=1e-4, rtol=0)
         errors.append(float(np.max(np.abs(got - want))))
@@ -60,8 +61,9 @@ def generate_and_compare(
         TinyLM(heads=4, kv_heads=1, mask="sliding:3"),  # MQA, sliding window shorter than the run
         TinyLM(heads=4, kv_heads=2, mask="custom"),  # key-padding mask input
         TinyLM(heads=4, kv_heads=2, layout="bshd"),  # caches joined along axis 1
+        TinyLM(heads=4, kv_heads=2, mask="none"),  # no mask: every written slot, no unwritten one
     ],
-    ids=["gqa", "mha", "mqa-sliding", "gqa-custom", "gqa-bshd"],
+    ids=["gqa", "mha", "mqa-sliding", "gqa-custom", "gqa-bshd", "gqa-unmasked"],
 )
 def test_fp32_program_matches_stateless_graph_every_step(config: TinyLM) -> None:
     # precision_model="float32": the executor keeps the fp16 state in fp32, so the comparison
@@ -99,4 +101,11 @@ def test_rows_whose_mask_hides_every_written_key_average_them() -> None:
 
 def test_decode_graph_through_upstream_json_converts() -> None:
     errors = generate_and_compare(TinyLM(), "fp32", precision_model="float32", from_json=True)
+    assert max(errors) < FP32_LOGITS_ATOL, errors
+
+
+@pytest.mark.parametrize("mask", ["causal", "sliding:2", "custom"])
+def test_decomposed_attention_reads_the_cache_too(mask: str) -> None:
+    # The form softcapped attention takes: matmul / select / softmax / matmul over the cache.
+    errors = generate_and_compare(TinyLM(mask=mask), "fp32", precision_model="float32", attention="decomposed")
     assert max(errors) < FP32_LOGITS_ATOL, errors
