@@ -5,8 +5,9 @@
 prompts and decode steps through Core ML (`make_state` / `predict(..., state=)`, macOS 15+) or,
 anywhere else, through the MIL executor (`rlx_mil.milexec`), which runs the converted program
 itself. A prompt is fed in chunks whose lengths are the package's functions (prefill buckets,
-largest first; the decode function takes the rest one token at a time), so no token is ever
-padded.
+largest first). A tail that fits no bucket goes through the decode function one token at a
+time, or, when the masks are causal and it is longer than two tokens, through the smallest
+larger bucket padded at the end, followed by one decode call for the last token's logits.
 """
 
 from __future__ import annotations
@@ -131,6 +132,8 @@ class Session:
     def reset(self) -> None:
         """Forget every token: a fresh (zeroed) cache state."""
         self._position = 0
+        #: (function, tokens) of every call since the reset, for inspection.
+        self.calls: list[tuple[str, int]] = []
         if self.engine == "coreml":
             any_model = next(iter(self._models.values()))
             self._state = any_model.make_state()
@@ -163,6 +166,7 @@ class Session:
                 precision_model=self.precision_model, io_names=self._io_names.get(fn.name) or None,
             )
         self._position += len(tokens)
+        self.calls.append((fn.name or "main", len(tokens)))
         key = fn.logits
         if self.engine != "coreml":
             key = (self._io_names.get(fn.name) or {}).get("outputs", {}).get(key, key)
@@ -184,10 +188,31 @@ class Session:
         while at < len(tokens):
             rest = len(tokens) - at
             fn = next(f for f in self.functions if f.query_len <= rest)
+            padded = self._padded_bucket(rest) if fn.query_len == 1 and rest > 2 else None
+            if padded is not None:
+                # The tail fits no bucket exactly: run it padded with copies of its last token
+                # (causal masks keep the pads out of the real tokens' rows), then rewrite the
+                # last real token with the decode function to get its logits. The pads' slots
+                # lie beyond the position and are overwritten by the next tokens.
+                self._call(padded, tokens[at:] + [tokens[-1]] * (padded.query_len - rest))
+                self._position -= padded.query_len - rest + 1
+                logits = self._call(self.functions[-1], tokens[-1:])
+                break
             logits = self._call(fn, tokens[at:at + fn.query_len])
             at += fn.query_len
         assert logits is not None
         return logits
+
+    def _padded_bucket(self, rest: int) -> FunctionInfo | None:
+        """The smallest prefill bucket that holds `rest` tokens and fits in the cache, when the
+        package's masks let a padded call leave the real tokens unchanged (causal ones)."""
+        if not set(self.contract.get("mask_kinds", ["None"])) <= {"Causal", "SlidingWindow"}:
+            return None
+        fits = [
+            f for f in self.functions
+            if f.query_len > rest and self._position + f.query_len <= self.max_context
+        ]
+        return min(fits, key=lambda f: f.query_len) if fits else None
 
     def _token(self, token: Any) -> int:
         if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= int(token) < self.vocab:

@@ -91,6 +91,8 @@ class KVCachePlan:
     #: Custom key-padding mask Inputs (node id) of cache-reading attention, now [B, C].
     mask_inputs: dict[int, tuple[int, ...]] = field(default_factory=dict)
     neural_engine_notes: list[str] = field(default_factory=list)
+    #: Mask kinds of the cache-reading attention ("Causal", "SlidingWindow", ...).
+    mask_kinds: list[str] = field(default_factory=list)
 
     @property
     def layers(self) -> int:
@@ -133,6 +135,7 @@ class KVCachePlan:
             "states": {s.name: list(s.shape) for s in self.states()},
             "caches": {p.input_name: p.output_name for p in self.pairs},
             "neural_engine_notes": list(self.neural_engine_notes),
+            "mask_kinds": list(self.mask_kinds),
         }
 
 
@@ -317,14 +320,17 @@ def plan_kv_cache(
         )
     if POSITION_INPUT in {n.op.name for n in graph if isinstance(n.op, Input)}:
         raise InvalidOptionError(f"the graph already has an Input named {POSITION_INPUT!r}, which a stateful model adds")
+    kinds: set[str] = set()
     for pair in pairs:
         for att in pair.attention_ids:
             node = graph.node(att)
+            kinds.add(_attention(node).mask_kind.type.value)
             if _attention(node).mask_kind.type is MaskType.CUSTOM:
                 mask = graph.node(node.inputs[3])
                 if not isinstance(mask.op, Input):
                     raise _fail("a Custom mask over cached keys must be a graph Input (it becomes [B, max_context])", mask)
                 plan.mask_inputs[mask.id] = (pair.batch, plan.max_context)
+    plan.mask_kinds = sorted(kinds)
     for dim, what in ((plan.max_context, "max_context"), (pairs[0].head_dim, "head_dim")):
         if dim % NEURAL_ENGINE_MULTIPLE:
             plan.neural_engine_notes.append(

@@ -95,6 +95,14 @@ def test_session_generates_the_reference_greedy_tokens(package: Path) -> None:
     assert session.position == 0 and session.generate(prompt, 16) == got
 
 
+def test_session_pads_a_tail_into_a_bucket(package: Path) -> None:
+    session = Session(package, precision_model="float32")
+    prompt = [5, 17, 3, 41, 8, 2, 9]  # 4 + a tail of 3: padded into prefill_4, then one decode
+    got = session.generate(prompt, 4)
+    assert session.calls[:3] == [("prefill_4", 4), ("prefill_4", 4), ("decode", 1)]
+    assert got == reference_greedy(prompt, 4)
+
+
 def test_session_refuses_what_does_not_fit(package: Path) -> None:
     session = Session(package)
     with pytest.raises(GenerationError, match="ints in"):
