@@ -105,3 +105,24 @@ class InvalidOptionError(RlxMilError, ValueError):
 
 class PrecisionWarning(UserWarning):
     """Values will not survive the requested compute precision (e.g. beyond fp16's range)."""
+
+
+class UnsupportedConfigError(RlxMilError):
+    """A model configuration (Hugging Face `config.json`) asks for an architecture, or a field
+    value, that rlx_mil does not implement; the message names the file, field and value."""
+
+    def __init__(self, message: str, *, field: str | None = None, value: object = None) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(message)
+
+
+class CheckpointError(RlxMilError):
+    """A checkpoint folder is unreadable or its tensors do not match the architecture its
+    config describes; every missing, unexpected and mis-shaped tensor is listed at once."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        self.problems = list(problems or [])
+        if self.problems:
+            message = message + ":\n  - " + "\n  - ".join(self.problems)
+        super().__init__(message)

@@ -20,7 +20,7 @@ from rlx_mil.errors import (
 )
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph, Node
-from rlx_mil.ir.ops import Constant, Input, Param
+from rlx_mil.ir.ops import Constant, Input, Param, Transpose
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Shape
 from rlx_mil.lower.context import LowerContext, LowerOptions, NameAllocator, mil_dtype_for
 from rlx_mil.lower.kv_cache import POSITION_INPUT, KVCacheLowering, KVCachePlan
@@ -139,7 +139,7 @@ def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dic
         except Exception as err:  # any array-like failure is the caller's input problem
             problems.append(f"param {name!r}: not convertible to an array ({err})")
             continue
-        if arr.dtype.kind not in "biufc":
+        if arr.dtype.kind not in "biufc" and not is_bfloat16(arr.dtype):
             problems.append(f"param {name!r}: {type(params[name]).__name__} value of dtype {arr.dtype} is not a numeric array")
             continue
         want = _static_sizes(node.shape, f"param {name!r}")
@@ -150,7 +150,7 @@ def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dic
             problems.append(f"param {name!r}: shape {arr.shape} does not match the declared {list(want)}")
             continue
         declared = node.shape.dtype
-        if declared.is_float and arr.dtype.kind not in "f":
+        if declared.is_float and arr.dtype.kind not in "f" and not is_bfloat16(arr.dtype):
             problems.append(f"param {name!r}: dtype {arr.dtype} where {declared.value} (float) is declared")
             continue
         if (declared.is_int or declared is DType.BOOL) and arr.dtype.kind not in "iub" and arr.dtype != np.float32:
@@ -163,6 +163,11 @@ def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dic
     if problems:
         raise ParamError(f"params do not match graph {graph.name!r}", problems)
     return arrays
+
+
+def is_bfloat16(dtype: np.dtype) -> bool:
+    """Whether `dtype` is ml_dtypes' bfloat16 (NumPy files it under kind 'V')."""
+    return dtype.name == "bfloat16"
 
 
 class NodeLowerer:
@@ -207,6 +212,11 @@ class NodeLowerer:
         if isinstance(node.op, Constant):
             self.values[node_id] = decode_constant(node.op, node.shape, node.id)
             return self.values[node_id]
+        if isinstance(node.op, Transpose):
+            # A transposed weight (e.g. a Hugging Face [out, in] matrix feeding MatMul) is a
+            # known value too: a view, so rules like `linear` take the stored layout as is.
+            inner = self.value_of(node.inputs[0])
+            return None if inner is None else np.transpose(inner, node.op.perm)
         return None
 
     def var_of(self, node_id: int) -> Any:
@@ -235,8 +245,8 @@ class NodeLowerer:
                 if node.id in self.values:
                     continue
                 raise ConversionError(f"input %{node.id} {op.name!r} was not bound")
-            if isinstance(op, (Param, Constant)):
-                continue
+            if isinstance(op, (Param, Constant)) or (isinstance(op, Transpose) and self.value_of(node.id) is not None):
+                continue  # known values become consts only where a rule needs them as tensors
             override = self.overrides.get(node.id)
             info = rule_for(op, self.target, node=node.id, name=node.name)
             ctx = LowerContext(
@@ -268,7 +278,7 @@ FP16_MAX = 65504.0
 def warn_fp16_overflow(arrays: Mapping[str, np.ndarray]) -> None:
     """Float weights beyond fp16's range become +-inf under fp16 precision; say which."""
     for name, arr in arrays.items():
-        if arr.dtype.kind != "f" or arr.size == 0:
+        if (arr.dtype.kind != "f" and not is_bfloat16(arr.dtype)) or arr.size == 0:
             continue
         finite = arr[np.isfinite(arr)]
         peak = float(np.max(np.abs(finite))) if finite.size else 0.0

@@ -74,6 +74,8 @@ def _convert(value: Any, dtype: DType) -> tuple[np.ndarray | None, str | None]:
         arr = np.asarray(value)
     except Exception as exc:
         return None, f"cannot be converted to an array ({exc})"
+    if arr.dtype.name == "bfloat16":  # ml_dtypes' bfloat16 (kind 'V') is exact in float32
+        arr = arr.astype(np.float32)
     if arr.dtype.kind not in "biuf":
         return None, f"has dtype {arr.dtype}, which does not convert to {dtype.value}"
     if dtype is DType.C64:

@@ -1,0 +1,205 @@
+"""Hugging Face checkpoint folders: `config.json` plus one `model.safetensors` or shards
+listed by `model.safetensors.index.json`.
+
+Tensors are read lazily, one at a time, in their stored dtype (BF16 as `ml_dtypes.bfloat16`,
+never widened) and layout (`[out, in]` for linear weights). Checking a checkpoint against an
+architecture reads only the headers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import CheckpointError
+from rlx_mil.models.hf_config import read_config
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+#: Stored dtypes a model's float weights may have.
+FLOAT_DTYPES = ("F32", "F16", "BF16")
+
+
+class _Shard:
+    """One safetensors file, opened once; headers without data reads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = _open_safetensors(path)
+        self.names = tuple(self._file.keys())
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in self._file.get_slice(name).get_shape())
+
+    def dtype_of(self, name: str) -> str:
+        return str(self._file.get_slice(name).get_dtype())
+
+    def read(self, name: str) -> np.ndarray:
+        try:
+            return np.asarray(self._file.get_tensor(name))
+        except Exception as err:  # the reader's own error types; name the file and tensor
+            raise CheckpointError(f"{self.path}: tensor {name!r} cannot be read ({err})") from None
+
+
+def _open_safetensors(path: Path) -> Any:
+    """The one place that opens safetensors files (numpy API, lazy per-tensor reads)."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise CheckpointError("reading .safetensors checkpoints needs the 'safetensors' package (pip install safetensors)") from None
+    try:
+        return safe_open(str(path), framework="numpy")
+    except Exception as err:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+
+
+class Checkpoint(Mapping[str, np.ndarray]):
+    """A checkpoint folder's tensors by their stored names; each read on access."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        if not self.directory.is_dir():
+            raise CheckpointError(f"{self.directory}: not a checkpoint folder (expected config.json and *.safetensors in it)")
+        self.config: dict[str, Any] = read_config(self.directory)
+        self._where: dict[str, _Shard] = {}
+        index = self.directory / INDEX_FILE
+        single = self.directory / SINGLE_FILE
+        if index.is_file():
+            self._open_sharded(index)
+        elif single.is_file():
+            shard = _Shard(single)
+            self._where = dict.fromkeys(shard.names, shard)
+        else:
+            found = sorted(p.name for p in self.directory.glob("*.safetensors"))
+            hint = f" (found {', '.join(found)} but no {INDEX_FILE} naming them)" if found else ""
+            raise CheckpointError(f"{self.directory}: neither {SINGLE_FILE} nor {INDEX_FILE}{hint}")
+
+    def _open_sharded(self, index: Path) -> None:
+        try:
+            data = json.loads(index.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"{index}: not readable JSON ({err})") from None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{index}: expected a 'weight_map' object of tensor name -> shard file")
+        problems: list[str] = []
+        shards: dict[str, _Shard] = {}
+        for file in sorted(set(weight_map.values())):
+            path = self.directory / file
+            if Path(file).name != file or not path.is_file():
+                problems.append(f"shard {file!r}: listed in {INDEX_FILE} but not a file in the folder")
+                continue
+            shards[file] = _Shard(path)
+        for name, file in weight_map.items():
+            shard = shards.get(file)
+            if shard is None:
+                continue
+            if name not in shard.names:
+                problems.append(f"tensor {name!r}: {INDEX_FILE} places it in {file}, which does not hold it")
+                continue
+            self._where[name] = shard
+        for file, shard in shards.items():
+            for name in shard.names:
+                if name not in weight_map:
+                    problems.append(f"tensor {name!r}: in {file} but not listed in {INDEX_FILE}")
+        if problems:
+            raise CheckpointError(f"{index}: the sharded checkpoint is inconsistent", problems)
+
+    # ------------------------------------------------------------------ Mapping
+    def __getitem__(self, name: str) -> np.ndarray:
+        shard = self._where.get(name)
+        if shard is None:
+            raise KeyError(name)
+        return shard.read(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+    # ------------------------------------------------------------------ metadata
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return self._where[name].shape_of(name)
+
+    def dtype_of(self, name: str) -> str:
+        return self._where[name].dtype_of(name)
+
+    def file_of(self, name: str) -> Path:
+        return self._where[name].path
+
+    def check(
+        self,
+        expected: Mapping[str, tuple[int, ...]],
+        architecture: str,
+        ignorable: Callable[[str], bool] = lambda name: False,
+    ) -> None:
+        """Every expected tensor present with its shape and a float dtype, and nothing else
+        (but names `ignorable` accepts); all problems in one CheckpointError."""
+        problems: list[str] = []
+        for name, shape in expected.items():
+            if name not in self._where:
+                problems.append(f"missing tensor {name!r} (shape {list(shape)})")
+                continue
+            got = self.shape_of(name)
+            if got != tuple(shape):
+                problems.append(f"tensor {name!r} in {self.file_of(name).name}: shape {list(got)}, expected {list(shape)}")
+            dtype = self.dtype_of(name)
+            if dtype not in FLOAT_DTYPES:
+                problems.append(f"tensor {name!r} in {self.file_of(name).name}: dtype {dtype}, expected one of {', '.join(FLOAT_DTYPES)}")
+        for name in self._where:
+            if name not in expected and not ignorable(name):
+                problems.append(f"unexpected tensor {name!r} in {self.file_of(name).name} (shape {list(self.shape_of(name))})")
+        if problems:
+            raise CheckpointError(f"{self.directory}: the checkpoint does not match the {architecture} architecture in its config.json", problems)
+
+
+class ModelParams(Mapping[str, np.ndarray]):
+    """The params of one built graph: checkpoint tensors under their stored names (read on
+    access, stored dtype) plus arrays computed by the builder (RoPE tables). Param names are
+    the stored names less `stored_prefix` (BERT exports differ only by a `bert.` prefix)."""
+
+    def __init__(
+        self,
+        checkpoint: Mapping[str, np.ndarray],
+        names: tuple[str, ...],
+        computed: Mapping[str, np.ndarray],
+        stored_prefix: str = "",
+    ) -> None:
+        self._checkpoint = checkpoint
+        self._names = names
+        self._name_set = frozenset(names)
+        self._computed = dict(computed)
+        self._prefix = stored_prefix
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._computed:
+            return self._computed[name]
+        if name in self._name_set:
+            return self._checkpoint[self._prefix + name]
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._names
+        yield from self._computed
+
+    def __len__(self) -> int:
+        return len(self._names) + len(self._computed)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._computed or name in self._name_set
+
+
+def pattern_matcher(*patterns: str) -> Callable[[str], bool]:
+    """A predicate true for names matching any of the regular expressions (full match)."""
+    compiled = [re.compile(p) for p in patterns]
+    return lambda name: any(c.fullmatch(name) for c in compiled)

@@ -1,0 +1,243 @@
+"""Decoder-only transformers (Llama, Qwen2/3, Mistral, Gemma 2, Phi-3) as RLX graphs.
+
+Weights are Params under their Hugging Face names, in their stored `[out, in]` layout: each
+linear layer is `MatMul(x, Transpose(W))`, which the lowering turns into Core ML `linear` on
+the weight as stored (no transposed copy). Attention runs head-major (`[B, H, S, D]`); RoPE
+uses cos/sin tables passed as the Params `rope.cos` / `rope.sin`.
+
+Variants:
+- prefill: `input_ids [B, S]` (and `position_ids [B, S]` when asked), causal attention,
+  output `logits [B, S, V]` (`[B, 1, V]` with last_logits) and, when asked, each layer's
+  K/V as `new_k_{i}` / `new_v_{i}` `[B, H_kv, S, D]`;
+- decode: `input_ids [B, n]`, `position_ids [B, n]`, `past_k_{i}` / `past_v_{i}`
+  `[B, H_kv, P, D]`; per layer `Concat(past, new, axis=2)` feeds a causal (bottom-right
+  aligned) Attention and is the output `new_k_{i}` / `new_v_{i}` `[B, H_kv, P + n, D]`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlx_mil.errors import AmbiguousLayoutWarning, InvalidOptionError
+from rlx_mil.ir import Graph
+from rlx_mil.models.graph_builder import WeightGraph
+from rlx_mil.models.hf_config import DecoderSpec
+from rlx_mil.models.rope_tables import rope_tables
+
+VARIANTS = ("prefill", "decode")
+ROPE_COS, ROPE_SIN = "rope.cos", "rope.sin"
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    variant: str = "prefill"
+    #: prefill: tokens S; decode: new tokens n per call.
+    seq_len: int = 128
+    #: decode: past positions P held in the KV cache.
+    cache_len: int = 0
+    batch_size: int = 1
+    #: logits of the last position only.
+    last_logits: bool = False
+    #: prefill: also output every layer's K/V.
+    kv_outputs: bool = False
+    #: prefill: take `position_ids` as an input (decode always does).
+    position_ids: bool = False
+    #: rows of the RoPE tables (positions a graph can address); default: just enough.
+    max_positions: int | None = None
+
+    @property
+    def table_rows(self) -> int:
+        if self.max_positions is not None:
+            return self.max_positions
+        return self.seq_len + (self.cache_len if self.variant == "decode" else 0)
+
+    def validate(self, spec: DecoderSpec) -> None:
+        if self.variant not in VARIANTS:
+            raise InvalidOptionError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        for field, minimum in (("seq_len", 1), ("batch_size", 1), ("cache_len", 0)):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise InvalidOptionError(f"{field} must be an integer >= {minimum}, got {value!r}")
+        if self.variant == "decode" and self.cache_len < 1:
+            raise InvalidOptionError("the decode variant needs cache_len >= 1 (past positions held in the KV cache)")
+        if self.variant == "prefill" and self.cache_len:
+            raise InvalidOptionError("cache_len applies to the decode variant only")
+        if self.max_positions is not None:
+            rows = self.max_positions
+            if isinstance(rows, bool) or not isinstance(rows, int) or rows < self.seq_len + self.cache_len:
+                raise InvalidOptionError(f"max_positions must be an integer >= seq_len + cache_len, got {rows!r}")
+        if self.table_rows > spec.max_position_embeddings:
+            raise InvalidOptionError(
+                f"positions up to {self.table_rows} exceed the model's max_position_embeddings"
+                f" {spec.max_position_embeddings}"
+            )
+
+
+class _Builder(WeightGraph):
+    """Builds one decoder graph."""
+
+    def __init__(self, spec: DecoderSpec, options: DecoderOptions, name: str) -> None:
+        super().__init__(name)
+        self.spec = spec
+        self.options = options
+
+    def rms_norm(self, x: int, module: str, width: int) -> int:
+        gamma = self.weight(f"{module}.weight", (width,))
+        if self.spec.norm_offset:
+            gamma = self.g.add(gamma, self.scalar(self.spec.norm_offset), name=f"{module}.scale")
+        return self.g.rms_norm(x, gamma, self.zeros(width), eps=self.spec.rms_norm_eps, name=module)
+
+    def rope(self, x: int, cos: int, sin: int, module: str) -> int:
+        """RoPE on `[B, H, S, D]` with table rows already matching the S positions."""
+        s = self.spec
+        return self.g.rope(x, cos, sin, s.head_dim, s.rope.rotary_dim, name=f"{module}.rope")
+
+    def rope_by_rows(self, x: int, cos: int, sin: int, module: str) -> int:
+        """RoPE on `[B, H, S, D]` with per-batch rows `cos`/`sin` `[B, 1, S, D/2]` (ordinary
+        element-wise ops: the Rope op's tables are shared by the whole batch)."""
+        g, s = self.g, self.spec
+        half = s.rope.rotary_dim // 2
+        if half < s.head_dim // 2:
+            cos = g.narrow(cos, 3, 0, half, name=f"{module}.rope_cos_rot")
+            sin = g.narrow(sin, 3, 0, half, name=f"{module}.rope_sin_rot")
+        x1 = g.narrow(x, 3, 0, half, name=f"{module}.rope_x1")
+        x2 = g.narrow(x, 3, half, half, name=f"{module}.rope_x2")
+        first = g.sub(g.mul(x1, cos), g.mul(x2, sin), name=f"{module}.rope_first")
+        second = g.add(g.mul(x2, cos), g.mul(x1, sin), name=f"{module}.rope_second")
+        parts = [first, second]
+        if 2 * half < s.head_dim:
+            parts.append(g.narrow(x, 3, 2 * half, s.head_dim - 2 * half, name=f"{module}.rope_pass"))
+        return g.concat(parts, 3, name=f"{module}.rope")
+
+    def mask_kind(self, layer: int) -> str:
+        window = self.spec.layer_windows[layer] if self.spec.layer_windows else None
+        keys = self.options.seq_len + self.options.cache_len
+        # Hugging Face's window W shows W keys including the query's own; the IR's w shows w + 1.
+        if window is None or window >= keys:
+            return "causal"
+        return f"sliding:{window - 1}"
+
+    # ------------------------------------------------------------------ the model
+    def build(self) -> Graph:
+        s, o, g = self.spec, self.options, self.g
+        b, n, d = o.batch_size, o.seq_len, s.head_dim
+        decode = o.variant == "decode"
+        ids = g.input("input_ids", [b, n], "i32")
+        cos_table = g.param(ROPE_COS, [o.table_rows, d // 2])
+        sin_table = g.param(ROPE_SIN, [o.table_rows, d // 2])
+        per_batch_rows = False
+        if decode or o.position_ids:
+            positions = g.input("position_ids", [b, n], "i32")
+            cos = g.gather(cos_table, positions, name="rope.cos_rows")
+            sin = g.gather(sin_table, positions, name="rope.sin_rows")
+            if b == 1:
+                cos = g.reshape(cos, [n, d // 2], name="rope.cos_table")
+                sin = g.reshape(sin, [n, d // 2], name="rope.sin_table")
+            else:
+                per_batch_rows = True
+                cos = g.reshape(cos, [b, 1, n, d // 2], name="rope.cos_table")
+                sin = g.reshape(sin, [b, 1, n, d // 2], name="rope.sin_table")
+        else:
+            cos, sin = cos_table, sin_table
+
+        embed = self.weight("model.embed_tokens.weight", (s.vocab_size, s.hidden_size))
+        x = g.gather(embed, ids, name="model.embed_tokens")
+        if s.embed_scale is not None:
+            x = g.mul(x, self.scalar(s.embed_scale), name="model.embed_scale")
+        kv_outputs: list[int] = []
+        for i in range(s.num_layers):
+            x, k, v = self.layer(x, i, cos, sin, per_batch_rows)
+            if decode or o.kv_outputs:
+                kv_outputs += [k, v]
+        x = self.rms_norm(x, "model.norm", s.hidden_size)
+        if o.last_logits and n > 1:
+            x = g.narrow(x, 1, n - 1, 1, name="last_position")
+        if s.tie_word_embeddings:
+            head = g.transpose(embed, [1, 0], name="lm_head.weight_t")
+            logits = g.matmul(x, head, name="lm_head")
+        else:
+            logits = self.linear(x, "lm_head", s.vocab_size, s.hidden_size, False)
+        if s.final_softcap is not None:
+            capped = g.tanh(g.mul(logits, self.scalar(1.0 / s.final_softcap)), name="final_softcap.tanh")
+            logits = g.mul(capped, self.scalar(s.final_softcap), name="final_softcap")
+        logits = g.reshape(logits, [b, 1 if o.last_logits else n, s.vocab_size], name="logits")
+        g.set_outputs([logits, *kv_outputs])
+        return g
+
+    def layer(self, x: int, i: int, cos: int, sin: int, per_batch_rows: bool) -> tuple[int, int, int]:
+        s, o, g = self.spec, self.options, self.g
+        p = f"model.layers.{i}"
+        e, h, hkv, d = s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim
+        hn = self.rms_norm(x, f"{p}.input_layernorm", e)
+        if s.fused_qkv:
+            qkv = self.linear(hn, f"{p}.self_attn.qkv_proj", (h + 2 * hkv) * d, e, s.qkv_bias)
+            q = g.narrow(qkv, 2, 0, h * d, name=f"{p}.self_attn.q")
+            k = g.narrow(qkv, 2, h * d, hkv * d, name=f"{p}.self_attn.k")
+            v = g.narrow(qkv, 2, (h + hkv) * d, hkv * d, name=f"{p}.self_attn.v")
+        else:
+            q = self.linear(hn, f"{p}.self_attn.q_proj", h * d, e, s.qkv_bias)
+            k = self.linear(hn, f"{p}.self_attn.k_proj", hkv * d, e, s.qkv_bias)
+            v = self.linear(hn, f"{p}.self_attn.v_proj", hkv * d, e, s.qkv_bias)
+        b, n = o.batch_size, o.seq_len
+        q = self.split_heads(q, b, n, h, d, f"{p}.self_attn.q")
+        k = self.split_heads(k, b, n, hkv, d, f"{p}.self_attn.k")
+        v = self.split_heads(v, b, n, hkv, d, f"{p}.self_attn.v")
+        if s.qk_norm:  # over head_dim, so the head-major layout is equivalent
+            q = self.rms_norm(q, f"{p}.self_attn.q_norm", d)
+            k = self.rms_norm(k, f"{p}.self_attn.k_norm", d)
+        rotate = self.rope_by_rows if per_batch_rows else self.rope
+        q = rotate(q, cos, sin, f"{p}.self_attn.q")
+        k = rotate(k, cos, sin, f"{p}.self_attn.k")
+        if o.variant == "decode":
+            past_k = g.input(f"past_k_{i}", [o.batch_size, hkv, o.cache_len, d])
+            past_v = g.input(f"past_v_{i}", [o.batch_size, hkv, o.cache_len, d])
+            k = g.concat([past_k, k], 2, name=f"new_k_{i}")
+            v = g.concat([past_v, v], 2, name=f"new_v_{i}")
+        elif o.kv_outputs:
+            g.set_name(k, f"new_k_{i}")
+            g.set_name(v, f"new_v_{i}")
+        with warnings.catch_warnings():
+            # q is [B, H, S, D] by construction; S == H is not the ambiguity the warning is for.
+            warnings.simplefilter("ignore", AmbiguousLayoutWarning)
+            attn = g.attention_kind(q, k, v, h, d, self.mask_kind(i), s.score_scale, s.attn_softcap,
+                                    name=f"{p}.self_attn.attention")
+        attn = self.merge_heads(attn, b, n, h * d, f"{p}.self_attn")
+        out = self.linear(attn, f"{p}.self_attn.o_proj", e, h * d, s.o_bias)
+        if s.sandwich_norms:
+            out = self.rms_norm(out, f"{p}.post_attention_layernorm", e)
+            x = g.add(x, out, name=f"{p}.attn_residual")
+            hn = self.rms_norm(x, f"{p}.pre_feedforward_layernorm", e)
+        else:
+            x = g.add(x, out, name=f"{p}.attn_residual")
+            hn = self.rms_norm(x, f"{p}.post_attention_layernorm", e)
+        out = self.mlp(hn, f"{p}.mlp")
+        if s.sandwich_norms:
+            out = self.rms_norm(out, f"{p}.post_feedforward_layernorm", e)
+        x = g.add(x, out, name=f"{p}.mlp_residual")
+        return x, k, v
+
+    def mlp(self, x: int, p: str) -> int:
+        s, g = self.spec, self.g
+        e, m = s.hidden_size, s.intermediate_size
+        if s.fused_gate_up:
+            both = self.linear(x, f"{p}.gate_up_proj", 2 * m, e, s.mlp_bias)
+            gate = g.narrow(both, 2, 0, m, name=f"{p}.gate")
+            up = g.narrow(both, 2, m, m, name=f"{p}.up")
+        else:
+            gate = self.linear(x, f"{p}.gate_proj", m, e, s.mlp_bias)
+            up = self.linear(x, f"{p}.up_proj", m, e, s.mlp_bias)
+        act = g.gelu_approx(gate, name=f"{p}.act") if s.activation == "gelu_tanh" else g.silu(gate, name=f"{p}.act")
+        return self.linear(g.mul(act, up, name=f"{p}.gated"), f"{p}.down_proj", e, m, s.mlp_bias)
+
+
+def build_decoder(spec: DecoderSpec, options: DecoderOptions, name: str | None = None) -> tuple[Graph, dict[str, tuple[int, ...]], dict[str, np.ndarray]]:
+    """The graph, the checkpoint tensors it reads (name -> shape) and the arrays the builder
+    computes itself (RoPE tables)."""
+    options.validate(spec)
+    builder = _Builder(spec, options, name or f"{spec.family}_{options.variant}")
+    graph = builder.build()
+    cos, sin = rope_tables(spec.rope, spec.head_dim, options.table_rows)
+    return graph, builder.expected, {ROPE_COS: cos, ROPE_SIN: sin}

@@ -1,0 +1,148 @@
+"""BERT-style encoders (BERT, MiniLM) as sentence-transformers run them.
+
+Inputs `input_ids`, `attention_mask` (1 = token, 0 = padding) and, when asked,
+`token_type_ids`, all I32 `[B, S]`. Word + position + token-type embeddings, LayerNorm, then
+post-LN layers (self-attention with the key-padding mask, GELU feed-forward). Output
+`last_hidden_state [B, S, E]`, or with pooling `sentence_embedding [B, E]` (mean over the
+unmasked tokens, or the first token), optionally L2-normalised.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rlx_mil.errors import AmbiguousLayoutWarning, CheckpointError, InvalidOptionError, UnsupportedConfigError
+from rlx_mil.ir import Graph
+from rlx_mil.models.graph_builder import WeightGraph
+from rlx_mil.models.hf_config import EncoderSpec
+
+POOLING = (None, "mean", "cls")
+#: Stored tensors an encoder never reads: the pooler / pretraining heads and buffers.
+IGNORED_TENSORS = (r"pooler\..*", r"cls\..*", r"embeddings\.position_ids", r"bert\.pooler\..*")
+
+
+@dataclass(frozen=True)
+class EncoderOptions:
+    seq_len: int = 128
+    batch_size: int = 1
+    pooling: str | None = None
+    normalize: bool = False
+    token_type_ids: bool = False
+
+    def validate(self, spec: EncoderSpec) -> None:
+        for field in ("seq_len", "batch_size"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidOptionError(f"{field} must be an integer >= 1, got {value!r}")
+        if self.seq_len > spec.max_position_embeddings:
+            raise InvalidOptionError(f"seq_len {self.seq_len} exceeds max_position_embeddings {spec.max_position_embeddings}")
+        if self.pooling not in POOLING:
+            raise InvalidOptionError(f"pooling must be one of {POOLING}, got {self.pooling!r}")
+        if self.normalize and self.pooling is None:
+            raise InvalidOptionError("normalize needs a pooling ('mean' or 'cls')")
+
+
+def sentence_transformers_pipeline(directory: Path) -> tuple[str | None, bool]:
+    """(pooling, normalize) from a sentence-transformers `modules.json` (None, False without one)."""
+    modules_file = directory / "modules.json"
+    if not modules_file.is_file():
+        return None, False
+    try:
+        modules = json.loads(modules_file.read_text(encoding="utf-8"))
+        kinds = {str(m["type"]).rsplit(".", 1)[-1]: str(m.get("path", "")) for m in modules}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{modules_file}: not a sentence-transformers module list ({err})") from None
+    pooling: str | None = None
+    if "Pooling" in kinds:
+        config_file = directory / kinds["Pooling"] / "config.json"
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"{config_file}: unreadable pooling config ({err})") from None
+        modes = sorted(k for k, v in config.items() if k.startswith("pooling_mode_") and v is True)
+        known = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+        if len(modes) != 1 or modes[0] not in known:
+            raise UnsupportedConfigError(
+                f"{config_file}: pooling modes {modes} are not supported; rlx_mil pools by exactly one of"
+                " pooling_mode_mean_tokens or pooling_mode_cls_token", field="pooling_mode", value=modes,
+            )
+        pooling = known[modes[0]]
+    return pooling, "Normalize" in kinds
+
+
+class _Builder(WeightGraph):
+    def __init__(self, spec: EncoderSpec, options: EncoderOptions, name: str) -> None:
+        super().__init__(name)
+        self.spec = spec
+        self.options = options
+
+    def layer_norm(self, x: int, module: str) -> int:
+        e = self.spec.hidden_size
+        gamma = self.weight(f"{module}.weight", (e,))
+        beta = self.weight(f"{module}.bias", (e,))
+        return self.g.layer_norm(x, gamma, beta, eps=self.spec.layer_norm_eps, name=module)
+
+    def build(self) -> Graph:
+        s, o, g = self.spec, self.options, self.g
+        b, n, e = o.batch_size, o.seq_len, s.hidden_size
+        ids = g.input("input_ids", [b, n], "i32")
+        mask = g.cast(g.input("attention_mask", [b, n], "i32"), "f32", name="attention_mask_float")
+        x = g.gather(self.weight("embeddings.word_embeddings.weight", (s.vocab_size, e)), ids, name="embeddings.word")
+        positions = self.weight("embeddings.position_embeddings.weight", (s.max_position_embeddings, e))
+        x = g.add(x, g.narrow(positions, 0, 0, n, name="embeddings.positions"), name="embeddings.add_positions")
+        types = self.weight("embeddings.token_type_embeddings.weight", (s.type_vocab_size, e))
+        if o.token_type_ids:
+            type_rows = g.gather(types, g.input("token_type_ids", [b, n], "i32"), name="embeddings.token_types")
+        else:  # transformers' default: every token of segment 0
+            type_rows = g.narrow(types, 0, 0, 1, name="embeddings.token_types")
+        x = g.add(x, type_rows, name="embeddings.add_token_types")
+        x = self.layer_norm(x, "embeddings.LayerNorm")
+        for i in range(s.num_layers):
+            x = self.layer(x, mask, f"encoder.layer.{i}")
+        if o.pooling is None:
+            g.set_name(x, "last_hidden_state")
+            g.set_outputs([x])
+            return g
+        if o.pooling == "cls":
+            pooled = g.reshape(g.narrow(x, 1, 0, 1, name="pool.first_token"), [b, e], name="pool")
+        else:
+            weights = g.reshape(mask, [b, n, 1], name="pool.mask")
+            total = g.sum(g.mul(x, weights, name="pool.masked"), 1, name="pool.sum")
+            count = g.maximum(g.sum(weights, 1, name="pool.count"), self.scalar(1e-9), name="pool.count_floor")
+            pooled = g.div(total, count, name="pool")
+        if o.normalize:
+            norm = g.sqrt(g.sum(g.mul(pooled, pooled, name="normalize.square"), 1, keep_dim=True), name="normalize.norm")
+            pooled = g.div(pooled, g.maximum(norm, self.scalar(1e-12), name="normalize.floor"), name="normalize")
+        g.set_name(pooled, "sentence_embedding")
+        g.set_outputs([pooled])
+        return g
+
+    def layer(self, x: int, mask: int, p: str) -> int:
+        s, o, g = self.spec, self.options, self.g
+        b, n, e, h = o.batch_size, o.seq_len, s.hidden_size, s.num_heads
+        d = e // h
+        q = self.split_heads(self.linear(x, f"{p}.attention.self.query", e, e, True), b, n, h, d, f"{p}.attention.self.query")
+        k = self.split_heads(self.linear(x, f"{p}.attention.self.key", e, e, True), b, n, h, d, f"{p}.attention.self.key")
+        v = self.split_heads(self.linear(x, f"{p}.attention.self.value", e, e, True), b, n, h, d, f"{p}.attention.self.value")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", AmbiguousLayoutWarning)  # [B, H, S, D] by construction
+            a = g.attention(q, k, v, mask, h, d, name=f"{p}.attention.self")
+        a = self.merge_heads(a, b, n, e, f"{p}.attention.self")
+        a = self.linear(a, f"{p}.attention.output.dense", e, e, True)
+        x = self.layer_norm(g.add(x, a, name=f"{p}.attention.residual"), f"{p}.attention.output.LayerNorm")
+        m = self.linear(x, f"{p}.intermediate.dense", s.intermediate_size, e, True)
+        m = g.gelu(m, name=f"{p}.intermediate.act") if s.activation == "gelu" else g.gelu_approx(m, name=f"{p}.intermediate.act")
+        m = self.linear(m, f"{p}.output.dense", e, s.intermediate_size, True)
+        return self.layer_norm(g.add(x, m, name=f"{p}.output.residual"), f"{p}.output.LayerNorm")
+
+
+def build_encoder(spec: EncoderSpec, options: EncoderOptions, name: str | None = None) -> tuple[Graph, dict[str, tuple[int, ...]], dict[str, np.ndarray]]:
+    """The graph, the checkpoint tensors it reads (name -> shape), and no computed arrays."""
+    options.validate(spec)
+    builder = _Builder(spec, options, name or f"{spec.family}_encoder")
+    return builder.build(), builder.expected, {}

@@ -1,0 +1,143 @@
+"""`from_pretrained`: a Hugging Face checkpoint folder -> (RLX graph, params)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import InvalidOptionError
+from rlx_mil.ir import Graph
+from rlx_mil.models.checkpoint import Checkpoint, ModelParams, pattern_matcher
+from rlx_mil.models.decoder import DecoderOptions, build_decoder
+from rlx_mil.models.hf_config import DecoderSpec, EncoderSpec, ModelSpec, model_spec
+
+#: Stored tensors the decoders never read: rotary buffers older exports saved.
+_DECODER_BUFFERS = (r"model\.rotary_emb\.inv_freq", r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+
+ARCHITECTURE_NAMES = {
+    "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "gemma2": "Gemma 2",
+    "phi3": "Phi-3", "bert": "BERT",
+}
+
+
+def build(
+    spec: ModelSpec,
+    *,
+    variant: str = "prefill",
+    seq_len: int | None = None,
+    cache_len: int | None = None,
+    batch_size: int = 1,
+    last_logits: bool = False,
+    kv_outputs: bool = False,
+    position_ids: bool = False,
+    max_positions: int | None = None,
+    pooling: str | None = None,
+    normalize: bool = False,
+    token_type_ids: bool = False,
+    name: str | None = None,
+) -> tuple[Graph, dict[str, tuple[int, ...]], dict[str, np.ndarray]]:
+    """The graph of `spec`, the checkpoint tensors it reads (name -> shape) and the arrays
+    the builder computes (RoPE tables)."""
+    if isinstance(spec, EncoderSpec):
+        from rlx_mil.models.encoder import EncoderOptions, build_encoder
+
+        if variant != "prefill" or cache_len is not None or last_logits or kv_outputs or position_ids:
+            raise InvalidOptionError(f"{ARCHITECTURE_NAMES[spec.family]} is an encoder: it has no decode variant, KV cache or logits")
+        options = EncoderOptions(seq_len=128 if seq_len is None else seq_len, batch_size=batch_size,
+                                 pooling=pooling, normalize=normalize, token_type_ids=token_type_ids)
+        return build_encoder(spec, options, name)
+    if pooling is not None or normalize or token_type_ids:
+        raise InvalidOptionError("pooling, normalize and token_type_ids apply to encoders (BERT / MiniLM) only")
+    if seq_len is None:
+        seq_len = 1 if variant == "decode" else 128
+    if variant == "decode" and cache_len is None:
+        raise InvalidOptionError("the decode variant needs cache_len (past positions held in the KV cache)")
+    options = DecoderOptions(
+        variant=variant, seq_len=seq_len, cache_len=cache_len or 0, batch_size=batch_size,
+        last_logits=last_logits, kv_outputs=kv_outputs, position_ids=position_ids, max_positions=max_positions,
+    )
+    return build_decoder(spec, options, name)
+
+
+def _ignorable(spec: ModelSpec) -> Any:
+    if isinstance(spec, DecoderSpec):
+        patterns = list(_DECODER_BUFFERS)
+        if spec.tie_word_embeddings:
+            patterns.append(r"lm_head\.weight")  # some exports store the tied head too
+        return pattern_matcher(*patterns)
+    from rlx_mil.models.encoder import IGNORED_TENSORS
+
+    return pattern_matcher(*IGNORED_TENSORS)
+
+
+def from_pretrained(
+    path: str | os.PathLike[str],
+    variant: str = "prefill",
+    *,
+    seq_len: int | None = None,
+    cache_len: int | None = None,
+    batch_size: int = 1,
+    last_logits: bool = False,
+    kv_outputs: bool = False,
+    position_ids: bool = False,
+    max_positions: int | None = None,
+    pooling: str | None = "auto",
+    normalize: bool | None = None,
+    token_type_ids: bool = False,
+) -> tuple[Graph, Mapping[str, np.ndarray]]:
+    """Build the RLX graph of the Hugging Face checkpoint folder `path` and its params.
+
+    `path` holds `config.json` and `model.safetensors` (or shards listed by
+    `model.safetensors.index.json`). Params keep their Hugging Face names, stored layout and
+    dtype (BF16 stays bfloat16), and are read from disk only when accessed; pass them
+    straight to `rlx_mil.convert(graph, params, ...)`.
+
+    Decoders: `variant="prefill"` (`seq_len` tokens, default 128) or `"decode"` (`seq_len`
+    new tokens, default 1, attending to `cache_len` past positions). `last_logits` keeps only
+    the last position's logits; `kv_outputs` adds each prefill layer's K/V as outputs;
+    `position_ids` makes prefill take positions as an input; `max_positions` sizes the RoPE
+    tables. Encoders (BERT / MiniLM): `pooling` "mean", "cls" or None ("auto" reads a
+    sentence-transformers pooling config when present), `normalize` L2-normalises the pooled
+    embedding (default: whether the sentence-transformers pipeline has a Normalize module),
+    `token_type_ids` adds that input (default: every token in segment 0).
+
+    The checkpoint's tensor names, shapes and dtypes are checked against the config before
+    anything is read; every mismatch is listed in one `CheckpointError`.
+    """
+    checkpoint = Checkpoint(path)
+    spec = model_spec(checkpoint.config, source=str(checkpoint.directory / "config.json"))
+    if isinstance(spec, EncoderSpec):
+        from rlx_mil.models.encoder import sentence_transformers_pipeline
+
+        auto_pooling, auto_normalize = sentence_transformers_pipeline(checkpoint.directory)
+        pooling = auto_pooling if pooling == "auto" else pooling
+        normalize = auto_normalize if normalize is None else normalize
+    else:
+        pooling = None if pooling == "auto" else pooling
+        normalize = bool(normalize)
+    graph, expected, computed = build(
+        spec, variant=variant, seq_len=seq_len, cache_len=cache_len, batch_size=batch_size,
+        last_logits=last_logits, kv_outputs=kv_outputs, position_ids=position_ids, max_positions=max_positions,
+        pooling=pooling, normalize=normalize, token_type_ids=token_type_ids, name=checkpoint.directory.name or None,
+    )
+    prefix = _stored_prefix(spec, checkpoint)
+    checkpoint.check({prefix + k: v for k, v in expected.items()}, ARCHITECTURE_NAMES[spec.family], _ignorable_prefixed(spec, prefix))
+    return graph, ModelParams(checkpoint, tuple(expected), computed, stored_prefix=prefix)
+
+
+def _stored_prefix(spec: ModelSpec, checkpoint: Checkpoint) -> str:
+    """BERT checkpoints store tensors either bare (sentence-transformers) or under `bert.`."""
+    if isinstance(spec, EncoderSpec) and "embeddings.word_embeddings.weight" not in checkpoint \
+            and "bert.embeddings.word_embeddings.weight" in checkpoint:
+        return "bert."
+    return ""
+
+
+def _ignorable_prefixed(spec: ModelSpec, prefix: str) -> Any:
+    base = _ignorable(spec)
+    if not prefix:
+        return base
+    return lambda name: base(name[len(prefix):] if name.startswith(prefix) else name) or base(name)

@@ -1,0 +1,132 @@
+"""Random checkpoints in the Hugging Face layout: `config.json` + `model.safetensors` (or
+shards with `model.safetensors.index.json`), tensors under the names transformers uses.
+
+Used by `rlx-mil demo`, the tests and the benchmarks, so every path from a checkpoint folder
+to a verified package runs without downloading a model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import InvalidOptionError
+from rlx_mil.models.checkpoint import INDEX_FILE, SINGLE_FILE
+from rlx_mil.models.hf_config import DecoderSpec, model_spec
+
+_LLAMA_TINY: dict[str, Any] = {
+    "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+}
+
+#: Tiny configs of every family, with the family's characteristic fields set.
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {**_LLAMA_TINY, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}},
+    "qwen2": {**_LLAMA_TINY, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+              "tie_word_embeddings": True, "rope_theta": 1000000.0, "use_sliding_window": False},
+    "qwen3": {**_LLAMA_TINY, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 16,
+              "tie_word_embeddings": True, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6},
+    "mistral": {**_LLAMA_TINY, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 5},
+    "gemma2": {**_LLAMA_TINY, "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "head_dim": 16,
+               "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "rms_norm_eps": 1e-6,
+               "query_pre_attn_scalar": 24, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+               "sliding_window": 4},
+    "phi3": {**_LLAMA_TINY, "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "num_key_value_heads": 4,
+             "sliding_window": 6, "rope_scaling": None},
+    "bert": {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": 96, "hidden_size": 32,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+             "max_position_embeddings": 64, "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
+             "position_embedding_type": "absolute"},
+}
+
+#: Qwen3-0.6B's architecture (random weights): the benchmark's large case.
+QWEN3_0_6B: dict[str, Any] = {
+    "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 1024,
+    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "intermediate_size": 3072, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+}
+
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _numpy_dtype(dtype: str) -> Any:
+    if dtype not in _DTYPES:
+        raise InvalidOptionError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(dtype)
+
+
+def _random_tensor(name: str, shape: tuple[int, ...], spec: Any, rng: np.random.Generator) -> np.ndarray:
+    """Values at realistic scales, so activations stay near unit size through the layers."""
+    norm_offset = getattr(spec, "norm_offset", 0.0)
+    if "norm" in name.lower() and name.endswith(".weight"):
+        base = 0.0 if norm_offset else 1.0
+        return base + 0.1 * rng.standard_normal(shape, dtype=np.float32)
+    if name.endswith(".bias") or name.endswith("LayerNorm.beta"):
+        return 0.1 * rng.standard_normal(shape, dtype=np.float32)
+    if "embed" in name:
+        width = shape[-1]
+        scale = 1.0 / math.sqrt(width) if isinstance(spec, DecoderSpec) and spec.embed_scale else 0.5
+        return scale * rng.standard_normal(shape, dtype=np.float32)
+    return rng.standard_normal(shape, dtype=np.float32) / np.float32(math.sqrt(shape[-1]))
+
+
+def write_random_checkpoint(
+    directory: str | os.PathLike[str],
+    config: Mapping[str, Any],
+    *,
+    dtype: str = "float32",
+    shards: int = 1,
+    seed: int = 0,
+) -> Path:
+    """Write `config.json` and random weights for `config` into `directory` (created).
+
+    `shards > 1` splits the tensors over `model-0000i-of-0000n.safetensors` files with a
+    `model.safetensors.index.json`, as transformers does for large models. Tensors are made
+    and written one shard at a time.
+    """
+    from safetensors.numpy import save_file
+
+    from rlx_mil.models.pretrained import build
+
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise InvalidOptionError(f"shards must be an integer >= 1, got {shards!r}")
+    np_dtype = _numpy_dtype(dtype)
+    spec = model_spec(config)
+    _, expected, _ = build(spec, seq_len=1)
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(dict(config), indent=2) + "\n", encoding="utf-8")
+    names = list(expected)
+    itemsize = np.dtype(np_dtype).itemsize
+    total = sum(math.prod(expected[n]) * itemsize for n in names)
+    groups: list[list[str]] = [[] for _ in range(shards)]
+    filled = 0
+    for name in names:
+        groups[min(shards - 1, filled * shards // max(total, 1))].append(name)
+        filled += math.prod(expected[name]) * itemsize
+    rng = np.random.default_rng(seed)
+    weight_map: dict[str, str] = {}
+    for index, group in enumerate(groups):
+        file = SINGLE_FILE if shards == 1 else f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
+        tensors = {n: _random_tensor(n, expected[n], spec, rng).astype(np_dtype) for n in group}
+        save_file(tensors, str(out / file), metadata={"format": "pt"})
+        del tensors
+        weight_map.update(dict.fromkeys(group, file))
+    if shards > 1:
+        index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / INDEX_FILE).write_text(json.dumps(index_doc, indent=2) + "\n", encoding="utf-8")
+    return out

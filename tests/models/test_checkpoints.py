@@ -1,0 +1,224 @@
+"""Checkpoint folders: sharded and BF16 checkpoints, and every way loading one can fail."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import rlx_mil
+from rlx_mil import milexec, reference
+from rlx_mil.errors import CheckpointError, InvalidOptionError, RlxMilError, UnsupportedConfigError
+from rlx_mil.models import from_pretrained
+from rlx_mil.models.checkpoint import INDEX_FILE, SINGLE_FILE, Checkpoint
+from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+from models.hf_numpy import qwen3_forward
+
+CFG = TINY_CONFIGS["qwen3"]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_checkpoint(tmp_path_factory.mktemp("single") / "qwen3", CFG, seed=1)
+
+
+def copy_of(folder: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / folder.name
+    shutil.copytree(folder, dest)
+    return dest
+
+
+def ids(length: int = 6) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, CFG["vocab_size"], (1, length)).astype(np.int32)
+
+
+def test_sharded_checkpoint_equals_single_file(single: Path, tmp_path: Path) -> None:
+    sharded = write_random_checkpoint(tmp_path / "sharded", CFG, seed=1, shards=3)
+    files = sorted(p.name for p in sharded.glob("*.safetensors"))
+    assert files == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    index = json.loads((sharded / INDEX_FILE).read_text())
+    assert set(index["weight_map"].values()) == set(files)
+    g1, p1 = from_pretrained(single, seq_len=6)
+    g2, p2 = from_pretrained(sharded, seq_len=6)
+    assert set(p1) == set(p2)
+    for name in p1:
+        np.testing.assert_array_equal(p1[name], p2[name])
+    np.testing.assert_array_equal(reference.evaluate(g1, {"input_ids": ids()}, p1)["logits"],
+                                  reference.evaluate(g2, {"input_ids": ids()}, p2)["logits"])
+
+
+def test_bf16_checkpoint_stays_bf16_and_converts(tmp_path: Path) -> None:
+    folder = write_random_checkpoint(tmp_path / "bf16", CFG, seed=2, dtype="bfloat16", shards=2)
+    graph, params = from_pretrained(folder, seq_len=6)
+    weight = params["model.layers.0.self_attn.q_proj.weight"]
+    assert weight.dtype == ml_dtypes.bfloat16  # never widened
+    assert weight.shape == (CFG["num_attention_heads"] * CFG["head_dim"], CFG["hidden_size"])  # [out, in] as stored
+    want, _ = qwen3_forward(Checkpoint(folder), CFG, ids())
+    got = reference.evaluate(graph, {"input_ids": ids()}, params)["logits"]
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+    model = rlx_mil.convert(graph, params, precision="fp32")
+    out = milexec.run(model, {"input_ids": ids()})["logits"]
+    np.testing.assert_allclose(out, got, rtol=1e-4, atol=1e-4 * np.abs(got).max())
+
+
+def test_f16_checkpoint(tmp_path: Path) -> None:
+    folder = write_random_checkpoint(tmp_path / "f16", CFG, seed=3, dtype="float16")
+    graph, params = from_pretrained(folder, seq_len=6)
+    assert params["model.embed_tokens.weight"].dtype == np.float16
+    want, _ = qwen3_forward(Checkpoint(folder), CFG, ids())
+    got = reference.evaluate(graph, {"input_ids": ids()}, params)["logits"]
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+
+
+def test_params_are_read_lazily(single: Path) -> None:
+    _, params = from_pretrained(single, seq_len=4)
+    assert not isinstance(params, dict)
+    assert "rope.cos" in params and "model.norm.weight" in params and "lm_head.weight" not in params  # tied
+
+
+def rewrite(folder: Path, edit: dict[str, np.ndarray | None]) -> None:
+    """Replace (array) or drop (None) tensors of a single-file checkpoint."""
+    tensors = load_file(str(folder / SINGLE_FILE))
+    for name, value in edit.items():
+        if value is None:
+            tensors.pop(name)
+        else:
+            tensors[name] = value
+    save_file(tensors, str(folder / SINGLE_FILE))
+
+
+def test_missing_unexpected_and_misshaped_tensors_in_one_error(single: Path, tmp_path: Path) -> None:
+    folder = copy_of(single, tmp_path)
+    rewrite(folder, {
+        "model.layers.1.mlp.up_proj.weight": None,
+        "model.layers.0.self_attn.k_norm.weight": np.ones(7, np.float32),
+        "model.layers.0.self_attn.q_proj.weight": np.zeros((CFG["hidden_size"], 64), np.float32),
+        "model.layers.9.mlp.extra.weight": np.zeros(3, np.float32),
+    })
+    with pytest.raises(CheckpointError) as info:
+        from_pretrained(folder, seq_len=4)
+    text = str(info.value)
+    assert len(info.value.problems) == 4
+    assert "missing tensor 'model.layers.1.mlp.up_proj.weight' (shape [64, 32])" in text
+    assert "unexpected tensor 'model.layers.9.mlp.extra.weight'" in text
+    assert "tensor 'model.layers.0.self_attn.k_norm.weight' in model.safetensors: shape [7], expected [16]" in text
+    assert "'model.layers.0.self_attn.q_proj.weight' in model.safetensors: shape [32, 64], expected [64, 32]" in text
+    assert "Qwen3" in text
+
+
+def test_non_float_tensor_is_refused(single: Path, tmp_path: Path) -> None:
+    folder = copy_of(single, tmp_path)
+    rewrite(folder, {"model.norm.weight": np.ones(CFG["hidden_size"], np.int32)})
+    with pytest.raises(CheckpointError, match=r"'model.norm.weight'.*dtype I32"):
+        from_pretrained(folder, seq_len=4)
+
+
+def test_tolerated_extras_are_not_errors(single: Path, tmp_path: Path) -> None:
+    folder = copy_of(single, tmp_path)
+    rewrite(folder, {"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32),
+                     "lm_head.weight": np.zeros((CFG["vocab_size"], CFG["hidden_size"]), np.float32)})
+    _, params = from_pretrained(folder, seq_len=4)
+    assert "lm_head.weight" not in params  # tied: the embedding is the head
+
+
+def test_no_weights_file(single: Path, tmp_path: Path) -> None:
+    folder = copy_of(single, tmp_path)
+    (folder / SINGLE_FILE).rename(folder / "weights-1.safetensors")
+    with pytest.raises(CheckpointError, match=r"neither model.safetensors nor model.safetensors.index.json \(found weights-1"):
+        from_pretrained(folder)
+
+
+def test_not_a_folder_and_no_config(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="not a checkpoint folder"):
+        from_pretrained(tmp_path / "absent")
+    with pytest.raises(CheckpointError, match=r"no config\.json"):
+        from_pretrained(tmp_path)
+
+
+def test_corrupt_config_and_weights(single: Path, tmp_path: Path) -> None:
+    folder = copy_of(single, tmp_path)
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"config\.json: not readable JSON"):
+        from_pretrained(folder)
+    folder = copy_of(single, tmp_path / "b")
+    (folder / SINGLE_FILE).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00garbage!")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors file"):
+        from_pretrained(folder)
+
+
+def test_truncated_weights_are_refused_before_reading(single: Path, tmp_path: Path) -> None:
+    folder = copy_of(single, tmp_path)
+    data = (folder / SINGLE_FILE).read_bytes()
+    (folder / SINGLE_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
+        from_pretrained(folder)
+
+
+def test_sharded_index_problems_listed(tmp_path: Path) -> None:
+    folder = write_random_checkpoint(tmp_path / "sharded", CFG, seed=1, shards=2)
+    index = json.loads((folder / INDEX_FILE).read_text())
+    names = list(index["weight_map"])
+    second = index["weight_map"][names[-1]]
+    index["weight_map"][names[0]] = second  # placed in a shard that does not hold it
+    index["weight_map"]["model.extra.weight"] = "model-00009-of-00009.safetensors"
+    (folder / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(CheckpointError) as info:
+        from_pretrained(folder)
+    text = str(info.value)
+    assert f"tensor {names[0]!r}: {INDEX_FILE} places it in {second}, which does not hold it" in text
+    assert "shard 'model-00009-of-00009.safetensors': listed in model.safetensors.index.json but not a file" in text
+    assert f"tensor {names[0]!r}: in model-00001-of-00002.safetensors but not listed" not in text
+    (folder / INDEX_FILE).write_text(json.dumps({"weight_map": [1, 2]}))
+    with pytest.raises(CheckpointError, match="expected a 'weight_map' object"):
+        from_pretrained(folder)
+
+
+def test_tensor_in_a_shard_but_not_in_the_index(tmp_path: Path) -> None:
+    folder = write_random_checkpoint(tmp_path / "sharded", CFG, seed=1, shards=2)
+    index = json.loads((folder / INDEX_FILE).read_text())
+    dropped = next(iter(index["weight_map"]))
+    shard = index["weight_map"].pop(dropped)
+    (folder / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=rf"tensor '{dropped}': in {shard} but not listed"):
+        from_pretrained(folder)
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        ({"model_type": "gpt2"}, "model_type"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "low_freq_factor"),  # incomplete llama3 block
+        ({"hidden_act": "relu"}, "hidden_act"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),
+        ({"hidden_size": 0}, "hidden_size"),
+        ({"tie_word_embeddings": "yes"}, "tie_word_embeddings"),
+        ({"partial_rotary_factor": 0.1}, "partial_rotary_factor"),
+        ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
+        ({"layer_types": ["full_attention", "chunked_attention"]}, "layer_types"),
+    ],
+)
+def test_unimplemented_config_values_are_typed_errors(edit: dict[str, object], field: str, single: Path, tmp_path: Path) -> None:
+    folder = copy_of(single, tmp_path)
+    config = {**CFG, **edit}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedConfigError) as info:
+        from_pretrained(folder)
+    assert info.value.field == field
+    assert field in str(info.value)
+
+
+def test_bad_build_options(single: Path) -> None:
+    for kwargs in ({"variant": "generate"}, {"variant": "decode"}, {"seq_len": 0}, {"variant": "decode", "cache_len": 0},
+                   {"cache_len": 4}, {"seq_len": 10_000}, {"batch_size": True}, {"pooling": "mean"}):
+        with pytest.raises(InvalidOptionError):
+            from_pretrained(single, **kwargs)  # type: ignore[arg-type]
+
+
+def test_errors_are_rlx_mil_errors() -> None:
+    assert issubclass(CheckpointError, RlxMilError) and issubclass(UnsupportedConfigError, RlxMilError)
