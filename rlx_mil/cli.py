@@ -37,8 +37,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="bind a dynamic dim symbol (e.g. 1=128 for SEQ); repeatable")
     conversion_flags(conv)
 
-    insp = sub.add_parser("inspect", help="summarise a .mlpackage: IO, op histogram, weights, target")
-    insp.add_argument("package", type=Path)
+    hf = sub.add_parser("convert-hf", help="convert a Hugging Face checkpoint folder to .mlpackage")
+    _convert_hf_arguments(hf)
+    conversion_flags(hf)
+
+    insp = sub.add_parser("inspect", help="summarise a .mlpackage (IO, op histogram, weights, target) or a graph JSON")
+    insp.add_argument("package", type=Path, help="a .mlpackage folder, or a graph .json (inputs, params, op histogram)")
     insp.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     run = sub.add_parser("run", help="run a .mlpackage (Core ML on macOS, the NumPy MIL executor elsewhere)")
@@ -56,9 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, help="random seed for sampling")
     gen.add_argument("--engine", choices=["auto", "coreml", "milexec"], default="auto")
 
-    demo = sub.add_parser("demo", help="build, convert and save a built-in transformer block")
+    demo = sub.add_parser("demo", help="write a tiny random Hugging Face checkpoint, convert it, verify the package")
     demo.add_argument("-o", "--output", type=Path, default=Path("rlx_mil_demo.mlpackage"),
                       help="package to write (replaced if it exists)")
+    demo.add_argument("--family", default="llama", choices=_demo_families(), help="architecture of the checkpoint")
+    demo.add_argument("--checkpoint", type=Path, metavar="DIR", help="keep the random checkpoint in DIR")
+    demo.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     demo.add_argument("--layers", type=int, default=2)
     demo.add_argument("--hidden", type=int, default=256)
     demo.add_argument("--heads", type=int, default=8)
@@ -97,8 +104,33 @@ def _convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _convert_hf_arguments(p: argparse.ArgumentParser) -> None:
+    from rlx_mil.models.convert_hf import add_arguments
+
+    add_arguments(p)
+
+
+def _demo_families() -> tuple[str, ...]:
+    from rlx_mil.models.demo import DEMO_FAMILIES
+
+    return DEMO_FAMILIES
+
+
+def _convert_hf(args: argparse.Namespace) -> int:
+    from rlx_mil.models.convert_hf import run
+
+    return run(args)
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from rlx_mil.package_info import package_info
+
+    if args.package.suffix == ".json" or args.package.is_file():
+        from rlx_mil.graph_info import graph_info
+
+        summary = graph_info(args.package)
+        print(summary.to_json() if args.json else summary.to_text())
+        return EXIT_OK
 
     info = package_info(args.package)
     print(info.to_json() if args.json else info.to_text())
@@ -155,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     handlers: dict[str, Any] = {
-        "convert": _convert, "inspect": _inspect, "run": _run, "demo": _demo, "generate": _generate,
+        "convert": _convert, "convert-hf": _convert_hf, "inspect": _inspect, "run": _run, "demo": _demo,
+        "generate": _generate,
     }
     try:
         return int(handlers[args.command](args))

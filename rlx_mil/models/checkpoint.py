@@ -50,9 +50,10 @@ class _Shard:
 def _open_safetensors(path: Path) -> Any:
     """The one place that opens safetensors files (numpy API, lazy per-tensor reads)."""
     try:
+        import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: safetensors reads BF16 through it)
         from safetensors import safe_open
     except ImportError:
-        raise CheckpointError("reading .safetensors checkpoints needs the 'safetensors' package (pip install safetensors)") from None
+        raise CheckpointError("reading .safetensors checkpoints needs the 'safetensors' and 'ml_dtypes' packages (pip install safetensors ml_dtypes)") from None
     try:
         return safe_open(str(path), framework="numpy")
     except Exception as err:

@@ -46,9 +46,9 @@ def build(
 
         if variant != "prefill" or cache_len is not None or last_logits or kv_outputs or position_ids:
             raise InvalidOptionError(f"{ARCHITECTURE_NAMES[spec.family]} is an encoder: it has no decode variant, KV cache or logits")
-        options = EncoderOptions(seq_len=128 if seq_len is None else seq_len, batch_size=batch_size,
+        encoder_options = EncoderOptions(seq_len=128 if seq_len is None else seq_len, batch_size=batch_size,
                                  pooling=pooling, normalize=normalize, token_type_ids=token_type_ids)
-        return build_encoder(spec, options, name)
+        return build_encoder(spec, encoder_options, name)
     if pooling is not None or normalize or token_type_ids:
         raise InvalidOptionError("pooling, normalize and token_type_ids apply to encoders (BERT / MiniLM) only")
     if seq_len is None:

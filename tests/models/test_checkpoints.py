@@ -12,12 +12,12 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import rlx_mil
+from models.hf_numpy import qwen3_forward
 from rlx_mil import milexec, reference
 from rlx_mil.errors import CheckpointError, InvalidOptionError, RlxMilError, UnsupportedConfigError
 from rlx_mil.models import from_pretrained
 from rlx_mil.models.checkpoint import INDEX_FILE, SINGLE_FILE, Checkpoint
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
-from models.hf_numpy import qwen3_forward
 
 CFG = TINY_CONFIGS["qwen3"]
 
@@ -222,3 +222,18 @@ def test_bad_build_options(single: Path) -> None:
 
 def test_errors_are_rlx_mil_errors() -> None:
     assert issubclass(CheckpointError, RlxMilError) and issubclass(UnsupportedConfigError, RlxMilError)
+
+
+def test_bf16_reads_in_a_fresh_interpreter(tmp_path: Path) -> None:
+    """BF16 needs ml_dtypes registered with NumPy; the reader does that itself."""
+    import subprocess
+    import sys
+
+    folder = write_random_checkpoint(tmp_path / "bf16", CFG, seed=2, dtype="bfloat16")
+    code = ("import sys; from rlx_mil.models import from_pretrained; g, p = from_pretrained(sys.argv[1], seq_len=4);"
+            " print(p['model.norm.weight'].dtype)")
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, check=False,
+                          env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "bfloat16"

@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from models.hf_numpy import FORWARDS
 from rlx_mil import reference
 from rlx_mil.lower.target import Precision
 from rlx_mil.models import from_pretrained
 from rlx_mil.models.checkpoint import Checkpoint
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 from rlx_mil.testing import Tolerance, check_conversion
-from models.hf_numpy import FORWARDS
 
 #: Documented in docs/models.md: fp16 logits of the tiny models agree to about 1e-2 of their scale.
 FP16_MODEL_TOLERANCE = Tolerance(atol=5e-2, rtol=5e-2)

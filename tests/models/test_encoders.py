@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from models.hf_numpy import bert_forward, mean_pool
 from safetensors.numpy import load_file, save_file
 
+from models.hf_numpy import bert_forward, mean_pool
 from rlx_mil import reference
 from rlx_mil.errors import UnsupportedConfigError
 from rlx_mil.lower.target import Precision
