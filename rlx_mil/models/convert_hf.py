@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-outputs", action="store_true", help="prefill: also output every layer's K/V")
     p.add_argument("--position-ids", action="store_true", help="prefill: take position_ids as an input")
     p.add_argument("--max-positions", type=int, help="rows of the RoPE tables (default: just enough)")
+    p.add_argument("--attention-mask", action="store_true",
+                   help="decode with --seq-len 1: take a key-padding attention_mask over the cache and the new token")
     p.add_argument("--pooling", default="auto", choices=["auto", "mean", "cls", "none"],
                    help="encoders: sentence embedding pooling (auto: the sentence-transformers config)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
@@ -53,7 +55,7 @@ def build_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "variant": args.variant, "seq_len": args.seq_len, "cache_len": args.cache_len,
         "batch_size": args.batch_size, "last_logits": args.last_logits, "kv_outputs": args.kv_outputs,
-        "position_ids": args.position_ids, "max_positions": args.max_positions,
+        "position_ids": args.position_ids, "max_positions": args.max_positions, "attention_mask": args.attention_mask,
         "pooling": None if args.pooling == "none" else args.pooling, "normalize": args.normalize,
         "token_type_ids": args.token_type_ids,
     }

@@ -11,7 +11,9 @@ Variants:
   K/V as `new_k_{i}` / `new_v_{i}` `[B, H_kv, S, D]`;
 - decode: `input_ids [B, n]`, `position_ids [B, n]`, `past_k_{i}` / `past_v_{i}`
   `[B, H_kv, P, D]`; per layer `Concat(past, new, axis=2)` feeds a causal (bottom-right
-  aligned) Attention and is the output `new_k_{i}` / `new_v_{i}` `[B, H_kv, P + n, D]`.
+  aligned) Attention and is the output `new_k_{i}` / `new_v_{i}` `[B, H_kv, P + n, D]`;
+  with `attention_mask` (one new token), an `attention_mask [B, P + 1]` key-padding input
+  replaces the causal mask (which one new token does not need).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class DecoderOptions:
     position_ids: bool = False
     #: rows of the RoPE tables (positions a graph can address); default: just enough.
     max_positions: int | None = None
+    #: decode: a key-padding `attention_mask` F32 [B, P + n] input (>= 0.5 = attend).
+    attention_mask: bool = False
 
     @property
     def table_rows(self) -> int:
@@ -69,6 +73,17 @@ class DecoderOptions:
             rows = self.max_positions
             if isinstance(rows, bool) or not isinstance(rows, int) or rows < self.seq_len + self.cache_len:
                 raise InvalidOptionError(f"max_positions must be an integer >= seq_len + cache_len, got {rows!r}")
+        if self.attention_mask:
+            # The IR's Custom (key-padding) mask has no causal or window part: exact for one new
+            # token attending to a full-attention cache.
+            keys = self.seq_len + self.cache_len
+            if self.variant != "decode" or self.seq_len != 1:
+                raise InvalidOptionError("attention_mask applies to the decode variant with seq_len 1")
+            if any(w is not None and w < keys for w in spec.layer_windows):
+                raise InvalidOptionError(
+                    f"attention_mask cannot be combined with the sliding window of {spec.family} layers"
+                    f" narrower than the {keys} keys"
+                )
         if self.table_rows > spec.max_position_embeddings:
             raise InvalidOptionError(
                 f"positions up to {self.table_rows} exceed the model's max_position_embeddings"
@@ -83,6 +98,7 @@ class _Builder(WeightGraph):
         super().__init__(name)
         self.spec = spec
         self.options = options
+        self.key_mask: int | None = None
 
     def rms_norm(self, x: int, module: str, width: int) -> int:
         gamma = self.weight(f"{module}.weight", (width,))
@@ -143,6 +159,7 @@ class _Builder(WeightGraph):
         else:
             cos, sin = cos_table, sin_table
 
+        self.key_mask = g.input("attention_mask", [b, o.cache_len + n]) if o.attention_mask else None
         embed = self.weight("model.embed_tokens.weight", (s.vocab_size, s.hidden_size))
         x = g.gather(embed, ids, name="model.embed_tokens")
         if s.embed_scale is not None:
@@ -202,8 +219,12 @@ class _Builder(WeightGraph):
         with warnings.catch_warnings():
             # q is [B, H, S, D] by construction; S == H is not the ambiguity the warning is for.
             warnings.simplefilter("ignore", AmbiguousLayoutWarning)
-            attn = g.attention_kind(q, k, v, h, d, self.mask_kind(i), s.score_scale, s.attn_softcap,
-                                    name=f"{p}.self_attn.attention")
+            if self.key_mask is not None:
+                attn = g.attention(q, k, v, self.key_mask, h, d, s.score_scale, s.attn_softcap,
+                                   name=f"{p}.self_attn.attention")
+            else:
+                attn = g.attention_kind(q, k, v, h, d, self.mask_kind(i), s.score_scale, s.attn_softcap,
+                                        name=f"{p}.self_attn.attention")
         attn = self.merge_heads(attn, b, n, h * d, f"{p}.self_attn")
         out = self.linear(attn, f"{p}.self_attn.o_proj", e, h * d, s.o_bias)
         if s.sandwich_norms:

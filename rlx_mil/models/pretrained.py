@@ -34,6 +34,7 @@ def build(
     kv_outputs: bool = False,
     position_ids: bool = False,
     max_positions: int | None = None,
+    attention_mask: bool = False,
     pooling: str | None = None,
     normalize: bool = False,
     token_type_ids: bool = False,
@@ -44,7 +45,7 @@ def build(
     if isinstance(spec, EncoderSpec):
         from rlx_mil.models.encoder import EncoderOptions, build_encoder
 
-        if variant != "prefill" or cache_len is not None or last_logits or kv_outputs or position_ids:
+        if variant != "prefill" or cache_len is not None or last_logits or kv_outputs or position_ids or max_positions:
             raise InvalidOptionError(f"{ARCHITECTURE_NAMES[spec.family]} is an encoder: it has no decode variant, KV cache or logits")
         encoder_options = EncoderOptions(seq_len=128 if seq_len is None else seq_len, batch_size=batch_size,
                                  pooling=pooling, normalize=normalize, token_type_ids=token_type_ids)
@@ -58,6 +59,7 @@ def build(
     options = DecoderOptions(
         variant=variant, seq_len=seq_len, cache_len=cache_len or 0, batch_size=batch_size,
         last_logits=last_logits, kv_outputs=kv_outputs, position_ids=position_ids, max_positions=max_positions,
+        attention_mask=attention_mask,
     )
     return build_decoder(spec, options, name)
 
@@ -84,6 +86,7 @@ def from_pretrained(
     kv_outputs: bool = False,
     position_ids: bool = False,
     max_positions: int | None = None,
+    attention_mask: bool = False,
     pooling: str | None = "auto",
     normalize: bool | None = None,
     token_type_ids: bool = False,
@@ -99,7 +102,8 @@ def from_pretrained(
     new tokens, default 1, attending to `cache_len` past positions). `last_logits` keeps only
     the last position's logits; `kv_outputs` adds each prefill layer's K/V as outputs;
     `position_ids` makes prefill take positions as an input; `max_positions` sizes the RoPE
-    tables. Encoders (BERT / MiniLM): `pooling` "mean", "cls" or None ("auto" reads a
+    tables; `attention_mask` gives a one-token decode graph a key-padding mask input over the
+    P + 1 keys. Encoders (BERT / MiniLM): `pooling` "mean", "cls" or None ("auto" reads a
     sentence-transformers pooling config when present), `normalize` L2-normalises the pooled
     embedding (default: whether the sentence-transformers pipeline has a Normalize module),
     `token_type_ids` adds that input (default: every token in segment 0).
@@ -121,7 +125,7 @@ def from_pretrained(
     graph, expected, computed = build(
         spec, variant=variant, seq_len=seq_len, cache_len=cache_len, batch_size=batch_size,
         last_logits=last_logits, kv_outputs=kv_outputs, position_ids=position_ids, max_positions=max_positions,
-        pooling=pooling, normalize=normalize, token_type_ids=token_type_ids, name=checkpoint.directory.name or None,
+        attention_mask=attention_mask, pooling=pooling, normalize=normalize, token_type_ids=token_type_ids, name=checkpoint.directory.name or None,
     )
     prefix = _stored_prefix(spec, checkpoint)
     checkpoint.check({prefix + k: v for k, v in expected.items()}, ARCHITECTURE_NAMES[spec.family], _ignorable_prefixed(spec, prefix))

@@ -12,6 +12,7 @@ import pytest
 
 from models.hf_numpy import FORWARDS
 from rlx_mil import reference
+from rlx_mil.errors import InvalidOptionError
 from rlx_mil.lower.target import Precision
 from rlx_mil.models import from_pretrained
 from rlx_mil.models.checkpoint import Checkpoint
@@ -168,3 +169,38 @@ def test_decode_graph_contract(checkpoints: dict[str, Path]) -> None:
         assert node.shape.sizes() == (1, cfg["num_key_value_heads"], 7, cfg["head_dim"])
         consumers = [graph.node(c).op for c in graph.consumers()[node.id]]
         assert any(isinstance(op, Attention) and op.mask_kind.type.value == "Causal" for op in consumers)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma2"])
+def test_decode_key_padding_mask_hides_past_positions(name: str, checkpoints: dict[str, Path]) -> None:
+    """Masking the first m cached positions equals decoding against a cache without them."""
+    cfg = CONFIGS[name]
+    past, hidden = 6, 2
+    window = cfg.get("sliding_window")
+    if window is not None and window <= past:  # Gemma 2's window layers: the mask cannot express them
+        with pytest.raises(InvalidOptionError, match="sliding window"):
+            from_pretrained(checkpoints[name], "decode", cache_len=past, attention_mask=True)
+        return
+    masked, params = from_pretrained(checkpoints[name], "decode", cache_len=past, attention_mask=True, max_positions=16)
+    short, short_params = from_pretrained(checkpoints[name], "decode", cache_len=past - hidden, max_positions=16)
+    rng = np.random.default_rng(9)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    feeds: dict[str, np.ndarray] = {"input_ids": token_ids(cfg["vocab_size"], 1), "position_ids": np.array([[past]], np.int32)}
+    for i in range(cfg["num_hidden_layers"]):
+        for kind in ("k", "v"):
+            feeds[f"past_{kind}_{i}"] = rng.standard_normal((1, cfg["num_key_value_heads"], past, head_dim)).astype(np.float32)
+    mask = np.ones((1, past + 1), np.float32)
+    mask[0, :hidden] = 0
+    got = reference.evaluate(masked, {**feeds, "attention_mask": mask}, params)
+    trimmed = {k: (v[:, :, hidden:] if k.startswith("past_") else v) for k, v in feeds.items()}
+    want = reference.evaluate(short, trimmed, short_params)
+    np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
+    check_conversion(masked, params, {**feeds, "attention_mask": mask}, targets=["iOS18"], roundtrip=False,
+                     tolerances={Precision.FP16: FP16_MODEL_TOLERANCE})
+
+
+def test_key_padding_mask_needs_one_new_token(checkpoints: dict[str, Path]) -> None:
+    with pytest.raises(InvalidOptionError, match="seq_len 1"):
+        from_pretrained(checkpoints["llama"], "decode", seq_len=2, cache_len=4, attention_mask=True)
+    with pytest.raises(InvalidOptionError, match="seq_len 1"):
+        from_pretrained(checkpoints["llama"], seq_len=4, attention_mask=True)
