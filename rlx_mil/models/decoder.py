@@ -76,14 +76,10 @@ class DecoderOptions:
         if self.attention_mask:
             # The IR's Custom (key-padding) mask has no causal or window part: exact for one new
             # token attending to a full-attention cache.
-            keys = self.seq_len + self.cache_len
             if self.variant != "decode" or self.seq_len != 1:
                 raise InvalidOptionError("attention_mask applies to the decode variant with seq_len 1")
-            if any(w is not None and w < keys for w in spec.layer_windows):
-                raise InvalidOptionError(
-                    f"attention_mask cannot be combined with the sliding window of {spec.family} layers"
-                    f" narrower than the {keys} keys"
-                )
+            if any(w is not None for w in spec.layer_windows):
+                raise InvalidOptionError(f"attention_mask cannot be combined with the sliding-window layers of this {spec.family} model")
         if self.table_rows > spec.max_position_embeddings:
             raise InvalidOptionError(
                 f"positions up to {self.table_rows} exceed the model's max_position_embeddings"
@@ -130,10 +126,12 @@ class _Builder(WeightGraph):
 
     def mask_kind(self, layer: int) -> str:
         window = self.spec.layer_windows[layer] if self.spec.layer_windows else None
-        keys = self.options.seq_len + self.options.cache_len
-        # Hugging Face's window W shows W keys including the query's own; the IR's w shows w + 1.
-        if window is None or window >= keys:
+        # A prefill graph sees exactly its S keys, so a window covering them is plain causal
+        # attention; a decode graph keeps the window, since a stateful conversion gives it a
+        # longer cache than the graph's P.
+        if window is None or (self.options.variant == "prefill" and window >= self.options.seq_len):
             return "causal"
+        # Hugging Face's window W shows W keys including the query's own; the IR's w shows w + 1.
         return f"sliding:{window - 1}"
 
     # ------------------------------------------------------------------ the model
