@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from models.hf_numpy import FORWARDS
 
 import rlx_mil
+from models.hf_numpy import FORWARDS
 from rlx_mil import milexec
 from rlx_mil.lower.kv_cache import NeuralEngineWarning
 from rlx_mil.models import from_pretrained
