@@ -154,13 +154,9 @@ class LowerContext:
         so weight-aware rules (e.g. `linear`) still see it. `params` supplies the subgraph's
         own Params.
         """
-        from rlx_mil.lower.program import NodeLowerer
-
-        values = dict(params or {})
-        inner = NodeLowerer(
-            subgraph, values, target=self.target, precision=self.precision, options=self.options,
-            names=self._names, name_prefix=f"{self.base_name}_",
-        )
+        if self._lowerer is None:
+            raise self.error("this context cannot lower a subgraph (it was built without a lowerer)")
+        inner = self._lowerer.nested(subgraph, dict(params or {}), name_prefix=f"{self.base_name}_")
         for sub_id, outer_index in bindings.items():
             value = self.value(outer_index)
             if value is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +22,10 @@ from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import Constant, Input, Param, Transpose
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Shape
+from rlx_mil.lower import rules as _rules  # noqa: F401  (importing the rule modules registers them)
 from rlx_mil.lower.context import LowerContext, LowerOptions, NameAllocator, mil_dtype_for
 from rlx_mil.lower.kv_cache import POSITION_INPUT, KVCacheLowering, KVCachePlan
-from rlx_mil.lower.registry import rule_for
+from rlx_mil.lower.registry import PARAM_LAYOUT_HOOKS, rule_for
 from rlx_mil.lower.target import Precision, Target
 from rlx_mil.naming import input_names, mil_identifiers, output_names
 
@@ -96,16 +97,7 @@ def decode_constant(op: Constant, shape: Shape, node_id: int) -> np.ndarray:
     return np.frombuffer(op.data, dtype=dtype).reshape(sizes).astype(shape.dtype.numpy)
 
 
-#: Layouts a Param may arrive in besides its declared shape. Rule modules register hooks
-#: (graph, param node, array) -> bool that accept an array as given because the consuming rule
-#: decodes it, e.g. 4-bit weight codes packed two per byte behind a logical [K, N] Param.
-PARAM_LAYOUT_HOOKS: list[Callable[[Graph, Node, np.ndarray], bool]] = []
-
-
 def _alternative_layout(graph: Graph, node: Node, arr: np.ndarray) -> bool:
-    from rlx_mil.lower.registry import registered_rules
-
-    registered_rules()  # importing the rule modules registers their hooks
     return any(hook(graph, node, arr) for hook in PARAM_LAYOUT_HOOKS)
 
 
@@ -270,6 +262,14 @@ class NodeLowerer:
                     f"node %{node.id} ({op.type_name}): lowering produced shape {got}, declared {list(want)}"
                 )
             self.env[node.id] = var
+
+    def nested(self, subgraph: Graph, params: Mapping[str, np.ndarray], *, name_prefix: str) -> NodeLowerer:
+        """A lowerer for an IR subgraph that spells one node of this graph (fused ops), sharing
+        this one's target, precision, options and name allocator."""
+        return NodeLowerer(
+            subgraph, params, target=self.target, precision=self.precision, options=self.options,
+            names=self.names, name_prefix=name_prefix,
+        )
 
 
 FP16_MAX = 65504.0

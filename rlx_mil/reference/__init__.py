@@ -23,22 +23,11 @@ Choices where the spec leaves room (each documented at its kernel):
 
 from rlx_mil.reference.attention import FILL, attention, attention_backward
 from rlx_mil.reference.conv import conv, pool
+from rlx_mil.reference.elementwise import activation, binary
 from rlx_mil.reference.evaluate import evaluate, evaluate_all
 from rlx_mil.reference.fused import attention_block, swiglu, transformer_layer
-from rlx_mil.reference.ops import (
-    activation,
-    binary,
-    cumsum,
-    gather_indices,
-    group_norm,
-    layer_norm,
-    matmul,
-    reduce,
-    rms_norm,
-    rope,
-    softmax,
-    top_k_indices,
-)
+from rlx_mil.reference.linalg import matmul
+from rlx_mil.reference.norm import group_norm, layer_norm, rms_norm
 from rlx_mil.reference.quant import (
     decode_e4m3,
     decode_e5m2,
@@ -49,6 +38,7 @@ from rlx_mil.reference.quant import (
     quantize,
     unpack_nibbles,
 )
+from rlx_mil.reference.reduce import cumsum, reduce, softmax, top_k_indices
 from rlx_mil.reference.registry import (
     Kernel,
     kernel_for,
@@ -57,6 +47,8 @@ from rlx_mil.reference.registry import (
     round_to_bf16,
     to_dtype,
 )
+from rlx_mil.reference.rope import rope
+from rlx_mil.reference.shape import gather_indices
 from rlx_mil.reference.special import erf
 
 __all__ = [

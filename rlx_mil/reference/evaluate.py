@@ -18,9 +18,15 @@ from rlx_mil.reference.registry import kernel_for, to_dtype
 # Importing the kernel modules registers their kernels.
 from rlx_mil.reference import attention as _attention  # noqa: F401  isort: skip
 from rlx_mil.reference import conv as _conv  # noqa: F401  isort: skip
+from rlx_mil.reference import elementwise as _elementwise  # noqa: F401  isort: skip
 from rlx_mil.reference import fused as _fused  # noqa: F401  isort: skip
-from rlx_mil.reference import ops as _ops  # noqa: F401  isort: skip
+from rlx_mil.reference import leaf as _leaf  # noqa: F401  isort: skip
+from rlx_mil.reference import linalg as _linalg  # noqa: F401  isort: skip
+from rlx_mil.reference import norm as _norm  # noqa: F401  isort: skip
 from rlx_mil.reference import quant as _quant  # noqa: F401  isort: skip
+from rlx_mil.reference import reduce as _reduce  # noqa: F401  isort: skip
+from rlx_mil.reference import rope as _rope  # noqa: F401  isort: skip
+from rlx_mil.reference import shape as _shape  # noqa: F401  isort: skip
 
 _SCALARISH = ((), (1,))
 _FOUR_BIT = (QuantKind.INT4_BLOCK, QuantKind.NVFP4_BLOCK)

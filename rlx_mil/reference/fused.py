@@ -10,8 +10,11 @@ from rlx_mil.errors import ArityError, ShapeError
 from rlx_mil.ir.ops import ActivationKind, FusedAttentionBlock, FusedSwiGLU, FusedTransformerLayer, MaskKind
 from rlx_mil.ir.shape import Shape
 from rlx_mil.reference.attention import attention
-from rlx_mil.reference.ops import activation, layer_norm, matmul, rope
+from rlx_mil.reference.elementwise import activation
+from rlx_mil.reference.linalg import matmul
+from rlx_mil.reference.norm import layer_norm
 from rlx_mil.reference.registry import as_float, compute_dtype, finish, reference_kernel, sizes_of
+from rlx_mil.reference.rope import rope
 
 
 def swiglu(x: np.ndarray, gate_first: bool) -> np.ndarray:

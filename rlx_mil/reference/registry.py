@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from rlx_mil.errors import ShapeError, UnsupportedOpError
+from rlx_mil.errors import AttributeValueError, ShapeError, UnsupportedOpError
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.ops import Op
 from rlx_mil.ir.shape import Shape, Static
@@ -135,3 +135,40 @@ def static_sizes(shape: Shape, what: str) -> tuple[int, ...]:
 def finish(value: np.ndarray, out: Shape) -> np.ndarray:
     """Cast a kernel's result to the declared dtype."""
     return to_dtype(np.asarray(value), out.dtype)
+
+
+# ------------------------------------------------------------------------------ shared by kernels
+
+
+def float_operands(*arrays: np.ndarray) -> list[np.ndarray]:
+    dt = compute_dtype(*arrays)
+    return [as_float(a, dt) for a in arrays]
+
+
+def broadcast_sizes(shapes: Sequence[tuple[int, ...]], names: Sequence[str]) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        listed = ", ".join(f"{n} {list(s)}" for n, s in zip(names, shapes, strict=True))
+        raise ShapeError(f"operands do not broadcast: {listed}", operand=names[-1]) from None
+
+
+def signed_axis(axis: int, rank: int, what: str = "axis") -> int:
+    """An i32 axis attribute (may be negative), normalised."""
+    if not -rank <= axis < max(rank, 1):
+        raise AttributeValueError(f"{what} {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def unsigned_axis(axis: int, rank: int, what: str = "axis") -> int:
+    """A usize axis attribute: 0 <= axis < rank."""
+    if not 0 <= axis < rank:
+        raise AttributeValueError(f"{what} {axis} is out of range for rank {rank} (must be 0..{rank - 1})")
+    return axis
+
+
+def as_vector(a: np.ndarray, length: int, operand: str, dtype: np.dtype) -> np.ndarray:
+    if a.size != length:
+        raise ShapeError(f"{operand} must hold {length} values, got shape {list(a.shape)}", operand=operand)
+    return as_float(a, dtype).reshape(length)
+

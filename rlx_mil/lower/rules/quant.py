@@ -32,8 +32,7 @@ from rlx_mil.ir import ops
 from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import QuantKind
 from rlx_mil.lower.context import LowerContext
-from rlx_mil.lower.program import PARAM_LAYOUT_HOOKS
-from rlx_mil.lower.registry import lowering
+from rlx_mil.lower.registry import PARAM_LAYOUT_HOOKS, lowering
 from rlx_mil.lower.target import Target
 from rlx_mil.reference.quant import E2M1, E4M3FN, E5M2, gguf_dequantize, unpack_nibbles
 

@@ -1,5 +1,9 @@
-"""Importing this package registers every milexec kernel in `rlx_mil.milexec.registry.KERNELS`."""
+"""Importing this package registers every milexec kernel in `rlx_mil.milexec.registry.KERNELS`.
 
-from rlx_mil.milexec.kernels import control, conv, elementwise, linalg, quant, reduce_norm, tensor
+Kernel modules are named by the IR op families whose lowerings emit the MIL ops they run
+(`control` holds the state and control-flow ops).
+"""
 
-__all__ = ["control", "conv", "elementwise", "linalg", "quant", "reduce_norm", "tensor"]
+from rlx_mil.milexec.kernels import attention, control, conv, elementwise, linalg, norm, quant, reduce, shape
+
+__all__ = ["attention", "control", "conv", "elementwise", "linalg", "norm", "quant", "reduce", "shape"]

@@ -1,0 +1,129 @@
+"""Matrix products: MatMul, LoRA and the fused matmul + bias + activation (spec section 5)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rlx_mil.errors import AttributeValueError, ShapeError
+from rlx_mil.ir.builder import BuilderBase
+from rlx_mil.ir.infer import shape_rule
+from rlx_mil.ir.op_base import BinaryArityOp, Op, fix_f32
+from rlx_mil.ir.ops.elementwise import ACTIVATION, ActivationKind, activation_kind_arg
+from rlx_mil.ir.serde.codecs import (
+    F32,
+    OptionCodec,
+    struct_form,
+    unit_form,
+)
+from rlx_mil.ir.shape import Shape
+from rlx_mil.ir.shape_checks import (
+    conflict,
+    dims_text,
+    fits_into,
+    matmul_dims,
+    require_rank,
+)
+
+
+@dataclass(frozen=True)
+class MatMul(BinaryArityOp):
+    type_name: ClassVar[str] = "MatMul"
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("lhs", "rhs")
+
+
+@dataclass(frozen=True)
+class LoraMatMul(Op):
+    type_name: ClassVar[str] = "LoraMatMul"
+    scale: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fix_f32(self, "scale")
+
+    def arity(self) -> int | None:
+        return 4
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("x", "w", "a", "b")
+
+
+@dataclass(frozen=True)
+class FusedMatMulBiasAct(Op):
+    type_name: ClassVar[str] = "FusedMatMulBiasAct"
+    activation: ActivationKind | None = None
+
+    def arity(self) -> int | None:
+        return 3
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("x", "w", "bias")
+
+
+# -------------------------------------------------------------------------------- shape rules
+
+
+@shape_rule(MatMul)
+def _matmul(op: MatMul, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    return Shape(matmul_dims(ins[0], ins[1]), ins[0].dtype)
+
+
+@shape_rule(LoraMatMul)
+def _lora_matmul(op: LoraMatMul, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x, w, a, b = ins
+    if not math.isfinite(op.scale):
+        raise AttributeValueError(f"scale must be finite, got {op.scale}")
+    require_rank(w, "w", exact=(2,))
+    dims = matmul_dims(x, w, "x", "w")
+    k, n = w.dims
+    require_rank(a, "a", exact=(2,))
+    require_rank(b, "b", exact=(2,))
+    if conflict(a.dims[0], k):
+        raise ShapeError(f"a must be [K={k}, r], got {a}", operand="a")
+    if conflict(b.dims[0], a.dims[1]) or conflict(b.dims[1], n):
+        raise ShapeError(f"b must be [r={a.dims[1]}, N={n}], got {b}", operand="b")
+    return Shape(dims, x.dtype)
+
+
+@shape_rule(FusedMatMulBiasAct)
+def _fused_matmul_bias_act(op: FusedMatMulBiasAct, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x, w, bias = ins
+    dims = matmul_dims(x, w, "x", "w")
+    if not fits_into(bias.dims, dims):
+        raise ShapeError(f"bias {bias} does not broadcast onto the product {dims_text(dims)}", operand="bias")
+    return Shape(dims, x.dtype)
+
+
+# -------------------------------------------------------------------------------- builder
+
+
+class LinalgBuilder(BuilderBase):
+    """Builder methods of this family (composed into `Graph`)."""
+
+    def matmul(self, a: int, b: int, *, name: str | None = None) -> int:
+        return self.add_node(MatMul(), [a, b], name=name)
+
+    def lora_matmul(self, x: int, w: int, a: int, b: int, scale: float, *, name: str | None = None) -> int:
+        """`x @ w + scale * ((x @ a) @ b)`; `scale` is the adapter's alpha / r."""
+        return self.add_node(LoraMatMul(scale), [x, w, a, b], name=name)
+
+    def fused_matmul_bias_act(
+        self, x: int, w: int, bias: int, activation: ActivationKind | str | None = None, *, name: str | None = None
+    ) -> int:
+        kind = None if activation is None else activation_kind_arg(self, activation, "FusedMatMulBiasAct", name)
+        return self.add_node(FusedMatMulBiasAct(kind), [x, w, bias], name=name)
+
+
+#: The ops of this family.
+OPS: tuple[type[Op], ...] = (MatMul, LoraMatMul, FusedMatMulBiasAct,)
+
+#: Their JSON forms (spec section 2).
+JSON_FORMS = (
+    unit_form(MatMul),
+    struct_form(LoraMatMul, ("scale", F32)),
+    struct_form(FusedMatMulBiasAct, ("activation", OptionCodec(ACTIVATION))),
+)

@@ -1,0 +1,376 @@
+"""Reading upstream RLX's serde JSON into a graph (spec section 2).
+
+Reading treats the text as untrusted. Every defect (bad JSON, wrong types, out-of-range
+integers, unknown variants, dangling node ids, payload sizes, IR rule violations found by
+`add_node`) raises :class:`~rlx_mil.errors.GraphFormatError` whose message starts with the
+JSON path at fault, e.g. ``nodes[3].op.Attention.num_heads: expected a non-negative integer,
+got "4"``. No other exception type escapes, and sizes are checked against :class:`JsonLimits`
+before anything proportional to them is built.
+
+The graph class is passed in (`new_graph`), so this module does not depend on `Graph`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn, Protocol, TypeVar
+
+from rlx_mil.errors import GraphError, GraphFormatError
+from rlx_mil.ir.dtype import DType
+from rlx_mil.ir.node import NodeOrigin
+from rlx_mil.ir.ops import Constant, Op
+from rlx_mil.ir.serde.codecs import (
+    DTYPE,
+    MISSING,
+    STR,
+    U32,
+    USIZE,
+    DuplicateKeyObject,
+    FloatToken,
+    OptionCodec,
+    describe,
+    did_you_mean,
+    fail,
+    json_array,
+    json_object,
+    required,
+    tagged,
+)
+from rlx_mil.ir.serde.forms import OP_FORMS
+from rlx_mil.ir.shape import Dim, Dynamic, Shape, Static
+
+
+class GraphSink(Protocol):
+    def add_node(
+        self,
+        op: Op,
+        inputs: Sequence[int],
+        shape: Shape | None = None,
+        *,
+        name: str | None = None,
+        origin: NodeOrigin | None = None,
+    ) -> int: ...
+
+    def set_outputs(self, ids: Sequence[int] | int) -> None: ...
+
+
+GraphT = TypeVar("GraphT", bound=GraphSink)
+
+
+@dataclass(frozen=True)
+class JsonLimits:
+    """Size caps applied while reading untrusted JSON.
+
+    `max_text_length` counts characters of a `str`, or bytes of `bytes` and files; it is
+    checked before parsing, so oversized input never reaches the JSON parser. `max_numel`
+    caps the element count of every declared shape (static dims). `max_constant_bytes` caps
+    the sum of all `Constant` payloads and is checked from the declared shape before the
+    payload is converted.
+    """
+
+    max_text_length: int = 1 << 32
+    max_numel: int = 1 << 40
+    max_constant_bytes: int = 2 << 30
+
+
+DEFAULT_LIMITS = JsonLimits()
+
+
+# ============================================================================ parsing
+
+
+def _object_from_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        marked = DuplicateKeyObject(result)
+        for key, _ in pairs:
+            if key in seen:
+                marked.duplicate = key
+                break
+            seen.add(key)
+        return marked
+    return result
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise GraphFormatError(f"invalid JSON: {name} is not a JSON value (non-finite numbers are not allowed)")
+
+
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_object_from_pairs,
+    parse_float=FloatToken,
+    parse_constant=_reject_constant,
+)
+
+
+def _parse_document(text: str | bytes | bytearray | memoryview, limits: JsonLimits) -> object:
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        raw = bytes(text)
+        if len(raw) > limits.max_text_length:
+            raise GraphFormatError(
+                f"JSON text has {len(raw)} bytes, more than the limit of {limits.max_text_length}"
+            )
+        try:
+            decoded = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise GraphFormatError(f"JSON text is not valid UTF-8 (byte offset {err.start})") from err
+    elif isinstance(text, str):
+        decoded = text
+        if len(decoded) > limits.max_text_length:
+            raise GraphFormatError(
+                f"JSON text has {len(decoded)} characters, more than the limit of {limits.max_text_length}"
+            )
+    else:
+        raise GraphFormatError(f"expected JSON text as str or bytes, got {type(text).__name__}")
+    if decoded.startswith("\ufeff"):
+        raise GraphFormatError("invalid JSON: text starts with a byte-order mark (U+FEFF)")
+    try:
+        return _DECODER.decode(decoded)
+    except GraphFormatError:
+        raise
+    except json.JSONDecodeError as err:
+        raise GraphFormatError(f"invalid JSON: {err.msg} at line {err.lineno} column {err.colno}") from err
+    except RecursionError as err:
+        raise GraphFormatError("invalid JSON: nesting is too deep") from err
+    except MemoryError as err:
+        raise GraphFormatError("invalid JSON: out of memory while parsing") from err
+    except (ValueError, OverflowError) as err:
+        # E.g. integer literals beyond Python's int-from-string digit limit.
+        raise GraphFormatError(f"invalid JSON: {err}") from err
+
+
+
+# ============================================================================ graph decoding
+
+
+@dataclass
+class _DecodeState:
+    limits: JsonLimits
+    constant_bytes: int = 0
+
+
+def _decode_dim(value: object, path: str) -> Dim:
+    tag, content = tagged(value, path, 'a dim ({"Static": n} or {"Dynamic": symbol})')
+    if content is MISSING:
+        fail(path, f'expected {{"Static": n}} or {{"Dynamic": symbol}}, got {describe(value)}')
+    if tag == "Static":
+        return Static(USIZE.decode(content, f"{path}.Static"))
+    if tag == "Dynamic":
+        return Dynamic(U32.decode(content, f"{path}.Dynamic"))
+    fail(path, f'unknown Dim variant {describe(tag)} (expected "Static" or "Dynamic")')
+
+
+def _static_numel(dims: Sequence[Dim], cap: int) -> int:
+    """Element count over the static dims, or cap + 1 as soon as it exceeds cap."""
+    sizes = [d.size for d in dims if isinstance(d, Static)]
+    if 0 in sizes:
+        return 0
+    numel = 1
+    for size in sizes:
+        numel *= size
+        if numel > cap:
+            return cap + 1
+    return numel
+
+
+def _decode_shape(value: object, path: str, state: _DecodeState) -> Shape:
+    obj = json_object(value, path)
+    dims_path = f"{path}.dims"
+    raw_dims = json_array(required(obj, "dims", path), dims_path)
+    dims = tuple(_decode_dim(d, f"{dims_path}[{i}]") for i, d in enumerate(raw_dims))
+    dtype = DTYPE.decode(required(obj, "dtype", path), f"{path}.dtype")
+    assert isinstance(dtype, DType)
+    cap = state.limits.max_numel
+    if _static_numel(dims, cap) > cap:
+        fail(dims_path, f"shape has more than {cap} elements (the configured limit)")
+    return Shape(dims, dtype)
+
+
+def _decode_origin(value: object, path: str) -> NodeOrigin | None:
+    if value is None:
+        return None
+    obj = json_object(value, path)
+    opt_u32, opt_str = OptionCodec(U32), OptionCodec(STR)
+    hir = opt_u32.decode(obj.get("hir"), f"{path}.hir")
+    label = opt_str.decode(obj.get("label"), f"{path}.label")
+    pass_name = opt_str.decode(obj.get("pass"), f"{path}.pass")
+    assert hir is None or isinstance(hir, int)
+    assert label is None or isinstance(label, str)
+    assert pass_name is None or isinstance(pass_name, str)
+    return NodeOrigin(hir=hir, label=label, pass_name=pass_name)
+
+
+def _byte_at_fault(items: list[object]) -> tuple[int, object]:
+    for i, item in enumerate(items):
+        if type(item) is not int or not 0 <= item <= 255:
+            return i, item
+    raise AssertionError("no offending byte")
+
+
+def _decode_constant(content: object, path: str, shape: Shape, state: _DecodeState) -> Constant:
+    body = json_object(content, path)
+    data_path = f"{path}.data"
+    items = json_array(required(body, "data", path), data_path)
+    if not shape.is_static:
+        fail(path, f"a Constant needs a static shape to size its payload, got {shape}")
+    expected = _static_numel(shape.dims, state.limits.max_numel) * shape.dtype.itemsize
+    budget = state.limits.max_constant_bytes - state.constant_bytes
+    if expected > budget:
+        fail(
+            data_path,
+            f"constant payloads would total more than {state.limits.max_constant_bytes} bytes"
+            f" (this one needs {expected}; the configured limit)",
+        )
+    if len(items) != expected:
+        fail(
+            data_path,
+            f"payload has {len(items)} bytes but shape {shape} needs {expected}"
+            f" ({shape.numel()} elements x {shape.dtype.itemsize} bytes)",
+        )
+    # set(map(type, ...)) and bytes() run in C; the per-item loop only runs to explain a failure.
+    if set(map(type, items)) - {int}:
+        index, item = _byte_at_fault(items)
+        fail(f"{data_path}[{index}]", f"expected a byte value 0..255, got {describe(item)}")
+    try:
+        payload = bytes(items)  # type: ignore[arg-type]
+    except ValueError:
+        index, item = _byte_at_fault(items)
+        fail(f"{data_path}[{index}]", f"expected a byte value 0..255, got {describe(item)}")
+    state.constant_bytes += len(payload)
+    return Constant(payload)
+
+
+def _decode_op(value: object, path: str, shape: Shape, state: _DecodeState) -> Op:
+    tag, content = tagged(value, path, "an op")
+    form = OP_FORMS.get(tag)
+    if form is None:
+        fail(path, f"unknown or unsupported op variant {describe(tag)}{did_you_mean(tag, OP_FORMS)}")
+    op_path = f"{path}.{tag}"
+    if form.form == "unit":
+        if content is not MISSING and content is not None:
+            fail(op_path, f"{tag} takes no attributes, got {describe(content)}")
+        return form.op_type()
+    if content is MISSING:
+        fail(path, f'{tag} needs its attributes: {{"{tag}": ...}}')
+    if form.op_type is Constant:
+        return _decode_constant(content, op_path, shape, state)
+    kwargs: dict[str, object] = {}
+    if form.form == "newtype":
+        ((field_name, codec),) = form.fields
+        kwargs[field_name] = codec.decode(content, op_path)
+    else:
+        body = json_object(content, op_path)
+        for field_name, codec in form.fields:
+            raw = body.get(field_name, MISSING)
+            if raw is MISSING:
+                if not codec.optional:
+                    fail(op_path, f'missing required field "{field_name}"')
+                raw = None
+            kwargs[field_name] = codec.decode(raw, f"{op_path}.{field_name}")
+    try:
+        return form.op_type(**kwargs)
+    except (ValueError, TypeError) as err:
+        raise GraphFormatError(f"{op_path}: {err}") from err
+
+
+_NodeFields = tuple[Op, tuple[int, ...], Shape, "str | None", "NodeOrigin | None"]
+
+
+def _decode_node(value: object, index: int, state: _DecodeState) -> _NodeFields:
+    path = f"nodes[{index}]"
+    obj = json_object(value, path)
+    node_id = U32.decode(required(obj, "id", path), f"{path}.id")
+    if node_id != index:
+        # Upstream consumers look nodes up by position and never read this field, so a
+        # mismatch means the producer and its consumers disagree about which node an input
+        # id names. Renumbering would silently pick one reading; refusing makes the
+        # inconsistency visible instead.
+        fail(f"{path}.id", f"node id {node_id} differs from its position {index} in nodes")
+    inputs_path = f"{path}.inputs"
+    raw_inputs = json_array(required(obj, "inputs", path), inputs_path)
+    inputs: list[int] = []
+    for pos, raw in enumerate(raw_inputs):
+        input_id = U32.decode(raw, f"{inputs_path}[{pos}]")
+        if input_id >= index:
+            fail(
+                f"{inputs_path}[{pos}]",
+                f"node {input_id} is not defined before node {index}"
+                " (inputs must name earlier nodes; forward references and cycles are not allowed)",
+            )
+        inputs.append(input_id)
+    shape = _decode_shape(required(obj, "shape", path), f"{path}.shape", state)
+    name = OptionCodec(STR).decode(obj.get("name"), f"{path}.name")
+    assert name is None or isinstance(name, str)
+    origin = _decode_origin(obj.get("origin"), f"{path}.origin")
+    op = _decode_op(required(obj, "op", path), f"{path}.op", shape, state)
+    return op, tuple(inputs), shape, name, origin
+
+
+def _decode_graph(document: object, limits: JsonLimits, new_graph: Callable[[str], GraphT]) -> GraphT:
+    root = "graph"
+    obj = json_object(document, root, "a JSON object at the top level")
+    name = STR.decode(required(obj, "name", root), "name")
+    raw_nodes = json_array(required(obj, "nodes", root), "nodes")
+    raw_outputs = json_array(required(obj, "outputs", root), "outputs")
+    state = _DecodeState(limits)
+    graph = new_graph(name)
+    for index, raw_node in enumerate(raw_nodes):
+        op, inputs, shape, node_name, origin = _decode_node(raw_node, index, state)
+        try:
+            graph.add_node(op, inputs, shape, name=node_name, origin=origin)
+        except GraphError as err:
+            # The GraphError text already names the node id, name and op.
+            raise GraphFormatError(f"nodes[{index}]: {err}") from err
+        except (ValueError, TypeError, IndexError, KeyError, ArithmeticError, AssertionError) as err:
+            # IR validation is meant to raise GraphError only; keep the loader's promise of a
+            # single error type even if a validation rule trips over a hostile value (the
+            # original exception stays attached as the cause).
+            raise GraphFormatError(
+                f"nodes[{index}] ({op.type_name}): validation failed: {type(err).__name__}: {err}"
+            ) from err
+    outputs: list[int] = []
+    for pos, raw in enumerate(raw_outputs):
+        output_id = U32.decode(raw, f"outputs[{pos}]")
+        if output_id >= len(raw_nodes):
+            fail(f"outputs[{pos}]", f"node {output_id} does not exist (the graph has {len(raw_nodes)} nodes)")
+        outputs.append(output_id)
+    graph.set_outputs(outputs)
+    return graph
+
+
+# ============================================================================ entry point
+
+
+def decode_graph(text: str | bytes, new_graph: Callable[[str], GraphT], limits: JsonLimits = DEFAULT_LIMITS) -> GraphT:
+    """Build a graph from upstream RLX's serde JSON (compact or pretty) with `new_graph(name)`.
+
+    Every node goes through the graph's `add_node`, so the IR checks apply. Any defect
+    raises :class:`GraphFormatError` naming the JSON path at fault.
+    """
+    document = _parse_document(text, limits)
+    try:
+        return _decode_graph(document, limits, new_graph)
+    except RecursionError as err:
+        raise GraphFormatError("graph is nested too deeply to process") from err
+    except MemoryError as err:
+        raise GraphFormatError("out of memory while building the graph") from err
+
+
+def decode_graph_file(
+    path: str | os.PathLike[str], new_graph: Callable[[str], GraphT], limits: JsonLimits = DEFAULT_LIMITS
+) -> GraphT:
+    """Load a graph from a JSON file. OS errors (missing file...) propagate unchanged."""
+    file_path = Path(path)
+    size = file_path.stat().st_size
+    if size > limits.max_text_length:
+        raise GraphFormatError(f"{file_path}: file has {size} bytes, more than the limit of {limits.max_text_length}")
+    data = file_path.read_bytes()
+    try:
+        return decode_graph(data, new_graph, limits)
+    except GraphFormatError as err:
+        raise GraphFormatError(f"{file_path}: {err}") from err

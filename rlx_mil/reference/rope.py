@@ -1,0 +1,75 @@
+"""Reference kernel of Rope (NeoX rotate-half)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlx_mil.errors import AttributeValueError, ShapeError
+from rlx_mil.ir.ops import (
+    Rope,
+)
+from rlx_mil.ir.shape import Shape
+from rlx_mil.reference.registry import (
+    as_float,
+    finish,
+    float_operands,
+    reference_kernel,
+)
+
+
+def _rope_table(t: np.ndarray, name: str, half: int, dtype: np.dtype) -> np.ndarray:
+    if t.ndim < 1 or t.size == 0:
+        raise ShapeError(f"{name} must be a [P, head_dim/2] table, got {list(t.shape)}", operand=name)
+    table = as_float(t, dtype).reshape(-1, t.shape[-1])
+    if table.shape[1] < half:
+        raise ShapeError(
+            f"{name} rows hold {table.shape[1]} values but n_rot/2 = {half} are needed", operand=name
+        )
+    return table[:, :half]
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int, n_rot: int) -> np.ndarray:
+    """Rotate-half rotary embedding (spec 8.7); rank 2/3 `[.., S, H*D]`, rank 4 `[B, H, S, D]`."""
+    if head_dim < 1 or n_rot < 0 or n_rot % 2 != 0 or n_rot > head_dim:
+        raise AttributeValueError(f"need 0 <= n_rot <= head_dim with n_rot even, got head_dim={head_dim} n_rot={n_rot}")
+    (v,) = float_operands(x)
+    if v.ndim == 4:
+        if v.shape[3] != head_dim:
+            raise ShapeError(f"rank-4 x must be [B, H, S, {head_dim}], got {list(x.shape)}", operand="x")
+        seq = v.shape[2]
+        heads = v
+    elif v.ndim in (2, 3):
+        if v.shape[-1] % head_dim != 0:
+            raise ShapeError(f"feature width {v.shape[-1]} is not a multiple of head_dim {head_dim}", operand="x")
+        seq = v.shape[-2]
+        heads = v.reshape((*v.shape[:-1], -1, head_dim))
+    else:
+        raise ShapeError(f"x must have rank 2, 3 or 4, got {list(x.shape)}", operand="x")
+    half = n_rot // 2
+    c = _rope_table(cos, "cos", half, v.dtype)
+    s = _rope_table(sin, "sin", half, v.dtype)
+    if c.shape[0] != s.shape[0]:
+        raise ShapeError(f"cos has {c.shape[0]} rows but sin has {s.shape[0]}", operand="sin")
+    rows = c.shape[0]
+    if rows == 1:
+        c, s = np.repeat(c, seq, axis=0), np.repeat(s, seq, axis=0)
+    elif rows < seq:
+        raise ShapeError(f"tables have {rows} rows but the sequence has {seq} positions", operand="cos")
+    else:
+        c, s = c[:seq], s[:seq]
+    if v.ndim == 4:
+        c, s = c[None, None], s[None, None]  # [1, 1, S, h] against [B, H, S, h]
+    else:
+        c, s = c[:, None, :], s[:, None, :]  # [S, 1, h] against [.., S, H, h]
+    result = heads.copy()
+    first, second = heads[..., :half], heads[..., half:n_rot]
+    result[..., :half] = first * c - second * s
+    result[..., half:n_rot] = second * c + first * s
+    return result.reshape(v.shape)
+
+
+@reference_kernel(Rope)
+def _rope(op: Rope, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    return finish(rope(inputs[0], inputs[1], inputs[2], op.head_dim, op.n_rot), out)

@@ -1,0 +1,32 @@
+"""Catalogue cases of the norm op family."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlx_mil.ir.graph import Graph
+
+
+def _norms() -> Graph:
+    g = Graph("norms")
+    x = g.input("x", [2, 3, 8])
+    r = g.input("r", [2, 3, 8])
+    gamma, beta = g.param("gamma", [8]), g.param("beta", [8])
+    a = g.layer_norm(x, gamma, beta)
+    b = g.rms_norm(a, gamma, beta)
+    c = g.fused_residual_ln(b, r, gamma, beta)
+    g.set_outputs([g.fused_residual_rms_norm(c, r, gamma, beta, bias=g.param("bias", [8]), name="y")])
+    return g
+
+
+def _group_norm() -> Graph:
+    g = Graph("group_norm")
+    x = g.input("x", [2, 4, 3, 3])
+    g.set_outputs([g.group_norm(x, g.param("gamma", [4]), g.param("beta", [4]), 2, name="y")])
+    return g
+
+
+CASES: dict[str, Callable[[], Graph]] = {
+    "norms": _norms,
+    "group_norm": _group_norm,
+}
