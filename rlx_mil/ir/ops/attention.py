@@ -1,4 +1,4 @@
-"""Scaled dot-product attention and its gradient, with the mask kinds (spec section 10)."""
+"""Scaled dot-product attention and its gradient, with the mask kinds (spec section 9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fused blocks: SwiGLU, the encoder attention block and the BERT-style layer (spec section 11)."""
+"""Fused blocks: SwiGLU, the encoder attention block and the BERT-style layer (spec section 10)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Quantization: affine Quantize/Dequantize and matmul with block-quantized weights (spec section 7)."""
+"""Quantization: affine Quantize/Dequantize and matmul with block-quantized weights (spec sections 5.4-5.6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reductions along axes: Softmax, Reduce, Cumsum, TopK (spec section 8)."""
+"""Reductions along axes: Softmax, Reduce, Cumsum, TopK (spec section 7)."""
 
 from __future__ import annotations
 

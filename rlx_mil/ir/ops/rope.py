@@ -1,4 +1,4 @@
-"""Rotary position embedding (spec section 9.7)."""
+"""Rotary position embedding (spec section 8.7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Data movement: Reshape, Transpose, Narrow, Concat, Expand, Gather (spec section 9)."""
+"""Data movement: Reshape, Transpose, Narrow, Concat, Expand, Gather (spec section 8)."""
 
 from __future__ import annotations
 
