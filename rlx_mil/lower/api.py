@@ -14,7 +14,7 @@ from typing import Any
 from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lower.context import LowerOptions
-from rlx_mil.lower.kv_cache import LLM_METADATA_KEY, KVCachePlan, plan_kv_cache
+from rlx_mil.lower.kv_cache import LLM_METADATA_KEY, KVCachePlan, bind_cache_lengths, plan_kv_cache
 from rlx_mil.lower.program import LoweredProgram, lower_graph, require_graph
 from rlx_mil.lower.target import Precision, Target
 from rlx_mil.naming import IO_NAMES_METADATA_KEY
@@ -62,9 +62,9 @@ def lower_with_names(
     if dims is not None:
         graph = graph.bind(dims)
     tgt = Target.parse(target)
+    graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
     return lower_graph(
-        graph, params, target=tgt, precision=Precision.parse(precision),
-        options=_options(attention), kv_cache=_kv_plan(graph, kv_cache, max_context, cache_layout, tgt),
+        graph, params, target=tgt, precision=Precision.parse(precision), options=_options(attention), kv_cache=plan,
     )
 
 
@@ -73,12 +73,14 @@ KVCacheOption = str | bool | Mapping[str, str] | None
 
 def _kv_plan(
     graph: Graph, kv_cache: KVCacheOption, max_context: int | None, cache_layout: str, target: Target
-) -> KVCachePlan | None:
+) -> tuple[Graph, KVCachePlan | None]:
+    """The graph to lower (dynamic cache lengths bound) and its stateful plan, if any."""
     if kv_cache is None or kv_cache is False:
         if max_context is not None:
             raise InvalidOptionError("max_context is the capacity of a stateful KV cache; it needs kv_cache=")
-        return None
-    return plan_kv_cache(graph, kv_cache, max_context=max_context, layout=cache_layout, target=target)
+        return graph, None
+    graph = bind_cache_lengths(graph, kv_cache)
+    return graph, plan_kv_cache(graph, kv_cache, max_context=max_context, layout=cache_layout, target=target)
 
 
 def lower(
@@ -139,7 +141,7 @@ def convert(
         raise InvalidOptionError(f"compute_units must be one of {COMPUTE_UNITS}, got {compute_units!r}")
     if dims is not None:
         graph = graph.bind(dims)
-    plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
+    graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
     lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention), kv_cache=plan)
     kwargs: dict[str, Any] = {"pass_pipeline": default_pass_pipeline(prec) if pass_pipeline is None else pass_pipeline}
     try:

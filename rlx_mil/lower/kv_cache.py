@@ -35,7 +35,7 @@ from rlx_mil.errors import ConversionError, GraphError, InvalidOptionError, Unsu
 from rlx_mil.ir.attention_layout import AttentionLayout, attention_geometry
 from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import Attention, Concat, Input, MaskType
-from rlx_mil.ir.shape import Shape
+from rlx_mil.ir.shape import Dynamic, Shape
 from rlx_mil.lower.target import Precision, Target
 from rlx_mil.naming import output_names
 
@@ -227,7 +227,10 @@ def find_cache_pairs(graph: Graph, kv_cache: str | bool | Mapping[str, str]) -> 
         for node in graph:
             if not isinstance(node.op, Input):
                 continue
-            concats = [u for u in users[node.id] if isinstance(graph.node(u).op, Concat)]
+            # A past cache comes first in its Concat; the new rows (which may be Inputs too) second.
+            concats = [
+                u for u in users[node.id] if isinstance(graph.node(u).op, Concat) and graph.node(u).inputs[0] == node.id
+            ]
             feeds_attention = any(
                 isinstance(graph.node(r).op, Attention) for c in concats for r in users[c]
             )
@@ -295,6 +298,27 @@ def _number_layers(graph: Graph, pairs: list[CachePair]) -> list[CachePair]:
                 graph.node(pair.concat_id),
             )
     return sorted(numbered, key=lambda p: (p.layer, p.role))
+
+
+def bind_cache_lengths(graph: Graph, kv_cache: str | bool | Mapping[str, str]) -> Graph:
+    """`graph` with dynamic past / total cache lengths bound (past = 1). Decode graphs in
+    upstream's form may leave the past length dynamic (its PAST_SEQ symbol); it only sizes the
+    past Inputs, their Concats and a key-padding mask, which the state replaces."""
+    if not graph.dynamic_symbols():
+        return graph
+    sizes: dict[int, int] = {}
+    for pair in find_cache_pairs(graph, kv_cache):
+        concat = graph.node(pair.concat_id)
+        assert isinstance(concat.op, Concat)
+        axis = concat.op.axis
+        past = graph.node(pair.input_id).shape.dims[axis]
+        past_size = 1 if isinstance(past, Dynamic) else past.size
+        if isinstance(past, Dynamic):
+            sizes[past.symbol] = 1
+        total = concat.shape.dims[axis]
+        if isinstance(total, Dynamic):
+            sizes[total.symbol] = past_size + pair.new_rows
+    return graph.bind(sizes) if sizes else graph
 
 
 def plan_kv_cache(

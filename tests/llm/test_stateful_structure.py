@@ -138,3 +138,39 @@ def test_neural_engine_unfriendly_dims_are_reported() -> None:
 
     notes = json.loads(model.user_defined_metadata["rlx_mil.llm"])["neural_engine_notes"]
     assert any("max_context=40" in n for n in notes) and any("head_dim=8" in n for n in notes)
+
+
+def _dynamic_past_attention(new: int) -> Graph:
+    """One attention layer in upstream's decode form with the past length left dynamic
+    (PAST_SEQ) and the joined length a second symbol."""
+    from rlx_mil.ir.ops import Concat
+    from rlx_mil.ir.shape import PAST_SEQ, Dynamic, Shape, Static
+
+    g = Graph("dynamic_past")
+    q = g.input("q", [1, 4, new, 8])
+    caches = []
+    for r in "kv":
+        past = g.input(f"past_{r}", [1, 2, Dynamic(PAST_SEQ), 8])
+        rows = g.input(r, [1, 2, new, 8])
+        joined = Shape((Static(1), Static(2), Dynamic(7), Static(8)))
+        caches.append(g.add_node(Concat(2), [past, rows], joined, name=f"new_{r}"))
+    g.set_outputs([g.attention_kind(q, caches[0], caches[1], 4, 8, "causal", name="attn"), *caches])
+    return g
+
+
+def test_dynamic_past_length_needs_no_binding() -> None:
+    from rlx_mil import milexec, reference
+
+    graph = _dynamic_past_attention(2)
+    model = convert_stateful(graph, {}, max_context=16, precision="fp32")
+    rng = np.random.default_rng(0)
+    states: dict[str, np.ndarray] = {}
+    past = {r: np.zeros((1, 2, 0, 8), np.float32) for r in "kv"}
+    for step in range(4):
+        feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in
+                 (("q", (1, 4, 2, 8)), ("k", (1, 2, 2, 8)), ("v", (1, 2, 2, 8)))}
+        got = milexec.run(model, {**feeds, "cache_position": np.array([2 * step], np.int32)}, states=states,
+                          precision_model="float32")
+        want = reference.evaluate(graph, {**feeds, "past_k": past["k"], "past_v": past["v"]})
+        np.testing.assert_allclose(got["attn"], want["attn"], atol=1e-5, rtol=0)
+        past = {r: want[f"new_{r}"] for r in "kv"}
