@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", action="store_true",
                    help="run the package through the NumPy MIL executor and compare with the reference")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output (also off when CI is set)")
+    from rlx_mil.llm_package import add_arguments as add_stateful_arguments
+
+    add_stateful_arguments(p)
 
 
 def build_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -132,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
     from rlx_mil.models.verify import example_inputs, verify_package
     from rlx_mil.package_info import package_info
 
+    if args.stateful:
+        from rlx_mil.llm_package import run_stateful
+
+        return run_stateful(args, convert_kwargs(args))
     progress = Progress(enabled=not (args.quiet or running_under_ci()))
     start = time.perf_counter()
     graph, params, path = convert_checkpoint(
