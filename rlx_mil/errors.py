@@ -126,3 +126,61 @@ class CheckpointError(RlxMilError):
         if self.problems:
             message = message + ":\n  - " + "\n  - ".join(self.problems)
         super().__init__(message)
+
+
+class WeightsFormatError(RlxMilError):
+    """A weights (or array container) file is unreadable, truncated, hostile or inconsistent."""
+
+
+class UnknownTensorError(RlxMilError, KeyError):
+    """A tensor name that a weights file does not hold (also a KeyError, as Mappings raise)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class FileAccessError(RlxMilError, OSError):
+    """A path cannot be read or written as asked: missing, not a regular file (a device, FIFO,
+    directory), no permission, already there, disk full. Subclasses also derive from the
+    matching builtin OSError, so `except FileExistsError` keeps working."""
+
+
+class MissingFileError(FileAccessError, FileNotFoundError):
+    """A file or folder that should exist does not."""
+
+
+class ExistingFileError(FileAccessError, FileExistsError):
+    """The destination exists and replacing it was not asked for."""
+
+
+class NotADirectoryPathError(FileAccessError, NotADirectoryError):
+    """A path component that must be a folder is a file."""
+
+
+class IsADirectoryPathError(FileAccessError, IsADirectoryError):
+    """A path that must be a file is a folder."""
+
+
+class FileAccessPermissionError(FileAccessError, PermissionError):
+    """The operating system refused access to a path."""
+
+
+class SpecialFileError(FileAccessError):
+    """A path names a device, FIFO or socket where a regular file is needed."""
+
+
+_FILE_ERROR_CLASSES: tuple[tuple[type[OSError], type[FileAccessError]], ...] = (
+    (FileNotFoundError, MissingFileError),
+    (FileExistsError, ExistingFileError),
+    (NotADirectoryError, NotADirectoryPathError),
+    (IsADirectoryError, IsADirectoryPathError),
+    (PermissionError, FileAccessPermissionError),
+)
+
+
+def file_access_error(err: OSError, message: str) -> FileAccessError:
+    """The FileAccessError subclass matching builtin `err`, carrying its errno."""
+    cls = next((ours for builtin, ours in _FILE_ERROR_CLASSES if isinstance(err, builtin)), FileAccessError)
+    typed = cls(message)
+    typed.errno = err.errno
+    return typed

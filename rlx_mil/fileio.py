@@ -1,0 +1,76 @@
+"""Opening untrusted input files: regular files only, read through a bounded reader.
+
+`st_size` cannot be trusted for devices (`/dev/zero` reports 0 and never ends) and opening a
+FIFO for reading blocks until a writer appears, so files are opened non-blocking, checked
+with `fstat` on the open descriptor (no race with a path swapped in between), and read with
+a hard byte limit.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+from rlx_mil.errors import (
+    IsADirectoryPathError,
+    MissingFileError,
+    RlxMilError,
+    SpecialFileError,
+    file_access_error,
+)
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def open_regular_file(path: str | os.PathLike[str], what: str = "file") -> tuple[BinaryIO, int]:
+    """Open `path` for reading if it is a regular file; returns (binary file, size in bytes).
+
+    Raises MissingFileError, SpecialFileError (devices, FIFOs, sockets, directories) or another
+    FileAccessError naming `path` and `what` it was meant to be.
+    """
+    p = Path(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(p, flags)
+    except FileNotFoundError as err:
+        raise MissingFileError(f"{p}: no such {what}") from err
+    except OSError as err:
+        raise file_access_error(err, f"{p}: cannot open {what}: {err.strerror or err}") from err
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            if stat.S_ISDIR(info.st_mode):
+                raise IsADirectoryPathError(f"{p}: a directory, not a {what}")
+            raise SpecialFileError(f"{p}: {_kind(info.st_mode)}, not a regular file; a {what} must be a file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), info.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(stream: BinaryIO, limit: int, path: str | os.PathLike[str], error: type[RlxMilError], what: str) -> bytes:
+    """All of `stream`, refusing (typed `error`) once more than `limit` bytes arrive."""
+    data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{path}: {what} is larger than the limit of {limit} bytes")
+    return data
+
+
+def read_regular_file(path: str | os.PathLike[str], limit: int, error: type[RlxMilError], what: str = "file") -> bytes:
+    """The bytes of regular file `path`, at most `limit` of them (else typed `error`)."""
+    stream, size = open_regular_file(path, what)
+    with stream:
+        if size > limit:
+            raise error(f"{path}: {what} has {size} bytes, more than the limit of {limit}")
+        return read_bounded(stream, limit, path, error, what)
