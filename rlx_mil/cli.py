@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import numpy as np
 
 from rlx_mil.errors import RlxMilError
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -139,12 +141,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from rlx_mil.runner import run_package
+    from rlx_mil.weights import open_arrays
 
-    try:
-        with np.load(args.inputs, allow_pickle=False) as archive:
-            inputs = {k: archive[k] for k in archive.files}
-    except (OSError, ValueError) as err:
-        raise RlxMilError(f"{args.inputs}: not a readable .npz ({err})") from None
+    with open_arrays(args.inputs, "inputs file") as archive:
+        inputs = dict(archive.items())
     outputs, engine = run_package(args.package, inputs, engine=args.engine)
     print(f"engine: {engine}")
     for name, value in outputs.items():
@@ -183,21 +183,50 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _os_error_line(err: OSError) -> str:
+    if err.strerror and err.filename is not None:
+        return f"{err.filename}: {err.strerror}"
+    return _one_line(err)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; every failure ends in one `rlx-mil CMD: error: ...` line on stderr.
+
+    Exit codes: 0 success, 1 a rlx_mil error or an OS failure (bad input, missing file, full
+    disk...), 2 a usage error (argparse), 130 interrupted, 70 an internal error: a bug, whose
+    traceback RLX_MIL_TRACEBACK=1 prints. Subcommands set `handler` with `set_defaults` (or
+    appear in the table below) and inherit all of this.
+    """
     parser = _parser()
     args = parser.parse_args(argv)
     handlers: dict[str, Any] = {
         "convert": _convert, "convert-hf": _convert_hf, "inspect": _inspect, "run": _run, "demo": _demo,
         "generate": _generate,
     }
+    handler = getattr(args, "handler", None) or handlers[args.command]
+    where = f"rlx-mil {args.command}"
     try:
-        return int(handlers[args.command](args))
+        return int(handler(args))
     except RlxMilError as err:
-        print(f"rlx-mil {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
-        return EXIT_ERROR
-    except (OSError, ValueError) as err:
-        print(f"rlx-mil {args.command}: error: {err}", file=sys.stderr)
-        return EXIT_ERROR
+        print(f"{where}: error: {_one_line(err)}", file=sys.stderr)
+    except OSError as err:
+        print(f"{where}: error: {_os_error_line(err)}", file=sys.stderr)
+    except MemoryError:
+        print(f"{where}: error: out of memory", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{where}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # a bug: say so in one line, the traceback on request
+        if os.environ.get("RLX_MIL_TRACEBACK"):
+            traceback.print_exc()
+        print(f"{where}: internal error (please report it; RLX_MIL_TRACEBACK=1 shows where):"
+              f" {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
+        return EXIT_INTERNAL
+    return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def graph_from_json(text: str | bytes, *, limits: JsonLimits = DEFAULT_LIMITS) -
 
 
 def graph_from_json_file(path: str | os.PathLike[str], *, limits: JsonLimits = DEFAULT_LIMITS) -> Graph:
-    """Load a graph from a JSON file. OS errors (missing file...) propagate unchanged."""
+    """Load a graph from a JSON file (regular files only, read through a bounded reader)."""
     return decode_graph_file(path, Graph, limits)
 
 

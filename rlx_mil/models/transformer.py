@@ -12,6 +12,7 @@ import numpy as np
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Param
+from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,28 @@ class DecoderConfig:
             )
         if self.head_dim % 2:
             raise InvalidOptionError(f"head_dim = hidden / heads = {self.head_dim} must be even for RoPE")
+        self._check_sizes()
+
+    def _check_sizes(self) -> None:
+        """Every tensor the graph declares (decomposed attention scores included) within the
+        graph tensor limit, and all weights together too: they are allocated up front."""
+        b, s, e, f, h = self.batch, self.seq, self.hidden, self.intermediate, self.heads
+        tensors = {
+            "activations [batch, seq, intermediate]": b * s * f, "attention scores [batch, heads, seq, seq]": b * h * s * s,
+            "weight [hidden, intermediate]": e * f, "weight [hidden, heads * head_dim]": e * e,
+        }
+        for what, count in tensors.items():
+            if count > MAX_TENSOR_ELEMENTS:
+                raise InvalidOptionError(
+                    f"{what} would hold {count} elements, more than the tensor limit of {MAX_TENSOR_ELEMENTS}"
+                )
+        per_layer = 2 * e * e + 2 * e * self.kv_heads * self.head_dim + 3 * e * f + 4 * e
+        total = self.layers * per_layer + s * self.head_dim
+        if total > MAX_TENSOR_ELEMENTS:
+            raise InvalidOptionError(
+                f"{self.layers} layers of hidden {e} need {total} weights, more than the limit of"
+                f" {MAX_TENSOR_ELEMENTS} (all are allocated in memory)"
+            )
 
 
 def rope_tables(seq: int, head_dim: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:

@@ -364,12 +364,12 @@ def decode_graph(text: str | bytes, new_graph: Callable[[str], GraphT], limits: 
 def decode_graph_file(
     path: str | os.PathLike[str], new_graph: Callable[[str], GraphT], limits: JsonLimits = DEFAULT_LIMITS
 ) -> GraphT:
-    """Load a graph from a JSON file. OS errors (missing file...) propagate unchanged."""
+    """Load a graph from a JSON file. A missing file, a device or FIFO (refused before it is
+    read), no permission... raise FileAccessError subclasses (also the matching OSError)."""
+    from rlx_mil.fileio import read_regular_file
+
     file_path = Path(path)
-    size = file_path.stat().st_size
-    if size > limits.max_text_length:
-        raise GraphFormatError(f"{file_path}: file has {size} bytes, more than the limit of {limits.max_text_length}")
-    data = file_path.read_bytes()
+    data = read_regular_file(file_path, limits.max_text_length, GraphFormatError, "graph JSON file")
     try:
         return decode_graph(data, new_graph, limits)
     except GraphFormatError as err:
