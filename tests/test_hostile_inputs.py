@@ -414,6 +414,6 @@ def test_failed_cli_conversion_leaves_no_package(tmp_path: Path, capsys: pytest.
     np.savez(tmp_path / "w.npz", w=np.ones((4, 3), np.int32))
     code = main(["convert", str(tmp_path / "g.json"), "--params", str(tmp_path / "w.npz"), "-o", str(tmp_path / "m.mlpackage")])
     assert code == 1
-    assert "param 'w': dtype int32 where F32 (float) is declared" in capsys.readouterr().err
+    assert "param 'w': has dtype int32 where F32 (float) is declared" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json", "w.npz"]
 

@@ -28,6 +28,7 @@ from rlx_mil.lower.kv_cache import POSITION_INPUT, KVCacheLowering, KVCachePlan
 from rlx_mil.lower.registry import PARAM_LAYOUT_HOOKS, rule_for
 from rlx_mil.lower.target import Precision, Target
 from rlx_mil.naming import input_names, mil_identifiers, output_names
+from rlx_mil.values import numeric_kind, value_problem
 
 
 @dataclass
@@ -131,7 +132,7 @@ def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dic
         except Exception as err:  # any array-like failure is the caller's input problem
             problems.append(f"param {name!r}: not convertible to an array ({err})")
             continue
-        if arr.dtype.kind not in "biufc" and not is_bfloat16(arr.dtype):
+        if numeric_kind(arr.dtype) is None:
             problems.append(f"param {name!r}: {type(params[name]).__name__} value of dtype {arr.dtype} is not a numeric array")
             continue
         want = _static_sizes(node.shape, f"param {name!r}")
@@ -142,14 +143,13 @@ def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dic
             problems.append(f"param {name!r}: shape {arr.shape} does not match the declared {list(want)}")
             continue
         declared = node.shape.dtype
-        if declared.is_float and arr.dtype.kind not in "f" and not is_bfloat16(arr.dtype):
-            problems.append(f"param {name!r}: dtype {arr.dtype} where {declared.value} (float) is declared")
-            continue
-        if (declared.is_int or declared is DType.BOOL) and arr.dtype.kind not in "iub" and arr.dtype != np.float32:
-            problems.append(f"param {name!r}: dtype {arr.dtype} where {declared.value} is declared")
-            continue
-        if declared.is_int and arr.dtype.kind == "f" and not np.array_equal(arr, np.trunc(arr)):
-            problems.append(f"param {name!r}: non-integer values for declared {declared.value}")
+        problem = value_problem(arr, declared)
+        if problem is None and declared in (DType.I64, DType.U32):
+            narrowed = value_problem(arr, DType.I32)
+            if narrowed is not None:
+                problem = f"{narrowed}: Core ML holds {declared.value} tensors as int32"
+        if problem is not None:
+            problems.append(f"param {name!r}: {problem}")
             continue
         arrays[name] = arr
     if problems:

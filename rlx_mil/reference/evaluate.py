@@ -14,6 +14,7 @@ from rlx_mil.ir.ops import DequantMatMul, Input, Param, QuantKind
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Dynamic, Shape, Static
 from rlx_mil.naming import output_names
 from rlx_mil.reference.registry import kernel_for, to_dtype
+from rlx_mil.values import BFLOAT16, value_problem
 
 # Importing the kernel modules registers their kernels.
 from rlx_mil.reference import attention as _attention  # noqa: F401  isort: skip
@@ -30,11 +31,6 @@ from rlx_mil.reference import shape as _shape  # noqa: F401  isort: skip
 
 _SCALARISH = ((), (1,))
 _FOUR_BIT = (QuantKind.INT4_BLOCK, QuantKind.NVFP4_BLOCK)
-_INT_RANGE = {
-    DType.I8: (-(2**7), 2**7 - 1), DType.I16: (-(2**15), 2**15 - 1),
-    DType.I32: (-(2**31), 2**31 - 1), DType.I64: (-(2**63), 2**63 - 1),
-    DType.U8: (0, 2**8 - 1), DType.U32: (0, 2**32 - 1),
-}
 
 
 class _Bindings:
@@ -80,21 +76,11 @@ def _convert(value: Any, dtype: DType) -> tuple[np.ndarray | None, str | None]:
         arr = np.asarray(value)
     except Exception as exc:
         return None, f"cannot be converted to an array ({exc})"
-    if arr.dtype.name == "bfloat16":  # ml_dtypes' bfloat16 (kind 'V') is exact in float32
+    problem = value_problem(arr, dtype)
+    if problem is not None:
+        return None, problem
+    if arr.dtype == BFLOAT16:
         arr = arr.astype(np.float32)
-    if arr.dtype.kind not in "biuf":
-        return None, f"has dtype {arr.dtype}, which does not convert to {dtype.value}"
-    if dtype is DType.C64:
-        return None, "C64 tensors are outside the rlx_mil IR subset"
-    if dtype.is_int and arr.dtype.kind in "iuf" and arr.size:
-        lo, hi = _INT_RANGE[dtype]
-        if arr.dtype.kind == "f":
-            with np.errstate(invalid="ignore"):
-                integral = np.isfinite(arr) & (np.trunc(arr) == arr)
-            if not integral.all():
-                return None, f"holds non-integer values, which do not convert to {dtype.value}"
-        if arr.min() < lo or arr.max() > hi:
-            return None, f"holds values outside the {dtype.value} range [{lo}, {hi}]"
     return to_dtype(arr, dtype).copy(), None
 
 
