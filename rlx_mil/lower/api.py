@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 import sys
-import tempfile
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from rlx_mil.ir.graph import Graph
 from rlx_mil.lower.context import LowerOptions
 from rlx_mil.lower.kv_cache import LLM_METADATA_KEY, KVCachePlan, bind_cache_lengths, plan_kv_cache
 from rlx_mil.lower.program import LoweredProgram, lower_graph, require_graph
+from rlx_mil.lower.saving import save_package
 from rlx_mil.lower.target import Precision, Target
 from rlx_mil.naming import IO_NAMES_METADATA_KEY
 
@@ -168,12 +169,30 @@ def convert(
     from rlx_mil import __version__
 
     meta["rlx_mil.version"] = __version__
+    release_when_collected(model)
     return model
 
 
+def release_when_collected(model: Any) -> None:
+    """Delete the temporary package coremltools wrote for `model` when `model` is garbage
+    collected (coremltools itself deletes them only when the process exits)."""
+    package = getattr(model, "package_path", None)
+    if package and getattr(model, "is_temp_package", False):
+        weakref.finalize(model, shutil.rmtree, package, ignore_errors=True)
+
+
+def release(model: Any) -> None:
+    """Delete `model`'s temporary package now; the model cannot be saved or run afterwards."""
+    package = getattr(model, "package_path", None)
+    if package and getattr(model, "is_temp_package", False):
+        shutil.rmtree(package, ignore_errors=True)
+
+
 def save(model: Any, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
-    """Write `model` to `path` (.mlpackage) atomically: the package is written to a temporary
-    folder beside `path` and renamed into place, so a failure leaves nothing half-written."""
+    """Write `model` to `path` (.mlpackage) atomically: staged beside `path`, synced to disk,
+    then swapped into place, so a failure or crash leaves the old package (or none) and
+    never a half-written one. Errors are typed (FileAccessError subclasses also derive from
+    the matching OSError: `except FileExistsError` works); see `rlx_mil.lower.saving`."""
     if not callable(getattr(model, "save", None)):
         raise InvalidOptionError(f"save takes the MLModel that rlx_mil.convert returns, got {type(model).__name__}")
     if not isinstance(path, (str, os.PathLike)):
@@ -181,17 +200,4 @@ def save(model: Any, path: str | os.PathLike[str], *, overwrite: bool = False) -
     dest = Path(path)
     if dest.suffix != ".mlpackage":
         raise InvalidOptionError(f"a Core ML ML Program is saved as a .mlpackage folder, got {str(dest)!r}")
-    if dest.exists() and not overwrite:
-        raise FileExistsError(f"{dest} exists; pass overwrite=True to replace it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp_root = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        staged = tmp_root / dest.name
-        model.save(str(staged))
-        if dest.exists():
-            old = tmp_root / (dest.name + ".old")
-            os.replace(dest, old)
-        os.replace(staged, dest)
-    finally:
-        shutil.rmtree(tmp_root, ignore_errors=True)
-    return dest
+    return save_package(model, dest, overwrite=overwrite)

@@ -1,0 +1,202 @@
+"""`rlx_mil.save`: typed errors, staging folders of killed saves cleaned by the next save,
+data synced before the swap, coremltools' temporary packages released, and `kill -9` at any
+moment leaving the old or the new package."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import hashlib
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rlx_mil
+from rlx_mil.errors import (
+    ConversionError,
+    ExistingFileError,
+    FileAccessError,
+    NotADirectoryPathError,
+    RlxMilError,
+)
+from rlx_mil.ir.graph import Graph
+from rlx_mil.lower import saving
+
+
+def _graph(width: int = 4) -> Graph:
+    g = Graph("save")
+    x = g.input("x", [2, width])
+    g.set_outputs([g.matmul(x, g.param("w", [width, width]), name="y")])
+    return g
+
+
+def _model(seed: int, width: int = 4) -> Any:
+    w = np.random.default_rng(seed).standard_normal((width, width)).astype(np.float32)
+    return rlx_mil.convert(_graph(width), {"w": w}, precision="fp32")
+
+
+def _digest(package: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in package.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+class _Raising:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def save(self, path: str) -> None:
+        Path(path).mkdir()
+        (Path(path) / "Manifest.json").write_text("{}")
+        raise self.error
+
+
+def test_typed_errors_that_are_also_the_builtin_os_errors(tmp_path: Path) -> None:
+    model = _model(0)
+    dest = rlx_mil.save(model, tmp_path / "m.mlpackage")
+    with pytest.raises(ExistingFileError, match="exists; pass overwrite=True") as exists:
+        rlx_mil.save(model, dest)
+    assert isinstance(exists.value, FileExistsError) and isinstance(exists.value, RlxMilError)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryPathError) as not_dir:
+        rlx_mil.save(model, tmp_path / "file" / "m.mlpackage")
+    assert isinstance(not_dir.value, NotADirectoryError)
+    full = shutil.Error([("a", "b", "[Errno 28] No space left on device")])
+    with pytest.raises(FileAccessError, match="No space left on device"):
+        rlx_mil.save(_Raising(full), tmp_path / "full.mlpackage")
+    with pytest.raises(FileAccessError, match="No space left") as enospc:
+        rlx_mil.save(_Raising(OSError(errno.ENOSPC, "No space left on device")), dest, overwrite=True)
+    assert enospc.value.errno == errno.ENOSPC
+    with pytest.raises(ConversionError, match="coremltools could not write the package: ValueError"):
+        rlx_mil.save(_Raising(ValueError("bad")), dest, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "m.mlpackage"]
+    np.testing.assert_array_equal(rlx_mil.milexec.run(dest, {"x": np.zeros((2, 4), np.float32)})["y"], 0)
+
+
+def _stale(tmp_path: Path, dest: Path, pid: int | None, suffix: str, *, host: str | None = None) -> Path:
+    """A staging folder as a save by `pid` (None: a name that is not ours) leaves it."""
+    prefix = saving.staging_prefix(dest, pid) if pid is not None else saving.staging_prefix(dest)
+    if host is not None:
+        prefix = prefix.replace(saving._host_tag(), host)
+    folder = tmp_path / (prefix + suffix)
+    (folder / dest.name).mkdir(parents=True)
+    (folder / dest.name / "weights.bin").write_bytes(b"\0" * 1000)
+    return folder
+
+
+def _dead_pid() -> int:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def test_next_save_removes_only_provably_ours_and_dead_staging_folders(tmp_path: Path) -> None:
+    dest = tmp_path / "m.mlpackage"
+    dead = _stale(tmp_path, dest, _dead_pid(), "dead")
+    alive = _stale(tmp_path, dest, os.getppid(), "alive")
+    unnamed = _stale(tmp_path, dest, None, "someone_elses")
+    other_host = _stale(tmp_path, dest, _dead_pid(), "remote", host="0badc0de")
+    other_dest = _stale(tmp_path, tmp_path / "n.mlpackage", _dead_pid(), "x")
+    rlx_mil.save(_model(0), dest)
+    assert not dead.exists()
+    assert alive.exists() and unnamed.exists() and other_host.exists() and other_dest.exists()
+
+
+def test_a_crash_between_the_fallback_renames_is_repaired_by_the_next_save(tmp_path: Path) -> None:
+    dest = tmp_path / "m.mlpackage"
+    owner = _dead_pid()
+    folder = _stale(tmp_path, dest, owner, "crashed")
+    (folder / saving.COMPLETE_FILE).write_bytes(b"")
+    saving.remove_stale_staging(dest)
+    assert (dest / "weights.bin").is_file() and not folder.exists()
+    shutil.rmtree(dest)
+    folder = _stale(tmp_path, dest, owner, "crashed_early")
+    os.replace(folder / dest.name, folder / saving.STAGED_OLD)  # old moved aside, new incomplete
+    saving.remove_stale_staging(dest)
+    assert (dest / "weights.bin").is_file() and not folder.exists()
+
+
+def test_package_is_synced_before_it_is_swapped_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dest = tmp_path / "m.mlpackage"
+    model = _model(0)
+    rlx_mil.save(model, dest)
+    events: list[tuple[str, str]] = []
+    real_fsync, real_exchange = os.fsync, saving.exchange
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def exchange(a: Path, b: Path) -> bool:
+        events.append(("swap", str(a)))
+        return real_exchange(a, b)
+
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc to name synced descriptors")
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(saving, "exchange", exchange)
+    rlx_mil.save(model, dest, overwrite=True)
+    swap = next(i for i, (kind, _) in enumerate(events) if kind == "swap")
+    staged = Path(events[swap][1])
+    synced = {Path(path) for kind, path in events[:swap] if kind == "fsync"}
+    # The package now at `dest` is the one that was staged: every file and folder of it synced.
+    assert {staged / p.relative_to(dest) for p in dest.rglob("*")} <= synced
+    assert staged in synced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.mlpackage"]
+
+
+def test_temporary_package_is_deleted_with_the_model() -> None:
+    model = _model(0)
+    package = Path(model.package_path)
+    assert package.is_dir()
+    del model
+    gc.collect()
+    assert not package.exists()
+
+
+@pytest.mark.parametrize("atomic_swap", [True, False], ids=["exchange", "two-renames"])
+def test_kill_9_at_any_point_of_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, atomic_swap: bool) -> None:
+    """Saves killed at moments spread over a whole save: the destination holds the old or the
+    new package (with two renames, after the next save's repair), and after the next save
+    nothing else is left in the folder."""
+    if not hasattr(os, "fork"):
+        pytest.skip("needs os.fork")
+    if not atomic_swap:
+        monkeypatch.setattr(saving, "exchange", lambda a, b: False)
+    old, new = _model(1, 256), _model(2, 256)
+    dest = tmp_path / "m.mlpackage"
+    known = {}
+    for model in (new, old):
+        rlx_mil.save(model, dest, overwrite=True)
+        known[_digest(dest)] = model
+    start = time.perf_counter()
+    rlx_mil.save(old, dest, overwrite=True)
+    duration = time.perf_counter() - start
+    trials = 12
+    for trial in range(trials):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                rlx_mil.save(new if trial % 2 else old, dest, overwrite=True)
+            finally:
+                os._exit(0)
+        time.sleep(duration * 1.5 * trial / trials)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        if atomic_swap:
+            assert _digest(dest) in known, f"trial {trial}: the destination is neither package"
+        else:
+            saving.remove_stale_staging(dest)
+            assert _digest(dest) in known, f"trial {trial}: not repaired to either package"
+    rlx_mil.save(new, dest, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.mlpackage"]
+    assert _digest(dest) in known and known[_digest(dest)] is new
