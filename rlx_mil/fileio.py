@@ -1,4 +1,5 @@
-"""Opening untrusted input files: regular files only, read through a bounded reader.
+"""Reading untrusted input: regular files only, through a bounded reader; JSON nesting
+measured before a recursive parser sees it.
 
 `st_size` cannot be trusted for devices (`/dev/zero` reports 0 and never ends) and opening a
 FIFO for reading blocks until a writer appears, so files are opened non-blocking, checked
@@ -9,9 +10,12 @@ a hard byte limit.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import BinaryIO
+
+import numpy as np
 
 from rlx_mil.errors import (
     IsADirectoryPathError,
@@ -74,3 +78,15 @@ def read_regular_file(path: str | os.PathLike[str], limit: int, error: type[RlxM
         if size > limit:
             raise error(f"{path}: {what} has {size} bytes, more than the limit of {limit}")
         return read_bounded(stream, limit, path, error, what)
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def nesting_depth(text: bytes) -> int:
+    """Deepest `{`/`[` nesting of JSON `text` (strings skipped), without recursing."""
+    codes = np.frombuffer(_JSON_STRING.sub(b'""', text), dtype=np.uint8)
+    if not codes.size:
+        return 0
+    steps = np.isin(codes, (ord("{"), ord("["))).astype(np.int64) - np.isin(codes, (ord("}"), ord("]")))
+    return int(np.cumsum(steps).max())

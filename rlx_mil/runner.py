@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Mapping
@@ -12,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.errors import RlxMilError
-from rlx_mil.naming import IO_NAMES_METADATA_KEY
 
 
 def coreml_available() -> bool:
@@ -28,11 +26,12 @@ def coreml_available() -> bool:
 
 def io_name_maps(model: Any) -> tuple[dict[str, str], dict[str, str]]:
     """(inputs, outputs) maps from model-interface names to IR names, from the metadata."""
-    raw = model.user_defined_metadata.get(IO_NAMES_METADATA_KEY)
-    if not raw:
+    from rlx_mil.milexec.loader import IONames
+
+    names = IONames.from_metadata(dict(model.user_defined_metadata))
+    if names is None:
         return {}, {}
-    data = json.loads(raw)
-    return dict(data.get("inputs", {})), dict(data.get("outputs", {}))
+    return dict(names.inputs), dict(names.outputs)
 
 
 def predict_coreml(model: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -19,6 +19,7 @@ from rlx_mil.errors import MilExecError
 from rlx_mil.milexec.crosscheck import CrossChecker, Tolerance
 from rlx_mil.milexec.loader import IONames, ResolvedSource, resolve_source
 from rlx_mil.milexec.registry import KERNELS, OpContext, declared_dtype, iter_ops
+from rlx_mil.values import BFLOAT16, numeric_kind
 
 if TYPE_CHECKING:
     from coremltools.converters.mil.mil import Block, Operation, Var
@@ -309,18 +310,23 @@ def _bind_inputs(
     feeds: list[tuple[Any, np.ndarray]] = []
     for mil, (key, value) in given.items():
         var = tensor_vars[mil]
-        array, problem = _convert_input(value, var, precision)
+        array, problem = _as_array(value)
         if problem is None and array.ndim == 0 and tuple(var.shape) == (1,):
             # Core ML has no rank-0 inputs: a converted scalar input is a [1] placeholder.
             array = array.reshape(1)
+        # The shape first: a huge feed for a small input is refused before it is cast.
         if problem is None:
             problem = _shape_problem(array.shape, tuple(var.shape), symbols, key)
+        if problem is None:
+            array, problem = _convert_input(array, var, precision)
         if problem is not None:
             problems.append(f"input '{key}': {problem}")
             continue
         feeds.append((var, array))
 
     state_feeds: list[tuple[Any, np.ndarray]] = []
+    if states is not None and not isinstance(states, Mapping):
+        raise MilExecError(f"states must map state names to arrays, got {type(states).__name__}")
     provided = dict(states or {})
     for name, var in state_vars.items():
         dtype = declared_dtype(var) or np.dtype(np.float16)
@@ -331,7 +337,10 @@ def _bind_inputs(
             continue
         shape = tuple(int(d) for d in var.shape)
         if name in provided:
-            array = np.asarray(provided.pop(name))
+            array, problem = _as_array(provided.pop(name))
+            if problem is not None:
+                problems.append(f"state '{name}': {problem}")
+                continue
             if array.shape != shape:
                 problems.append(f"state '{name}': shape {array.shape}, expected {shape}")
                 continue
@@ -347,18 +356,25 @@ def _bind_inputs(
     return feeds, state_feeds
 
 
-def _convert_input(value: Any, var: Any, precision: str) -> tuple[np.ndarray, str | None]:
-    dtype = declared_dtype(var)
+def _as_array(value: Any) -> tuple[np.ndarray, str | None]:
+    """`value` as an array without copying an ndarray, refusing non-numeric ones."""
     try:
         array = np.asarray(value)
     except Exception as exc:
         return np.zeros(()), f"cannot be read as an array ({exc})"
+    if numeric_kind(array.dtype) is None:
+        return array, f"dtype {array.dtype} is not numeric"
+    return array, None
+
+
+def _convert_input(array: np.ndarray, var: Any, precision: str) -> tuple[np.ndarray, str | None]:
+    """A numeric feed of the right shape cast to its placeholder's dtype (range-checked)."""
+    dtype = declared_dtype(var)
     if dtype is None:
         return array, f"placeholder has unsupported type {var.sym_type}"
-    if array.dtype.kind not in "biuf":
-        return array, f"dtype {array.dtype} is not numeric"
     if dtype.kind in "iu":
-        if array.dtype.kind == "f":
+        if numeric_kind(array.dtype) == "f":
+            array = array.astype(np.float64) if array.dtype == BFLOAT16 else array
             if not np.all(np.isfinite(array)) or not np.array_equal(array, np.round(array)):
                 return array, f"holds non-integer values but the model input is {dtype}"
         info = np.iinfo(dtype)

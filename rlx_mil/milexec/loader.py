@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.errors import MilExecError
+from rlx_mil.fileio import nesting_depth
 from rlx_mil.milexec.registry import iter_ops
 from rlx_mil.naming import IO_NAMES_METADATA_KEY
 
@@ -29,9 +30,15 @@ class IONames:
         text = metadata.get(IO_NAMES_METADATA_KEY)
         if text is None:
             return None
+        if not isinstance(text, str):
+            raise MilExecError(f"model metadata '{IO_NAMES_METADATA_KEY}' must be a JSON string, got {type(text).__name__}")
+        # {"inputs": {name: name}, "outputs": {...}} nests two levels; refuse deeper before parsing.
+        depth = nesting_depth(text.encode("utf-8", "surrogatepass"))
+        if depth > 2:
+            raise MilExecError(f"model metadata '{IO_NAMES_METADATA_KEY}' nests {depth} levels deep, expected 2")
         try:
             raw = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:
             raise MilExecError(f"model metadata '{IO_NAMES_METADATA_KEY}' is not valid JSON: {exc}") from exc
         return cls.from_mapping(raw)
 

@@ -14,7 +14,7 @@ from rlx_mil.ir.ops import DequantMatMul, Input, Param, QuantKind
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Dynamic, Shape, Static
 from rlx_mil.naming import output_names
 from rlx_mil.reference.registry import kernel_for, to_dtype
-from rlx_mil.values import BFLOAT16, value_problem
+from rlx_mil.values import BFLOAT16, numeric_kind, value_problem
 
 # Importing the kernel modules registers their kernels.
 from rlx_mil.reference import attention as _attention  # noqa: F401  isort: skip
@@ -155,15 +155,24 @@ def _bind_feeds(
                 else:
                     feeds.update((node.id, packed) for node in same_name)
                 continue
-            arr, why = _convert(given[name], declared.dtype)
+            try:
+                raw = np.asarray(given[name])
+            except Exception as exc:
+                problems.append(f"{label} '{name}' cannot be converted to an array ({exc})")
+                continue
+            # Shapes first: a huge value for a small tensor is refused before it is converted.
+            found = [] if numeric_kind(raw.dtype) is None else [  # a non-numeric value: say that instead
+                problem for node in same_name for problem in bindings.match(node.shape, raw.shape, f"{label} '{name}'")
+            ]
+            if found:
+                problems.extend(found)
+                continue
+            arr, why = _convert(raw, declared.dtype)
             if arr is None:
                 problems.append(f"{label} '{name}' {why}")
                 continue
             for node in same_name:
-                found = bindings.match(node.shape, arr.shape, f"{label} '{name}'")
-                problems.extend(found)
-                if not found:
-                    feeds[node.id] = arr.reshape(arr.shape if arr.ndim == node.shape.rank else (1,) * node.shape.rank)
+                feeds[node.id] = arr.reshape(arr.shape if arr.ndim == node.shape.rank else (1,) * node.shape.rank)
     if problems:
         raise EvaluationError("cannot evaluate the graph with these inputs/params", problems)
     return feeds, bindings

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 import tempfile
 from collections.abc import Mapping
@@ -23,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from rlx_mil.errors import FileAccessError, WeightsFormatError, file_access_error
-from rlx_mil.fileio import open_regular_file
+from rlx_mil.fileio import nesting_depth, open_regular_file
 from rlx_mil.weights.base import LazyTensors, TensorHeader, check_shape, is_int, short_repr
 
 #: safetensors' own limit on the JSON header.
@@ -39,7 +38,6 @@ _DTYPES: dict[str, np.dtype[Any]] = {
 }
 _NAMES: dict[np.dtype[Any], str] = {dtype.newbyteorder("="): name for name, dtype in _DTYPES.items()}
 _ENTRY_KEYS = ("dtype", "shape", "data_offsets")
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
 
 class _DuplicateKey(Exception):
@@ -57,15 +55,6 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a number safetensors headers may hold")
-
-
-def nesting_depth(text: bytes) -> int:
-    """Deepest `{`/`[` nesting of JSON `text` (strings skipped), without recursing."""
-    codes = np.frombuffer(_JSON_STRING.sub(b'""', text), dtype=np.uint8)
-    if not codes.size:
-        return 0
-    steps = np.isin(codes, (ord("{"), ord("["))).astype(np.int64) - np.isin(codes, (ord("}"), ord("]")))
-    return int(np.cumsum(steps).max())
 
 
 def parse_header(path: Path, raw: bytes) -> dict[str, Any]:
