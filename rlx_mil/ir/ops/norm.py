@@ -1,14 +1,17 @@
-"""Normalisation: LayerNorm, RmsNorm, GroupNorm and the fused residual norms (spec section 6)."""
+"""Normalisation: LayerNorm, RmsNorm, GroupNorm and the fused residual norms (spec section 6);
+BatchNormInference, LayerNorm2d, AdaLayerNorm and its companion GatedResidual (part-2 spec
+section 5; upstream keeps them with the norms)."""
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from rlx_mil.errors import AttributeValueError, ShapeError
-from rlx_mil.ir.builder import BuilderBase
+from rlx_mil.ir.builder import BuilderBase, lookup
 from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import Op, fix_f32
 from rlx_mil.ir.serde.codecs import (
@@ -16,14 +19,18 @@ from rlx_mil.ir.serde.codecs import (
     F32,
     I32,
     USIZE,
+    EnumCodec,
     struct_form,
+    unit_form,
 )
 from rlx_mil.ir.shape import Dim, Shape
 from rlx_mil.ir.shape_checks import (
     declared_or,
+    dims_text,
     fits_into,
     leading_flattened,
     require_dims,
+    require_float,
     require_int,
     require_rank,
     size_of,
@@ -105,6 +112,80 @@ class FusedResidualRmsNorm(FusedResidualNormOp):
     type_name: ClassVar[str] = "FusedResidualRmsNorm"
 
 
+@dataclass(frozen=True)
+class BatchNormInference(Op):
+    """`(x - mean) / sqrt(var + eps) * gamma + beta` with running statistics; the channel is
+    the LAST axis of x (upstream's rule, not PyTorch's axis 1; part-2 spec 9 Q29)."""
+
+    type_name: ClassVar[str] = "BatchNormInference"
+    eps: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fix_f32(self, "eps")
+
+    def arity(self) -> int | None:
+        return 5
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("x", "gamma", "beta", "running_mean", "running_var")
+
+
+@dataclass(frozen=True)
+class LayerNorm2d(Op):
+    """LayerNorm across the channels of `[N, C, H, W]` at every spatial position (SAM)."""
+
+    type_name: ClassVar[str] = "LayerNorm2d"
+    eps: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fix_f32(self, "eps")
+
+    def arity(self) -> int | None:
+        return 3
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("x", "gamma", "beta")
+
+
+class AdaNormKind(enum.Enum):
+    LAYER_NORM = "LayerNorm"
+    RMS_NORM = "RmsNorm"
+
+
+@dataclass(frozen=True)
+class AdaLayerNorm(Op):
+    """`norm(x) * (1 + scale) + shift` over the last axis, the norm without affine (DiT)."""
+
+    type_name: ClassVar[str] = "AdaLayerNorm"
+    norm: AdaNormKind
+    eps: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fix_f32(self, "eps")
+
+    def arity(self) -> int | None:
+        return 3
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("x", "scale", "shift")
+
+
+@dataclass(frozen=True)
+class GatedResidual(Op):
+    """`x + gate * y` (adaLN-Zero's gated residual); y has x's shape, gate broadcasts to it."""
+
+    type_name: ClassVar[str] = "GatedResidual"
+
+    def arity(self) -> int | None:
+        return 3
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("x", "y", "gate")
+
+
 # -------------------------------------------------------------------------------- shape rules
 
 
@@ -180,6 +261,68 @@ def _fused_residual_rms(op: FusedResidualRmsNorm, ins: Sequence[Shape], declared
     return _fused_residual_norm(op, ins)
 
 
+def _check_eps(eps: float) -> None:
+    if not math.isfinite(eps) or eps < 0:
+        raise AttributeValueError(f"eps must be finite and >= 0, got {eps}")
+
+
+@shape_rule(BatchNormInference)
+def _batch_norm_inference(op: BatchNormInference, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x = ins[0]
+    require_rank(x, "x", minimum=1)
+    require_float(x, "x", "BatchNormInference")
+    _check_eps(op.eps)
+    for shape, operand in zip(ins[1:], ("gamma", "beta", "running_mean", "running_var"), strict=True):
+        require_dims(shape, (x.dims[-1],), operand, "[C] (C = the last axis of x) =")
+        require_float(shape, operand, "BatchNormInference")
+    return x
+
+
+@shape_rule(LayerNorm2d)
+def _layer_norm_2d(op: LayerNorm2d, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x, gamma, beta = ins
+    require_rank(x, "x", exact=(4,))
+    require_float(x, "x", "LayerNorm2d")
+    _check_eps(op.eps)
+    _check_affine_channels(gamma, x, "gamma")
+    _check_affine_channels(beta, x, "beta")
+    return x
+
+
+def _check_affine_channels(param: Shape, x: Shape, operand: str) -> None:
+    require_dims(param, (x.dims[1],), operand, "[C] =")
+    require_float(param, operand, "LayerNorm2d")
+
+
+@shape_rule(AdaLayerNorm)
+def _ada_layer_norm(op: AdaLayerNorm, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x, scale, shift = ins
+    require_rank(x, "x", minimum=1)
+    require_float(x, "x", "AdaLayerNorm")
+    if not isinstance(op.norm, AdaNormKind):
+        raise AttributeValueError(f"norm must be an AdaNormKind, got {op.norm!r}")
+    _check_eps(op.eps)
+    for shape, operand in ((scale, "scale"), (shift, "shift")):
+        require_float(shape, operand, "AdaLayerNorm")
+        if not fits_into(shape.dims, x.dims):
+            raise ShapeError(
+                f"{operand} {shape} must broadcast to x {dims_text(x.dims)} without changing it", operand=operand
+            )
+    return x
+
+
+@shape_rule(GatedResidual)
+def _gated_residual(op: GatedResidual, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x, y, gate = ins
+    require_float(x, "x", "GatedResidual")
+    require_dims(y, x.dims, "y", "x's shape")
+    require_float(y, "y", "GatedResidual")
+    require_float(gate, "gate", "GatedResidual")
+    if not fits_into(gate.dims, x.dims):
+        raise ShapeError(f"gate {gate} must broadcast to x {dims_text(x.dims)} without changing it", operand="gate")
+    return x
+
+
 # -------------------------------------------------------------------------------- builder
 
 
@@ -233,8 +376,53 @@ class NormBuilder(BuilderBase):
         return self.add_node(FusedResidualRmsNorm(bias is not None, eps), inputs, name=name)
 
 
+    def batch_norm_inference(
+        self,
+        x: int,
+        gamma: int,
+        beta: int,
+        running_mean: int,
+        running_var: int,
+        eps: float = 1e-5,
+        *,
+        name: str | None = None,
+    ) -> int:
+        """Inference BatchNorm over the LAST axis of x (stats `[C]`, C = x's last dim)."""
+        return self.add_node(BatchNormInference(eps), [x, gamma, beta, running_mean, running_var], name=name)
+
+    def layer_norm_2d(self, x: int, gamma: int, beta: int, eps: float = 1e-6, *, name: str | None = None) -> int:
+        """LayerNorm over the channel axis of `[N, C, H, W]` at every spatial position."""
+        return self.add_node(LayerNorm2d(eps), [x, gamma, beta], name=name)
+
+    def ada_layer_norm(
+        self,
+        x: int,
+        scale: int,
+        shift: int,
+        norm: AdaNormKind | str = AdaNormKind.LAYER_NORM,
+        eps: float = 1e-6,
+        *,
+        name: str | None = None,
+    ) -> int:
+        """`norm(x) * (1 + scale) + shift`; `norm` is "layer_norm" / "rms_norm" (or the enum)."""
+        kind = lookup(norm, AdaNormKind, _ADA_NORM_ALIASES)
+        if kind is None:
+            raise self._fail(AttributeValueError, f"unknown AdaLayerNorm norm {norm!r}", "AdaLayerNorm", name)
+        return self.add_node(AdaLayerNorm(kind, eps), [x, scale, shift], name=name)
+
+    def gated_residual(self, x: int, y: int, gate: int, *, name: str | None = None) -> int:
+        """`x + gate * y`."""
+        return self.add_node(GatedResidual(), [x, y, gate], name=name)
+
+
+_ADA_NORM_ALIASES = {"layernorm": AdaNormKind.LAYER_NORM, "ln": AdaNormKind.LAYER_NORM,
+                     "rmsnorm": AdaNormKind.RMS_NORM, "rms": AdaNormKind.RMS_NORM}
+
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (LayerNorm, RmsNorm, GroupNorm, FusedResidualLN, FusedResidualRmsNorm,)
+OPS: tuple[type[Op], ...] = (
+    LayerNorm, RmsNorm, GroupNorm, FusedResidualLN, FusedResidualRmsNorm,
+    BatchNormInference, LayerNorm2d, AdaLayerNorm, GatedResidual,
+)
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (
@@ -243,4 +431,11 @@ JSON_FORMS = (
     struct_form(GroupNorm, ("num_groups", USIZE), ("eps", F32)),
     struct_form(FusedResidualLN, ("has_bias", BOOL), ("eps", F32)),
     struct_form(FusedResidualRmsNorm, ("has_bias", BOOL), ("eps", F32)),
+    # Newest upstream only (absent from 0.2.2).
+    struct_form(BatchNormInference, ("eps", F32)),
+    # In 0.2.2 and newest with the same fields.
+    struct_form(LayerNorm2d, ("eps", F32)),
+    # Newest upstream only.
+    struct_form(AdaLayerNorm, ("norm", EnumCodec(AdaNormKind, "AdaNormKind")), ("eps", F32)),
+    unit_form(GatedResidual),  # newest only
 )

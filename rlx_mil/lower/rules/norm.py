@@ -118,13 +118,13 @@ def _apply_affine(ctx: LowerContext, y: Any, gamma_index: int, beta_index: int, 
     return y
 
 
-def _fp16_scaled(ctx: LowerContext, x: Any, eps: float) -> tuple[Any, Any]:
-    """(x / s, (sqrt(eps) / s)^2) with s the clamped per-row max|x| over the last axis."""
+def _fp16_scaled(ctx: LowerContext, x: Any, eps: float, axis: int = -1) -> tuple[Any, Any]:
+    """(x / s, (sqrt(eps) / s)^2) with s the clamped per-row max|x| over `axis`."""
     from coremltools.converters.mil import Builder as mb
 
     sqrt_eps = math.sqrt(eps)
     floor = max(FP16_MIN_NORMAL, sqrt_eps / 128.0)
-    peak = mb.reduce_max(x=mb.abs(x=x, name=ctx.name("abs")), axes=[-1], keep_dims=True, name=ctx.name("peak"))
+    peak = mb.reduce_max(x=mb.abs(x=x, name=ctx.name("abs")), axes=[axis], keep_dims=True, name=ctx.name("peak"))
     scale = mb.maximum(x=peak, y=ctx.scalar(floor), name=ctx.name("row_scale"))
     scaled = mb.real_div(x=x, y=scale, name=ctx.name("scaled"))
     root_eps = mb.real_div(x=ctx.scalar(sqrt_eps), y=scale, name=ctx.name("root_eps"))
@@ -132,23 +132,24 @@ def _fp16_scaled(ctx: LowerContext, x: Any, eps: float) -> tuple[Any, Any]:
     return scaled, eps_term
 
 
-def normalize_last_axis(ctx: LowerContext, x: Any, eps: float, *, center: bool) -> Any:
-    """x normalised over its last axis, no affine: LayerNorm's `(x-mean)/sqrt(var+eps)` when
-    `center`, else RmsNorm's `x/sqrt(mean(x^2)+eps)`. fp16-safe under fp16 precision."""
+def normalize_last_axis(ctx: LowerContext, x: Any, eps: float, *, center: bool, axis: int = -1) -> Any:
+    """x normalised over its last axis (or `axis`), no affine: LayerNorm's
+    `(x-mean)/sqrt(var+eps)` when `center`, else RmsNorm's `x/sqrt(mean(x^2)+eps)`. fp16-safe
+    under fp16 precision."""
     from coremltools.converters.mil import Builder as mb
 
     if ctx.precision is Precision.FP32:
         if center:
-            return mb.layer_norm(x=x, axes=[-1], epsilon=ctx.scalar(eps), name=ctx.name("normed"))
-        mean_sq = mb.reduce_mean(x=mb.square(x=x, name=ctx.name("sq")), axes=[-1], keep_dims=True, name=ctx.name("mean_sq"))
+            return mb.layer_norm(x=x, axes=[axis], epsilon=ctx.scalar(eps), name=ctx.name("normed"))
+        mean_sq = mb.reduce_mean(x=mb.square(x=x, name=ctx.name("sq")), axes=[axis], keep_dims=True, name=ctx.name("mean_sq"))
         inv_rms = mb.rsqrt(x=mean_sq, epsilon=ctx.scalar(eps), name=ctx.name("inv_rms"))
         return mb.mul(x=x, y=inv_rms, name=ctx.name("normed"))
 
-    scaled, eps_term = _fp16_scaled(ctx, x, eps)
+    scaled, eps_term = _fp16_scaled(ctx, x, eps, axis)
     if center:
-        mean = mb.reduce_mean(x=scaled, axes=[-1], keep_dims=True, name=ctx.name("mean"))
+        mean = mb.reduce_mean(x=scaled, axes=[axis], keep_dims=True, name=ctx.name("mean"))
         scaled = mb.sub(x=scaled, y=mean, name=ctx.name("centred"))
-    mean_sq = mb.reduce_mean(x=mb.square(x=scaled, name=ctx.name("sq")), axes=[-1], keep_dims=True, name=ctx.name("mean_sq"))
+    mean_sq = mb.reduce_mean(x=mb.square(x=scaled, name=ctx.name("sq")), axes=[axis], keep_dims=True, name=ctx.name("mean_sq"))
     denom = mb.add(x=mean_sq, y=eps_term, name=ctx.name("var_eps"))
     inv = mb.rsqrt(x=denom, epsilon=ctx.scalar(FP16_RSQRT_GUARD), name=ctx.name("inv_std"))
     return mb.mul(x=scaled, y=inv, name=ctx.name("normed"))
@@ -312,3 +313,130 @@ def lower_fused_residual_rms_norm(op: ops.FusedResidualRmsNorm, ctx: LowerContex
     length = _check_row_norm(ctx, None, op.eps, flattened_ok=True)
     total = _residual_sum(ctx, op.has_bias)
     return _to_declared(ctx, _rms_norm_affine(ctx, total, op.eps, ctx.num_inputs - 2, ctx.num_inputs - 1, length))
+
+
+# ---------------------------------------------------------------------------------- part-2 spec section 5
+
+
+def _float_operand(ctx: LowerContext, index: int, operand: str, shape: list[int] | None = None) -> Any:
+    """Input `index` as an inline const (known at conversion, reshaped to `shape`) or its var."""
+    from coremltools.converters.mil import Builder as mb
+
+    require_float(ctx, index, operand)
+    value = ctx.value(index)
+    if value is not None:
+        arr = np.asarray(value, dtype=np.float32)
+        return (arr.reshape(shape) if shape is not None else arr).astype(ctx.float_dtype)
+    var = ctx.var(index)
+    if shape is not None and list(var.shape) != shape:
+        var = mb.reshape(x=var, shape=shape, name=ctx.name(f"{operand}_shape"))
+    return var
+
+
+@lowering(
+    ops.BatchNormInference, family="norm",
+    notes="channel = last axis (upstream's rule, not axis 1, so MIL `batch_norm` does not apply):"
+    " with Param/Constant statistics the scale gamma/sqrt(var+eps) is folded at conversion (in fp32)"
+    " and the rule emits `sub` mean, `mul` scale, `add` beta; run-time statistics add `rsqrt(epsilon)`"
+    " and a `mul` by gamma. Subtracting the mean first keeps fp16 free of cancellation",
+)
+def lower_batch_norm_inference(op: ops.BatchNormInference, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    require_float(ctx, 0, "x")
+    sizes = input_sizes(ctx, 0)
+    if not sizes:
+        raise node_error(ctx, ShapeError, "x must have rank >= 1 (its last axis is the channel)", "x")
+    _check_eps(ctx, op.eps)
+    channels = sizes[-1]
+    roles = ("gamma", "beta", "running_mean", "running_var")
+    for index, operand in enumerate(roles, start=1):
+        _check_vector(ctx, index, channels, operand)
+    _check_matches_declared(ctx, sizes, flattened_ok=False)
+    gamma, var = ctx.value(1), ctx.value(4)
+    centred = mb.sub(x=ctx.var(0), y=_float_operand(ctx, 3, "running_mean", [channels]), name=ctx.name("centred"))
+    if gamma is not None and var is not None:
+        g = np.asarray(gamma, dtype=np.float32).reshape(channels)
+        v = np.asarray(var, dtype=np.float32).reshape(channels)
+        with np.errstate(all="ignore"):
+            scale = (g / np.sqrt(v + np.float32(op.eps))).astype(ctx.float_dtype)
+        scaled = mb.mul(x=centred, y=scale, name=ctx.name("scaled"))
+    else:
+        inv_std = mb.rsqrt(x=_float_operand(ctx, 4, "running_var", [channels]), epsilon=ctx.scalar(op.eps),
+                           name=ctx.name("inv_std"))
+        normed = mb.mul(x=centred, y=inv_std, name=ctx.name("normed"))
+        scaled = mb.mul(x=normed, y=_float_operand(ctx, 1, "gamma", [channels]), name=ctx.name("scaled"))
+    return mb.add(x=scaled, y=_float_operand(ctx, 2, "beta", [channels]), name=ctx.name())
+
+
+@lowering(
+    ops.LayerNorm2d, family="norm",
+    notes="fp32: `layer_norm` with axes=[1] (two-pass population variance, as the reference); fp16:"
+    " the overflow-safe scaled decomposition along axis 1; gamma/beta as [1, C, 1, 1] `mul`/`add`"
+    " (left out when ones/zeros); x is [N, C, H, W]",
+)
+def lower_layer_norm_2d(op: ops.LayerNorm2d, ctx: LowerContext) -> Any:
+    require_float(ctx, 0, "x")
+    sizes = input_sizes(ctx, 0)
+    if len(sizes) != 4:
+        raise node_error(ctx, ShapeError, f"x must be [N, C, H, W], got {list(sizes)}", "x")
+    _check_eps(ctx, op.eps)
+    channels = sizes[1]
+    _check_vector(ctx, 1, channels, "gamma")
+    _check_vector(ctx, 2, channels, "beta")
+    _check_matches_declared(ctx, sizes, flattened_ok=False)
+    normed = normalize_last_axis(ctx, ctx.var(0), op.eps, center=True, axis=1)
+    return _apply_affine(ctx, normed, 1, 2, channels, [1, channels, 1, 1])
+
+
+def _check_broadcasts_to(ctx: LowerContext, index: int, target: tuple[int, ...], operand: str) -> None:
+    sizes = input_sizes(ctx, index)
+    try:
+        fits = tuple(np.broadcast_shapes(target, sizes)) == target
+    except ValueError:
+        fits = False
+    if not fits:
+        raise node_error(ctx, ShapeError, f"{operand} {list(sizes)} must broadcast to x {list(target)}", operand)
+
+
+@lowering(
+    ops.AdaLayerNorm, family="norm",
+    notes="the norm without affine as LayerNorm/RmsNorm lower it (fp32 `layer_norm` or"
+    " `square`/`reduce_mean`/`rsqrt`; fp16 the scaled decomposition), then `mul` by 1 + scale (`add`,"
+    " folded when scale is known) and `add` shift; scale/shift broadcast NumPy-style",
+)
+def lower_ada_layer_norm(op: ops.AdaLayerNorm, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    require_float(ctx, 0, "x")
+    sizes = input_sizes(ctx, 0)
+    if not sizes:
+        raise node_error(ctx, ShapeError, "x must have rank >= 1 (normalised over its last axis)", "x")
+    _check_eps(ctx, op.eps)
+    _check_broadcasts_to(ctx, 1, sizes, "scale")
+    _check_broadcasts_to(ctx, 2, sizes, "shift")
+    _check_matches_declared(ctx, sizes, flattened_ok=False)
+    normed = normalize_last_axis(ctx, ctx.var(0), op.eps, center=op.norm is ops.AdaNormKind.LAYER_NORM)
+    scale = ctx.value(1)
+    if scale is not None:
+        factor: Any = (np.float32(1) + np.asarray(scale, dtype=np.float32)).astype(ctx.float_dtype)
+    else:
+        factor = mb.add(x=_float_operand(ctx, 1, "scale"), y=ctx.scalar(1.0), name=ctx.name("one_plus_scale"))
+    modulated = mb.mul(x=normed, y=factor, name=ctx.name("modulated"))
+    return mb.add(x=modulated, y=_float_operand(ctx, 2, "shift"), name=ctx.name())
+
+
+@lowering(
+    ops.GatedResidual, family="norm",
+    notes="`mul` gate * y, `add` x; gate broadcasts NumPy-style",
+)
+def lower_gated_residual(op: ops.GatedResidual, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    require_float(ctx, 0, "x")
+    sizes = input_sizes(ctx, 0)
+    if input_sizes(ctx, 1) != sizes:
+        raise node_error(ctx, ShapeError, f"y {list(input_sizes(ctx, 1))} must have x's shape {list(sizes)}", "y")
+    _check_broadcasts_to(ctx, 2, sizes, "gate")
+    gated = mb.mul(x=_float_operand(ctx, 2, "gate"), y=_float_operand(ctx, 1, "y"), name=ctx.name("gated"))
+    return mb.add(x=ctx.var(0), y=gated, name=ctx.name())
