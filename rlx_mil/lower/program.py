@@ -148,7 +148,7 @@ def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dic
             narrowed = value_problem(arr, DType.I32)
             if narrowed is not None:
                 problem = f"{narrowed}: Core ML holds {declared.value} tensors as int32"
-        if problem is not None:
+        if problem is not None and not _alternative_layout(graph, node, arr):
             problems.append(f"param {name!r}: {problem}")
             continue
         arrays[name] = arr

@@ -306,7 +306,7 @@ def test_int8_codes_outside_int8_are_param_errors() -> None:
     rng = np.random.default_rng(0)
     scheme, params, _ = int_block_case(QuantKind.INT8_BLOCK, 4, 3, 2, rng)
     g = matmul_graph(scheme, 1, 4, 3, (4, 3), "i8", (2, 3), (2, 3))
-    with pytest.raises(ParamError, match=r"codes outside \[-128, 127\]"):
+    with pytest.raises(ParamError, match=r"param 'w': holds values outside the I8 range \[-128, 127\]"):
         rlx_mil.lower(g, {**params, "w": np.full((4, 3), 300, np.int32)}, target="iOS16")
 
 

@@ -99,7 +99,8 @@ def _packed_code_consumers(graph: Graph, node: Node) -> list[Node]:
 
 def accepts_packed_nibbles(graph: Graph, node: Node, array: np.ndarray) -> bool:
     """True when `array` is the packed form (ceil(K*N/2) bytes) of a Param that only feeds
-    4-bit-code DequantMatMul weights; such a Param is declared with its logical [K, N] shape."""
+    4-bit-code DequantMatMul weights; such a Param is declared with its logical [K, N] shape,
+    or with the packed shape itself, its I8 values then being bytes (0..255 as uint8)."""
     users = _packed_code_consumers(graph, node)
     if not users or array.dtype.kind not in "iu":
         return False
@@ -108,7 +109,8 @@ def accepts_packed_nibbles(graph: Graph, node: Node, array: np.ndarray) -> bool:
     except ValueError:
         return False
     count = int(np.prod(logical, dtype=np.int64))
-    return array.size == (count + 1) // 2 and bool(np.all((array >= -128) & (array <= 255)))
+    packed = array.size == (count + 1) // 2 or array.shape == logical
+    return packed and bool(np.all((array >= -128) & (array <= 255)))
 
 
 if accepts_packed_nibbles not in PARAM_LAYOUT_HOOKS:
