@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import (
     Attention,
     AttentionBackward,
     DequantMatMul,
     Gather,
+    GatherElements,
+    GatherNd,
     Input,
     MatMul,
     Param,
     QuantKind,
     Rope,
+    ScatterAdd,
+    ScatterElements,
+    ScatterNd,
 )
 
 
@@ -51,6 +56,8 @@ def leaf_values(graph: Graph, seed: int = 0) -> tuple[dict[str, np.ndarray], dic
             elif isinstance(user.op, Gather) and pos == 1:
                 table = graph.node(user.inputs[0]).shape.sizes()
                 value = rng.integers(0, table[user.op.axis], size=shape).astype(np.float32)
+            elif isinstance(user.op, (ScatterAdd, ScatterNd, ScatterElements, GatherNd, GatherElements)) and pos == 1:
+                value = _valid_indices(graph, user, shape, rng)
             elif isinstance(user.op, Rope) and pos in (1, 2):
                 positions = np.arange(shape[0])[:, None]
                 freq = 10000.0 ** (-np.arange(shape[1]) / shape[1])
@@ -75,3 +82,18 @@ def leaf_values(graph: Graph, seed: int = 0) -> tuple[dict[str, np.ndarray], dic
             value = value.astype(dtype)
         (inputs if isinstance(node.op, Input) else params)[node.op.name] = value
     return inputs, params
+
+
+def _valid_indices(graph: Graph, user: Node, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """In-range indices for a scatter/gather node (non-negative, so valid for every op)."""
+    op = user.op
+    if isinstance(op, ScatterAdd):
+        limits: int | np.ndarray = user.shape.sizes()[op.axis]
+    elif isinstance(op, (ScatterNd, GatherNd)):
+        data = graph.node(user.inputs[0]).shape.sizes()
+        skip = max(op.batch_dims, 0) if isinstance(op, GatherNd) else 0
+        limits = np.asarray(data[skip:skip + shape[-1]])
+    else:
+        data = graph.node(user.inputs[0]).shape.sizes()
+        limits = data[op.axis % len(data)]
+    return np.floor(rng.random(shape) * limits).astype(np.float32)

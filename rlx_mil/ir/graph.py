@@ -27,6 +27,7 @@ from rlx_mil.ir.ops.norm import NormBuilder
 from rlx_mil.ir.ops.quant import QuantBuilder
 from rlx_mil.ir.ops.reduce import ReduceBuilder
 from rlx_mil.ir.ops.rope import RopeBuilder
+from rlx_mil.ir.ops.scatter import ScatterBuilder
 from rlx_mil.ir.ops.shape import ShapeBuilder
 from rlx_mil.ir.serde import reader, writer
 from rlx_mil.ir.shape import Dynamic, Shape, Static
@@ -46,6 +47,7 @@ class Graph(
     AttentionBuilder,
     FusedBuilder,
     ConvBuilder,
+    ScatterBuilder,
 ):
     """Append-only DAG of nodes in topological order; a node's id is its index.
 

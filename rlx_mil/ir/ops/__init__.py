@@ -9,7 +9,20 @@ and `from rlx_mil.ir.ops import OP_TYPES` work regardless of the family an op li
 from types import ModuleType
 
 from rlx_mil.ir.op_base import Op, f32
-from rlx_mil.ir.ops import attention, conv, elementwise, fused, leaf, linalg, norm, quant, reduce, rope, shape
+from rlx_mil.ir.ops import (
+    attention,
+    conv,
+    elementwise,
+    fused,
+    leaf,
+    linalg,
+    norm,
+    quant,
+    reduce,
+    rope,
+    scatter,
+    shape,
+)
 from rlx_mil.ir.ops.attention import Attention, AttentionBackward, AttentionBwdWrt, MaskKind, MaskType
 from rlx_mil.ir.ops.conv import Conv, Pool
 from rlx_mil.ir.ops.elementwise import (
@@ -40,12 +53,20 @@ from rlx_mil.ir.ops.norm import (
 from rlx_mil.ir.ops.quant import Dequantize, DequantMatMul, Quantize, QuantKind, QuantScheme
 from rlx_mil.ir.ops.reduce import Cumsum, Reduce, ReduceOp, Softmax, TopK
 from rlx_mil.ir.ops.rope import Rope
+from rlx_mil.ir.ops.scatter import (
+    GatherElements,
+    GatherNd,
+    ScatterAdd,
+    ScatterElements,
+    ScatterNd,
+    ScatterNdReduction,
+)
 from rlx_mil.ir.ops.shape import Concat, Expand, Gather, Narrow, Reshape, Transpose
 
 #: Every op family module, in the order their ops are listed (leaves first).
 FAMILIES: dict[str, ModuleType] = {
     module.__name__.rsplit(".", 1)[1]: module
-    for module in (leaf, elementwise, linalg, quant, norm, reduce, shape, rope, attention, fused, conv)
+    for module in (leaf, elementwise, linalg, quant, norm, reduce, shape, rope, attention, fused, conv, scatter)
 }
 
 #: Every op class, keyed by its upstream variant name.
@@ -88,6 +109,8 @@ __all__ = [
     "FusedTransformerLayer",
     "GatedResidual",
     "Gather",
+    "GatherElements",
+    "GatherNd",
     "GroupNorm",
     "Input",
     "LayerNorm",
@@ -108,6 +131,10 @@ __all__ = [
     "Reshape",
     "RmsNorm",
     "Rope",
+    "ScatterAdd",
+    "ScatterElements",
+    "ScatterNd",
+    "ScatterNdReduction",
     "Softmax",
     "TopK",
     "Transpose",
