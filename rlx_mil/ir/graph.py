@@ -24,6 +24,7 @@ from rlx_mil.ir.ops.fused import FusedBuilder
 from rlx_mil.ir.ops.leaf import LeafBuilder
 from rlx_mil.ir.ops.linalg import LinalgBuilder
 from rlx_mil.ir.ops.norm import NormBuilder
+from rlx_mil.ir.ops.qcompute import QComputeBuilder
 from rlx_mil.ir.ops.quant import QuantBuilder
 from rlx_mil.ir.ops.reduce import ReduceBuilder
 from rlx_mil.ir.ops.rope import RopeBuilder
@@ -48,6 +49,7 @@ class Graph(
     FusedBuilder,
     ConvBuilder,
     ScatterBuilder,
+    QComputeBuilder,
 ):
     """Append-only DAG of nodes in topological order; a node's id is its index.
 

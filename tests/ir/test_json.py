@@ -483,6 +483,22 @@ OP_STRATEGIES: dict[str, st.SearchStrategy[Op]] = {
     "LayerNorm2d": st.builds(ops.LayerNorm2d, F32S),
     "AdaLayerNorm": st.builds(ops.AdaLayerNorm, st.sampled_from(ops.AdaNormKind), F32S),
     "GatedResidual": st.just(ops.GatedResidual()),
+    "ScatterAdd": st.builds(ops.ScatterAdd, USIZES),
+    "ScatterNd": st.builds(ops.ScatterNd, st.sampled_from(ops.ScatterNdReduction)),
+    "ScatterElements": st.builds(ops.ScatterElements, I32S, st.sampled_from(ops.ScatterNdReduction)),
+    "GatherNd": st.builds(ops.GatherNd, I32S),
+    "GatherElements": st.builds(ops.GatherElements, I32S),
+    "QMatMul": st.builds(ops.QMatMul, I32S, I32S, I32S, F32S),
+    "QConv2d": st.builds(
+        ops.QConv2d, vectors(USIZES), vectors(USIZES), vectors(USIZES), vectors(USIZES), USIZES, I32S, I32S, I32S, F32S
+    ),
+    "FakeQuantize": st.builds(
+        ops.FakeQuantize, st.integers(0, 255), st.none() | USIZES, st.sampled_from(ops.SteKind),
+        st.one_of(
+            st.sampled_from([ops.ScaleMode(ops.ScaleModeKind.PER_BATCH), ops.ScaleMode(ops.ScaleModeKind.FIXED)]),
+            st.floats(0, 1, width=32).map(lambda d: ops.ScaleMode(ops.ScaleModeKind.EMA, d)),
+        ),
+    ),
 }
 # Constant needs its shape first; see node_steps.
 ALL_OP_NAMES = sorted(OP_TYPES)

@@ -17,6 +17,7 @@ from rlx_mil.ir.ops import (
     leaf,
     linalg,
     norm,
+    qcompute,
     quant,
     reduce,
     rope,
@@ -50,6 +51,7 @@ from rlx_mil.ir.ops.norm import (
     LayerNorm2d,
     RmsNorm,
 )
+from rlx_mil.ir.ops.qcompute import FakeQuantize, QConv2d, QMatMul, ScaleMode, ScaleModeKind, SteKind
 from rlx_mil.ir.ops.quant import Dequantize, DequantMatMul, Quantize, QuantKind, QuantScheme
 from rlx_mil.ir.ops.reduce import Cumsum, Reduce, ReduceOp, Softmax, TopK
 from rlx_mil.ir.ops.rope import Rope
@@ -66,7 +68,7 @@ from rlx_mil.ir.ops.shape import Concat, Expand, Gather, Narrow, Reshape, Transp
 #: Every op family module, in the order their ops are listed (leaves first).
 FAMILIES: dict[str, ModuleType] = {
     module.__name__.rsplit(".", 1)[1]: module
-    for module in (leaf, elementwise, linalg, quant, norm, reduce, shape, rope, attention, fused, conv, scatter)
+    for module in (leaf, elementwise, linalg, quant, norm, reduce, shape, rope, attention, fused, conv, scatter, qcompute)
 }
 
 #: Every op class, keyed by its upstream variant name.
@@ -101,6 +103,7 @@ __all__ = [
     "DequantMatMul",
     "Dequantize",
     "Expand",
+    "FakeQuantize",
     "FusedAttentionBlock",
     "FusedMatMulBiasAct",
     "FusedResidualLN",
@@ -123,6 +126,8 @@ __all__ = [
     "Op",
     "Param",
     "Pool",
+    "QConv2d",
+    "QMatMul",
     "QuantKind",
     "QuantScheme",
     "Quantize",
@@ -131,11 +136,14 @@ __all__ = [
     "Reshape",
     "RmsNorm",
     "Rope",
+    "ScaleMode",
+    "ScaleModeKind",
     "ScatterAdd",
     "ScatterElements",
     "ScatterNd",
     "ScatterNdReduction",
     "Softmax",
+    "SteKind",
     "TopK",
     "Transpose",
     "Where",
