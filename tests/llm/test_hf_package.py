@@ -60,3 +60,35 @@ def test_stateful_flags_are_checked(qwen3: Path, tmp_path: Path, capsys: pytest.
     with pytest.raises(InvalidOptionError):
         prefill_buckets("4,x", 16)
     assert prefill_buckets("8, 4,8", 16) == [4, 8]
+
+
+def test_batch_of_two_shares_one_write_position(qwen3: Path) -> None:
+    # Two sequences of equal length decode together: one cache_position for the batch.
+    import warnings
+
+    import numpy as np
+
+    import rlx_mil
+    from rlx_mil import milexec, reference
+    from rlx_mil.lower.kv_cache import NeuralEngineWarning
+    from rlx_mil.models.pretrained import from_pretrained
+
+    tokens = np.array([[3, 14, 15, 92, 65, 35], [8, 9, 7, 9, 3, 2]], np.int32)
+    models = {}
+    for n in (4, 1):
+        graph, params = from_pretrained(qwen3, "decode", seq_len=n, cache_len=1, batch_size=2, max_positions=32,
+                                        last_logits=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NeuralEngineWarning)
+            models[n] = rlx_mil.convert(graph, params, precision="fp32", kv_cache="auto", max_context=32)
+    states: dict[str, np.ndarray] = {}
+    position = 0
+    for chunk in (tokens[:, :4], tokens[:, 4:5], tokens[:, 5:6]):
+        n = chunk.shape[1]
+        feeds = {"input_ids": chunk, "position_ids": np.tile(np.arange(position, position + n, dtype=np.int32), (2, 1)),
+                 "cache_position": np.array([position], np.int32)}
+        got = milexec.run(models[n], feeds, states=states, precision_model="float32")["logits"]
+        position += n
+        full, full_params = from_pretrained(qwen3, "prefill", seq_len=position, batch_size=2, last_logits=True)
+        want = reference.evaluate(full, {"input_ids": tokens[:, :position]}, full_params)["logits"]
+        np.testing.assert_allclose(got, want, atol=1e-4 * float(np.abs(want).max()), rtol=1e-4)
