@@ -174,3 +174,13 @@ def test_dynamic_past_length_needs_no_binding() -> None:
         want = reference.evaluate(graph, {**feeds, "past_k": past["k"], "past_v": past["v"]})
         np.testing.assert_allclose(got["attn"], want["attn"], atol=1e-5, rtol=0)
         past = {r: want[f"new_{r}"] for r in "kv"}
+
+
+def test_inspect_lists_the_states_of_a_single_function_model() -> None:
+    from rlx_mil.package_info import package_info
+
+    model = convert_stateful(decode_graph(C, 1, 2), PARAMS, max_context=64)
+    text = package_info(model).to_text()
+    assert "states:\n  key_cache: fp16[3, 1, 2, 64, 8]\n  value_cache: fp16[3, 1, 2, 64, 8]" in text
+    assert "kv cache: stacked, 3 layers, max_context 64, write position input 'cache_position'" in text
+    assert "  cache_position: int32[1]" in text
