@@ -124,26 +124,51 @@ def _logits(weights: Weights, cfg: Mapping[str, Any], x: np.ndarray) -> np.ndarr
     return x @ _w(weights, "model.embed_tokens.weight" if tied else "lm_head.weight").T
 
 
-def llama_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-    """LlamaForCausalLM (Llama 2/3/3.1/3.2): pre-RMSNorm, GQA, RoPE, SwiGLU."""
+def _self_attention(weights: Weights, h: np.ndarray, p: str, geo: _Geometry, pos: np.ndarray, *,
+                    bias: bool = False, o_bias: bool = False, qk_norm: bool = False, scale: float | None = None,
+                    window: int | None = None, softcap: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`{p}.self_attn` with separate q/k/v/o projections: (output, rotated k, v)."""
+    q = _split(_linear(weights, h, f"{p}.self_attn.q_proj", bias), geo.heads, geo.head_dim)
+    k = _split(_linear(weights, h, f"{p}.self_attn.k_proj", bias), geo.kv_heads, geo.head_dim)
+    v = _split(_linear(weights, h, f"{p}.self_attn.v_proj", bias), geo.kv_heads, geo.head_dim)
+    if qk_norm:  # Qwen3Attention: q_norm / k_norm over head_dim, before RoPE
+        q = _rms_norm(q, _w(weights, f"{p}.self_attn.q_norm.weight"), geo.eps)
+        k = _rms_norm(k, _w(weights, f"{p}.self_attn.k_norm.weight"), geo.eps)
+    q, k = _rotate(q, pos, geo.inv), _rotate(k, pos, geo.inv)
+    a = _attend(q, k, v, geo.head_dim**-0.5 if scale is None else scale, window, softcap)
+    return _linear(weights, _merge(a), f"{p}.self_attn.o_proj", o_bias), k, v
+
+
+def _swiglu(weights: Weights, h: np.ndarray, p: str, bias: bool = False) -> np.ndarray:
+    gated = _silu(_linear(weights, h, f"{p}.mlp.gate_proj", bias)) * _linear(weights, h, f"{p}.mlp.up_proj", bias)
+    return _linear(weights, gated, f"{p}.mlp.down_proj", bias)
+
+
+def _pre_norm_decoder(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray, windows: list[int | None], *,
+                      bias: bool = False, o_bias: bool = False, mlp_bias: bool = False,
+                      qk_norm: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The Llama layout: x += attn(rms(x)); x += swiglu(rms(x)); rms; LM head."""
     geo = _Geometry(cfg)
-    bias, mlp_bias = cfg.get("attention_bias", False), cfg.get("mlp_bias", False)
     pos = np.arange(ids.shape[1], dtype=np.float64)
     x = _w(weights, "model.embed_tokens.weight")[ids]
     caches = []
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}"
         h = _rms_norm(x, _w(weights, f"{p}.input_layernorm.weight"), geo.eps)
-        q = _rotate(_split(_linear(weights, h, f"{p}.self_attn.q_proj", bias), geo.heads, geo.head_dim), pos, geo.inv)
-        k = _rotate(_split(_linear(weights, h, f"{p}.self_attn.k_proj", bias), geo.kv_heads, geo.head_dim), pos, geo.inv)
-        v = _split(_linear(weights, h, f"{p}.self_attn.v_proj", bias), geo.kv_heads, geo.head_dim)
+        a, k, v = _self_attention(weights, h, p, geo, pos, bias=bias, o_bias=o_bias, qk_norm=qk_norm, window=windows[i])
         caches += [k, v]
-        x = x + _linear(weights, _merge(_attend(q, k, v, geo.head_dim**-0.5)), f"{p}.self_attn.o_proj", bias)
-        h = _rms_norm(x, _w(weights, f"{p}.post_attention_layernorm.weight"), geo.eps)
-        gated = _silu(_linear(weights, h, f"{p}.mlp.gate_proj", mlp_bias)) * _linear(weights, h, f"{p}.mlp.up_proj", mlp_bias)
-        x = x + _linear(weights, gated, f"{p}.mlp.down_proj", mlp_bias)
+        x = x + a
+        x = x + _swiglu(weights, _rms_norm(x, _w(weights, f"{p}.post_attention_layernorm.weight"), geo.eps), p, mlp_bias)
     x = _rms_norm(x, _w(weights, "model.norm.weight"), geo.eps)
     return _logits(weights, cfg, x), caches
+
+
+def llama_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """LlamaForCausalLM (Llama 2/3/3.1/3.2): pre-RMSNorm, GQA, RoPE (llama3/linear scaling),
+    SwiGLU; attention_bias on q/k/v/o, mlp_bias on the MLP."""
+    bias = cfg.get("attention_bias", False)
+    return _pre_norm_decoder(weights, cfg, ids, [None] * cfg["num_hidden_layers"], bias=bias, o_bias=bias,
+                             mlp_bias=cfg.get("mlp_bias", False))
 
 
 def _qwen_windows(cfg: Mapping[str, Any]) -> list[int | None]:
@@ -155,73 +180,18 @@ def _qwen_windows(cfg: Mapping[str, Any]) -> list[int | None]:
 
 def qwen2_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """Qwen2ForCausalLM: Llama layout with q/k/v biases (o_proj without), optional windows."""
-    geo = _Geometry(cfg)
-    windows = _qwen_windows(cfg)
-    pos = np.arange(ids.shape[1], dtype=np.float64)
-    x = _w(weights, "model.embed_tokens.weight")[ids]
-    caches = []
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        h = _rms_norm(x, _w(weights, f"{p}.input_layernorm.weight"), geo.eps)
-        q = _rotate(_split(_linear(weights, h, f"{p}.self_attn.q_proj", True), geo.heads, geo.head_dim), pos, geo.inv)
-        k = _rotate(_split(_linear(weights, h, f"{p}.self_attn.k_proj", True), geo.kv_heads, geo.head_dim), pos, geo.inv)
-        v = _split(_linear(weights, h, f"{p}.self_attn.v_proj", True), geo.kv_heads, geo.head_dim)
-        caches += [k, v]
-        a = _attend(q, k, v, geo.head_dim**-0.5, windows[i])
-        x = x + _linear(weights, _merge(a), f"{p}.self_attn.o_proj")
-        h = _rms_norm(x, _w(weights, f"{p}.post_attention_layernorm.weight"), geo.eps)
-        gated = _silu(_linear(weights, h, f"{p}.mlp.gate_proj")) * _linear(weights, h, f"{p}.mlp.up_proj")
-        x = x + _linear(weights, gated, f"{p}.mlp.down_proj")
-    x = _rms_norm(x, _w(weights, "model.norm.weight"), geo.eps)
-    return _logits(weights, cfg, x), caches
+    return _pre_norm_decoder(weights, cfg, ids, _qwen_windows(cfg), bias=True)
 
 
 def qwen3_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """Qwen3ForCausalLM: RMSNorm over head_dim on q and k (q_norm / k_norm) before RoPE."""
-    geo = _Geometry(cfg)
     bias = cfg.get("attention_bias", False)
-    windows = _qwen_windows(cfg)
-    pos = np.arange(ids.shape[1], dtype=np.float64)
-    x = _w(weights, "model.embed_tokens.weight")[ids]
-    caches = []
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        h = _rms_norm(x, _w(weights, f"{p}.input_layernorm.weight"), geo.eps)
-        q = _split(_linear(weights, h, f"{p}.self_attn.q_proj", bias), geo.heads, geo.head_dim)
-        k = _split(_linear(weights, h, f"{p}.self_attn.k_proj", bias), geo.kv_heads, geo.head_dim)
-        q = _rotate(_rms_norm(q, _w(weights, f"{p}.self_attn.q_norm.weight"), geo.eps), pos, geo.inv)
-        k = _rotate(_rms_norm(k, _w(weights, f"{p}.self_attn.k_norm.weight"), geo.eps), pos, geo.inv)
-        v = _split(_linear(weights, h, f"{p}.self_attn.v_proj", bias), geo.kv_heads, geo.head_dim)
-        caches += [k, v]
-        a = _attend(q, k, v, geo.head_dim**-0.5, windows[i])
-        x = x + _linear(weights, _merge(a), f"{p}.self_attn.o_proj", bias)
-        h = _rms_norm(x, _w(weights, f"{p}.post_attention_layernorm.weight"), geo.eps)
-        gated = _silu(_linear(weights, h, f"{p}.mlp.gate_proj")) * _linear(weights, h, f"{p}.mlp.up_proj")
-        x = x + _linear(weights, gated, f"{p}.mlp.down_proj")
-    x = _rms_norm(x, _w(weights, "model.norm.weight"), geo.eps)
-    return _logits(weights, cfg, x), caches
+    return _pre_norm_decoder(weights, cfg, ids, _qwen_windows(cfg), bias=bias, o_bias=bias, qk_norm=True)
 
 
 def mistral_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """MistralForCausalLM: Llama layout, every layer attends within `sliding_window` keys."""
-    geo = _Geometry(cfg)
-    window = cfg.get("sliding_window")
-    pos = np.arange(ids.shape[1], dtype=np.float64)
-    x = _w(weights, "model.embed_tokens.weight")[ids]
-    caches = []
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        h = _rms_norm(x, _w(weights, f"{p}.input_layernorm.weight"), geo.eps)
-        q = _rotate(_split(_linear(weights, h, f"{p}.self_attn.q_proj"), geo.heads, geo.head_dim), pos, geo.inv)
-        k = _rotate(_split(_linear(weights, h, f"{p}.self_attn.k_proj"), geo.kv_heads, geo.head_dim), pos, geo.inv)
-        v = _split(_linear(weights, h, f"{p}.self_attn.v_proj"), geo.kv_heads, geo.head_dim)
-        caches += [k, v]
-        x = x + _linear(weights, _merge(_attend(q, k, v, geo.head_dim**-0.5, window)), f"{p}.self_attn.o_proj")
-        h = _rms_norm(x, _w(weights, f"{p}.post_attention_layernorm.weight"), geo.eps)
-        gated = _silu(_linear(weights, h, f"{p}.mlp.gate_proj")) * _linear(weights, h, f"{p}.mlp.up_proj")
-        x = x + _linear(weights, gated, f"{p}.mlp.down_proj")
-    x = _rms_norm(x, _w(weights, "model.norm.weight"), geo.eps)
-    return _logits(weights, cfg, x), caches
+    return _pre_norm_decoder(weights, cfg, ids, [cfg.get("sliding_window")] * cfg["num_hidden_layers"])
 
 
 def gemma2_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -242,11 +212,8 @@ def gemma2_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) ->
         p = f"model.layers.{i}"
         window = cfg.get("sliding_window") if i % 2 == 0 else None
         h = norm(x, f"{p}.input_layernorm.weight")
-        q = _rotate(_split(_linear(weights, h, f"{p}.self_attn.q_proj"), geo.heads, geo.head_dim), pos, geo.inv)
-        k = _rotate(_split(_linear(weights, h, f"{p}.self_attn.k_proj"), geo.kv_heads, geo.head_dim), pos, geo.inv)
-        v = _split(_linear(weights, h, f"{p}.self_attn.v_proj"), geo.kv_heads, geo.head_dim)
+        a, k, v = _self_attention(weights, h, p, geo, pos, scale=scale, window=window, softcap=cap)
         caches += [k, v]
-        a = _linear(weights, _merge(_attend(q, k, v, scale, window, cap)), f"{p}.self_attn.o_proj")
         x = x + norm(a, f"{p}.post_attention_layernorm.weight")
         h = norm(x, f"{p}.pre_feedforward_layernorm.weight")
         gated = _gelu_tanh(_linear(weights, h, f"{p}.mlp.gate_proj")) * _linear(weights, h, f"{p}.mlp.up_proj")
