@@ -17,15 +17,15 @@ from rlx_mil.ir import DType, Graph, MaskKind, QuantScheme, Shape
 __version__ = "0.1.0"
 
 __all__ = [
-    "DType", "Graph", "MaskKind", "QuantScheme", "Shape", "__version__", "convert", "convert_functions", "errors",
-    "lower", "save",
+    "DType", "Graph", "MaskKind", "QuantScheme", "Shape", "__version__", "convert", "convert_buckets",
+    "convert_functions", "errors", "lower", "save",
 ]
 
 # `rlx_mil.lower` is both the lowering package and the public function: importing the API
 # here binds the name to the function (the package stays importable as `rlx_mil.lower.*`).
 # coremltools itself is only imported on first conversion.
 from rlx_mil.lower.api import convert, lower, save
-from rlx_mil.lower.multifunction import convert_functions
+from rlx_mil.lower.multifunction import convert_buckets, convert_functions
 
 _SUBMODULES = ("reference", "milexec", "testing", "weights", "models", "generate")
 

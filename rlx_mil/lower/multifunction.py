@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +138,44 @@ def convert_functions(
     if path is not None:
         save(model, path, overwrite=overwrite)
     return model
+
+
+def convert_buckets(
+    graph: Graph,
+    params: Mapping[str, Any] | None = None,
+    *,
+    symbol: int,
+    sizes: Sequence[int],
+    name: str | None = None,
+    default_function: str | None = None,
+    path: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    **options: Any,
+) -> Any:
+    """A graph with the dynamic dim `symbol` as one package with a static function per size
+    (sequence-length buckets: the Neural-Engine-friendly alternative to flexible shapes).
+
+    Functions are named `name.format(n=size)`: by default `prefill_{n}` for stateful packages
+    (`kv_cache=`; size 1 becomes `decode`) and `seq_{n}` otherwise. Other arguments as for
+    `convert_functions`.
+    """
+    if symbol not in graph.dynamic_symbols():
+        raise InvalidOptionError(
+            f"graph {graph.name!r} has no dynamic dim ?{symbol} (its dynamic dims: {sorted(graph.dynamic_symbols())})"
+        )
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or not sizes:
+        raise InvalidOptionError(f"sizes must be a non-empty list of ints >= 1, got {sizes!r}")
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise InvalidOptionError(f"bucket sizes must be ints >= 1, got {size!r}")
+    if len(set(sizes)) != len(sizes):
+        raise InvalidOptionError(f"bucket sizes repeat: {list(sizes)}")
+    stateful = options.get("kv_cache") not in (None, False)
+    pattern = name if name is not None else ("prefill_{n}" if stateful else "seq_{n}")
+    functions: dict[str, FunctionSpec] = {}
+    for size in sorted(sizes):
+        label = "decode" if stateful and size == 1 and name is None else pattern.format(n=size)
+        functions[label] = (graph, {"dims": {symbol: size}})
+    return convert_functions(
+        functions, params, default_function=default_function, path=path, overwrite=overwrite, **options
+    )

@@ -149,3 +149,28 @@ def test_cli_generate_and_inspect(package: Path, capsys: pytest.CaptureFixture[s
     assert "    states:  key_cache fp16[2, 1, 2, 32, 8], value_cache fp16[2, 1, 2, 32, 8]" in text
     assert "kv cache: stacked, 2 layers, max_context 32, write position input 'cache_position'" in text
     assert main(["generate", str(package), "--prompt-ids", "5,x"]) == 1
+
+
+def test_dynamic_sequence_dim_becomes_static_buckets(tmp_path: Path) -> None:
+    from rlx_mil import milexec, reference
+    from rlx_mil.ir.graph import Graph
+    from rlx_mil.ir.shape import SEQ, Dynamic
+
+    g = Graph("mlp")
+    x = g.input("x", [1, Dynamic(SEQ), 16])
+    y = g.gelu(g.matmul(x, g.param("w", [16, 16])), name="y")
+    g.set_outputs([y])
+    params = {"w": (np.random.default_rng(0).standard_normal((16, 16)) / 4).astype(np.float32)}
+    path = tmp_path / "buckets.mlpackage"
+    rlx_mil.convert_buckets(g, params, symbol=SEQ, sizes=[8, 4], path=path, precision="fp32")
+    program = milexec.load_program(path)
+    assert sorted(program.functions) == ["seq_4", "seq_8"]
+    for n in (4, 8):
+        feeds = {"x": np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)}
+        got = milexec.run(program, feeds, function_name=f"seq_{n}", precision_model="float32")
+        want = reference.evaluate(g, feeds, params)
+        np.testing.assert_allclose(list(got.values())[0], want["y"], atol=1e-5, rtol=0)
+    with pytest.raises(InvalidOptionError, match="no dynamic dim"):
+        rlx_mil.convert_buckets(g, params, symbol=5, sizes=[4])
+    with pytest.raises(InvalidOptionError, match="repeat"):
+        rlx_mil.convert_buckets(g, params, symbol=SEQ, sizes=[4, 4])
