@@ -169,7 +169,7 @@ def test_dynamic_sequence_dim_becomes_static_buckets(tmp_path: Path) -> None:
         feeds = {"x": np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)}
         got = milexec.run(program, feeds, function_name=f"seq_{n}", precision_model="float32")
         want = reference.evaluate(g, feeds, params)
-        np.testing.assert_allclose(list(got.values())[0], want["y"], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(got["y"], want["y"], atol=1e-5, rtol=0)
     with pytest.raises(InvalidOptionError, match="no dynamic dim"):
         rlx_mil.convert_buckets(g, params, symbol=5, sizes=[4])
     with pytest.raises(InvalidOptionError, match="repeat"):
