@@ -91,6 +91,12 @@ class ConversionError(RlxMilError):
     """Conversion failed for a reason that is not a graph or param defect."""
 
 
+class CompressionError(RlxMilError):
+    """A weight cannot be compressed as asked: non-finite values, or a scheme (bit width,
+    granularity, block size) the deployment target or the weight's shape cannot express. The
+    message names the weight and the target."""
+
+
 class MilExecError(RlxMilError):
     """The NumPy MIL executor cannot run a program (missing kernel, bad feed...)."""
 

@@ -64,6 +64,11 @@ class PackageInfo:
                 lines.append(f"  {op:<36} {n}")
         lines.append(f"weights:  {_human(self.weight_bytes)}")
         lines.append(f"package:  {_human(self.package_bytes)}")
+        from rlx_mil.compress.report import report_of
+
+        compression = report_of(self.metadata)
+        if compression is not None:
+            lines.append(compression.to_text())
         return "\n".join(lines)
 
     def _function_lines(self) -> list[str]:

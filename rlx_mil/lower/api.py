@@ -24,10 +24,25 @@ ATTENTION_MODES = ("auto", "fused", "decomposed")
 COMPUTE_UNITS = ("ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE")
 
 
-def _options(attention: str) -> LowerOptions:
+def _options(attention: str, compressor: Any = None) -> LowerOptions:
     if attention not in ATTENTION_MODES:
         raise InvalidOptionError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
-    return LowerOptions(attention=attention)
+    return LowerOptions(attention=attention, compressor=compressor)
+
+
+def _compressor(compress: Any, graph: Graph, target: Target, precision: Precision) -> Any:
+    """The weight compressor for `compress` (None: float weights); shape/target problems are
+    raised here, before any weight is read."""
+    if compress is None:
+        return None
+    from rlx_mil.compress import WeightCompressor, parse_compress
+
+    config = parse_compress(compress)
+    if config is None:
+        return None
+    compressor = WeightCompressor(config, graph, target, precision)
+    compressor.check()
+    return compressor
 
 
 #: coremltools 9.0 passes that break programs built in fp16: `fuse_elementwise_to_batchnorm`
@@ -57,15 +72,17 @@ def lower_with_names(
     kv_cache: KVCacheOption = None,
     max_context: int | None = None,
     cache_layout: str = "stacked",
+    compress: Any = None,
 ) -> LoweredProgram:
     """Like `lower`, also returning the model-interface name maps."""
     graph = require_graph(graph)
     if dims is not None:
         graph = graph.bind(dims)
-    tgt = Target.parse(target)
+    tgt, prec = Target.parse(target), Precision.parse(precision)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
     return lower_graph(
-        graph, params, target=tgt, precision=Precision.parse(precision), options=_options(attention), kv_cache=plan,
+        graph, params, target=tgt, precision=prec, options=_options(attention, _compressor(compress, graph, tgt, prec)),
+        kv_cache=plan,
     )
 
 
@@ -95,15 +112,16 @@ def lower(
     kv_cache: KVCacheOption = None,
     max_context: int | None = None,
     cache_layout: str = "stacked",
+    compress: Any = None,
 ) -> Any:
     """Build the coremltools MIL `Program` for `graph` (before Core ML's passes), for inspection.
 
     `dims` binds dynamic dims (`{symbol: size}`) for graphs that have them; `kv_cache`,
-    `max_context` and `cache_layout` are as for `convert`.
+    `max_context`, `cache_layout` and `compress` are as for `convert`.
     """
     return lower_with_names(
         graph, params, target=target, precision=precision, attention=attention, dims=dims,
-        kv_cache=kv_cache, max_context=max_context, cache_layout=cache_layout,
+        kv_cache=kv_cache, max_context=max_context, cache_layout=cache_layout, compress=compress,
     ).program
 
 
@@ -120,6 +138,7 @@ def convert(
     kv_cache: KVCacheOption = None,
     max_context: int | None = None,
     cache_layout: str = "stacked",
+    compress: Any = None,
 ) -> Any:
     """Convert `graph` with `params` (name -> ndarray) into a `ct.models.MLModel`.
 
@@ -132,6 +151,12 @@ def convert(
     (iOS18): the caches of a decode graph in upstream's form become fp16 Core ML states of
     `max_context` slots (`cache_layout` "stacked" or "per_layer"), written at the new input
     `cache_position: int32[1]`. See docs/llm.md for the contract.
+
+    `compress` compresses weights while they are lowered, one at a time from the given arrays:
+    a preset ("int8", "int4", "lut4", ...), a per-weight config string or mapping, or an
+    `rlx_mil.compress.CompressionConfig` (see docs/compression.md). The model then carries a
+    `rlx_mil.compress.CompressionReport` (`rlx_mil.compress.report_of(model)`, also in its
+    metadata), and `rlx_mil.compress.dequantized_params` gives the weights it computes with.
     """
     import coremltools as ct
 
@@ -143,7 +168,8 @@ def convert(
     if dims is not None:
         graph = graph.bind(dims)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
-    lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention), kv_cache=plan)
+    compressor = _compressor(compress, graph, tgt, prec)
+    lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
     kwargs: dict[str, Any] = {"pass_pipeline": default_pass_pipeline(prec) if pass_pipeline is None else pass_pipeline}
     try:
         model = ct.convert(
@@ -169,6 +195,10 @@ def convert(
     from rlx_mil import __version__
 
     meta["rlx_mil.version"] = __version__
+    if compressor is not None:
+        from rlx_mil.compress.report import METADATA_KEY
+
+        meta[METADATA_KEY] = compressor.report().to_json()
     release_when_collected(model)
     return model
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,21 @@ class LowerOptions:
     #: "auto": the best form per target; "fused": force Core ML's fused
     #: scaled_dot_product_attention (an error where impossible); "decomposed": never fuse.
     attention: str = "auto"
+    #: Weight compression (an `rlx_mil.compress.WeightCompressor`), or None for float weights.
+    compressor: Any = field(default=None, compare=False)
+
+
+def compressed_weight(
+    options: LowerOptions, param: str | None, value: np.ndarray, *, layout: str, op_name: Callable[[], str]
+) -> Any | None:
+    """The one place a float weight may become a compressed constexpr op instead of a const.
+
+    Returns the op's output when the conversion compresses Param `param`, else None (the caller
+    makes its usual const). `value` is the raw array (any float dtype); layout "kn" means a
+    [K, N] matmul weight that `linear` holds as [N, K], "dense" the array as declared."""
+    if options.compressor is None or param is None:
+        return None
+    return options.compressor.compress(param, value, layout=layout, op_name=op_name)
 
 
 class NameAllocator:
@@ -102,6 +117,11 @@ class LowerContext:
     def vars(self) -> list[Any]:
         return [self.var(i) for i in range(self.num_inputs)]
 
+    def param_name(self, i: int) -> str | None:
+        """The name of the Param input `i` stands for (also inside a decomposition), else None."""
+        lowerer = self._lowerer
+        return None if lowerer is None else lowerer.param_name(self.node.inputs[i])
+
     def value(self, i: int) -> np.ndarray | None:
         """The NumPy value of input `i` when it is a Param or Constant (known at conversion
         time), else None. Raw: quantized bytes stay as given."""
@@ -161,6 +181,9 @@ class LowerContext:
             value = self.value(outer_index)
             if value is not None:
                 inner.values[sub_id] = value
+                source = self.param_name(outer_index)
+                if source is not None:
+                    inner.param_names[sub_id] = source
             else:
                 inner.env[sub_id] = self.var(outer_index)
         inner.run()

@@ -23,7 +23,13 @@ from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import Constant, Input, Param, Transpose
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Shape
 from rlx_mil.lower import rules as _rules  # noqa: F401  (importing the rule modules registers them)
-from rlx_mil.lower.context import LowerContext, LowerOptions, NameAllocator, mil_dtype_for
+from rlx_mil.lower.context import (
+    LowerContext,
+    LowerOptions,
+    NameAllocator,
+    compressed_weight,
+    mil_dtype_for,
+)
 from rlx_mil.lower.kv_cache import POSITION_INPUT, KVCacheLowering, KVCachePlan
 from rlx_mil.lower.registry import PARAM_LAYOUT_HOOKS, rule_for
 from rlx_mil.lower.target import Precision, Target
@@ -194,6 +200,14 @@ class NodeLowerer:
         #: node id -> rule lowering that node instead of its registered one (the stateful KV
         #: cache rewrites cache Concats and the attention reading them; shapes are its own).
         self.overrides: Mapping[int, Callable[[LowerContext], Any]] = {}
+        #: Node id -> the outer graph's Param name, for values bound into a decomposition.
+        self.param_names: dict[int, str] = {}
+
+    def param_name(self, node_id: int) -> str | None:
+        node = self.graph.node(node_id)
+        if isinstance(node.op, Param):
+            return node.op.name
+        return self.param_names.get(node_id)
 
     def value_of(self, node_id: int) -> np.ndarray | None:
         if node_id in self.values:
@@ -222,6 +236,14 @@ class NodeLowerer:
             raise ConversionError(f"node %{node_id} used before it was lowered")
         base = node.op.name if isinstance(node.op, Param) else (node.name or f"const_{node_id}")
         target_dtype = mil_dtype_for(node.shape.dtype, self.precision)
+        if node.shape.dtype.is_float:
+            op_name = self.name_prefix + base
+            compressed = compressed_weight(
+                self.options, self.param_name(node_id), value, layout="dense", op_name=lambda: self.names.fresh(op_name)
+            )
+            if compressed is not None:
+                self.env[node_id] = compressed
+                return compressed
         np_dtype = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32, "bool": np.bool_}[target_dtype]
         arr: np.ndarray = np.asarray(value).astype(np_dtype)
         self.env[node_id] = mb.const(val=arr if arr.ndim else arr[()], name=self.names.fresh(self.name_prefix + base))

@@ -1,0 +1,90 @@
+"""Weight compression during conversion: linear int8/int4 and k-means palettized weights.
+
+`rlx_mil.convert(graph, params, compress="int4")` compresses each selected weight at the moment
+the lowering turns it into a constant, straight from the given array (memory-mapped and
+bfloat16 arrays included), so no float copy of the model is ever held. See docs/compression.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.compress.plan import DequantizedParams, WeightCompressor, param_roles
+from rlx_mil.compress.report import CompressionReport, WeightReport, report_of
+from rlx_mil.compress.schemes import (
+    PRESETS,
+    CompressionConfig,
+    LinearScheme,
+    PaletteScheme,
+    Rule,
+    parse_compress,
+    parse_scheme,
+)
+from rlx_mil.errors import CompressionError
+
+__all__ = [
+    "PRESETS",
+    "CompressionConfig",
+    "CompressionError",
+    "CompressionReport",
+    "DequantizedParams",
+    "LinearScheme",
+    "PaletteScheme",
+    "Rule",
+    "WeightCompressor",
+    "WeightReport",
+    "dequantized_params",
+    "measure_output_error",
+    "param_roles",
+    "parse_compress",
+    "parse_scheme",
+    "report_of",
+]
+
+
+def dequantized_params(params: Mapping[str, Any], model_or_report: Any) -> DequantizedParams:
+    """`params` as the compressed model sees them: each compressed weight dequantized (on
+    access, one at a time), the others unchanged. Evaluating the reference with these makes
+    verification of a compressed package exact."""
+    report = model_or_report if isinstance(model_or_report, CompressionReport) else report_of(model_or_report)
+    if report is None:
+        raise CompressionError("the model carries no compression report (was it converted with compress=...?)")
+    return DequantizedParams(params, report)
+
+
+def _errors(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    out = {}
+    for key, ref in want.items():
+        a = np.asarray(got[key], np.float64)
+        b = np.asarray(ref, np.float64)
+        diff = a - b
+        norm = float(np.linalg.norm(b))
+        out[key] = {
+            "max_abs": float(np.max(np.abs(diff))) if diff.size else 0.0,
+            "relative_l2": float(np.linalg.norm(diff) / norm) if norm > 0 else float(np.linalg.norm(diff)),
+        }
+    return out
+
+
+def measure_output_error(
+    model: Any,
+    uncompressed: Any,
+    inputs: Mapping[str, Any],
+) -> dict[str, dict[str, float]]:
+    """Run the compressed `model` and the `uncompressed` conversion of the same graph through
+    the NumPy MIL executor on `inputs`; record per output the max |error| and relative L2 error
+    in the model's compression report (metadata included) and return them."""
+    from rlx_mil import milexec
+
+    report = report_of(model)
+    if report is None:
+        raise CompressionError("measure_output_error takes a model converted with compress=...")
+    errors = _errors(milexec.run(model, inputs), milexec.run(uncompressed, inputs))
+    report.output_error = errors
+    from rlx_mil.compress.report import METADATA_KEY
+
+    model.user_defined_metadata[METADATA_KEY] = report.to_json()
+    return errors

@@ -1,0 +1,232 @@
+"""Which weight gets which scheme, and the compressor the lowering calls for each weight.
+
+Roles come from how the graph uses a Param: the table of a Gather is an embedding; a matmul
+weight whose product reaches a graph output through shape-only ops (or whose name says
+``lm_head``) is the LM head; inputs of norm ops, RoPE tables and every rank-0/1 weight (norm
+scales, biases) are protected; other float weights of rank >= 2 are ordinary weights.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.compress.emit import check_target, compressed_bytes, linear_op, palette_op
+from rlx_mil.compress.linear import LinearCodes, block_count, quantize_linear
+from rlx_mil.compress.palette import PaletteCodes, group_rows, palettize
+from rlx_mil.compress.report import CompressionReport, WeightReport
+from rlx_mil.compress.schemes import CompressionConfig, LinearScheme, Scheme, parse_scheme
+from rlx_mil.errors import CompressionError
+from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.ops import Param
+from rlx_mil.lower.target import Precision, Target
+
+PROTECTED_ROLES = frozenset({"norm", "rope", "vector", "integer"})
+_NORM_OPS = frozenset({"LayerNorm", "RmsNorm", "GroupNorm", "FusedResidualLN", "FusedResidualRmsNorm"})
+_MATMUL_WEIGHT = {"MatMul": (1,), "FusedMatMulBiasAct": (1,), "LoraMatMul": (1, 2, 3)}
+_PASS_THROUGH = frozenset({"Reshape", "Cast", "Narrow", "Transpose", "Expand"})
+_ROPE_NAME = re.compile(r"(^|[._])(rope|rotary|inv_freq|cos|sin)([._]|$)", re.IGNORECASE)
+_LM_HEAD_NAME = re.compile(r"lm_head|(^|\.)output\.weight$", re.IGNORECASE)
+
+
+def _feeds_output(graph: Graph, node_id: int, users: Mapping[int, list[int]]) -> bool:
+    outputs = set(graph.outputs)
+    current = node_id
+    for _ in range(8):
+        if current in outputs:
+            return True
+        nexts = users.get(current, [])
+        if len(nexts) != 1 or graph.node(nexts[0]).op.type_name not in _PASS_THROUGH:
+            return False
+        current = nexts[0]
+    return False
+
+
+def param_roles(graph: Graph) -> dict[str, str]:
+    """Param name -> role: embedding, lm_head, weight, norm, rope, vector (rank <= 1), integer."""
+    users: dict[int, list[int]] = {}
+    for node in graph:
+        for i in node.inputs:
+            users.setdefault(i, []).append(node.id)
+    roles: dict[str, str] = {}
+    rank = {"rope": 5, "norm": 4, "embedding": 3, "lm_head": 2, "weight": 1, "vector": 0}
+    for node in graph:
+        if not isinstance(node.op, Param):
+            continue
+        name = node.op.name
+        if not node.shape.dtype.is_float:
+            roles[name] = "integer"
+            continue
+        found = "rope" if _ROPE_NAME.search(name) else ("lm_head" if _LM_HEAD_NAME.search(name) else "weight")
+        for user_id in users.get(node.id, []):
+            user = graph.node(user_id)
+            kind = user.op.type_name
+            positions = [p for p, inp in enumerate(user.inputs) if inp == node.id]
+            role = "weight"
+            if kind in _NORM_OPS and any(p >= 1 for p in positions):
+                role = "norm"
+            elif kind == "Rope" and any(p >= 1 for p in positions):
+                role = "rope"
+            elif kind == "Gather" and 0 in positions:
+                role = "embedding"
+            elif any(p in _MATMUL_WEIGHT.get(kind, ()) for p in positions) and _feeds_output(graph, user_id, users):
+                role = "lm_head"
+            if rank[role] > rank[found]:
+                found = role
+        if len(node.shape.dims) <= 1 and found not in ("norm", "rope"):
+            found = "vector"
+        prev = roles.get(name)
+        roles[name] = found if prev is None or rank.get(found, 0) > rank.get(prev, 0) else prev
+    return roles
+
+
+def _predicted_layout(graph: Graph, name: str) -> str:
+    """"kn" when every use of the Param is a matmul weight (it becomes a `linear` weight)."""
+    nodes = {n.id for n in graph if isinstance(n.op, Param) and n.op.name == name}
+    uses = [(u.op.type_name, p) for u in graph for p, i in enumerate(u.inputs) if i in nodes]
+    return "kn" if uses and all(p in _MATMUL_WEIGHT.get(kind, ()) for kind, p in uses) else "dense"
+
+
+def storage_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    return (shape[-1], shape[-2]) if layout == "kn" else shape
+
+
+def store_dtype(precision: Precision) -> type[np.floating[Any]]:
+    return np.float16 if precision is Precision.FP16 else np.float32
+
+
+class WeightCompressor:
+    """Compresses each selected float weight when the lowering turns it into a constant."""
+
+    def __init__(self, config: CompressionConfig, graph: Graph, target: Target, precision: Precision) -> None:
+        self.config = config
+        self.graph = graph
+        self.target = target
+        self.precision = precision
+        self.roles = param_roles(graph)
+        self.sizes = {n.op.name: n.shape.sizes() for n in graph if isinstance(n.op, Param)}
+        self.schemes: dict[str, Scheme] = {}
+        self.kept: dict[str, str] = {}
+        for name, role in self.roles.items():
+            scheme, why = self._choose(name, role)
+            if scheme is None:
+                self.kept[name] = why
+            else:
+                self.schemes[name] = scheme
+        self._done: dict[tuple[str, str], Any] = {}
+        self.weights: list[WeightReport] = []
+
+    def _choose(self, name: str, role: str) -> tuple[Scheme | None, str]:
+        for rule in self.config.rules:
+            if rule.matches(name):
+                return rule.scheme, f"rule {rule.label}"
+        if role in PROTECTED_ROLES:
+            return None, {"norm": "norm", "rope": "RoPE table", "vector": "bias/vector", "integer": "not float"}[role]
+        count = int(np.prod(self.sizes[name], dtype=np.int64))
+        if count < self.config.min_size:
+            return None, f"below min_size {self.config.min_size}"
+        scheme = self.config.role_scheme("weight" if role == "weight" else role)
+        return scheme, "config" if scheme is None else ""
+
+    def check(self) -> None:
+        """Every problem the shapes and target reveal, before any weight is read."""
+        problems = []
+        for name, scheme in self.schemes.items():
+            if self.roles.get(name) == "integer":
+                problems.append(f"weight {name!r} is not float; only float weights can be compressed")
+                continue
+            shape = storage_shape(self.sizes[name], _predicted_layout(self.graph, name))
+            try:
+                check_target(scheme, self.target, name)
+                if isinstance(scheme, LinearScheme):
+                    block_count(scheme, shape, name)
+                else:
+                    group_rows(scheme, shape, name)
+            except CompressionError as err:
+                problems.append(str(err))
+        if problems:
+            raise CompressionError("cannot compress as asked for " + self.target.label + ":\n  - " + "\n  - ".join(problems))
+
+    def scheme_for(self, name: str | None) -> Scheme | None:
+        return None if name is None else self.schemes.get(name)
+
+    def compress(self, name: str | None, value: np.ndarray, *, layout: str, op_name: Callable[[], str]) -> Any | None:
+        """The constexpr var decoding weight `name` (None when it stays float). `value` is the
+        weight as the lowering holds it: [K, N] for layout "kn" (stored transposed as the
+        `linear` weight), else in its declared shape."""
+        scheme = self.scheme_for(name)
+        if scheme is None or name is None:
+            return None
+        key = (name, layout)
+        if key in self._done:
+            return self._done[key]
+        arr = np.asarray(value)
+        if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":
+            return None
+        check_target(scheme, self.target, name)
+        codes = encode(arr.T if layout == "kn" else arr, scheme, self.precision, name)
+        build = linear_op if isinstance(codes, LinearCodes) else palette_op
+        var = build(codes, self.target, op_name())  # type: ignore[arg-type]
+        self.weights.append(WeightReport(
+            name=name, role=self.roles.get(name, "weight"), scheme=scheme.label, layout=layout,
+            shape=[int(d) for d in arr.shape], bytes_before=int(arr.size) * np.dtype(store_dtype(self.precision)).itemsize,
+            bytes_after=compressed_bytes(codes), relative_error=codes.relative_error,
+        ))
+        self._done[key] = var
+        return var
+
+    def report(self) -> CompressionReport:
+        compressed = {w.name for w in self.weights}
+        kept = {n: why for n, why in self.kept.items() if self.roles.get(n) != "integer"}
+        kept.update({n: "folded into its op at conversion" for n in self.schemes if n not in compressed})
+        return CompressionReport(
+            config=self.config.describe(), target=self.target.label, precision=self.precision.value,
+            weights=list(self.weights), kept=kept,
+        )
+
+
+def encode(storage: np.ndarray, scheme: Scheme, precision: Precision, name: str) -> LinearCodes | PaletteCodes:
+    if isinstance(scheme, LinearScheme):
+        return quantize_linear(storage, scheme, store_dtype(precision), name)
+    return palettize(storage, scheme, store_dtype(precision), name)
+
+
+class DequantizedParams(Mapping[str, np.ndarray]):
+    """`params` with every compressed weight replaced by its dequantized values (float32, in
+    the Param's shape), computed when read: what the compressed model computes with, for the
+    reference evaluator."""
+
+    def __init__(self, params: Mapping[str, Any], report: CompressionReport) -> None:
+        self._params = params
+        self._precision = Precision.parse(report.precision)
+        self._entries: dict[str, WeightReport] = {}
+        for w in report.weights:
+            prev = self._entries.get(w.name)
+            if prev is not None and (prev.scheme, prev.layout) != (w.scheme, w.layout):
+                raise CompressionError(
+                    f"weight {w.name!r} is compressed in two layouts ({prev.layout}, {w.layout}); its dequantized"
+                    " values differ per use"
+                )
+            self._entries[w.name] = w
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        entry = self._entries.get(name)
+        value = self._params[name]
+        if entry is None:
+            return np.asarray(value) if not isinstance(value, np.ndarray) else value
+        scheme = parse_scheme(entry.scheme)
+        assert scheme is not None
+        arr = np.asarray(value)
+        if entry.layout == "kn":
+            matrix = arr.reshape(arr.shape[-2:])
+            return encode(matrix.T, scheme, self._precision, name).dequantize().T.reshape(arr.shape)
+        return encode(arr, scheme, self._precision, name).dequantize()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)

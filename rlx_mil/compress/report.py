@@ -1,0 +1,110 @@
+"""What compression did to each weight, kept with the model (metadata) and shown by `inspect`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rlx_mil.errors import RlxMilError
+
+METADATA_KEY = "rlx_mil.compression"
+
+
+@dataclass
+class WeightReport:
+    name: str
+    role: str
+    scheme: str
+    #: "kn": a [K, N] matmul weight stored as the [N, K] `linear` weight; "dense": as given.
+    layout: str
+    shape: list[int]
+    bytes_before: int
+    bytes_after: int
+    #: ||W - dequantized W|| / ||W|| (Frobenius; absolute when W is all zeros).
+    relative_error: float
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes_after / self.bytes_before if self.bytes_before else 1.0
+
+
+@dataclass
+class CompressionReport:
+    config: str
+    target: str
+    precision: str
+    weights: list[WeightReport] = field(default_factory=list)
+    #: Float weights left uncompressed (name -> why), e.g. norms, small tensors.
+    kept: dict[str, str] = field(default_factory=dict)
+    #: Filled by `measure_output_error`: per output, max |error| and relative L2 error of the
+    #: compressed model vs the uncompressed conversion.
+    output_error: dict[str, dict[str, float]] | None = None
+
+    @property
+    def bytes_before(self) -> int:
+        return sum(w.bytes_before for w in self.weights)
+
+    @property
+    def bytes_after(self) -> int:
+        return sum(w.bytes_after for w in self.weights)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> CompressionReport:
+        try:
+            raw = json.loads(text)
+            weights = [WeightReport(**w) for w in raw.pop("weights")]
+            return cls(weights=weights, **raw)
+        except (ValueError, TypeError, KeyError) as err:
+            raise RlxMilError(f"model metadata {METADATA_KEY!r} is not a compression report ({err})") from None
+
+    def to_text(self) -> str:
+        lines = [f"compression: {self.config} ({self.target}, {self.precision})"]
+        if self.weights:
+            ratio = self.bytes_after / self.bytes_before if self.bytes_before else 1.0
+            lines.append(
+                f"  {len(self.weights)} weights: {_human(self.bytes_before)} -> {_human(self.bytes_after)} ({ratio:.3f}x)"
+            )
+            width = max(len(w.name) for w in self.weights)
+            lines.append(f"  {'weight':<{width}}  {'scheme':<20} {'before':>10} {'after':>10} {'rel.err':>9}")
+            for w in self.weights:
+                lines.append(
+                    f"  {w.name:<{width}}  {w.scheme:<20} {_human(w.bytes_before):>10} {_human(w.bytes_after):>10}"
+                    f" {w.relative_error:>9.2e}"
+                )
+        if self.kept:
+            lines.append(f"  kept in float: {len(self.kept)} ({', '.join(sorted(set(self.kept.values())))})")
+        if self.output_error:
+            for out, err in self.output_error.items():
+                lines.append(
+                    f"  output {out}: max |error| {err['max_abs']:.3g}, relative L2 {err['relative_l2']:.3g}"
+                    " vs the uncompressed conversion"
+                )
+        else:
+            lines.append("  output error vs the uncompressed conversion: not measured")
+        return "\n".join(lines)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "weights": len(self.weights), "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
+            "output_error": self.output_error,
+        }
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def report_of(model_or_metadata: Any) -> CompressionReport | None:
+    """The compression report of an `MLModel` (or its metadata mapping), None if uncompressed."""
+    meta = getattr(model_or_metadata, "user_defined_metadata", model_or_metadata)
+    text = meta.get(METADATA_KEY) if hasattr(meta, "get") else None
+    return None if text is None else CompressionReport.from_json(text)

@@ -1,0 +1,361 @@
+"""Compression schemes and the configuration that picks one per weight.
+
+The vocabulary follows coremltools' `OpLinearQuantizerConfig` (mode ``linear_symmetric`` /
+``linear``, dtype int8/uint8/int4/uint4, granularity per_tensor / per_channel / per_block with
+``block_size``) and `OpPalettizerConfig` (k-means LUT of ``nbits``, granularity per_tensor /
+per_grouped_channel with ``group_size``), so a scheme here means the same numbers there.
+
+Text form (the CLI's ``--compress`` and ``convert(compress="...")``)::
+
+    SCHEME                      int8 | uint8 | int4 | uint4 | lut1..lut8 | none
+      modifiers joined by '-':  sym | asym | tensor | channel | block | blockN | groupN
+      e.g. int4 (= int4-sym-block32), int8 (= int8-sym-channel), int8-asym-tensor,
+           int4-block64, lut4 (= per-tensor), lut4-group16, lut6
+    CONFIG                      items separated by ';'
+      SCHEME                    the default for every eligible weight
+      embeddings=SCHEME         tables read by Gather (token embeddings)
+      lm_head=SCHEME            the output projection (producing a graph output)
+      min_size=N                weights with fewer elements stay in float (default 2048)
+      glob:PATTERN=SCHEME       weights whose name matches the glob (first matching rule wins)
+      re:PATTERN=SCHEME         weights whose name matches the regular expression (re.search)
+      e.g. "lut4;embeddings=int8;lm_head=lut6;re:\\.v_proj\\.=int8;min_size=4096"
+
+Rules beat everything else: they may compress norms, biases or RoPE tables (which are never
+compressed otherwise) and weights below `min_size`, or keep a weight in float (``=none``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlx_mil.errors import InvalidOptionError
+
+PER_TENSOR = "per_tensor"
+PER_CHANNEL = "per_channel"
+PER_BLOCK = "per_block"
+PER_GROUPED_CHANNEL = "per_grouped_channel"
+
+#: Index widths `constexpr_lut_to_dense` has (iOS18: uint1/2/3/4/6/8; iOS16: 1/2/4/6/8).
+PALETTE_BITS = (1, 2, 3, 4, 6, 8)
+DEFAULT_BLOCK_SIZE = 32
+DEFAULT_GROUP_SIZE = 32
+DEFAULT_MIN_SIZE = 2048
+
+
+@dataclass(frozen=True)
+class LinearScheme:
+    """Affine integer codes: w ~= scale * (q - offset), scale/offset shared per tensor, per
+    output channel or per block of `block_size` input elements of one output channel."""
+
+    bits: int = 8
+    signed: bool = True
+    symmetric: bool = True
+    granularity: str = PER_CHANNEL
+    block_size: int = DEFAULT_BLOCK_SIZE
+
+    def __post_init__(self) -> None:
+        if self.bits not in (4, 8):
+            raise InvalidOptionError(f"linear quantization takes 4 or 8 bits, got {self.bits}")
+        if self.granularity not in (PER_TENSOR, PER_CHANNEL, PER_BLOCK):
+            raise InvalidOptionError(f"linear quantization granularity must be per_tensor, per_channel or per_block, got {self.granularity!r}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
+            raise InvalidOptionError(f"block size must be a positive integer, got {self.block_size!r}")
+
+    @property
+    def dtype_name(self) -> str:
+        return f"{'' if self.signed else 'u'}int{self.bits}"
+
+    @property
+    def mode(self) -> str:
+        """coremltools' `OpLinearQuantizerConfig.mode`."""
+        return "linear_symmetric" if self.symmetric else "linear"
+
+    @property
+    def quant_range(self) -> tuple[int, int]:
+        """[qmin, qmax] exactly as coremltools' `get_quant_range`: symmetric signed codes drop
+        the most negative value, symmetric unsigned ones the largest."""
+        levels = 1 << self.bits
+        if self.signed:
+            lo, hi = -levels // 2, levels // 2 - 1
+            if self.symmetric:
+                lo += 1
+        else:
+            lo, hi = 0, levels - 1
+            if self.symmetric:
+                hi -= 1
+        return lo, hi
+
+    @property
+    def has_offset(self) -> bool:
+        return not (self.signed and self.symmetric)
+
+    @property
+    def label(self) -> str:
+        parts = [self.dtype_name, "sym" if self.symmetric else "asym"]
+        if self.granularity == PER_BLOCK:
+            parts.append(f"block{self.block_size}")
+        else:
+            parts.append("tensor" if self.granularity == PER_TENSOR else "channel")
+        return "-".join(parts)
+
+    def coremltools_config(self) -> dict[str, Any]:
+        """Keyword arguments of the equivalent `OpLinearQuantizerConfig`."""
+        cfg: dict[str, Any] = {"mode": self.mode, "dtype": self.dtype_name, "granularity": self.granularity}
+        if self.granularity == PER_BLOCK:
+            cfg["block_size"] = self.block_size
+        return cfg
+
+
+@dataclass(frozen=True)
+class PaletteScheme:
+    """A look-up table of 2**bits values fitted by 1-D k-means; each weight stores the index of
+    its nearest entry. One table per tensor, or per group of `group_size` output channels."""
+
+    bits: int = 4
+    granularity: str = PER_TENSOR
+    group_size: int = DEFAULT_GROUP_SIZE
+
+    def __post_init__(self) -> None:
+        if self.bits not in PALETTE_BITS:
+            raise InvalidOptionError(f"palettization takes {'/'.join(map(str, PALETTE_BITS))} bits, got {self.bits}")
+        if self.granularity not in (PER_TENSOR, PER_GROUPED_CHANNEL):
+            raise InvalidOptionError(f"palettization granularity must be per_tensor or per_grouped_channel, got {self.granularity!r}")
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
+            raise InvalidOptionError(f"group size must be a positive integer, got {self.group_size!r}")
+
+    @property
+    def label(self) -> str:
+        return f"lut{self.bits}" + (f"-group{self.group_size}" if self.granularity == PER_GROUPED_CHANNEL else "")
+
+    def coremltools_config(self) -> dict[str, Any]:
+        """Keyword arguments of the equivalent `OpPalettizerConfig`."""
+        cfg: dict[str, Any] = {"mode": "kmeans", "nbits": self.bits, "granularity": self.granularity}
+        if self.granularity == PER_GROUPED_CHANNEL:
+            cfg["group_size"] = self.group_size
+        return cfg
+
+
+Scheme = LinearScheme | PaletteScheme
+
+_NONE_WORDS = frozenset({"none", "fp16", "float", "off"})
+_LINEAR_BASES = {"int8": (8, True), "uint8": (8, False), "int4": (4, True), "uint4": (4, False)}
+
+
+def parse_scheme(text: str) -> Scheme | None:
+    """A scheme from its text form (see the module doc); None for ``none``."""
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidOptionError(f"a compression scheme is a non-empty string, got {text!r}")
+    words = text.strip().lower().replace("_", "-").split("-")
+    base, mods = words[0], [w for w in words[1:] if w]
+    if base in _NONE_WORDS and not mods:
+        return None
+    if base in _LINEAR_BASES:
+        bits, signed = _LINEAR_BASES[base]
+        symmetric = True
+        granularity = PER_BLOCK if bits == 4 else PER_CHANNEL
+        block = DEFAULT_BLOCK_SIZE
+        for mod in mods:
+            if mod in ("sym", "symmetric"):
+                symmetric = True
+            elif mod in ("asym", "asymmetric", "linear"):
+                symmetric = False
+            elif mod in ("tensor", "pertensor"):
+                granularity = PER_TENSOR
+            elif mod in ("channel", "perchannel"):
+                granularity = PER_CHANNEL
+            elif m := re.fullmatch(r"(?:block|b)(\d*)", mod):
+                granularity = PER_BLOCK
+                block = int(m.group(1)) if m.group(1) else DEFAULT_BLOCK_SIZE
+            else:
+                raise InvalidOptionError(f"compression scheme {text!r}: unknown modifier {mod!r} for {base}"
+                                         " (sym, asym, tensor, channel, block, blockN)")
+        return LinearScheme(bits=bits, signed=signed, symmetric=symmetric, granularity=granularity, block_size=block)
+    if m := re.fullmatch(r"lut(\d)", base):
+        granularity, group = PER_TENSOR, DEFAULT_GROUP_SIZE
+        for mod in mods:
+            if mod in ("tensor", "pertensor"):
+                granularity = PER_TENSOR
+            elif g := re.fullmatch(r"(?:group|g)(\d*)", mod):
+                granularity = PER_GROUPED_CHANNEL
+                group = int(g.group(1)) if g.group(1) else DEFAULT_GROUP_SIZE
+            else:
+                raise InvalidOptionError(f"compression scheme {text!r}: unknown modifier {mod!r} for {base}"
+                                         " (tensor, group, groupN)")
+        return PaletteScheme(bits=int(m.group(1)), granularity=granularity, group_size=group)
+    raise InvalidOptionError(
+        f"unknown compression scheme {text!r}: expected int8, uint8, int4, uint4, lut1..lut8 (lut5/lut7 do not"
+        " exist) or none, with '-'-joined modifiers"
+    )
+
+
+#: Named presets: one scheme for every eligible weight (embeddings and LM head included).
+PRESETS: dict[str, str] = {
+    "int8": "int8-sym-channel",
+    "uint8": "uint8-asym-channel",
+    "int4": "int4-sym-block32",
+    "uint4": "uint4-asym-block32",
+    "lut2": "lut2",
+    "lut3": "lut3",
+    "lut4": "lut4",
+    "lut6": "lut6",
+    "lut8": "lut8",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Weights whose name matches `pattern` get `scheme` (None keeps them in float)."""
+
+    pattern: str
+    scheme: Scheme | None
+    regex: bool = False
+
+    def __post_init__(self) -> None:
+        if self.regex:
+            try:
+                re.compile(self.pattern)
+            except re.error as err:
+                raise InvalidOptionError(f"compression rule: bad regular expression {self.pattern!r}: {err}") from None
+
+    def matches(self, name: str) -> bool:
+        if self.regex:
+            return re.search(self.pattern, name) is not None
+        return fnmatch.fnmatchcase(name, self.pattern)
+
+    @property
+    def label(self) -> str:
+        return f"{'re' if self.regex else 'glob'}:{self.pattern}"
+
+
+class _Same:
+    """Marker: embeddings / LM head take the default scheme."""
+
+    def __repr__(self) -> str:
+        return "SAME_AS_DEFAULT"
+
+
+SAME_AS_DEFAULT: Any = _Same()
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    default: Scheme | None = None
+    embeddings: Any = SAME_AS_DEFAULT
+    lm_head: Any = SAME_AS_DEFAULT
+    rules: tuple[Rule, ...] = field(default_factory=tuple)
+    min_size: int = DEFAULT_MIN_SIZE
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0:
+            raise InvalidOptionError(f"min_size must be a non-negative integer, got {self.min_size!r}")
+
+    def role_scheme(self, role: str) -> Scheme | None:
+        chosen = {"embedding": self.embeddings, "lm_head": self.lm_head}.get(role, self.default)
+        return self.default if chosen is SAME_AS_DEFAULT else chosen
+
+    def describe(self) -> str:
+        parts = [_label(self.default)]
+        if self.embeddings is not SAME_AS_DEFAULT:
+            parts.append(f"embeddings={_label(self.embeddings)}")
+        if self.lm_head is not SAME_AS_DEFAULT:
+            parts.append(f"lm_head={_label(self.lm_head)}")
+        parts += [f"{r.label}={_label(r.scheme)}" for r in self.rules]
+        parts.append(f"min_size={self.min_size}")
+        return ";".join(parts)
+
+
+def _label(scheme: Scheme | None) -> str:
+    return "none" if scheme is None else scheme.label
+
+
+def _scheme_value(value: Any, what: str) -> Scheme | None:
+    if value is None or isinstance(value, (LinearScheme, PaletteScheme)):
+        return value
+    if isinstance(value, str):
+        return parse_scheme(PRESETS.get(value.strip().lower(), value))
+    raise InvalidOptionError(f"{what}: expected a scheme name, LinearScheme, PaletteScheme or None, got {value!r}")
+
+
+def _rule(pattern: Any, scheme: Any) -> Rule:
+    if not isinstance(pattern, str) or not pattern:
+        raise InvalidOptionError(f"compression rule pattern must be a non-empty string, got {pattern!r}")
+    regex = pattern.startswith("re:")
+    if regex or pattern.startswith("glob:"):
+        pattern = pattern.split(":", 1)[1]
+    return Rule(pattern=pattern, scheme=_scheme_value(scheme, f"rule {pattern!r}"), regex=regex)
+
+
+def _int_option(value: Any, what: str) -> int:
+    try:
+        out = int(value)
+    except (TypeError, ValueError):
+        raise InvalidOptionError(f"{what} must be an integer, got {value!r}") from None
+    return out
+
+
+def _parse_text(text: str) -> CompressionConfig:
+    fields: dict[str, Any] = {}
+    rules: list[Rule] = []
+    for item in (part.strip() for part in text.split(";")):
+        if not item:
+            continue
+        if item.startswith(("re:", "glob:")) or ("=" in item and item.split("=", 1)[0].strip().lower().replace("-", "_")
+                                                 not in ("default", "embeddings", "lm_head", "min_size")):
+            if "=" not in item:
+                raise InvalidOptionError(f"compression rule {item!r} needs PATTERN=SCHEME")
+            pattern, scheme = item.rsplit("=", 1)
+            rules.append(_rule(pattern.strip(), scheme.strip()))
+            continue
+        if "=" in item:
+            key, value = (s.strip() for s in item.split("=", 1))
+            key = key.lower().replace("-", "_")
+            if key in fields:
+                raise InvalidOptionError(f"compression option {key!r} is given twice")
+            fields[key] = _int_option(value, "min_size") if key == "min_size" else _scheme_value(value, key)
+        else:
+            if "default" in fields:
+                raise InvalidOptionError(f"compression config {text!r} names two default schemes")
+            fields["default"] = _scheme_value(item, "default")
+    return CompressionConfig(rules=tuple(rules), **fields)
+
+
+def parse_compress(spec: Any) -> CompressionConfig | None:
+    """`convert(compress=...)` / `--compress` in any accepted form -> a config (None: no compression).
+
+    Accepts None, a preset or config string (module doc), a scheme object, a `CompressionConfig`,
+    or a mapping with keys default / embeddings / lm_head / min_size / rules (a sequence of
+    (pattern, scheme) pairs, patterns as in the text form)."""
+    if spec is None:
+        return None
+    if isinstance(spec, CompressionConfig):
+        return spec
+    if isinstance(spec, (LinearScheme, PaletteScheme)):
+        return CompressionConfig(default=spec)
+    if isinstance(spec, str):
+        return _parse_text(spec)
+    if isinstance(spec, Mapping):
+        unknown = set(spec) - {"default", "embeddings", "lm_head", "min_size", "rules"}
+        if unknown:
+            raise InvalidOptionError(f"compress mapping: unknown keys {sorted(map(str, unknown))}")
+        kwargs: dict[str, Any] = {}
+        for key in ("default", "embeddings", "lm_head"):
+            if key in spec:
+                kwargs[key] = _scheme_value(spec[key], key)
+        if "min_size" in spec:
+            kwargs["min_size"] = spec["min_size"]
+        raw_rules = spec.get("rules", ())
+        if isinstance(raw_rules, Mapping):
+            raw_rules = list(raw_rules.items())
+        if not isinstance(raw_rules, Sequence) or isinstance(raw_rules, str):
+            raise InvalidOptionError("compress rules must be a sequence of (pattern, scheme) pairs")
+        rules = []
+        for entry in raw_rules:
+            if not (isinstance(entry, Sequence) and not isinstance(entry, str) and len(entry) == 2):
+                raise InvalidOptionError(f"compress rule {entry!r} is not a (pattern, scheme) pair")
+            rules.append(_rule(entry[0], entry[1]))
+        return CompressionConfig(rules=tuple(rules), **kwargs)
+    raise InvalidOptionError(f"compress must be a string, scheme, CompressionConfig or mapping, got {type(spec).__name__}")

@@ -1,0 +1,169 @@
+"""convert(compress=...): every scheme x target x precision through the executor, selection
+rules, the report and the typed errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlx_mil
+import rlx_mil.compress
+from rlx_mil.compress import report_of
+from rlx_mil.errors import CompressionError, InvalidOptionError
+from tests.compress.helpers import convert_and_verify, op_types
+from tests.compress.tiny_lm import TinyLM, tiny_lm, tiny_lm_inputs, tiny_lm_params
+
+CONFIG = TinyLM()
+GRAPH = tiny_lm(CONFIG)
+PARAMS = tiny_lm_params(GRAPH, CONFIG)
+INPUTS = tiny_lm_inputs(CONFIG)
+MATRICES = sorted(n for n, a in PARAMS.items() if a.ndim == 2 and not n.startswith("rope"))
+
+IOS18_LINEAR = ["int8", "int4", "uint8", "uint4", "int8-asym-tensor", "int4-asym-block16", "int8-block16", "uint4-sym-channel"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("spec", IOS18_LINEAR)
+def test_ios18_linear_schemes(spec: str, precision: str) -> None:
+    model, report = convert_and_verify(GRAPH, PARAMS, INPUTS, spec, target="iOS18", precision=precision,
+                                       roundtrip=spec in ("int8", "int4"))
+    assert sorted(w.name for w in report.weights) == MATRICES
+    assert op_types(model).count("constexpr_blockwise_shift_scale") == len(MATRICES)
+    # Norm scales, biases and RoPE tables are never compressed unless asked.
+    assert {"rope.cos", "rope.sin", "norm.weight", "layers.0.input_layernorm.weight"} <= set(report.kept)
+    itemsize = 2 if precision == "fp16" else 4
+    for w in report.weights:
+        assert w.bytes_before == int(np.prod(w.shape)) * itemsize
+        assert 0 < w.relative_error < (0.02 if "8" in spec else 0.2)
+    scheme = rlx_mil.compress.parse_compress(spec).default  # type: ignore[union-attr]
+    for w in report.weights:
+        # A matmul weight [K, N] is stored as the [N, K] `linear` weight; an embedding as is.
+        n, k = (w.shape[1], w.shape[0]) if w.layout == "kn" else (w.shape[0], w.shape[1])
+        assert (w.layout == "dense") == (w.name == "embed_tokens.weight")
+        tables = {"per_tensor": 1, "per_channel": n, "per_block": n * k // scheme.block_size}[scheme.granularity]
+        offsets = (tables * scheme.bits + 7) // 8 if scheme.has_offset else 0
+        assert w.bytes_after == (n * k * scheme.bits + 7) // 8 + tables * itemsize + offsets
+
+
+@pytest.mark.parametrize("target", ["iOS16", "iOS17"])
+@pytest.mark.parametrize("spec", ["int8", "uint8", "int8-tensor"])
+def test_ios16_17_affine_int8(spec: str, target: str) -> None:
+    for precision in ("fp32", "fp16"):
+        model, report = convert_and_verify(GRAPH, PARAMS, INPUTS, spec, target=target, precision=precision, roundtrip=False)
+        assert op_types(model).count("constexpr_affine_dequantize") == len(MATRICES)
+        assert len(report.weights) == len(MATRICES)
+
+
+def test_package_bytes_shrink_and_report_is_in_metadata(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from rlx_mil.package_info import package_info
+
+    plain = rlx_mil.save(rlx_mil.convert(GRAPH, PARAMS), tmp_path / "fp16.mlpackage")
+    packed = rlx_mil.save(rlx_mil.convert(GRAPH, PARAMS, compress="int4"), tmp_path / "int4.mlpackage")
+    # int4 + one fp16 scale per 32 weights is 4.5/16 = 0.281 of fp16; on this very small
+    # model the blob headers and the float norms/RoPE tables add a little (see test_done_when).
+    ratio = package_info(packed).weight_bytes / package_info(plain).weight_bytes
+    assert 0.28 < ratio <= 0.32
+    info = package_info(packed)
+    report = report_of(info.metadata)
+    assert report is not None and report.config.startswith("int4-sym-block32")
+    assert "compression: int4-sym-block32" in info.to_text()
+    assert "layers.1.mlp.down_proj.weight" in info.to_text()
+
+
+def test_selection_rules_min_size_embeddings_and_head() -> None:
+    spec = "int4;embeddings=int8;lm_head=none;re:\\.v_proj\\.=uint8;glob:*.down_proj.*=none;glob:norm.weight=int8-tensor;min_size=5000"
+    _, report = convert_and_verify(GRAPH, PARAMS, INPUTS, spec, target="iOS18", precision="fp32", roundtrip=False)
+    schemes = {w.name: w.scheme for w in report.weights}
+    assert schemes["embed_tokens.weight"] == "int8-sym-channel"
+    assert "head.weight" not in schemes and report.kept["head.weight"] == "config"
+    assert schemes["layers.0.self_attn.v_proj.weight"] == "uint8-asym-channel"
+    assert "layers.0.mlp.down_proj.weight" not in schemes
+    assert report.kept["layers.0.mlp.down_proj.weight"].startswith("rule glob:")
+    # Norm ops fold their scales into the program at conversion: asked-for or not, nothing
+    # stored is compressed, and the report says so.
+    assert "norm.weight" not in schemes and report.kept["norm.weight"] == "folded into its op at conversion"
+    # 64 x 64 = 4096 < min_size: q/o projections stay float; 64 x 128 gate/up are compressed.
+    assert "layers.0.self_attn.q_proj.weight" not in schemes
+    assert report.kept["layers.0.self_attn.q_proj.weight"] == "below min_size 5000"
+    assert schemes["layers.0.mlp.gate_proj.weight"] == "int4-sym-block32"
+    assert {w.role for w in report.weights if w.name == "embed_tokens.weight"} == {"embedding"}
+
+
+def test_rules_can_compress_protected_and_small_weights() -> None:
+    from rlx_mil.ir.graph import Graph
+
+    g = Graph("bias_add")
+    x = g.input("x", [2, 64])
+    y = g.add(g.matmul(x, g.param("proj.weight", [64, 64])), g.param("proj.bias", [64]), name="y")
+    g.set_outputs([y])
+    rng = np.random.default_rng(5)
+    params = {"proj.weight": rng.standard_normal((64, 64)).astype(np.float32) / 8,
+              "proj.bias": rng.standard_normal(64).astype(np.float32)}
+    inputs = {"x": rng.standard_normal((2, 64)).astype(np.float32)}
+    _, plain = convert_and_verify(g, params, inputs, "int8", precision="fp32", roundtrip=False)
+    assert plain.kept["proj.bias"] == "bias/vector"
+    _, asked = convert_and_verify(g, params, inputs, "int8;glob:*.bias=int8-tensor", precision="fp32", roundtrip=False)
+    assert {w.name: w.scheme for w in asked.weights} == {"proj.weight": "int8-sym-channel", "proj.bias": "int8-sym-tensor"}
+
+
+def test_mapping_form_and_schemes_objects() -> None:
+    from rlx_mil.compress import LinearScheme
+
+    spec = {"default": LinearScheme(bits=8, granularity="per_tensor"), "lm_head": "int4-block64", "rules": [("*embed*", None)]}
+    _, report = convert_and_verify(GRAPH, PARAMS, INPUTS, spec, target="iOS18", precision="fp16", roundtrip=False)
+    schemes = {w.name: w.scheme for w in report.weights}
+    assert schemes["head.weight"] == "int4-sym-block64"
+    assert "embed_tokens.weight" not in schemes
+    assert schemes["layers.1.mlp.up_proj.weight"] == "int8-sym-tensor"
+
+
+@pytest.mark.parametrize(
+    ("spec", "target", "match"),
+    [
+        ("int4", "iOS17", r"4-bit linear quantization needs iOS18"),
+        ("int8-block32", "iOS16", r"per-block scales need iOS18"),
+        ("int8", "iOS15", r"iOS15 has none"),
+        ("int4-block48", "iOS18", r"block size 48 does not divide"),
+    ],
+)
+def test_target_cannot_express_is_a_typed_error_naming_weight_and_target(spec: str, target: str, match: str) -> None:
+    with pytest.raises(CompressionError, match=match) as info:
+        rlx_mil.convert(GRAPH, PARAMS, target=target, compress=spec)
+    assert "layers.0.self_attn.q_proj.weight" in str(info.value) and target in str(info.value)
+
+
+def test_non_finite_weight_is_a_typed_error() -> None:
+    params = dict(PARAMS)
+    bad = params["layers.1.mlp.up_proj.weight"].copy()
+    bad[3, 7] = np.nan
+    params["layers.1.mlp.up_proj.weight"] = bad
+    with pytest.raises(CompressionError, match=r"'layers\.1\.mlp\.up_proj\.weight'.*non-finite"):
+        rlx_mil.convert(GRAPH, params, compress="int8")
+    # Excluding it by a rule converts fine.
+    model = rlx_mil.convert(GRAPH, params, compress="int8;glob:layers.1.mlp.up_proj.weight=none")
+    report = report_of(model)
+    assert report is not None and "layers.1.mlp.up_proj.weight" in report.kept
+
+
+@pytest.mark.parametrize("spec", ["int5", "lut5", "int8-wide", "int4;min_size=-1", "re:([=int8", "int8;int4", 3])
+def test_bad_specs_are_option_errors(spec: object) -> None:
+    with pytest.raises(InvalidOptionError):
+        rlx_mil.convert(GRAPH, PARAMS, compress=spec)
+
+
+def test_half_width_params_compress_like_their_float32_values() -> None:
+    half = {k: (v.astype(np.float16) if v.ndim == 2 and not k.startswith("rope") else v) for k, v in PARAMS.items()}
+    widened = {k: np.asarray(v, np.float32) for k, v in half.items()}
+    for spec in ("int4", "lut4"):
+        a = report_of(rlx_mil.convert(GRAPH, half, compress=spec))
+        b = report_of(rlx_mil.convert(GRAPH, widened, compress=spec))
+        assert a is not None and b is not None
+        assert [(w.name, w.bytes_after, round(w.relative_error, 9)) for w in a.weights] == [
+            (w.name, w.bytes_after, round(w.relative_error, 9)) for w in b.weights
+        ]
+
+
+def test_uncompressed_conversion_is_unchanged() -> None:
+    model = rlx_mil.convert(GRAPH, PARAMS)
+    assert report_of(model) is None
+    assert not any(t.startswith("constexpr") for t in op_types(model))
