@@ -30,6 +30,15 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--compute-units", default="ALL", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"])
         p.add_argument("--attention", default="auto", choices=["auto", "fused", "decomposed"])
 
+    def compression_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--compress", metavar="SPEC",
+                       help="compress weights while converting: a preset (int8, int4, uint8, uint4, lut2..lut8) or"
+                       " a per-weight config such as 'lut4;embeddings=int8;lm_head=lut6;re:v_proj=int8;min_size=4096'"
+                       " (see docs/compression.md)")
+        p.add_argument("--compress-check", type=Path, metavar="INPUTS.npz",
+                       help="with --compress: also convert without compression and record the output error on these"
+                       " inputs in the package's compression report")
+
     conv = sub.add_parser("convert", help="convert a graph (upstream RLX JSON) plus weights to .mlpackage")
     conv.add_argument("graph", type=Path, help="graph JSON as serialised by upstream RLX or rlx_mil")
     conv.add_argument("--params", type=Path, help="weights: .npz or .safetensors")
@@ -38,10 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
                       help="bind a dynamic dim symbol (e.g. 1=128 for SEQ); repeatable")
     conversion_flags(conv)
+    compression_flags(conv)
 
     hf = sub.add_parser("convert-hf", help="convert a Hugging Face checkpoint folder to .mlpackage")
     _convert_hf_arguments(hf)
     conversion_flags(hf)
+    compression_flags(hf)
 
     insp = sub.add_parser("inspect", help="summarise a .mlpackage (IO, op histogram, weights, target) or a graph JSON")
     insp.add_argument("package", type=Path, help="a .mlpackage folder, or a graph .json (inputs, params, op histogram)")
@@ -95,14 +106,21 @@ def _convert(args: argparse.Namespace) -> int:
         if not (symbol.strip().isdigit() and size.strip().isdigit()):
             raise RlxMilError(f"--dim takes SYMBOL=SIZE with non-negative integers, got {item!r}")
         dims[int(symbol)] = int(size)
+    check_inputs = _compress_check_inputs(args)
     start = time.perf_counter()
-    model = rlx_mil.convert(
-        graph, params, target=args.target, precision=args.precision,
-        compute_units=args.compute_units, attention=args.attention, dims=dims or None,
-    )
+    options: dict[str, Any] = {
+        "target": args.target, "precision": args.precision, "compute_units": args.compute_units,
+        "attention": args.attention, "dims": dims or None,
+    }
+    model = rlx_mil.convert(graph, params, compress=args.compress, **options)
+    if check_inputs is not None:
+        from rlx_mil.compress import measure_output_error
+
+        measure_output_error(model, rlx_mil.convert(graph, params, **options), check_inputs)
     rlx_mil.save(model, args.output, overwrite=args.overwrite)
     info = package_info(args.output)
     print(f"wrote {args.output} ({info.num_ops} ops, {info.package_bytes} bytes) in {time.perf_counter() - start:.2f} s")
+    _print_compression(model)
     return EXIT_OK
 
 
@@ -122,6 +140,36 @@ def _convert_hf(args: argparse.Namespace) -> int:
     from rlx_mil.models.convert_hf import run
 
     return run(args)
+
+
+def _compress_check_inputs(args: argparse.Namespace) -> dict[str, np.ndarray] | None:
+    """The --compress-check inputs (read before converting, so a bad file fails early)."""
+    path = getattr(args, "compress_check", None)
+    if path is None:
+        return None
+    if not getattr(args, "compress", None):
+        raise RlxMilError("--compress-check needs --compress")
+    return _load_npz(path)
+
+
+def _print_compression(model: Any) -> None:
+    from rlx_mil.compress import report_of
+
+    report = report_of(model)
+    if report is None:
+        return
+    ratio = report.bytes_after / report.bytes_before if report.bytes_before else 1.0
+    print(f"compressed {len(report.weights)} weights ({report.config}): {report.bytes_before} -> {report.bytes_after}"
+          f" bytes ({ratio:.3f}x)")
+    for out, err in (report.output_error or {}).items():
+        print(f"  output {out}: max |error| {err['max_abs']:.3g}, relative L2 {err['relative_l2']:.3g} vs uncompressed")
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    from rlx_mil.weights import open_arrays
+
+    with open_arrays(path, "inputs file") as archive:
+        return dict(archive.items())
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """Palettization: 1-D k-means look-up tables fitted in NumPy (deterministic, no scikit-learn).
 
-The fit is Lloyd's algorithm from quantile seeds, run on the weight's distinct values with
+The fit is Lloyd's algorithm from quantile seeds (and from evenly spaced seeds, keeping the
+better result), run on the weight's distinct values with
 their counts: on sorted values every cluster is a contiguous run, so one iteration is a binary
 search of the k-1 midpoints plus prefix sums, O(k log n), and the result is the same as Lloyd
 on the raw values (ties go to the lower centroid, as an argmin does). Float16 / bfloat16
@@ -75,13 +76,26 @@ def lloyd_1d(values: np.ndarray, counts: np.ndarray, seeds: np.ndarray, max_iter
     return centroids
 
 
+def weighted_sse(values: np.ndarray, counts: np.ndarray, centroids: np.ndarray) -> float:
+    """Squared error of the weighted sorted values against their nearest sorted centroid."""
+    idx = np.searchsorted((centroids[:-1] + centroids[1:]) / 2, values, side="left")
+    return float(np.sum(counts * np.square(values - centroids[idx])))
+
+
 def fit_lut(values: np.ndarray, k: int) -> np.ndarray:
     """A sorted k-entry table for the (finite) values: exact when they have <= k distinct
-    values (the rest of the table repeats the largest), else k-means from quantile seeds."""
+    values (the rest of the table repeats the largest), else the better of two Lloyd runs,
+    from quantile seeds and from evenly spaced seeds (the latter wins when few values share
+    each entry, where quantile seeds crowd the dense middle)."""
     distinct, counts = value_histogram(values)
     if distinct.size <= k:
         return np.concatenate([distinct, np.full(k - distinct.size, distinct[-1])])
-    return lloyd_1d(distinct, counts, quantile_seeds(distinct, counts, k))
+    runs = [
+        lloyd_1d(distinct, counts, quantile_seeds(distinct, counts, k)),
+        lloyd_1d(distinct, counts, np.linspace(distinct[0], distinct[-1], k)),
+    ]
+    errors = [weighted_sse(distinct, counts, c) for c in runs]
+    return runs[int(np.argmin(errors))]
 
 
 def nearest_index(x: np.ndarray, lut: np.ndarray) -> np.ndarray:

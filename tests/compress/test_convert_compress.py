@@ -13,7 +13,7 @@ from rlx_mil.errors import CompressionError, InvalidOptionError
 from tests.compress.helpers import convert_and_verify, op_types
 from tests.compress.tiny_lm import TinyLM, tiny_lm, tiny_lm_inputs, tiny_lm_params
 
-CONFIG = TinyLM()
+CONFIG = TinyLM(layers=1)
 GRAPH = tiny_lm(CONFIG)
 PARAMS = tiny_lm_params(GRAPH, CONFIG)
 INPUTS = tiny_lm_inputs(CONFIG)
@@ -54,6 +54,28 @@ def test_ios16_17_affine_int8(spec: str, target: str) -> None:
         assert len(report.weights) == len(MATRICES)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize(("spec", "target"), [
+    ("lut2", "iOS18"), ("lut3", "iOS18"), ("lut4", "iOS18"), ("lut6", "iOS18"), ("lut8", "iOS18"),
+    ("lut4-group16", "iOS18"), ("lut3-group32", "iOS18"),
+    ("lut4", "iOS16"), ("lut6", "iOS17"), ("lut2", "iOS16"), ("lut8", "iOS17"),
+])
+def test_palettized_schemes(spec: str, target: str, precision: str) -> None:
+    model, report = convert_and_verify(GRAPH, PARAMS, INPUTS, spec, target=target, precision=precision,
+                                       roundtrip=spec == "lut4")
+    assert sorted(w.name for w in report.weights) == MATRICES
+    assert op_types(model).count("constexpr_lut_to_dense") == len(MATRICES)
+    scheme = rlx_mil.compress.parse_scheme(spec)
+    assert isinstance(scheme, rlx_mil.compress.PaletteScheme)
+    itemsize = 2 if precision == "fp16" else 4
+    for w in report.weights:
+        n = w.shape[1] if w.layout == "kn" else w.shape[0]
+        groups = n // scheme.group_size if scheme.granularity == "per_grouped_channel" else 1
+        count = int(np.prod(w.shape))
+        assert w.bytes_after == (count * scheme.bits + 7) // 8 + groups * (1 << scheme.bits) * itemsize
+        assert w.relative_error < {2: 0.45, 3: 0.25, 4: 0.13, 6: 0.06, 8: 0.02}[scheme.bits]
+
+
 def test_package_bytes_shrink_and_report_is_in_metadata(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from rlx_mil.package_info import package_info
 
@@ -67,7 +89,7 @@ def test_package_bytes_shrink_and_report_is_in_metadata(tmp_path) -> None:  # ty
     report = report_of(info.metadata)
     assert report is not None and report.config.startswith("int4-sym-block32")
     assert "compression: int4-sym-block32" in info.to_text()
-    assert "layers.1.mlp.down_proj.weight" in info.to_text()
+    assert "layers.0.mlp.down_proj.weight" in info.to_text()
 
 
 def test_selection_rules_min_size_embeddings_and_head() -> None:
@@ -114,7 +136,7 @@ def test_mapping_form_and_schemes_objects() -> None:
     schemes = {w.name: w.scheme for w in report.weights}
     assert schemes["head.weight"] == "int4-sym-block64"
     assert "embed_tokens.weight" not in schemes
-    assert schemes["layers.1.mlp.up_proj.weight"] == "int8-sym-tensor"
+    assert schemes["layers.0.mlp.up_proj.weight"] == "int8-sym-tensor"
 
 
 @pytest.mark.parametrize(
@@ -124,6 +146,9 @@ def test_mapping_form_and_schemes_objects() -> None:
         ("int8-block32", "iOS16", r"per-block scales need iOS18"),
         ("int8", "iOS15", r"iOS15 has none"),
         ("int4-block48", "iOS18", r"block size 48 does not divide"),
+        ("lut3", "iOS16", r"3-bit palettization has no constexpr_lut_to_dense form on iOS16"),
+        ("lut4-group16", "iOS17", r"per-grouped-channel LUTs need iOS18"),
+        ("lut4-group48", "iOS18", r"group size 48 does not divide"),
     ],
 )
 def test_target_cannot_express_is_a_typed_error_naming_weight_and_target(spec: str, target: str, match: str) -> None:
@@ -134,15 +159,15 @@ def test_target_cannot_express_is_a_typed_error_naming_weight_and_target(spec: s
 
 def test_non_finite_weight_is_a_typed_error() -> None:
     params = dict(PARAMS)
-    bad = params["layers.1.mlp.up_proj.weight"].copy()
+    bad = params["layers.0.mlp.up_proj.weight"].copy()
     bad[3, 7] = np.nan
-    params["layers.1.mlp.up_proj.weight"] = bad
-    with pytest.raises(CompressionError, match=r"'layers\.1\.mlp\.up_proj\.weight'.*non-finite"):
+    params["layers.0.mlp.up_proj.weight"] = bad
+    with pytest.raises(CompressionError, match=r"'layers\.0\.mlp\.up_proj\.weight'.*non-finite"):
         rlx_mil.convert(GRAPH, params, compress="int8")
     # Excluding it by a rule converts fine.
-    model = rlx_mil.convert(GRAPH, params, compress="int8;glob:layers.1.mlp.up_proj.weight=none")
+    model = rlx_mil.convert(GRAPH, params, compress="int8;glob:layers.0.mlp.up_proj.weight=none")
     report = report_of(model)
-    assert report is not None and "layers.1.mlp.up_proj.weight" in report.kept
+    assert report is not None and "layers.0.mlp.up_proj.weight" in report.kept
 
 
 @pytest.mark.parametrize("spec", ["int5", "lut5", "int8-wide", "int4;min_size=-1", "re:([=int8", "int8;int4", 3])
