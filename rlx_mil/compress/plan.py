@@ -22,6 +22,7 @@ from rlx_mil.compress.schemes import CompressionConfig, LinearScheme, Scheme, pa
 from rlx_mil.errors import CompressionError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Param
+from rlx_mil.lower.context import WeightSource
 from rlx_mil.lower.target import Precision, Target
 
 PROTECTED_ROLES = frozenset({"norm", "rope", "vector", "integer"})
@@ -45,12 +46,35 @@ def _feeds_output(graph: Graph, node_id: int, users: Mapping[int, list[int]]) ->
     return False
 
 
-def param_roles(graph: Graph) -> dict[str, str]:
-    """Param name -> role: embedding, lm_head, weight, norm, rope, vector (rank <= 1), integer."""
+def _is_axis_swap(graph: Graph, node_id: int) -> bool:
+    node = graph.node(node_id)
+    return node.op.type_name == "Transpose" and tuple(getattr(node.op, "perm", ())) == (1, 0)
+
+
+def _uses(graph: Graph, node_id: int, users: Mapping[int, list[int]]) -> list[tuple[int, int, bool]]:
+    """(user node, input position, through a 2-D transpose) for each use of a Param node; a
+    Transpose swapping a matrix's axes (how [out, in] checkpoint weights feed MatMul) is looked
+    through."""
+    out = []
+    for user_id in users.get(node_id, []):
+        if _is_axis_swap(graph, user_id):
+            out += [(u, p, True) for u in users.get(user_id, []) for p, i in enumerate(graph.node(u).inputs) if i == user_id]
+            continue
+        out += [(user_id, p, False) for p, i in enumerate(graph.node(user_id).inputs) if i == node_id]
+    return out
+
+
+def _user_map(graph: Graph) -> dict[int, list[int]]:
     users: dict[int, list[int]] = {}
     for node in graph:
-        for i in node.inputs:
+        for i in dict.fromkeys(node.inputs):
             users.setdefault(i, []).append(node.id)
+    return users
+
+
+def param_roles(graph: Graph) -> dict[str, str]:
+    """Param name -> role: embedding, lm_head, weight, norm, rope, vector (rank <= 1), integer."""
+    users = _user_map(graph)
     roles: dict[str, str] = {}
     rank = {"rope": 5, "norm": 4, "embedding": 3, "lm_head": 2, "weight": 1, "vector": 0}
     for node in graph:
@@ -61,18 +85,16 @@ def param_roles(graph: Graph) -> dict[str, str]:
             roles[name] = "integer"
             continue
         found = "rope" if _ROPE_NAME.search(name) else ("lm_head" if _LM_HEAD_NAME.search(name) else "weight")
-        for user_id in users.get(node.id, []):
-            user = graph.node(user_id)
-            kind = user.op.type_name
-            positions = [p for p, inp in enumerate(user.inputs) if inp == node.id]
+        for user_id, position, _ in _uses(graph, node.id, users):
+            kind = graph.node(user_id).op.type_name
             role = "weight"
-            if kind in _NORM_OPS and any(p >= 1 for p in positions):
+            if kind in _NORM_OPS and position >= 1:
                 role = "norm"
-            elif kind == "Rope" and any(p >= 1 for p in positions):
+            elif kind == "Rope" and position >= 1:
                 role = "rope"
-            elif kind == "Gather" and 0 in positions:
+            elif kind == "Gather" and position == 0:
                 role = "embedding"
-            elif any(p in _MATMUL_WEIGHT.get(kind, ()) for p in positions) and _feeds_output(graph, user_id, users):
+            elif position in _MATMUL_WEIGHT.get(kind, ()) and _feeds_output(graph, user_id, users):
                 role = "lm_head"
             if rank[role] > rank[found]:
                 found = role
@@ -83,11 +105,12 @@ def param_roles(graph: Graph) -> dict[str, str]:
     return roles
 
 
-def _predicted_layout(graph: Graph, name: str) -> str:
-    """"kn" when every use of the Param is a matmul weight (it becomes a `linear` weight)."""
-    nodes = {n.id for n in graph if isinstance(n.op, Param) and n.op.name == name}
-    uses = [(u.op.type_name, p) for u in graph for p, i in enumerate(u.inputs) if i in nodes]
-    return "kn" if uses and all(p in _MATMUL_WEIGHT.get(kind, ()) for kind, p in uses) else "dense"
+def _predicted_layout(graph: Graph, name: str, users: Mapping[int, list[int]]) -> str:
+    """"kn" when the Param is stored transposed: every use is a matmul weight ([K, N] held as
+    the [N, K] `linear` weight), none through a Transpose (which makes it [N, K] already)."""
+    uses = [u for n in graph if isinstance(n.op, Param) and n.op.name == name for u in _uses(graph, n.id, users)]
+    weights = [(p in _MATMUL_WEIGHT.get(graph.node(u).op.type_name, ()), swapped) for u, p, swapped in uses]
+    return "kn" if weights and all(w and not swapped for w, swapped in weights) else "dense"
 
 
 def storage_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
@@ -134,11 +157,12 @@ class WeightCompressor:
     def check(self) -> None:
         """Every problem the shapes and target reveal, before any weight is read."""
         problems = []
+        users = _user_map(self.graph)
         for name, scheme in self.schemes.items():
             if self.roles.get(name) == "integer":
                 problems.append(f"weight {name!r} is not float; only float weights can be compressed")
                 continue
-            shape = storage_shape(self.sizes[name], _predicted_layout(self.graph, name))
+            shape = storage_shape(self.sizes[name], _predicted_layout(self.graph, name, users))
             try:
                 check_target(scheme, self.target, name)
                 if isinstance(scheme, LinearScheme):
@@ -150,29 +174,36 @@ class WeightCompressor:
         if problems:
             raise CompressionError("cannot compress as asked for " + self.target.label + ":\n  - " + "\n  - ".join(problems))
 
-    def scheme_for(self, name: str | None) -> Scheme | None:
-        return None if name is None else self.schemes.get(name)
+    def scheme_for(self, source: WeightSource | None) -> Scheme | None:
+        return None if source is None else self.schemes.get(source.name)
 
-    def compress(self, name: str | None, value: np.ndarray, *, layout: str, op_name: Callable[[], str]) -> Any | None:
-        """The constexpr var decoding weight `name` (None when it stays float). `value` is the
-        weight as the lowering holds it: [K, N] for layout "kn" (stored transposed as the
-        `linear` weight), else in its declared shape."""
-        scheme = self.scheme_for(name)
-        if scheme is None or name is None:
+    def compress(
+        self, source: WeightSource, value: np.ndarray, *, layout: str, op_name: Callable[[], str]
+    ) -> Any | None:
+        """The constexpr var decoding the Param `source` (None when it stays float). `value` is
+        the weight as the lowering holds it: [K, N] for layout "kn" (stored transposed as the
+        `linear` weight), else as it is used."""
+        scheme = self.scheme_for(source)
+        if scheme is None:
             return None
-        key = (name, layout)
-        if key in self._done:
-            return self._done[key]
+        name = source.name
         arr = np.asarray(value)
         if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":
             return None
+        storage = arr.T if layout == "kn" else arr
+        # How the stored array relates to the Param as given (what dequantization undoes).
+        param_layout = "kn" if (layout == "kn") != source.transposed else "dense"
+        key = (name, param_layout)
+        if key in self._done:
+            return self._done[key]
         check_target(scheme, self.target, name)
-        codes = encode(arr.T if layout == "kn" else arr, scheme, self.precision, name)
+        codes = encode(storage, scheme, self.precision, name)
         build = linear_op if isinstance(codes, LinearCodes) else palette_op
         var = build(codes, self.target, op_name())  # type: ignore[arg-type]
+        param_shape = storage.shape[::-1] if param_layout == "kn" else storage.shape
         self.weights.append(WeightReport(
-            name=name, role=self.roles.get(name, "weight"), scheme=scheme.label, layout=layout,
-            shape=[int(d) for d in arr.shape], bytes_before=int(arr.size) * np.dtype(store_dtype(self.precision)).itemsize,
+            name=name, role=self.roles.get(name, "weight"), scheme=scheme.label, layout=param_layout,
+            shape=[int(d) for d in param_shape], bytes_before=int(arr.size) * np.dtype(store_dtype(self.precision)).itemsize,
             bytes_after=compressed_bytes(codes), relative_error=codes.relative_error,
         ))
         self._done[key] = var

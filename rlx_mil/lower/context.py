@@ -28,17 +28,27 @@ class LowerOptions:
     compressor: Any = field(default=None, compare=False)
 
 
+@dataclass(frozen=True)
+class WeightSource:
+    """The Param a value known at conversion time comes from; `transposed`: the value is that
+    (2-D) Param transposed, as a Transpose node feeding a matmul makes it."""
+
+    name: str
+    transposed: bool = False
+
+
 def compressed_weight(
-    options: LowerOptions, param: str | None, value: np.ndarray, *, layout: str, op_name: Callable[[], str]
+    options: LowerOptions, source: WeightSource | None, value: np.ndarray, *, layout: str,
+    op_name: Callable[[], str],
 ) -> Any | None:
     """The one place a float weight may become a compressed constexpr op instead of a const.
 
-    Returns the op's output when the conversion compresses Param `param`, else None (the caller
-    makes its usual const). `value` is the raw array (any float dtype); layout "kn" means a
-    [K, N] matmul weight that `linear` holds as [N, K], "dense" the array as declared."""
-    if options.compressor is None or param is None:
+    Returns the op's output when the conversion compresses the Param `source`, else None (the
+    caller makes its usual const). `value` is the raw array (any float dtype); layout "kn"
+    means a [K, N] matmul weight that `linear` holds as [N, K], "dense" the array as is."""
+    if options.compressor is None or source is None:
         return None
-    return options.compressor.compress(param, value, layout=layout, op_name=op_name)
+    return options.compressor.compress(source, value, layout=layout, op_name=op_name)
 
 
 class NameAllocator:
@@ -117,10 +127,10 @@ class LowerContext:
     def vars(self) -> list[Any]:
         return [self.var(i) for i in range(self.num_inputs)]
 
-    def param_name(self, i: int) -> str | None:
-        """The name of the Param input `i` stands for (also inside a decomposition), else None."""
+    def weight_source(self, i: int) -> WeightSource | None:
+        """The Param input `i`'s value comes from (also inside a decomposition), else None."""
         lowerer = self._lowerer
-        return None if lowerer is None else lowerer.param_name(self.node.inputs[i])
+        return None if lowerer is None else lowerer.weight_source(self.node.inputs[i])
 
     def value(self, i: int) -> np.ndarray | None:
         """The NumPy value of input `i` when it is a Param or Constant (known at conversion
@@ -181,9 +191,9 @@ class LowerContext:
             value = self.value(outer_index)
             if value is not None:
                 inner.values[sub_id] = value
-                source = self.param_name(outer_index)
+                source = self.weight_source(outer_index)
                 if source is not None:
-                    inner.param_names[sub_id] = source
+                    inner.weight_sources[sub_id] = source
             else:
                 inner.env[sub_id] = self.var(outer_index)
         inner.run()

@@ -27,6 +27,7 @@ from rlx_mil.lower.context import (
     LowerContext,
     LowerOptions,
     NameAllocator,
+    WeightSource,
     compressed_weight,
     mil_dtype_for,
 )
@@ -200,14 +201,19 @@ class NodeLowerer:
         #: node id -> rule lowering that node instead of its registered one (the stateful KV
         #: cache rewrites cache Concats and the attention reading them; shapes are its own).
         self.overrides: Mapping[int, Callable[[LowerContext], Any]] = {}
-        #: Node id -> the outer graph's Param name, for values bound into a decomposition.
-        self.param_names: dict[int, str] = {}
+        #: Node id -> the outer graph's Param, for values bound into a decomposition.
+        self.weight_sources: dict[int, WeightSource] = {}
 
-    def param_name(self, node_id: int) -> str | None:
+    def weight_source(self, node_id: int) -> WeightSource | None:
+        """The Param whose value node `node_id` holds: the Param itself, or a 2-D Param behind a
+        Transpose swapping its axes."""
         node = self.graph.node(node_id)
         if isinstance(node.op, Param):
-            return node.op.name
-        return self.param_names.get(node_id)
+            return WeightSource(node.op.name)
+        if node.op.type_name == "Transpose" and len(node.shape.dims) == 2 and tuple(getattr(node.op, "perm", ())) == (1, 0):
+            inner = self.weight_source(node.inputs[0])
+            return None if inner is None else WeightSource(inner.name, not inner.transposed)
+        return self.weight_sources.get(node_id)
 
     def value_of(self, node_id: int) -> np.ndarray | None:
         if node_id in self.values:
@@ -239,7 +245,7 @@ class NodeLowerer:
         if node.shape.dtype.is_float:
             op_name = self.name_prefix + base
             compressed = compressed_weight(
-                self.options, self.param_name(node_id), value, layout="dense", op_name=lambda: self.names.fresh(op_name)
+                self.options, self.weight_source(node_id), value, layout="dense", op_name=lambda: self.names.fresh(op_name)
             )
             if compressed is not None:
                 self.env[node_id] = compressed

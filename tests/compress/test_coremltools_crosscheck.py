@@ -7,6 +7,7 @@ equivalent `OpLinearQuantizerConfig`; every weight that feeds a `linear` (or the
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -41,16 +42,18 @@ def _weights(model: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@functools.cache
+def _uncompressed(target: str, precision: str) -> Any:
+    return rlx_mil.convert(GRAPH, PARAMS, target=target, precision=precision)
+
+
 @pytest.mark.parametrize(
-    ("spec", "target"),
+    ("spec", "target", "precision"),
     [
-        ("int8-sym-channel", "iOS18"), ("int8-asym-channel", "iOS18"), ("uint8-sym-channel", "iOS18"),
-        ("int4-sym-channel", "iOS18"), ("int4-asym-channel", "iOS18"),
-        ("int8-sym-block32", "iOS18"), ("int4-sym-block32", "iOS18"), ("int4-asym-block16", "iOS18"),
-        ("uint4-sym-block32", "iOS18"),
-        ("int8-sym-channel", "iOS16"), ("uint8-asym-channel", "iOS17"),
-    ],
+        (spec, "iOS18", precision)
+        for spec in ("int8-sym-channel", "int4-sym-channel", "int8-sym-block32", "int4-sym-block32", "int4-asym-block16")
+        for precision in ("fp32", "fp16")
+    ] + [("uint8-sym-channel", "iOS18", "fp16"), ("int8-sym-channel", "iOS16", "fp16"), ("uint8-asym-channel", "iOS17", "fp32")],
 )
 def test_dequantized_weights_match_coremltools_within_one_step(spec: str, target: str, precision: str) -> None:
     import coremltools.optimize.coreml as cto
@@ -58,7 +61,7 @@ def test_dequantized_weights_match_coremltools_within_one_step(spec: str, target
     scheme = parse_scheme(spec)
     assert scheme is not None
     ours = _weights(rlx_mil.convert(GRAPH, PARAMS, target=target, precision=precision, compress=spec))
-    plain = rlx_mil.convert(GRAPH, PARAMS, target=target, precision=precision)
+    plain = _uncompressed(target, precision)
     config = cto.OptimizationConfig(global_config=cto.OpLinearQuantizerConfig(**scheme.coremltools_config(), weight_threshold=2047))
     theirs = _weights(cto.linear_quantize_weights(plain, config))
     consumers = set(theirs)

@@ -15,7 +15,7 @@ import numpy as np
 
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
-from rlx_mil.lower.context import LowerContext, compressed_weight
+from rlx_mil.lower.context import LowerContext, WeightSource, compressed_weight
 from rlx_mil.lower.registry import lowering
 from rlx_mil.lower.rules.elementwise import (
     activation_var,
@@ -56,7 +56,7 @@ def linear_var(
     bias: np.ndarray | None,
     out_sizes: tuple[int, ...],
     suffix: str,
-    source: str | None = None,
+    source: WeightSource | None = None,
 ) -> Any:
     """`x @ weight_kn (+ bias)` through MIL `linear` (x held in the program float), reshaped
     to `out_sizes`. `source` names the Param the weight comes from (it may be compressed)."""
@@ -83,7 +83,7 @@ def matmul_var(
     b: tuple[Any, DType, np.ndarray | None],
     out_sizes: tuple[int, ...],
     suffix: str,
-    source: str | None = None,
+    source: WeightSource | None = None,
 ) -> tuple[Any, DType]:
     """`a @ b` with NumPy batch broadcasting; each operand is (var or None, IR dtype, known
     value or None). Returns the result var and the IR dtype it holds (F32 for floats, I32 when
@@ -144,7 +144,7 @@ def lower_matmul(op: ops.MatMul, ctx: LowerContext) -> Any:
     sizes = _check_matmul_shapes(ctx, 0, 1, ("a", "b"))
     _check_declared(ctx, sizes)
     a = (ctx.var(0), ctx.input_shape(0).dtype, ctx.value(0))
-    result, held = matmul_var(ctx, a, _operand(ctx, 1), sizes, "", ctx.param_name(1))
+    result, held = matmul_var(ctx, a, _operand(ctx, 1), sizes, "", ctx.weight_source(1))
     return convert(ctx, result, held, ctx.out_shape.dtype, suffix="out")
 
 
@@ -183,7 +183,7 @@ def lower_lora_matmul(op: ops.LoraMatMul, ctx: LowerContext) -> Any:
     w, a, b = ctx.value(1), ctx.value(2), ctx.value(3)
     x = to_float(ctx, ctx.var(0), x_dt, "x_float")
     # A compressed w stays its own (compressed) weight: merging would compress w + a@b instead.
-    compressing_w = ctx.options.compressor is not None and ctx.options.compressor.scheme_for(ctx.param_name(1)) is not None
+    compressing_w = ctx.options.compressor is not None and ctx.options.compressor.scheme_for(ctx.weight_source(1)) is not None
     if w is not None and a is not None and b is not None and not compressing_w:
         merged = np.asarray(w, np.float64) + np.float64(op.scale) * (np.asarray(a, np.float64) @ np.asarray(b, np.float64))
         return convert(ctx, linear_var(ctx, x, merged, None, out_sizes, ""), DType.F32, out_dt, suffix="out")
@@ -192,7 +192,7 @@ def lower_lora_matmul(op: ops.LoraMatMul, ctx: LowerContext) -> Any:
         value = ctx.value(i)
         if value is not None:
             scaled = value if scale == 1.0 else np.asarray(value, np.float64) * np.float64(scale)
-            return linear_var(ctx, left, scaled, None, sizes, suffix, ctx.param_name(i) if scale == 1.0 else None)
+            return linear_var(ctx, left, scaled, None, sizes, suffix, ctx.weight_source(i) if scale == 1.0 else None)
         right = to_float(ctx, ctx.var(i), ctx.input_shape(i).dtype, join(suffix, "rhs_float"))
         result = mb.matmul(x=left, y=right, name=ctx.name(suffix))
         if scale != 1.0:
@@ -228,10 +228,10 @@ def lower_fused_matmul_bias_act(op: ops.FusedMatMulBiasAct, ctx: LowerContext) -
     weight = _as_weight(ctx.value(1))
     bias_value = ctx.value(2)
     if weight is not None and bias_value is not None:
-        y = linear_var(ctx, x, weight, np.asarray(bias_value).reshape(n), sizes, "linear", ctx.param_name(1))
+        y = linear_var(ctx, x, weight, np.asarray(bias_value).reshape(n), sizes, "linear", ctx.weight_source(1))
     else:
         if weight is not None:
-            product = linear_var(ctx, x, weight, None, sizes, "linear", ctx.param_name(1))
+            product = linear_var(ctx, x, weight, None, sizes, "linear", ctx.weight_source(1))
         else:
             w = to_float(ctx, ctx.var(1), ctx.input_shape(1).dtype, "w_float")
             product = mb.matmul(x=x, y=w, name=ctx.name("matmul"))
