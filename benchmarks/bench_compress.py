@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intermediate", type=int, default=0)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=32)
-    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float16",
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="bfloat16",
                         help="checkpoint dtype of the matrices")
     parser.add_argument("--schemes", nargs="+", default=DEFAULT_SCHEMES)
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")

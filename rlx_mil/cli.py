@@ -30,11 +30,13 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--compute-units", default="ALL", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"])
         p.add_argument("--attention", default="auto", choices=["auto", "fused", "decomposed"])
 
-    def compression_flags(p: argparse.ArgumentParser) -> None:
+    def compression_flags(p: argparse.ArgumentParser, check: bool = True) -> None:
         p.add_argument("--compress", metavar="SPEC",
                        help="compress weights while converting: a preset (int8, int4, uint8, uint4, lut2..lut8) or"
                        " a per-weight config such as 'lut4;embeddings=int8;lm_head=lut6;re:v_proj=int8;min_size=4096'"
                        " (see docs/compression.md)")
+        if not check:
+            return
         p.add_argument("--compress-check", type=Path, metavar="INPUTS.npz",
                        help="with --compress: also convert without compression and record the output error on these"
                        " inputs in the package's compression report")
@@ -52,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     hf = sub.add_parser("convert-hf", help="convert a Hugging Face checkpoint folder to .mlpackage")
     _convert_hf_arguments(hf)
     conversion_flags(hf)
-    compression_flags(hf)
+    compression_flags(hf, check=False)
 
     insp = sub.add_parser("inspect", help="summarise a .mlpackage (IO, op histogram, weights, target) or a graph JSON")
     insp.add_argument("package", type=Path, help="a .mlpackage folder, or a graph .json (inputs, params, op histogram)")

@@ -67,7 +67,7 @@ def build_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def convert_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """`rlx_mil.convert` keyword arguments from the parsed flags."""
     return {"target": args.target, "precision": args.precision, "compute_units": args.compute_units,
-            "attention": args.attention}
+            "attention": args.attention, "compress": getattr(args, "compress", None)}
 
 
 def check_output(output: Path, overwrite: bool) -> None:
@@ -149,6 +149,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {path} ({info.num_ops} ops, {human_bytes(info.package_bytes)}) in {time.perf_counter() - start:.1f} s")
     if args.verify:
         vocab = _vocab_size(graph)
+        if getattr(args, "compress", None):
+            # A compressed package computes with the dequantized weights: verify against those.
+            from rlx_mil.compress import dequantized_params, report_of
+
+            params = dequantized_params(params, report_of(info.metadata))
         checks = verify_package(graph, params, path, example_inputs(graph, vocab), args.precision)
         for check in checks:
             print(check.to_text())

@@ -1,0 +1,43 @@
+"""Compressing Hugging Face checkpoints: bfloat16 [out, in] weights behind Transposes, tied
+embeddings, and `rlx-mil convert-hf --compress ... --verify`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlx_mil.cli import main
+from rlx_mil.models.pretrained import from_pretrained
+from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+from tests.compress.helpers import convert_and_verify, op_types
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_bf16_checkpoint_compresses_every_matrix_once(tmp_path: Path, family: str) -> None:
+    folder = write_random_checkpoint(tmp_path / family, TINY_CONFIGS[family], dtype="bfloat16")
+    graph, params = from_pretrained(folder, seq_len=8)
+    ids = np.random.default_rng(0).integers(0, TINY_CONFIGS[family]["vocab_size"], size=(1, 8)).astype(np.int32)
+    model, report = convert_and_verify(graph, params, {"input_ids": ids}, "int4;min_size=0", roundtrip=False)
+    matrices = {n for n in params if np.asarray(params[n]).ndim == 2 and "rope" not in n and "rotary" not in n
+                and not n.endswith(("cos", "sin"))}
+    names = [w.name for w in report.weights]
+    assert set(names) == matrices and len(names) == len(set(names))
+    # Checkpoint weights are [out, in]: stored as they are (per output channel = per row).
+    assert {w.layout for w in report.weights} == {"dense"}
+    assert op_types(model).count("constexpr_blockwise_shift_scale") == len(matrices)
+    if TINY_CONFIGS[family]["tie_word_embeddings"]:
+        assert report.weights[[w.name for w in report.weights].index("model.embed_tokens.weight")].role == "embedding"
+
+
+def test_convert_hf_compress_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = write_random_checkpoint(tmp_path / "llama", TINY_CONFIGS["llama"], dtype="bfloat16")
+    out = tmp_path / "m.mlpackage"
+    assert main(["convert-hf", str(folder), "-o", str(out), "--seq-len", "8", "--quiet", "--verify",
+                 "--compress", "lut4;embeddings=int8;min_size=0"]) == 0
+    printed = capsys.readouterr().out
+    check = [line for line in printed.splitlines() if "check logits" in line]
+    assert len(check) == 1 and check[0].rstrip().endswith(" ok"), printed
+    assert main(["inspect", str(out)]) == 0
+    assert "compression: lut4;embeddings=int8-sym-channel;min_size=0" in capsys.readouterr().out
