@@ -1,13 +1,13 @@
 """Compression benchmark: package size, conversion time, peak memory and error per scheme.
 
-Writes a random Llama-style decoder checkpoint (rlx_mil.models.transformer) as safetensors,
-then converts it once uncompressed (fp16) and once per scheme, each in a fresh subprocess so
-peak RSS is that conversion's own. For each it reports the package's weight bytes (and the
-ratio to the fp16 package), conversion wall time, peak RSS, the largest per-weight relative
-error, and the output error of the saved package (NumPy MIL executor) against the fp16
-package on the same input.
+Writes a random Llama-layout Hugging Face checkpoint (bfloat16 by default), then converts it
+once uncompressed (fp16) and once per scheme, each in a fresh subprocess so peak RSS is that
+conversion's own, reading the checkpoint lazily through `rlx_mil.models.from_pretrained`. For
+each it reports the package's weight bytes (and the ratio to the fp16 package), conversion
+wall time, peak RSS, the largest per-weight relative error, and the relative error of the saved
+package's logits (NumPy MIL executor) against the fp16 package's on the same tokens.
 
-    python benchmarks/bench_compress.py [--hidden 512 --layers 4 --dtype bfloat16] \
+    python benchmarks/bench_compress.py [--hidden 512 --layers 4 --vocab 8192 --dtype bfloat16] \
         [--schemes int8 int4 lut4 lut6 "lut4;lm_head=int8"] [--markdown]
 """
 
@@ -15,63 +15,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_convert import _quiet  # noqa: E402  (the same quiet set-up)
+
 DEFAULT_SCHEMES = ["int8", "int4", "lut4", "lut6", "int4-block64", "lut4-group16"]
 
 
-def _quiet() -> None:
-    import logging
-    import warnings
+def _hf_config(args: argparse.Namespace) -> dict[str, Any]:
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS
 
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    logging.getLogger("coremltools").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
-
-
-def _config(args: argparse.Namespace) -> Any:
-    from rlx_mil.models.transformer import DecoderConfig
-
-    return DecoderConfig(hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
-                         intermediate=args.intermediate or 2 * args.hidden, layers=args.layers, seq=args.seq)
-
-
-class _LazySafetensors(Mapping[str, np.ndarray]):
-    """Tensors read from the file one at a time, when accessed."""
-
-    def __init__(self, path: Path) -> None:
-        from safetensors import safe_open
-
-        self._file = safe_open(str(path), framework="numpy")
-        self._names = list(self._file.keys())
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self._file.get_tensor(name)  # type: ignore[no-any-return]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-
-def _open_checkpoint(path: Path) -> Mapping[str, np.ndarray]:
-    """The checkpoint's tensors, read lazily (rlx_mil's reader where it offers one)."""
-    import rlx_mil.weights as weights
-
-    opener = getattr(weights, "open_safetensors", None)
-    return opener(path) if opener is not None else _LazySafetensors(path)
+    return {**TINY_CONFIGS["llama"], "vocab_size": args.vocab, "hidden_size": args.hidden,
+            "intermediate_size": args.intermediate or 2 * args.hidden, "num_hidden_layers": args.layers,
+            "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -79,11 +45,10 @@ def child(args: argparse.Namespace) -> None:
     _quiet()
     import rlx_mil
     from rlx_mil.compress import report_of
-    from rlx_mil.models.transformer import llama_decoder
+    from rlx_mil.models.pretrained import from_pretrained
     from rlx_mil.package_info import package_info
 
-    graph = llama_decoder(_config(args))
-    params = _open_checkpoint(Path(args.checkpoint))
+    graph, params = from_pretrained(args.checkpoint, seq_len=args.seq)
     scheme = None if args.scheme == "fp16" else args.scheme
     start = time.perf_counter()
     model = rlx_mil.convert(graph, params, compress=scheme)
@@ -100,23 +65,17 @@ def child(args: argparse.Namespace) -> None:
     }))
 
 
-def _write_checkpoint(args: argparse.Namespace, path: Path) -> int:
-    import ml_dtypes
-    from safetensors.numpy import save_file
+def _write_checkpoint(args: argparse.Namespace, folder: Path) -> int:
+    from rlx_mil.models.random_checkpoint import write_random_checkpoint
 
-    from rlx_mil.models.transformer import llama_decoder, random_params
-
-    config = _config(args)
-    params = random_params(llama_decoder(config), config)
-    dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[args.dtype]
-    save_file({k: v.astype(dtype) if v.ndim == 2 and not k.startswith("rope") else v for k, v in params.items()}, str(path))
-    return path.stat().st_size
+    write_random_checkpoint(folder, _hf_config(args), dtype=args.dtype)
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
 def _run_child(args: argparse.Namespace, scheme: str, checkpoint: Path, output: Path) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--scheme", scheme, "--checkpoint", str(checkpoint),
            "--output", str(output), "--hidden", str(args.hidden), "--heads", str(args.heads), "--kv-heads",
-           str(args.kv_heads), "--layers", str(args.layers), "--seq", str(args.seq)]
+           str(args.kv_heads), "--layers", str(args.layers), "--seq", str(args.seq), "--vocab", str(args.vocab)]
     if args.intermediate:
         cmd += ["--intermediate", str(args.intermediate)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -127,11 +86,10 @@ def _run_child(args: argparse.Namespace, scheme: str, checkpoint: Path, output: 
 
 def _output_error(args: argparse.Namespace, package: Path, baseline: Path) -> float:
     from rlx_mil import milexec
-    from rlx_mil.models.transformer import example_inputs
 
-    inputs = example_inputs(_config(args))
-    got = milexec.run(package, inputs)["out"].astype(np.float64)
-    want = milexec.run(baseline, inputs)["out"].astype(np.float64)
+    ids = np.random.default_rng(0).integers(0, args.vocab, size=(1, args.seq)).astype(np.int32)
+    got = milexec.run(package, {"input_ids": ids})["logits"].astype(np.float64)
+    want = milexec.run(baseline, {"input_ids": ids})["logits"].astype(np.float64)
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
@@ -143,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intermediate", type=int, default=0)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="bfloat16",
                         help="checkpoint dtype of the matrices")
     parser.add_argument("--schemes", nargs="+", default=DEFAULT_SCHEMES)
@@ -159,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     _quiet()
     with tempfile.TemporaryDirectory(prefix="rlx_mil_bench_compress_") as tmp:
         root = Path(tmp)
-        checkpoint = root / "model.safetensors"
+        checkpoint = root / "checkpoint"
         ckpt_bytes = _write_checkpoint(args, checkpoint)
-        rows = []
+        rows: list[dict[str, Any]] = []
         baseline = root / "fp16.mlpackage"
         for scheme in ["fp16", *args.schemes]:
             package = baseline if scheme == "fp16" else root / f"pkg{len(rows)}.mlpackage"
@@ -170,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                 row["output_error"] = _output_error(args, package, baseline)
             rows.append(row)
     base = rows[0]["weight_bytes"]
-    config = _config(args)
-    print(f"decoder: hidden {config.hidden}, layers {config.layers}, intermediate {config.intermediate}, seq {config.seq};"
-          f" {args.dtype} checkpoint {ckpt_bytes / 2**20:.1f} MiB")
+    config = _hf_config(args)
+    print(f"Llama-layout decoder: vocab {args.vocab}, hidden {args.hidden}, layers {args.layers}, intermediate"
+          f" {config['intermediate_size']}, seq {args.seq}; {args.dtype} checkpoint {ckpt_bytes / 2**20:.1f} MiB")
     header = ["scheme", "weight MiB", "x fp16", "convert s", "peak RSS MiB", "max weight rel.err", "output rel.err"]
     lines = []
     for r in rows:

@@ -72,9 +72,12 @@ def convert_llm_checkpoint(
     )
 
 
-def reference_greedy(model_dir: str | os.PathLike[str], prompt: Sequence[int], steps: int) -> list[int]:
+def reference_greedy(
+    model_dir: str | os.PathLike[str], prompt: Sequence[int], steps: int, compression: Any = None
+) -> list[int]:
     """Greedy tokens of the checkpoint's plain (stateless) graph run by the NumPy reference over
-    the whole sequence at every step: what a stateful package must reproduce."""
+    the whole sequence at every step: what a stateful package must reproduce. `compression`
+    (the package's `CompressionReport`) makes the reference use the dequantized weights."""
     import numpy as np
 
     from rlx_mil.models.pretrained import from_pretrained
@@ -83,6 +86,10 @@ def reference_greedy(model_dir: str | os.PathLike[str], prompt: Sequence[int], s
     tokens = list(prompt)
     for _ in range(steps):
         graph, params = from_pretrained(model_dir, "prefill", seq_len=len(tokens), last_logits=True)
+        if compression is not None:
+            from rlx_mil.compress import dequantized_params
+
+            params = dequantized_params(params, compression)
         logits = evaluate(graph, {"input_ids": np.asarray([tokens], np.int32)}, params)["logits"]
         tokens.append(int(np.argmax(logits.reshape(-1, logits.shape[-1])[-1])))
     return tokens[len(prompt):]
@@ -136,7 +143,9 @@ def run_stateful(args: Any, convert_options: dict[str, Any]) -> int:
         session = Session(args.output, engine="milexec", precision_model="float32" if exact else "declared")
         prompt = [1 + (7 * i) % (session.vocab - 1) for i in range(5)]
         got = session.generate(prompt, 8)
-        want = reference_greedy(args.model_dir, prompt, 8)
+        from rlx_mil.compress import report_of
+
+        want = reference_greedy(args.model_dir, prompt, 8, report_of(info.metadata))
         verdict = "ok" if got == want else "MISMATCH"
         print(f"verify: greedy tokens after prompt {prompt}: package {got}, reference {want}: {verdict}")
         return 0 if got == want else 1

@@ -41,3 +41,22 @@ def test_convert_hf_compress_verify(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert len(check) == 1 and check[0].rstrip().endswith(" ok"), printed
     assert main(["inspect", str(out)]) == 0
     assert "compression: lut4;embeddings=int8-sym-channel;min_size=0" in capsys.readouterr().out
+
+
+def test_stateful_package_compresses_shared_weights_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Prefill and decode functions carry the same compressed weights once; --verify generates
+    the reference's greedy tokens computed with the dequantized weights."""
+    from rlx_mil.compress import report_of
+    from rlx_mil.package_info import package_info
+
+    folder = write_random_checkpoint(tmp_path / "qwen3", TINY_CONFIGS["qwen3"], dtype="bfloat16")
+    packed = tmp_path / "int4.mlpackage"
+    common = [str(folder), "--stateful", "--max-context", "32", "--prefill", "8", "--quiet", "--precision", "fp32"]
+    assert main(["convert-hf", *common, "-o", str(packed), "--verify", "--compress", "int4;min_size=0"]) == 0
+    assert ": ok" in capsys.readouterr().out
+    info = package_info(packed)
+    report = report_of(info.metadata)
+    assert report is not None and len(report.weights) == 15  # tied embedding/LM head counted once
+    # One copy for both functions: int4 + an fp32 scale per 32 weights is 0.156 of the fp32
+    # bytes, plus the float norm scales and blob headers.
+    assert report.bytes_after < info.weight_bytes < 0.3 * report.bytes_before
