@@ -211,3 +211,13 @@ def test_checkpoint_style_out_in_weights_behind_a_transpose() -> None:
         assert {w.name: (w.role, w.shape) for w in report.weights} == {
             "up.weight": ("weight", [128, 64]), "down.weight": ("lm_head", [64, 128])}
         assert all(w.layout == "dense" for w in report.weights)
+
+
+def test_no_float_copy_of_a_compressed_weight_stays_in_the_program() -> None:
+    model = rlx_mil.convert(GRAPH, PARAMS, compress="int4")
+    big_float_consts = [
+        op.name for op in model._mil_program.functions["main"].operations
+        if op.op_type == "const" and op.outputs[0].val is not None and np.asarray(op.outputs[0].val).dtype.kind == "f"
+        and np.asarray(op.outputs[0].val).size >= 2048
+    ]
+    assert big_float_consts == []
