@@ -27,6 +27,7 @@ from rlx_mil.ir.ops.norm import NormBuilder
 from rlx_mil.ir.ops.qcompute import QComputeBuilder
 from rlx_mil.ir.ops.quant import QuantBuilder
 from rlx_mil.ir.ops.reduce import ReduceBuilder
+from rlx_mil.ir.ops.rng import RngBuilder
 from rlx_mil.ir.ops.rope import RopeBuilder
 from rlx_mil.ir.ops.scatter import ScatterBuilder
 from rlx_mil.ir.ops.shape import ShapeBuilder
@@ -50,6 +51,7 @@ class Graph(
     ConvBuilder,
     ScatterBuilder,
     QComputeBuilder,
+    RngBuilder,
 ):
     """Append-only DAG of nodes in topological order; a node's id is its index.
 

@@ -27,6 +27,7 @@ from rlx_mil.reference import norm as _norm  # noqa: F401  isort: skip
 from rlx_mil.reference import qcompute as _qcompute  # noqa: F401  isort: skip
 from rlx_mil.reference import quant as _quant  # noqa: F401  isort: skip
 from rlx_mil.reference import reduce as _reduce  # noqa: F401  isort: skip
+from rlx_mil.reference import rng as _rng  # noqa: F401  isort: skip
 from rlx_mil.reference import rope as _rope  # noqa: F401  isort: skip
 from rlx_mil.reference import scatter as _scatter  # noqa: F401  isort: skip
 from rlx_mil.reference import shape as _shape  # noqa: F401  isort: skip

@@ -20,6 +20,7 @@ from rlx_mil.ir.ops import (
     qcompute,
     quant,
     reduce,
+    rng,
     rope,
     scatter,
     shape,
@@ -54,6 +55,7 @@ from rlx_mil.ir.ops.norm import (
 from rlx_mil.ir.ops.qcompute import FakeQuantize, QConv2d, QMatMul, ScaleMode, ScaleModeKind, SteKind
 from rlx_mil.ir.ops.quant import Dequantize, DequantMatMul, Quantize, QuantKind, QuantScheme
 from rlx_mil.ir.ops.reduce import Cumsum, Reduce, ReduceOp, Softmax, TopK
+from rlx_mil.ir.ops.rng import RngNormal, RngUniform, Sample
 from rlx_mil.ir.ops.rope import Rope
 from rlx_mil.ir.ops.scatter import (
     GatherElements,
@@ -68,7 +70,7 @@ from rlx_mil.ir.ops.shape import Concat, Expand, Gather, Narrow, Reshape, Transp
 #: Every op family module, in the order their ops are listed (leaves first).
 FAMILIES: dict[str, ModuleType] = {
     module.__name__.rsplit(".", 1)[1]: module
-    for module in (leaf, elementwise, linalg, quant, norm, reduce, shape, rope, attention, fused, conv, scatter, qcompute)
+    for module in (leaf, elementwise, linalg, quant, norm, reduce, shape, rope, attention, fused, conv, scatter, qcompute, rng)
 }
 
 #: Every op class, keyed by its upstream variant name.
@@ -135,7 +137,10 @@ __all__ = [
     "ReduceOp",
     "Reshape",
     "RmsNorm",
+    "RngNormal",
+    "RngUniform",
     "Rope",
+    "Sample",
     "ScaleMode",
     "ScaleModeKind",
     "ScatterAdd",

@@ -4,6 +4,17 @@ Kernel modules are named by the IR op families whose lowerings emit the MIL ops 
 (`control` holds the state and control-flow ops).
 """
 
-from rlx_mil.milexec.kernels import attention, control, conv, elementwise, linalg, norm, quant, reduce, shape
+from rlx_mil.milexec.kernels import (
+    attention,
+    control,
+    conv,
+    elementwise,
+    linalg,
+    norm,
+    quant,
+    reduce,
+    rng,
+    shape,
+)
 
-__all__ = ["attention", "control", "conv", "elementwise", "linalg", "norm", "quant", "reduce", "shape"]
+__all__ = ["attention", "control", "conv", "elementwise", "linalg", "norm", "quant", "reduce", "rng", "shape"]
