@@ -152,15 +152,16 @@ def test_missing_kernels_are_reported_with_their_ops_before_running() -> None:
     function = build_function(
         {},
         lambda v: [
-            mb().random_uniform(shape=shape, name="noise"),
-            mb().random_normal(shape=shape, name="n1"),
-            mb().random_normal(shape=shape, name="n2"),
+            mb().random_bernoulli(shape=shape, name="noise"),
+            mb().random_bernoulli(shape=shape, name="b2"),
+            mb().resize_bilinear(x=mb().random_bernoulli(shape=np.array([1, 1, 2, 2], dtype=np.int32), name="b3"),
+                                 target_size_height=4, target_size_width=4, name="big"),
         ],
     )
     with pytest.raises(MilExecError) as info:
         milexec.run(function, {})
-    assert "op type 'random_normal' (ops 'n1', 'n2')" in str(info.value)
-    assert "op type 'random_uniform' (op 'noise')" in str(info.value)
+    assert "op type 'random_bernoulli' (ops 'noise', 'b2', 'b3')" in str(info.value)
+    assert "op type 'resize_bilinear' (op 'big')" in str(info.value)
 
 
 def test_kernel_failure_is_wrapped_with_the_op_name(monkeypatch: pytest.MonkeyPatch) -> None:

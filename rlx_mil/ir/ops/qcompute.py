@@ -91,6 +91,10 @@ class ScaleMode:
 
 
 class _Requantized(TernaryOp):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check()
+
     def _check(self) -> None:
         for name in ("x_zp", "w_zp", "out_zp"):
             value = getattr(self, name)
@@ -113,10 +117,6 @@ class QMatMul(_Requantized):
     out_zp: int
     mult: float
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._check()
-
 
 @dataclass(frozen=True)
 class QConv2d(_Requantized):
@@ -130,10 +130,6 @@ class QConv2d(_Requantized):
     w_zp: int
     out_zp: int
     mult: float
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._check()
 
 
 @dataclass(frozen=True)
