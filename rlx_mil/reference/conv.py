@@ -12,16 +12,19 @@ Mean divides the window sum by the full kernel area including padded cells (PyTo
 
 from __future__ import annotations
 
+import itertools
 import math
 import string
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from rlx_mil.errors import AttributeValueError, ShapeError
-from rlx_mil.ir.ops import Conv, Pool, ReduceOp
+from rlx_mil.ir.ops import Conv, Conv3d, ConvTranspose2d, ConvTranspose3d, FusedConvBiasAct, Pool, ReduceOp
 from rlx_mil.ir.shape import Shape
+from rlx_mil.reference.elementwise import activation
 from rlx_mil.reference.registry import as_float, compute_dtype, finish, reference_kernel
 
 
@@ -139,3 +142,88 @@ def pool(
 @reference_kernel(Pool)
 def _pool(op: Pool, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
     return finish(pool(inputs[0], op.kind, op.kernel_size, op.stride, op.padding), out)
+
+
+# ------------------------------------------------------------------------------ part-2 spec section 5
+
+
+@reference_kernel(Conv3d)
+def _conv3d(op: Conv3d, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    if inputs[0].ndim != 5:
+        raise ShapeError(f"x must be [N, C, D, H, W], got {list(inputs[0].shape)}", operand="x")
+    return finish(conv(inputs[0], inputs[1], op.stride, op.padding, op.dilation, op.groups), out)
+
+
+def conv_transpose(
+    x: np.ndarray, w: np.ndarray, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+    output_padding: Sequence[int], groups: int,
+) -> np.ndarray:
+    """PyTorch `conv_transposeNd` (no bias): every input cell scatters `x * w[:, :, tap]` to
+    `in * stride + tap * dilation`; the full result is cropped by `padding` at both ends and
+    extended by `output_padding` at the end (cells no tap reaches stay zero)."""
+    spatial = x.ndim - 2
+    if w.ndim != x.ndim or w.shape[0] != x.shape[1]:
+        raise ShapeError(f"w must be [C_in={x.shape[1]}, C_out/groups, *kernel], got {list(w.shape)}", operand="w")
+    n, c_in = x.shape[:2]
+    if groups < 1 or c_in % groups:
+        raise AttributeValueError(f"groups={groups} must divide C_in={c_in}")
+    attrs = [per_dim(v, spatial, d, name) for v, d, name in (
+        (stride, 1, "stride"), (padding, 0, "padding"), (dilation, 1, "dilation"), (output_padding, 0, "output_padding"))]
+    strides, pads, dilations, extras = attrs
+    dt = compute_dtype(x, w)
+    xv, wv = as_float(x, dt), as_float(w, dt)
+    kernel, sizes = w.shape[2:], x.shape[2:]
+    c_in_g, c_out_g = c_in // groups, w.shape[1]
+    full = [(sizes[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 + extras[i] for i in range(spatial)]
+    result = np.zeros((n, groups * c_out_g, *full), dt)
+    for g in range(groups):
+        xg = xv[:, g * c_in_g:(g + 1) * c_in_g]
+        wg = wv[g * c_in_g:(g + 1) * c_in_g]
+        for tap in itertools.product(*(range(k) for k in kernel)):
+            tap_index: tuple[Any, ...] = (slice(None), slice(None), *tap)
+            contribution = np.moveaxis(np.tensordot(xg, wg[tap_index], axes=([1], [0])), -1, 1)
+            reached = (
+                slice(tap[i] * dilations[i], tap[i] * dilations[i] + (sizes[i] - 1) * strides[i] + 1, strides[i])
+                for i in range(spatial)
+            )
+            target: tuple[Any, ...] = (slice(None), slice(g * c_out_g, (g + 1) * c_out_g), *reached)
+            result[target] += contribution
+    crop = (slice(None), slice(None), *(slice(pads[i], full[i] - pads[i]) for i in range(spatial)))
+    return result[crop]
+
+
+@reference_kernel(ConvTranspose2d)
+def _conv_transpose2d(op: ConvTranspose2d, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x, w = inputs
+    if x.ndim != 4:
+        raise ShapeError(f"x must be [N, C, H, W], got {list(x.shape)}", operand="x")
+    if op.kernel_size and tuple(op.kernel_size) != tuple(w.shape[2:]):
+        raise ShapeError(f"kernel_size {list(op.kernel_size)} differs from w's spatial dims {list(w.shape[2:])}", operand="w")
+    y = conv_transpose(x, w, op.stride, op.padding, op.dilation, op.output_padding, op.groups)
+    return finish(y, out)
+
+
+@reference_kernel(ConvTranspose3d)
+def _conv_transpose3d(op: ConvTranspose3d, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x, w = inputs
+    if x.ndim != 5:
+        raise ShapeError(f"x must be [N, C, D, H, W], got {list(x.shape)}", operand="x")
+    return finish(conv_transpose(x, w, op.stride, op.padding, op.dilation, op.output_padding, op.groups), out)
+
+
+@reference_kernel(FusedConvBiasAct)
+def _fused_conv_bias_act(op: FusedConvBiasAct, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    y = conv(inputs[0], inputs[1], op.stride, op.padding, op.dilation, op.groups, op.kernel_size)
+    c_out = y.shape[1]
+    bias = inputs[2]
+    if bias.size != c_out:
+        raise ShapeError(f"bias must hold C_out = {c_out} values, got shape {list(bias.shape)}", operand="bias")
+    y = y + as_float(bias, y.dtype).reshape((1, c_out) + (1,) * (y.ndim - 2))
+    if op.has_residual:
+        residual = inputs[3]
+        if residual.shape != y.shape:
+            raise ShapeError(f"residual {list(residual.shape)} must match the conv output {list(y.shape)}", operand="residual")
+        y = y + as_float(residual, y.dtype)
+    if op.activation is not None:
+        y = activation(op.activation, y)
+    return finish(y, out)

@@ -478,7 +478,7 @@ OP_STRATEGIES: dict[str, st.SearchStrategy[Op]] = {
     ),
     "Conv": st.builds(ops.Conv, vectors(USIZES), vectors(USIZES), vectors(USIZES), vectors(USIZES), USIZES),
     "Pool": st.builds(ops.Pool, st.sampled_from(ReduceOp), vectors(USIZES), vectors(USIZES), vectors(USIZES)),
-    # Part-2 spec section 5 (vision / audio / diffusion).
+    # Part-2 spec ops.
     "BatchNormInference": st.builds(ops.BatchNormInference, F32S),
     "LayerNorm2d": st.builds(ops.LayerNorm2d, F32S),
     "AdaLayerNorm": st.builds(ops.AdaLayerNorm, st.sampled_from(ops.AdaNormKind), F32S),
@@ -501,6 +501,17 @@ OP_STRATEGIES: dict[str, st.SearchStrategy[Op]] = {
             st.sampled_from([ops.ScaleMode(ops.ScaleModeKind.PER_BATCH), ops.ScaleMode(ops.ScaleModeKind.FIXED)]),
             st.floats(0, 1, width=32).map(lambda d: ops.ScaleMode(ops.ScaleModeKind.EMA, d)),
         ),
+    ),
+    "ConvTranspose2d": st.builds(
+        ops.ConvTranspose2d, vectors(USIZES), vectors(USIZES), vectors(USIZES), vectors(USIZES), vectors(USIZES), USIZES
+    ),
+    "Conv3d": st.builds(ops.Conv3d, vectors(USIZES), vectors(USIZES), vectors(USIZES), USIZES),
+    "ConvTranspose3d": st.builds(
+        ops.ConvTranspose3d, vectors(USIZES), vectors(USIZES), vectors(USIZES), vectors(USIZES), USIZES
+    ),
+    "FusedConvBiasAct": st.builds(
+        ops.FusedConvBiasAct, vectors(USIZES), vectors(USIZES), vectors(USIZES), vectors(USIZES), USIZES,
+        st.none() | ACTIVATIONS, BOOLS,
     ),
 }
 # Constant needs its shape first; see node_steps.

@@ -40,6 +40,27 @@ CASES = {
         ops.AdaLayerNorm(ops.AdaNormKind.RMS_NORM, 1e-6),
     ),
     "GatedResidual": ('"GatedResidual"', [[2, 4], [2, 4], [4]], [2, 4], ops.GatedResidual()),
+    "ConvTranspose2d": (
+        '{"ConvTranspose2d":{"kernel_size":[4,4],"stride":[2,2],"padding":[1,1],"dilation":[1,1],'
+        '"output_padding":[0,0],"groups":1}}',
+        [[1, 2, 3, 3], [2, 5, 4, 4]], [1, 5, 6, 6], ops.ConvTranspose2d((4, 4), (2, 2), (1, 1), (1, 1), (0, 0), 1),
+    ),
+    "Conv3d": (
+        '{"Conv3d":{"stride":[1,2,2],"padding":[1,1,1],"dilation":[1,1,1],"groups":1}}',
+        [[1, 2, 4, 4, 4], [3, 2, 3, 3, 3]], [1, 3, 4, 2, 2], ops.Conv3d((1, 2, 2), (1, 1, 1), (1, 1, 1), 1),
+    ),
+    "ConvTranspose3d": (
+        '{"ConvTranspose3d":{"stride":[2,2,2],"padding":[0,0,0],"dilation":[1,1,1],"output_padding":[0,0,0],'
+        '"groups":1}}',
+        [[1, 2, 2, 2, 2], [2, 3, 2, 2, 2]], [1, 3, 4, 4, 4],
+        ops.ConvTranspose3d((2, 2, 2), (0, 0, 0), (1, 1, 1), (0, 0, 0), 1),
+    ),
+    "FusedConvBiasAct": (
+        '{"FusedConvBiasAct":{"kernel_size":[3,3],"stride":[1,1],"padding":[1,1],"dilation":[1,1],"groups":1,'
+        '"activation":"Relu","has_residual":false}}',
+        [[1, 2, 4, 4], [3, 2, 3, 3], [3]], [1, 3, 4, 4],
+        ops.FusedConvBiasAct((3, 3), (1, 1), (1, 1), (1, 1), 1, ops.ActivationKind.RELU, False),
+    ),
 }
 
 

@@ -26,7 +26,7 @@ from rlx_mil.ir.ops import (
     shape,
 )
 from rlx_mil.ir.ops.attention import Attention, AttentionBackward, AttentionBwdWrt, MaskKind, MaskType
-from rlx_mil.ir.ops.conv import Conv, Pool
+from rlx_mil.ir.ops.conv import Conv, Conv3d, ConvTranspose2d, ConvTranspose3d, FusedConvBiasAct, Pool
 from rlx_mil.ir.ops.elementwise import (
     Activation,
     ActivationKind,
@@ -101,12 +101,16 @@ __all__ = [
     "Concat",
     "Constant",
     "Conv",
+    "Conv3d",
+    "ConvTranspose2d",
+    "ConvTranspose3d",
     "Cumsum",
     "DequantMatMul",
     "Dequantize",
     "Expand",
     "FakeQuantize",
     "FusedAttentionBlock",
+    "FusedConvBiasAct",
     "FusedMatMulBiasAct",
     "FusedResidualLN",
     "FusedResidualRmsNorm",
