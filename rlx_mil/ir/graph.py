@@ -18,6 +18,7 @@ from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.node import Node, NodeOrigin
 from rlx_mil.ir.op_base import Op
 from rlx_mil.ir.ops.attention import AttentionBuilder
+from rlx_mil.ir.ops.audio import AudioBuilder
 from rlx_mil.ir.ops.conv import ConvBuilder
 from rlx_mil.ir.ops.elementwise import ElementwiseBuilder
 from rlx_mil.ir.ops.fused import FusedBuilder
@@ -27,6 +28,7 @@ from rlx_mil.ir.ops.norm import NormBuilder
 from rlx_mil.ir.ops.qcompute import QComputeBuilder
 from rlx_mil.ir.ops.quant import QuantBuilder
 from rlx_mil.ir.ops.reduce import ReduceBuilder
+from rlx_mil.ir.ops.resample import ResampleBuilder
 from rlx_mil.ir.ops.rng import RngBuilder
 from rlx_mil.ir.ops.rope import RopeBuilder
 from rlx_mil.ir.ops.scatter import ScatterBuilder
@@ -52,6 +54,8 @@ class Graph(
     ScatterBuilder,
     QComputeBuilder,
     RngBuilder,
+    ResampleBuilder,
+    AudioBuilder,
 ):
     """Append-only DAG of nodes in topological order; a node's id is its index.
 

@@ -18,6 +18,7 @@ from rlx_mil.values import BFLOAT16, numeric_kind, value_problem
 
 # Importing the kernel modules registers their kernels.
 from rlx_mil.reference import attention as _attention  # noqa: F401  isort: skip
+from rlx_mil.reference import audio as _audio  # noqa: F401  isort: skip
 from rlx_mil.reference import conv as _conv  # noqa: F401  isort: skip
 from rlx_mil.reference import elementwise as _elementwise  # noqa: F401  isort: skip
 from rlx_mil.reference import fused as _fused  # noqa: F401  isort: skip
@@ -27,6 +28,7 @@ from rlx_mil.reference import norm as _norm  # noqa: F401  isort: skip
 from rlx_mil.reference import qcompute as _qcompute  # noqa: F401  isort: skip
 from rlx_mil.reference import quant as _quant  # noqa: F401  isort: skip
 from rlx_mil.reference import reduce as _reduce  # noqa: F401  isort: skip
+from rlx_mil.reference import resample as _resample  # noqa: F401  isort: skip
 from rlx_mil.reference import rng as _rng  # noqa: F401  isort: skip
 from rlx_mil.reference import rope as _rope  # noqa: F401  isort: skip
 from rlx_mil.reference import scatter as _scatter  # noqa: F401  isort: skip

@@ -1,4 +1,4 @@
-"""Reference kernel of Rope (NeoX rotate-half)."""
+"""Reference kernels of Rope (NeoX rotate-half) and AxialRope2d."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 
 from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir.ops import (
+    AxialRope2d,
     Rope,
 )
 from rlx_mil.ir.shape import Shape
@@ -73,3 +74,34 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int, n_rot: 
 @reference_kernel(Rope)
 def _rope(op: Rope, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
     return finish(rope(inputs[0], inputs[1], inputs[2], op.head_dim, op.n_rot), out)
+
+
+@reference_kernel(AxialRope2d)
+def _axial_rope2d(op: AxialRope2d, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    """Part-2 spec 5.9: token t at grid position `t // repeat_factor` (repeat-interleave, 9 Q30),
+    x = pos % end_x, y = pos // end_x; pairs of the first half of each head rotate by x * freq,
+    pairs of the second half by y * freq, `freq_c = theta^(-4c / head_dim)`; angles and their
+    cos/sin in float32."""
+    x = inputs[0]
+    head_dim, repeat = op.head_dim, max(op.repeat_factor, 1)
+    if x.ndim != 3 or x.shape[1] != op.end_x * op.end_y * repeat or x.shape[2] != op.num_heads * head_dim:
+        raise ShapeError(f"x must be [B, end_x * end_y * repeat_factor, num_heads * head_dim], got {list(x.shape)}",
+                         operand="x")
+    if head_dim < 4 or head_dim % 4:
+        raise AttributeValueError(f"head_dim must be a positive multiple of 4, got {head_dim}")
+    (v,) = float_operands(x)
+    quarter, half = head_dim // 4, head_dim // 2
+    exponents = np.arange(quarter, dtype=np.float32) * np.float32(4) / np.float32(head_dim)
+    freqs = (np.float32(1) / np.float32(op.theta) ** exponents).astype(np.float32)
+    position = np.arange(x.shape[1]) // repeat
+    angles = {0: (position % op.end_x).astype(np.float32)[:, None] * freqs,
+              half: (position // op.end_x).astype(np.float32)[:, None] * freqs}
+    heads = v.reshape(x.shape[0], x.shape[1], op.num_heads, head_dim).copy()
+    for offset, angle in angles.items():
+        c = np.cos(angle).astype(v.dtype)[None, :, None, :]
+        s = np.sin(angle).astype(v.dtype)[None, :, None, :]
+        even = heads[..., offset:offset + half:2].copy()
+        odd = heads[..., offset + 1:offset + half:2].copy()
+        heads[..., offset:offset + half:2] = even * c - odd * s
+        heads[..., offset + 1:offset + half:2] = even * s + odd * c
+    return finish(heads.reshape(x.shape), out)

@@ -14,6 +14,14 @@ def _rope() -> Graph:
     return g
 
 
+def _axial_rope2d() -> Graph:
+    g = Graph("axial_rope2d")
+    x = g.input("x", [2, 12, 16])
+    g.set_outputs([g.axial_rope2d(x, 3, 2, 8, num_heads=2, theta=100.0, repeat_factor=2, name="y")])
+    return g
+
+
 CASES: dict[str, Callable[[], Graph]] = {
     "rope": _rope,
+    "axial_rope2d": _axial_rope2d,
 }

@@ -513,6 +513,10 @@ OP_STRATEGIES: dict[str, st.SearchStrategy[Op]] = {
         ops.FusedConvBiasAct, vectors(USIZES), vectors(USIZES), vectors(USIZES), vectors(USIZES), USIZES,
         st.none() | ACTIVATIONS, BOOLS,
     ),
+    "ResizeNearest2x": st.just(ops.ResizeNearest2x()),
+    "Interpolate3d": st.builds(ops.Interpolate3d, vectors(USIZES)),
+    "AxialRope2d": st.builds(ops.AxialRope2d, USIZES, USIZES, USIZES, USIZES, F32S, USIZES),
+    "LogMel": st.just(ops.LogMel()),
 }
 # Constant needs its shape first; see node_steps.
 ALL_OP_NAMES = sorted(OP_TYPES)

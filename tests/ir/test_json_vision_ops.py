@@ -61,6 +61,15 @@ CASES = {
         [[1, 2, 4, 4], [3, 2, 3, 3], [3]], [1, 3, 4, 4],
         ops.FusedConvBiasAct((3, 3), (1, 1), (1, 1), (1, 1), 1, ops.ActivationKind.RELU, False),
     ),
+    "ResizeNearest2x": ('"ResizeNearest2x"', [[1, 2, 3, 3]], [1, 2, 6, 6], ops.ResizeNearest2x()),
+    "Interpolate3d": (
+        '{"Interpolate3d":{"size":[8,32,32]}}', [[1, 2, 4, 16, 16]], [1, 2, 8, 32, 32], ops.Interpolate3d((8, 32, 32)),
+    ),
+    "AxialRope2d": (
+        '{"AxialRope2d":{"end_x":4,"end_y":2,"head_dim":8,"num_heads":1,"theta":10000.0,"repeat_factor":1}}',
+        [[1, 8, 8]], [1, 8, 8], ops.AxialRope2d(4, 2, 8, 1, 10000.0, 1),
+    ),
+    "LogMel": ('"LogMel"', [[3, 16], [4, 5]], [3, 4], ops.LogMel()),
 }
 
 

@@ -11,6 +11,7 @@ from types import ModuleType
 from rlx_mil.ir.op_base import Op, f32
 from rlx_mil.ir.ops import (
     attention,
+    audio,
     conv,
     elementwise,
     fused,
@@ -20,12 +21,14 @@ from rlx_mil.ir.ops import (
     qcompute,
     quant,
     reduce,
+    resample,
     rng,
     rope,
     scatter,
     shape,
 )
 from rlx_mil.ir.ops.attention import Attention, AttentionBackward, AttentionBwdWrt, MaskKind, MaskType
+from rlx_mil.ir.ops.audio import LogMel
 from rlx_mil.ir.ops.conv import Conv, Conv3d, ConvTranspose2d, ConvTranspose3d, FusedConvBiasAct, Pool
 from rlx_mil.ir.ops.elementwise import (
     Activation,
@@ -55,8 +58,9 @@ from rlx_mil.ir.ops.norm import (
 from rlx_mil.ir.ops.qcompute import FakeQuantize, QConv2d, QMatMul, ScaleMode, ScaleModeKind, SteKind
 from rlx_mil.ir.ops.quant import Dequantize, DequantMatMul, Quantize, QuantKind, QuantScheme
 from rlx_mil.ir.ops.reduce import Cumsum, Reduce, ReduceOp, Softmax, TopK
+from rlx_mil.ir.ops.resample import Interpolate3d, ResizeNearest2x
 from rlx_mil.ir.ops.rng import RngNormal, RngUniform, Sample
-from rlx_mil.ir.ops.rope import Rope
+from rlx_mil.ir.ops.rope import AxialRope2d, Rope
 from rlx_mil.ir.ops.scatter import (
     GatherElements,
     GatherNd,
@@ -70,7 +74,8 @@ from rlx_mil.ir.ops.shape import Concat, Expand, Gather, Narrow, Reshape, Transp
 #: Every op family module, in the order their ops are listed (leaves first).
 FAMILIES: dict[str, ModuleType] = {
     module.__name__.rsplit(".", 1)[1]: module
-    for module in (leaf, elementwise, linalg, quant, norm, reduce, shape, rope, attention, fused, conv, scatter, qcompute, rng)
+    for module in (leaf, elementwise, linalg, quant, norm, reduce, shape, rope, attention, fused, conv, scatter, qcompute,
+                   rng, resample, audio)
 }
 
 #: Every op class, keyed by its upstream variant name.
@@ -92,6 +97,7 @@ __all__ = [
     "Attention",
     "AttentionBackward",
     "AttentionBwdWrt",
+    "AxialRope2d",
     "BatchNormInference",
     "Binary",
     "BinaryOp",
@@ -122,8 +128,10 @@ __all__ = [
     "GatherNd",
     "GroupNorm",
     "Input",
+    "Interpolate3d",
     "LayerNorm",
     "LayerNorm2d",
+    "LogMel",
     "LoraMatMul",
     "MaskKind",
     "MaskType",
@@ -140,6 +148,7 @@ __all__ = [
     "Reduce",
     "ReduceOp",
     "Reshape",
+    "ResizeNearest2x",
     "RmsNorm",
     "RngNormal",
     "RngUniform",

@@ -1,7 +1,9 @@
-"""Rotary position embedding (spec section 8.7)."""
+"""Rotary position embedding (spec section 8.7) and the 2-D axial RoPE of vision transformers
+(part-2 spec section 5.9)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -9,14 +11,16 @@ from typing import ClassVar
 from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import Op
+from rlx_mil.ir.op_base import Op, UnaryOp, fix_f32
 from rlx_mil.ir.serde.codecs import (
+    F32,
     USIZE,
     struct_form,
 )
 from rlx_mil.ir.shape import Shape, Static
 from rlx_mil.ir.shape_checks import (
     conflict,
+    require_float,
     require_int,
     require_rank,
     size_of,
@@ -34,6 +38,25 @@ class Rope(Op):
 
     def roles(self, count: int) -> tuple[str, ...] | None:
         return ("x", "cos", "sin")
+
+
+@dataclass(frozen=True)
+class AxialRope2d(UnaryOp):
+    """2-D axial RoPE with its own tables: token t sits at position `t // repeat_factor` of an
+    `end_x x end_y` grid (x fastest); within each head, pair (2c, 2c+1) of the first half rotates
+    by `x * theta^(-4c/head_dim)`, the same pair of the second half by `y * ...`."""
+
+    type_name: ClassVar[str] = "AxialRope2d"
+    end_x: int
+    end_y: int
+    head_dim: int
+    num_heads: int
+    theta: float
+    repeat_factor: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fix_f32(self, "theta")
 
 
 # -------------------------------------------------------------------------------- shape rules
@@ -71,6 +94,30 @@ def _rope(op: Rope, ins: Sequence[Shape], declared: Shape | None) -> Shape | Non
     return x
 
 
+@shape_rule(AxialRope2d)
+def _axial_rope2d(op: AxialRope2d, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x = ins[0]
+    end_x = require_int(op.end_x, "end_x", minimum=1)
+    end_y = require_int(op.end_y, "end_y", minimum=1)
+    head_dim = require_int(op.head_dim, "head_dim", minimum=4)
+    num_heads = require_int(op.num_heads, "num_heads", minimum=1)
+    repeat = max(require_int(op.repeat_factor, "repeat_factor", minimum=0), 1)
+    if head_dim % 4:
+        raise AttributeValueError(f"head_dim must be a multiple of 4 (two axes of rotated pairs), got {head_dim}")
+    if not math.isfinite(op.theta) or op.theta <= 0:
+        raise AttributeValueError(f"theta must be finite and > 0, got {op.theta}")
+    require_rank(x, "x", exact=(3,))
+    require_float(x, "x", "AxialRope2d")
+    tokens = end_x * end_y * repeat
+    if conflict(x.dims[1], Static(tokens)):
+        raise ShapeError(
+            f"x {x} must have S = end_x * end_y * max(repeat_factor, 1) = {tokens} tokens", operand="x"
+        )
+    if conflict(x.dims[2], Static(num_heads * head_dim)):
+        raise ShapeError(f"x {x} must have num_heads * head_dim = {num_heads * head_dim} channels", operand="x")
+    return x
+
+
 # -------------------------------------------------------------------------------- builder
 
 
@@ -83,11 +130,37 @@ class RopeBuilder(BuilderBase):
         """Rotary embedding (NeoX rotate-half); `n_rot` defaults to `head_dim`."""
         return self.add_node(Rope(head_dim, head_dim if n_rot is None else n_rot), [x, cos, sin], name=name)
 
+    def axial_rope2d(
+        self,
+        x: int,
+        end_x: int,
+        end_y: int,
+        head_dim: int,
+        num_heads: int = 1,
+        theta: float = 10000.0,
+        repeat_factor: int = 1,
+        *,
+        name: str | None = None,
+    ) -> int:
+        """2-D axial RoPE of `x [B, end_x * end_y * repeat_factor, num_heads * head_dim]`."""
+        op = AxialRope2d(end_x, end_y, head_dim, num_heads, theta, repeat_factor)
+        return self.add_node(op, [x], name=name)
+
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (Rope,)
+OPS: tuple[type[Op], ...] = (Rope, AxialRope2d)
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (
     struct_form(Rope, ("head_dim", USIZE), ("n_rot", USIZE)),
+    # In 0.2.2 and newest with the same fields.
+    struct_form(
+        AxialRope2d,
+        ("end_x", USIZE),
+        ("end_y", USIZE),
+        ("head_dim", USIZE),
+        ("num_heads", USIZE),
+        ("theta", F32),
+        ("repeat_factor", USIZE),
+    ),
 )

@@ -111,3 +111,48 @@ def lower_rope(op: ops.Rope, ctx: LowerContext) -> Any:
     if rank == 4:
         return rotated
     return mb.reshape(x=rotated, shape=list(sizes), name=ctx.name())
+
+
+def _axial_tables(op: ops.AxialRope2d, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin of every rotated pair's angle, `[S, 1, head_dim/2, 1]` (pairs of the first half
+    of a head turn with the token's x, those of the second half with its y), in float32."""
+    quarter = op.head_dim // 4
+    exponents = np.arange(quarter, dtype=np.float32) * np.float32(4) / np.float32(op.head_dim)
+    freqs = (np.float32(1) / np.float32(op.theta) ** exponents).astype(np.float32)
+    grid = np.arange(tokens) // max(op.repeat_factor, 1)
+    along_x = (grid % op.end_x).astype(np.float32)[:, None] * freqs
+    along_y = (grid // op.end_x).astype(np.float32)[:, None] * freqs
+    angles = np.concatenate([along_x, along_y], axis=1).astype(np.float32)
+    view = (tokens, 1, 2 * quarter, 1)
+    return np.cos(angles).reshape(view), np.sin(angles).reshape(view)
+
+
+@lowering(
+    ops.AxialRope2d, family="rope",
+    notes="cos/sin tables computed at conversion (float32 angles, token t at grid position"
+    " t // repeat_factor) and baked as consts; `reshape` to [B, S, heads, head_dim/2, 2], `split`"
+    " into even/odd lanes, `mul`/`sub`/`add` (complex multiply), `concat`, `reshape` back",
+)
+def lower_axial_rope2d(op: ops.AxialRope2d, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    require_float(ctx, 0, "x")
+    sizes = input_sizes(ctx, 0)
+    tokens = op.end_x * op.end_y * max(op.repeat_factor, 1)
+    if op.head_dim < 4 or op.head_dim % 4 or not math.isfinite(op.theta) or op.theta <= 0:
+        raise node_error(ctx, AttributeValueError,
+                         f"head_dim {op.head_dim} must be a positive multiple of 4 and theta {op.theta} finite > 0")
+    if len(sizes) != 3 or sizes[1] != tokens or sizes[2] != op.num_heads * op.head_dim:
+        raise node_error(ctx, ShapeError, f"x must be [B, {tokens}, {op.num_heads * op.head_dim}], got {list(sizes)}",
+                         "x")
+    cos, sin = _axial_tables(op, tokens)
+    cos_c, sin_c = ctx.const(cos, "cos"), ctx.const(sin, "sin")
+    pairs = mb.reshape(x=ctx.var(0), shape=[sizes[0], tokens, op.num_heads, op.head_dim // 2, 2],
+                       name=ctx.name("pairs"))
+    even, odd = mb.split(x=pairs, num_splits=2, axis=4, name=ctx.name("lanes"))
+    new_even = mb.sub(x=mb.mul(x=even, y=cos_c, name=ctx.name("even_cos")),
+                      y=mb.mul(x=odd, y=sin_c, name=ctx.name("odd_sin")), name=ctx.name("even"))
+    new_odd = mb.add(x=mb.mul(x=even, y=sin_c, name=ctx.name("even_sin")),
+                     y=mb.mul(x=odd, y=cos_c, name=ctx.name("odd_cos")), name=ctx.name("odd"))
+    rotated = mb.concat(values=[new_even, new_odd], axis=4, name=ctx.name("rotated"))
+    return mb.reshape(x=rotated, shape=list(sizes), name=ctx.name())
