@@ -15,6 +15,42 @@ _LEAVES = {Input: "model input (fp32/int32 I/O)", Param: "`const` weight (fp16 u
            Constant: "`const` decoded from the little-endian payload"}
 
 
+#: The numeric semantics the reference (`rlx_mil.reference`) and every conversion share.
+SEMANTICS = """
+## Integer and low-precision float semantics
+
+Decided once; `rlx_mil.reference` computes them and converted models reproduce them (a
+pipeline fuzz over random builder graphs in the test suite checks the two agree).
+
+* **Integer arithmetic.** When every operand of Add, Sub, Mul, Max, Min or Div is an integer
+  (or Bool) and the result is an integer, the exact result wraps modulo 2^bits into the
+  declared dtype, as NumPy's integer arithmetic does: U8 `neg([0, 1, 2])` is `[0, 255, 254]`,
+  I8 `127 + 1` is `-128`. Neg, Abs, Relu and Round of integers to integers likewise.
+* **Integer division** truncates toward zero (`-7 / 2 = -3`); a division by zero gives 0
+  (Core ML leaves it undefined, so the lowering selects 0 explicitly).
+* **Everything else on integers** (Pow, Sqrt, Exp..., an operand that is a float, an integer
+  result of a float computation) is computed in float32 (float64 in the reference for 32/64-bit
+  integers) and converted with Cast semantics.
+* **Cast.** float -> int truncates toward zero, saturates at the type's range, NaN -> 0;
+  int -> narrower int wraps modulo 2^bits; -> Bool is `x != 0`; -> F16 / BF16 rounds to
+  nearest, ties to even. Where converts each branch to its declared dtype this way first.
+* **Narrowing in Core ML.** Converted models hold every integer dtype as int32, so I64 and U32
+  values must lie in the int32 range: params outside it are refused (`ParamError`), and
+  results beyond it saturate (Cast) or wrap at 32 bits (arithmetic) where the reference would
+  keep them.
+* **F16 / BF16 results.** Every node declared F16 or BF16 holds values of that type: its
+  result is rounded to it (nearest, ties to even), in the reference and in converted models
+  (BF16 by Veltkamp splitting; F16 in an fp32 program by a cast through fp16). Inputs and
+  params declared F16 / BF16 are rounded likewise when fed. The ops of a fused node's
+  decomposition are rounded once, at the fused node. Under fp16 precision every F32 tensor is
+  computed in fp16 (the precision the caller chose); see docs/design.md.
+* **Values of a declared dtype.** Integer inputs and params must be whole numbers inside the
+  declared type's range (inf, NaN, 2^40 for I32, 300 for I8 and -1 for U32 are refused, never
+  wrapped); floats take float arrays (bfloat16 included); Bool takes any number (`x != 0`).
+  `rlx_mil.values` holds this one rule, used by `convert` and `reference.evaluate` alike.
+"""
+
+
 def coverage_markdown() -> str:
     rules = registered_rules()
     unsupported = unsupported_ops()
@@ -56,7 +92,7 @@ def coverage_markdown() -> str:
     if missing:
         lines.append(f"Without a rule: {', '.join(missing)}.")
     lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines) + SEMANTICS
 
 
 def main(argv: list[str] | None = None) -> int:

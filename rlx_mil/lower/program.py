@@ -20,7 +20,18 @@ from rlx_mil.errors import (
 )
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph, Node
-from rlx_mil.ir.ops import Constant, Input, Param, Transpose
+from rlx_mil.ir.ops import (
+    Activation,
+    ActivationKind,
+    Binary,
+    BinaryOp,
+    Cast,
+    Constant,
+    Input,
+    Param,
+    Transpose,
+    Where,
+)
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Shape
 from rlx_mil.lower import rules as _rules  # noqa: F401  (importing the rule modules registers them)
 from rlx_mil.lower.context import (
@@ -35,7 +46,7 @@ from rlx_mil.lower.kv_cache import POSITION_INPUT, KVCacheLowering, KVCachePlan
 from rlx_mil.lower.registry import PARAM_LAYOUT_HOOKS, rule_for
 from rlx_mil.lower.target import Precision, Target
 from rlx_mil.naming import input_names, mil_identifiers, output_names
-from rlx_mil.values import numeric_kind, value_problem
+from rlx_mil.values import BFLOAT16, numeric_kind, value_problem
 
 
 @dataclass
@@ -169,6 +180,30 @@ def is_bfloat16(dtype: np.dtype) -> bool:
     return dtype.name == "bfloat16"
 
 
+_ROUNDED_STORAGE = {DType.F16: np.dtype(np.float16), DType.BF16: BFLOAT16}
+_SAME_VALUES = (ActivationKind.NEG, ActivationKind.ABS, ActivationKind.RELU, ActivationKind.ROUND)
+
+
+def needs_rounding(node: Node, precision: Precision) -> bool:
+    """A node declared narrower than the program float: BF16 always, F16 in fp32 programs."""
+    dtype = node.shape.dtype
+    return dtype is DType.BF16 or (dtype is DType.F16 and precision is Precision.FP32)
+
+
+def _value_preserving(graph: Graph, node: Node, family: str) -> bool:
+    """Ops whose results are values of their (already rounded) inputs: no rounding needed."""
+    op = node.op
+    if isinstance(op, Cast) or family == "shape":
+        return True
+    values = node.inputs[1:] if isinstance(op, Where) else node.inputs  # Where's cond is no value
+    same_dtype = all(graph.node(i).shape.dtype is node.shape.dtype for i in values)
+    if isinstance(op, Where):
+        return same_dtype
+    if isinstance(op, Activation) and op.kind in _SAME_VALUES:
+        return same_dtype
+    return isinstance(op, Binary) and op.op in (BinaryOp.MAX, BinaryOp.MIN) and same_dtype
+
+
 class NodeLowerer:
     """Lowers the nodes of one graph in order, each through its registered rule.
 
@@ -203,6 +238,10 @@ class NodeLowerer:
         self.overrides: Mapping[int, Callable[[LowerContext], Any]] = {}
         #: Node id -> the outer graph's Param, for values bound into a decomposition.
         self.weight_sources: dict[int, WeightSource] = {}
+        # Results are rounded to their declared F16/BF16 type at each node of the graph; the
+        # subgraph a fused node is spelled in is rounded once, at the fused node, as the
+        # reference computes fused ops.
+        self.rounds_results = not name_prefix
 
     def weight_source(self, node_id: int) -> WeightSource | None:
         """The Param whose value node `node_id` holds: the Param itself, or a 2-D Param behind a
@@ -251,11 +290,23 @@ class NodeLowerer:
                 self.env[node_id] = compressed
                 return compressed
         np_dtype = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32, "bool": np.bool_}[target_dtype]
-        arr: np.ndarray = np.asarray(value).astype(np_dtype)
+        arr: np.ndarray = np.asarray(value)
+        if node.shape.dtype in _ROUNDED_STORAGE and arr.dtype != _ROUNDED_STORAGE[node.shape.dtype]:
+            arr = arr.astype(_ROUNDED_STORAGE[node.shape.dtype])  # a declared F16/BF16 weight holds such values
+        arr = arr.astype(np_dtype)
         self.env[node_id] = mb.const(val=arr if arr.ndim else arr[()], name=self.names.fresh(self.name_prefix + base))
         return self.env[node_id]
 
+    def context(self, node: Node) -> LowerContext:
+        return LowerContext(
+            graph=self.graph, node=node, target=self.target, precision=self.precision,
+            options=self.options, names=self.names, var_of=self.var_of, value_of=self.value_of,
+            lowerer=self,
+        )
+
     def run(self) -> None:
+        from rlx_mil.lower.rules.elementwise import convert
+
         graph = self.graph
         for node in graph:
             if node.id not in self.live or node.id in self.env:
@@ -269,13 +320,11 @@ class NodeLowerer:
                 continue  # known values become consts only where a rule needs them as tensors
             override = self.overrides.get(node.id)
             info = rule_for(op, self.target, node=node.id, name=node.name)
-            ctx = LowerContext(
-                graph=graph, node=node, target=self.target, precision=self.precision,
-                options=self.options, names=self.names, var_of=self.var_of, value_of=self.value_of,
-                lowerer=self,
-            )
+            ctx = self.context(node)
             try:
                 var = info.rule(op, ctx) if override is None else override(ctx)
+                if self.rounds_results and needs_rounding(node, self.precision) and not _value_preserving(graph, node, info.family):
+                    var = convert(ctx, var, DType.F32, node.shape.dtype, round_floats=True, suffix="rounded")
             except RlxMilError:
                 raise
             except Exception as err:
@@ -404,6 +453,10 @@ def lower_graph(
                 var = mb.reshape(x=var, shape=np.zeros((0,), np.int32), name=names.fresh(f"{ident}_scalar"))
             if node.shape.dtype.is_float and float_mil == "fp16":
                 var = mb.cast(x=var, dtype="fp16", name=names.fresh(f"{ident}_to_fp16"))
+            if needs_rounding(node, precision):  # a BF16 (or F16) input holds only such values
+                from rlx_mil.lower.rules.elementwise import convert
+
+                var = convert(lowerer.context(node), var, DType.F32, node.shape.dtype, round_floats=True, suffix="rounded")
             elif node.shape.dtype is DType.BOOL:
                 var = mb.not_equal(x=var, y=np.float32(0), name=names.fresh(f"{ident}_to_bool"))
             for same in same_named[ir_name]:

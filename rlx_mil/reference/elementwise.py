@@ -18,6 +18,7 @@ from rlx_mil.ir.ops import (
     Where,
 )
 from rlx_mil.ir.shape import Shape
+from rlx_mil.reference.integer import integer_activation, integer_binary
 from rlx_mil.reference.registry import (
     broadcast_sizes,
     finish,
@@ -65,7 +66,8 @@ def activation(kind: ActivationKind, x: np.ndarray) -> np.ndarray:
 
 @reference_kernel(Activation)
 def _activation(op: Activation, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
-    return finish(activation(op.kind, inputs[0]), out)
+    exact = integer_activation(op.kind, inputs[0], out.dtype)
+    return exact if exact is not None else finish(activation(op.kind, inputs[0]), out)
 
 
 @reference_kernel(Cast)
@@ -94,7 +96,9 @@ def binary(op: BinaryOp, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
 
 @reference_kernel(Binary)
 def _binary(op: Binary, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
-    return finish(binary(op.op, inputs[0], inputs[1]), out)
+    broadcast_sizes([inputs[0].shape, inputs[1].shape], ["lhs", "rhs"])
+    exact = integer_binary(op.op, inputs[0], inputs[1], out.dtype)
+    return exact if exact is not None else finish(binary(op.op, inputs[0], inputs[1]), out)
 
 
 _COMPARE = {
@@ -114,6 +118,5 @@ def _compare(op: Compare, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarra
 def _where(op: Where, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
     cond, on_true, on_false = inputs
     broadcast_sizes([cond.shape, on_true.shape, on_false.shape], ["cond", "on_true", "on_false"])
-    if on_true.dtype != on_false.dtype:
-        on_true, on_false = float_operands(on_true, on_false)
-    return finish(np.where(cond != 0, on_true, on_false), out)
+    # Each branch converts to the declared dtype with Cast semantics, then one is picked.
+    return np.where(cond != 0, to_dtype(on_true, out.dtype), to_dtype(on_false, out.dtype))

@@ -431,9 +431,12 @@ def _float_pow(ctx: LowerContext, a: Any, b: Any) -> Any:
 
 def _int_trunc_div(ctx: LowerContext, a: Any, b: Any) -> Any:
     """Integer division rounding toward zero (the IR divides, then truncates), exactly in
-    int32: floor_div, plus one where the remainder is non-zero and the signs differ."""
+    int32: floor_div, plus one where the remainder is non-zero and the signs differ; a
+    division by zero gives 0 (the divisor is made 1 there first: Core ML leaves it undefined)."""
     from coremltools.converters.mil import Builder as mb
 
+    by_zero = mb.equal(x=b, y=np.int32(0), name=ctx.name("by_zero"))
+    b = mb.select(cond=by_zero, a=np.int32(1), b=b, name=ctx.name("safe_rhs"))
     q = mb.floor_div(x=a, y=b, name=ctx.name("floor_div"))
     rem = mb.sub(x=a, y=mb.mul(x=q, y=b, name=ctx.name("q_times_b")), name=ctx.name("rem"))
     inexact = mb.not_equal(x=rem, y=np.int32(0), name=ctx.name("inexact"))
@@ -441,7 +444,8 @@ def _int_trunc_div(ctx: LowerContext, a: Any, b: Any) -> Any:
     b_neg = mb.less(x=b, y=np.int32(0), name=ctx.name("rhs_neg"))
     signs_differ = mb.logical_xor(x=a_neg, y=b_neg, name=ctx.name("signs_differ"))
     fix = mb.logical_and(x=inexact, y=signs_differ, name=ctx.name("fix"))
-    return mb.add(x=q, y=mb.cast(x=fix, dtype="int32", name=ctx.name("fix_int")), name=ctx.name())
+    quotient = mb.add(x=q, y=mb.cast(x=fix, dtype="int32", name=ctx.name("fix_int")), name=ctx.name("quotient"))
+    return mb.select(cond=by_zero, a=np.int32(0), b=quotient, name=ctx.name())
 
 
 _INT_EXACT_BINARY = (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.MAX, BinaryOp.MIN, BinaryOp.DIV)
@@ -453,8 +457,9 @@ _INT_EXACT_BINARY = (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.MAX, Bin
         "add, sub, mul, real_div, pow with NumPy broadcasting. Max/Min: maximum/minimum plus"
         " not_equal(x,x)+select per operand that may hold NaN, giving fmax/fmin (NaN-ignoring)."
         " Pow with a constant exponent: 2 -> mul, other integers -> sign-corrected pow(|x|, n)."
-        " Integer operands with an integer result stay int32 (Div truncates toward zero via"
-        " floor_div + fix-up); mixed int/float compute in float and convert to the declared dtype."
+        " Integer operands with an integer result stay int32 and wrap into the declared dtype (Div"
+        " truncates toward zero via floor_div + fix-up, x/0 = 0 by select); mixed int/float compute"
+        " in float and convert to the declared dtype."
     ),
 )
 def lower_binary(op: ops.Binary, ctx: LowerContext) -> Any:
