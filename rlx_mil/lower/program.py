@@ -204,6 +204,19 @@ def _value_preserving(graph: Graph, node: Node, family: str) -> bool:
     return isinstance(op, Binary) and op.op in (BinaryOp.MAX, BinaryOp.MIN) and same_dtype
 
 
+def _check_intermediates(graph: Graph, func: Any) -> None:
+    """Every tensor the rules created (attention scores of a decomposed attention above all)
+    within MAX_TENSOR_ELEMENTS, checked before the program reaches ct.convert."""
+    from rlx_mil.milexec.registry import oversized_outputs
+
+    for op, var, count in oversized_outputs(func, MAX_TENSOR_ELEMENTS):
+        raise ConversionError(
+            f"graph {graph.name!r}: the lowering needs the intermediate '{var.name}' ({op.op_type},"
+            f" shape {list(var.shape)}) of {count} elements, more than the {MAX_TENSOR_ELEMENTS} Core ML"
+            " can address; use smaller shapes (or attention='fused' on iOS18 for long sequences)"
+        )
+
+
 class NodeLowerer:
     """Lowers the nodes of one graph in order, each through its registered rule.
 
@@ -481,6 +494,7 @@ def lower_graph(
                 outs.append(mb.cast(x=var, dtype="int32", name=ident) if var.dtype != types.int32
                             else mb.identity(x=var, name=ident))
         func.set_outputs(outs)
+    _check_intermediates(graph, func)
 
     program = Program()
     program.add_function("main", func)

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from rlx_mil.errors import MilExecError
+from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS
 from rlx_mil.milexec.crosscheck import CrossChecker, Tolerance
 from rlx_mil.milexec.loader import IONames, ResolvedSource, resolve_source
-from rlx_mil.milexec.registry import KERNELS, OpContext, declared_dtype, iter_ops
+from rlx_mil.milexec.registry import KERNELS, OpContext, declared_dtype, iter_ops, oversized_outputs
 from rlx_mil.values import BFLOAT16, numeric_kind
 
 if TYPE_CHECKING:
@@ -105,6 +106,7 @@ class _Interpreter:
     ) -> ExecutionResult:
         function = resolved.function
         _require_kernels(function)
+        _require_addressable(function)
         feeds, state_feeds = _bind_inputs(function, inputs, states, resolved.io_names, self.precision)
         try:
             for var, value in feeds:
@@ -249,6 +251,16 @@ class _Interpreter:
                     f"shape {_shape_text(declared)}"
                 )
         return value
+
+
+def _require_addressable(function: Any) -> None:
+    """Refuse up front a program with a tensor beyond MAX_TENSOR_ELEMENTS rather than
+    allocating it (a hostile or hand-built package can declare any shape)."""
+    for op, var, count in oversized_outputs(function, MAX_TENSOR_ELEMENTS):
+        raise MilExecError(
+            f"op '{op.name}' ({op.op_type}): output '{var.name}' {_shape_text(tuple(var.shape))} holds {count}"
+            f" elements, more than the limit of {MAX_TENSOR_ELEMENTS}; refusing to allocate it"
+        )
 
 
 def _require_kernels(function: Any) -> None:

@@ -181,3 +181,18 @@ def iter_ops(block: Block) -> Iterator[Operation]:
         yield op
         for inner in op.blocks:
             yield from iter_ops(inner)
+
+
+def oversized_outputs(block: Block, limit: int) -> Iterator[tuple[Operation, Var, int]]:
+    """(op, output var, element count) for every statically shaped output of an op in `block`
+    (nested blocks included) holding more than `limit` elements."""
+    for op in iter_ops(block):
+        for var in op.outputs:
+            shape = getattr(var, "shape", None)
+            if not shape or not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
+                continue
+            count = 1
+            for dim in shape:
+                count *= int(dim)
+            if count > limit:
+                yield op, var, count

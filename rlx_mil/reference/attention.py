@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlx_mil.errors import ShapeError
+from rlx_mil.errors import EvaluationError, ShapeError
 from rlx_mil.ir.attention_layout import AttentionGeometry, AttentionLayout, attention_geometry
 from rlx_mil.ir.ops import Attention, AttentionBackward, AttentionBwdWrt, MaskKind, MaskType, f32
-from rlx_mil.ir.shape import Shape
+from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Shape
 from rlx_mil.reference.registry import as_float, compute_dtype, finish, reference_kernel
 
 FILL = -1e9
@@ -94,6 +94,11 @@ def _masked_scores(
     dt = qh.dtype.type
     batch, heads, q_len, _ = qh.shape
     kv_len = kh.shape[2]
+    if batch * heads * q_len * kv_len > MAX_TENSOR_ELEMENTS:
+        raise EvaluationError(
+            f"attention scores [B, H, Sq, Sk] = {[batch, heads, q_len, kv_len]} would hold"
+            f" {batch * heads * q_len * kv_len} elements, more than the limit of {MAX_TENSOR_ELEMENTS}"
+        )
     scores = np.matmul(qh, kh.swapaxes(-1, -2)) * dt(scale)
     if softcap is not None:
         scores = dt(softcap) * np.tanh(scores / dt(softcap))
