@@ -69,6 +69,10 @@ class GraphFormatError(RlxMilError):
     """Serialized graph text (JSON) is malformed, hostile or inconsistent."""
 
 
+class JsonVersionError(GraphFormatError):
+    """A graph holds something the requested JSON version (e.g. upstream 0.2.2) cannot express."""
+
+
 class EvaluationError(RlxMilError):
     """Inputs or params handed to an evaluator are missing, extra or mis-shaped."""
 
@@ -85,6 +89,10 @@ class ParamError(EvaluationError):
 
 class UnsupportedOpError(RlxMilError):
     """No lowering (or no executor kernel) exists for an op, or the target cannot express it."""
+
+
+class UnsupportedOpFormatError(GraphFormatError, UnsupportedOpError):
+    """Serialized graph text holds an upstream op kind rlx_mil knows of but does not support."""
 
 
 class ConversionError(RlxMilError):

@@ -58,8 +58,8 @@ def value_problem(arr: np.ndarray, declared: DType) -> str | None:
     kind = numeric_kind(arr.dtype)
     if kind is None:
         return f"has dtype {arr.dtype}, which is not a numeric array"
-    if declared is DType.C64:
-        return "is declared C64, which is outside the rlx_mil IR subset"
+    if declared.is_complex:
+        return f"is declared {declared.value}, which is outside the rlx_mil IR subset"
     if declared.is_float:
         if kind != "f":
             return f"has dtype {arr.dtype} where {declared.value} (float) is declared"

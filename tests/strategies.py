@@ -15,8 +15,8 @@ from hypothesis.extra import numpy as hnp
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.shape import Shape
 
-#: Every dtype of the IR subset (C64 is outside it).
-ALL_DTYPES: tuple[DType, ...] = tuple(d for d in DType if d is not DType.C64)
+#: Every dtype of the IR subset (the complex types are outside it).
+ALL_DTYPES: tuple[DType, ...] = tuple(d for d in DType if not d.is_complex)
 FLOAT_DTYPES: tuple[DType, ...] = (DType.F32, DType.F16, DType.BF16, DType.F64)
 INT_DTYPES: tuple[DType, ...] = (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U32)
 

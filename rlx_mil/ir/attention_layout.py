@@ -45,6 +45,13 @@ class AttentionGeometry:
     q_len: Dim
     kv_len: Dim
     head_dim: int
+    #: Width of each value head (and of each output head); head_dim unless the op sets
+    #: v_head_dim (multi-head latent attention).
+    v_head_dim: int = 0
+
+    def __post_init__(self) -> None:
+        if self.v_head_dim == 0:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
 
     @property
     def group_size(self) -> int:
@@ -79,11 +86,17 @@ def _heads_in(t: Shape, layout: AttentionLayout, head_dim: int, operand: str) ->
     return d.size
 
 
-def attention_geometry(q: Shape, k: Shape, v: Shape, num_heads: int, head_dim: int) -> AttentionGeometry:
+def attention_geometry(
+    q: Shape, k: Shape, v: Shape, num_heads: int, head_dim: int, v_head_dim: int | None = None
+) -> AttentionGeometry:
     """Validate q/k/v against each other and the attributes; raise a typed error naming the
-    operand at fault. GQA/MQA: k and v may carry H_kv heads with num_heads % H_kv == 0."""
+    operand at fault. GQA/MQA: k and v may carry H_kv heads with num_heads % H_kv == 0. With
+    `v_head_dim`, value heads (and output heads) are that wide instead of head_dim."""
     if num_heads < 1 or head_dim < 1:
         raise AttributeValueError(f"num_heads and head_dim must be >= 1, got {num_heads} and {head_dim}")
+    v_dim = head_dim if v_head_dim is None else v_head_dim
+    if v_dim < 1:
+        raise AttributeValueError(f"v_head_dim must be >= 1, got {v_dim}")
     layout = detect_layout(q, num_heads)
     for name, t in (("k", k), ("v", v)):
         if t.rank != q.rank:
@@ -95,7 +108,7 @@ def attention_geometry(q: Shape, k: Shape, v: Shape, num_heads: int, head_dim: i
             operand="q",
         )
     kv_heads = _heads_in(k, layout, head_dim, "k")
-    v_heads = _heads_in(v, layout, head_dim, "v")
+    v_heads = _heads_in(v, layout, v_dim, "v")
     if v_heads != kv_heads:
         raise ShapeError(f"k has {kv_heads} heads but v has {v_heads}", operand="v")
     if kv_heads < 1 or num_heads % kv_heads != 0:
@@ -112,4 +125,10 @@ def attention_geometry(q: Shape, k: Shape, v: Shape, num_heads: int, head_dim: i
         for name, t in (("k", k), ("v", v)):
             if t.dims[0] != batch:
                 raise ShapeError(f"{name} batch {t.dims[0]} differs from q batch {batch}", operand=name)
-    return AttentionGeometry(layout, batch, num_heads, kv_heads, q.dims[seq], k.dims[seq], head_dim)
+    return AttentionGeometry(layout, batch, num_heads, kv_heads, q.dims[seq], k.dims[seq], head_dim, v_dim)
+
+
+def attention_output_dims(q: Shape, geometry: AttentionGeometry) -> tuple[Dim, ...]:
+    """The attention output's dims: q's, with each head v_head_dim wide."""
+    width = geometry.v_head_dim if geometry.layout.rank == 4 else geometry.num_heads * geometry.v_head_dim
+    return (*q.dims[:-1], Static(width))

@@ -22,6 +22,8 @@ class DType(enum.Enum):
     U32 = "U32"
     BOOL = "Bool"
     C64 = "C64"
+    #: Complex f64 (newest upstream only); parsed, but outside the subset rlx_mil converts.
+    C128 = "C128"
 
     @property
     def itemsize(self) -> int:
@@ -36,13 +38,17 @@ class DType(enum.Enum):
         return self in (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U32)
 
     @property
+    def is_complex(self) -> bool:
+        return self in (DType.C64, DType.C128)
+
+    @property
     def numpy(self) -> np.dtype:
         """The NumPy dtype holding values of this type.
 
         BF16 has no NumPy dtype; its values are held as float32 (already rounded to bf16).
         """
-        if self is DType.C64:
-            raise TypeError("C64 is outside the rlx_mil IR subset")
+        if self.is_complex:
+            raise TypeError(f"{self.value} is outside the rlx_mil IR subset")
         return np.dtype(_NUMPY[self])
 
     @classmethod
@@ -70,7 +76,7 @@ class DType(enum.Enum):
 _ITEMSIZE = {
     DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.F64: 8,
     DType.I8: 1, DType.I16: 2, DType.I32: 4, DType.I64: 8,
-    DType.U8: 1, DType.U32: 4, DType.BOOL: 1, DType.C64: 8,
+    DType.U8: 1, DType.U32: 4, DType.BOOL: 1, DType.C64: 8, DType.C128: 16,
 }
 
 _NUMPY = {

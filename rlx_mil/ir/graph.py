@@ -19,14 +19,17 @@ from rlx_mil.ir.node import Node, NodeOrigin
 from rlx_mil.ir.op_base import Op
 from rlx_mil.ir.ops.attention import AttentionBuilder
 from rlx_mil.ir.ops.audio import AudioBuilder
+from rlx_mil.ir.ops.control import ControlBuilder
 from rlx_mil.ir.ops.conv import ConvBuilder
 from rlx_mil.ir.ops.elementwise import ElementwiseBuilder
 from rlx_mil.ir.ops.fused import FusedBuilder
 from rlx_mil.ir.ops.leaf import LeafBuilder
 from rlx_mil.ir.ops.linalg import LinalgBuilder
+from rlx_mil.ir.ops.moe import MoeBuilder
 from rlx_mil.ir.ops.norm import NormBuilder
 from rlx_mil.ir.ops.qcompute import QComputeBuilder
 from rlx_mil.ir.ops.quant import QuantBuilder
+from rlx_mil.ir.ops.recurrent import RecurrentBuilder
 from rlx_mil.ir.ops.reduce import ReduceBuilder
 from rlx_mil.ir.ops.resample import ResampleBuilder
 from rlx_mil.ir.ops.rng import RngBuilder
@@ -34,6 +37,7 @@ from rlx_mil.ir.ops.rope import RopeBuilder
 from rlx_mil.ir.ops.scatter import ScatterBuilder
 from rlx_mil.ir.ops.shape import ShapeBuilder
 from rlx_mil.ir.serde import reader, writer
+from rlx_mil.ir.serde.forms import oldest_version
 from rlx_mil.ir.shape import Dynamic, Shape, Static
 
 __all__ = ["Graph", "Node", "NodeOrigin"]
@@ -56,6 +60,9 @@ class Graph(
     RngBuilder,
     ResampleBuilder,
     AudioBuilder,
+    MoeBuilder,
+    RecurrentBuilder,
+    ControlBuilder,
 ):
     """Append-only DAG of nodes in topological order; a node's id is its index.
 
@@ -70,6 +77,8 @@ class Graph(
         self.name = name
         self._nodes: list[Node] = []
         self._outputs: list[int] = []
+        #: The JSON form ("0.2.2" or "newest") the graph was read from; None when built in code.
+        self.json_version: str | None = None
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -196,6 +205,7 @@ class Graph(
             dims = [Static(sizes[d.symbol]) if isinstance(d, Dynamic) else d for d in node.shape.dims]
             bound.add_node(node.op, node.inputs, node.shape.with_dims(dims), name=node.name, origin=node.origin)
         bound.set_outputs(self._outputs)
+        bound.json_version = self.json_version
         return bound
 
     def consumers(self) -> dict[int, list[int]]:
@@ -224,17 +234,27 @@ class Graph(
         """Load a graph from upstream RLX's serde JSON form (spec section 2)."""
         return reader.decode_graph(text, Graph)
 
-    def to_json(self, *, indent: int | None = None) -> str:
-        """Serialize in upstream RLX's serde JSON form."""
-        return writer.encode_graph(self.name, self._nodes, self._outputs, indent=indent)
+    def to_json(self, *, indent: int | None = None, version: str | None = None) -> str:
+        """Serialize in upstream RLX's serde JSON form of `version`: "0.2.2" or "newest".
+
+        Without `version`, a graph read from JSON is written in the form it was read in (so
+        upstream files round-trip byte for byte) and a graph built in code in the oldest form
+        that expresses it. Writing "0.2.2" raises JsonVersionError naming the node and field
+        that 0.2.2 cannot express (a GptJ Rope, an MLA Attention, a newest-only op...).
+        """
+        if version is None:
+            version = self.json_version or oldest_version(self._nodes)
+        return writer.encode_graph(self.name, self._nodes, self._outputs, indent=indent, version=version)
 
     @staticmethod
     def from_json_file(path: str | os.PathLike[str]) -> Graph:
         return reader.decode_graph_file(path, Graph)
 
-    def to_json_file(self, path: str | os.PathLike[str], *, indent: int | None = None) -> None:
-        """Write `to_json(indent=indent)` as UTF-8 with a final newline."""
-        Path(path).write_bytes((self.to_json(indent=indent) + "\n").encode("utf-8"))
+    def to_json_file(
+        self, path: str | os.PathLike[str], *, indent: int | None = None, version: str | None = None
+    ) -> None:
+        """Write `to_json(indent=indent, version=version)` as UTF-8 with a final newline."""
+        Path(path).write_bytes((self.to_json(indent=indent, version=version) + "\n").encode("utf-8"))
 
 
 def _check_declared_shape(shape: object, node_id: int, op: str, name: str | None) -> None:

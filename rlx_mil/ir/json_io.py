@@ -19,10 +19,14 @@ from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.serde.f32 import format_f32, parse_f32
 from rlx_mil.ir.serde.forms import OP_FORMS
 from rlx_mil.ir.serde.reader import DEFAULT_LIMITS, JsonLimits, decode_graph, decode_graph_file
+from rlx_mil.ir.serde.versions import NEWEST, V0_2_2, VERSIONS
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "NEWEST",
     "OP_FORMS",
+    "V0_2_2",
+    "VERSIONS",
     "JsonLimits",
     "format_f32",
     "graph_from_json",
@@ -47,21 +51,24 @@ def graph_from_json_file(path: str | os.PathLike[str], *, limits: JsonLimits = D
     return decode_graph_file(path, Graph, limits)
 
 
-def graph_to_json(graph: Graph, *, indent: int | None = None) -> str:
+def graph_to_json(graph: Graph, *, indent: int | None = None, version: str | None = None) -> str:
     """Serialize exactly as upstream's serde_json would.
 
     `indent=None` gives `serde_json::to_string`'s compact form; an int gives
     `to_string_pretty`'s layout with that many spaces (upstream uses 2). Values upstream
     cannot represent (non-finite floats, out-of-range integers, payloads not matching their
-    shape) raise GraphFormatError naming the node and field.
+    shape) raise GraphFormatError naming the node and field. `version` ("0.2.2" or "newest")
+    as for :meth:`Graph.to_json`.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"expected a Graph, got {type(graph).__name__}")
-    return graph.to_json(indent=indent)
+    return graph.to_json(indent=indent, version=version)
 
 
-def graph_to_json_file(graph: Graph, path: str | os.PathLike[str], *, indent: int | None = None) -> None:
-    """Write `graph_to_json(graph, indent=indent)` as UTF-8 with a final newline."""
+def graph_to_json_file(
+    graph: Graph, path: str | os.PathLike[str], *, indent: int | None = None, version: str | None = None
+) -> None:
+    """Write `graph_to_json(graph, indent=indent, version=version)` as UTF-8 with a final newline."""
     if not isinstance(graph, Graph):
         raise TypeError(f"expected a Graph, got {type(graph).__name__}")
-    graph.to_json_file(path, indent=indent)
+    graph.to_json_file(path, indent=indent, version=version)

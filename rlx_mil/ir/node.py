@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from rlx_mil.ir.op_base import Op
 from rlx_mil.ir.shape import Shape
@@ -39,3 +40,16 @@ class Node:
         if self.name:
             text += f"  # {self.name}"
         return text
+
+
+@runtime_checkable
+class GraphValue(Protocol):
+    """A graph held as an op attribute (the bodies of If, While and Scan)."""
+
+    name: str
+
+    @property
+    def nodes(self) -> tuple[Node, ...]: ...
+
+    @property
+    def outputs(self) -> tuple[int, ...]: ...

@@ -14,6 +14,10 @@ import numpy as np
 
 from rlx_mil.errors import AttributeValueError
 
+#: Metadata of a dataclass field the newest upstream added to an op 0.2.2 already had; its
+#: default is what a 0.2.2 graph means (and keeps positional construction of the 0.2.2 fields).
+NEWEST_FIELD = {"newest": True}
+
 
 def f32(value: float) -> float:
     """Round a Python float to the float32 it denotes (attributes are f32 upstream)."""
@@ -49,7 +53,13 @@ class Op:
                 object.__setattr__(self, f.name, tuple(value))
 
     def __str__(self) -> str:
-        parts = [f"{key}={_attr_text(value)}" for key, value in self.attrs().items()]
+        # Attributes the newest upstream added print only when they differ from their 0.2.2
+        # meaning, so 0.2.2 graphs print as before.
+        parts = [
+            f"{f.name}={_attr_text(getattr(self, f.name))}"
+            for f in fields(self)
+            if not (f.metadata.get("newest") and getattr(self, f.name) == f.default)
+        ]
         return f"{self.type_name}({', '.join(parts)})" if parts else self.type_name
 
 

@@ -48,6 +48,12 @@ class Dims:
     q_len: int
     kv_len: int
     head_dim: int
+    #: Width of value and output heads (Attention.v_head_dim; head_dim when unset).
+    v_head_dim: int = 0
+
+    def __post_init__(self) -> None:
+        if self.v_head_dim == 0:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
 
     @property
     def group(self) -> int:
@@ -71,7 +77,7 @@ def node_error(ctx: LowerContext, err: GraphError) -> GraphError:
     )
 
 
-def attention_dims(ctx: LowerContext, num_heads: int, head_dim: int) -> Dims:
+def attention_dims(ctx: LowerContext, num_heads: int, head_dim: int, v_head_dim: int | None = None) -> Dims:
     """Validated static sizes of q (input 0), k (1) and v (2); typed errors name the operand."""
     shapes = [ctx.input_shape(i) for i in range(3)]
     for name, shape in zip(("q", "k", "v"), shapes, strict=True):
@@ -81,21 +87,25 @@ def attention_dims(ctx: LowerContext, num_heads: int, head_dim: int) -> Dims:
                 node=ctx.node.id, op=ctx.op.type_name, name=ctx.node.name, operand=name,
             )
     try:
-        geo: AttentionGeometry = attention_geometry(shapes[0], shapes[1], shapes[2], num_heads, head_dim)
+        geo: AttentionGeometry = attention_geometry(shapes[0], shapes[1], shapes[2], num_heads, head_dim, v_head_dim)
     except GraphError as err:
         raise node_error(ctx, err) from None
     sizes = [s.sizes() for s in shapes]
     seq = geo.layout.seq_axis
     batch = 1 if geo.layout is AttentionLayout.SX else sizes[0][0]
-    return Dims(geo.layout, batch, geo.num_heads, geo.num_kv_heads, sizes[0][seq], sizes[1][seq], head_dim)
+    return Dims(
+        geo.layout, batch, geo.num_heads, geo.num_kv_heads, sizes[0][seq], sizes[1][seq], head_dim, geo.v_head_dim
+    )
 
 
 # ------------------------------------------------------------------------------ layouts
-def split_heads(x: Any, dims: Dims, heads: int, seq: int, ctx: LowerContext, what: str) -> Any:
-    """`x` in the node's layout as `[B, heads, seq, D]`."""
+def split_heads(
+    x: Any, dims: Dims, heads: int, seq: int, ctx: LowerContext, what: str, width: int | None = None
+) -> Any:
+    """`x` in the node's layout as `[B, heads, seq, D]` (D = `width`, default head_dim)."""
     from coremltools.converters.mil import Builder as mb
 
-    layout, b, d = dims.layout, dims.batch, dims.head_dim
+    layout, b, d = dims.layout, dims.batch, dims.head_dim if width is None else width
     if layout is AttentionLayout.BHSD:
         return x
     if layout is AttentionLayout.BSHD:
@@ -130,12 +140,14 @@ def fold_groups(x: Any, dims: Dims, ctx: LowerContext, what: str) -> Any:
     return mb.reshape(x=x, shape=[dims.batch, dims.kv_heads, dims.rows, dims.head_dim], name=ctx.name(f"{what}_grouped"))
 
 
-def unfold_groups(x: Any, dims: Dims, ctx: LowerContext, what: str) -> Any:
+def unfold_groups(x: Any, dims: Dims, ctx: LowerContext, what: str, width: int | None = None) -> Any:
+    """`[B, H_kv, G*Sq, D]` -> `[B, H, Sq, D]` (D = `width`, default head_dim)."""
     from coremltools.converters.mil import Builder as mb
 
     if dims.group == 1:
         return x
-    return mb.reshape(x=x, shape=[dims.batch, dims.heads, dims.q_len, dims.head_dim], name=ctx.name(f"{what}_ungrouped"))
+    d = dims.head_dim if width is None else width
+    return mb.reshape(x=x, shape=[dims.batch, dims.heads, dims.q_len, d], name=ctx.name(f"{what}_ungrouped"))
 
 
 # ------------------------------------------------------------------------------ masks
@@ -237,7 +249,7 @@ def custom_keep(ctx: LowerContext, index: int, dims: Dims) -> tuple[Any, Any]:
             node=ctx.node.id, op=ctx.op.type_name, name=ctx.node.name, operand="mask",
         )
     dtype = shape.dtype
-    if dtype is DType.C64:
+    if dtype.is_complex:
         raise DTypeError(
             "Custom mask must be float, int or bool", node=ctx.node.id, op=ctx.op.type_name,
             name=ctx.node.name, operand="mask",
@@ -274,7 +286,7 @@ def bias_scores(ctx: LowerContext, index: int, dims: Dims, full_keys: bool) -> A
     b, h, sq, sk, g, hkv = dims.batch, dims.heads, dims.q_len, dims.kv_len, dims.group, dims.kv_heads
     full = (b, h, sq, sk)
     sizes = shape.sizes()
-    if shape.dtype is DType.BOOL or shape.dtype is DType.C64:
+    if shape.dtype is DType.BOOL or shape.dtype.is_complex:
         raise DTypeError(
             f"Bias mask must be a float tensor (added to the scores), got {shape.dtype.value}; "
             "a bool keep-mask over keys is the Custom mask kind",

@@ -414,8 +414,10 @@ def lower_graph(
         check_tensor_size(node)
         if not isinstance(node.op, (Input, Param, Constant)):
             rule_for(node.op, target, node=node.id, name=node.name)
-        if node.shape.dtype is DType.C64:
-            raise UnsupportedOpError(f"node %{node.id}: complex dtype C64 is outside the supported subset")
+        if node.shape.dtype.is_complex:
+            raise UnsupportedOpError(
+                f"node %{node.id}: complex dtype {node.shape.dtype.value} is outside the supported subset"
+            )
 
     stateful = None if kv_cache is None else KVCacheLowering(kv_cache, graph, precision)
     dropped_inputs = set() if kv_cache is None else set(kv_cache.removed_input_names)

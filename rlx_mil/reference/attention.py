@@ -13,7 +13,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from rlx_mil.errors import EvaluationError, ShapeError
-from rlx_mil.ir.attention_layout import AttentionGeometry, AttentionLayout, attention_geometry
+from rlx_mil.ir.attention_layout import (
+    AttentionGeometry,
+    AttentionLayout,
+    attention_geometry,
+    attention_output_dims,
+)
 from rlx_mil.ir.ops import Attention, AttentionBackward, AttentionBwdWrt, MaskKind, MaskType, f32
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Shape
 from rlx_mil.reference.registry import as_float, compute_dtype, finish, reference_kernel
@@ -21,9 +26,11 @@ from rlx_mil.reference.registry import as_float, compute_dtype, finish, referenc
 FILL = -1e9
 
 
-def geometry(q: np.ndarray, k: np.ndarray, v: np.ndarray, num_heads: int, head_dim: int) -> AttentionGeometry:
+def geometry(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, num_heads: int, head_dim: int, v_head_dim: int | None = None
+) -> AttentionGeometry:
     """Validated layout and head counts of concrete q/k/v arrays."""
-    return attention_geometry(Shape.of(q.shape), Shape.of(k.shape), Shape.of(v.shape), num_heads, head_dim)
+    return attention_geometry(Shape.of(q.shape), Shape.of(k.shape), Shape.of(v.shape), num_heads, head_dim, v_head_dim)
 
 
 def split_heads(t: np.ndarray, layout: AttentionLayout, head_dim: int) -> np.ndarray:
@@ -127,11 +134,13 @@ def _probabilities(scores: np.ndarray) -> np.ndarray:
 
 
 def _prepare(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, num_heads: int, head_dim: int, *extra: np.ndarray
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, num_heads: int, head_dim: int, *extra: np.ndarray,
+    v_head_dim: int | None = None,
 ) -> tuple[AttentionGeometry, np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
-    geo = geometry(q, k, v, num_heads, head_dim)
+    geo = geometry(q, k, v, num_heads, head_dim, v_head_dim)
     dt = compute_dtype(q, k, v, *extra)
-    qh, kh, vh = (split_heads(as_float(t, dt), geo.layout, head_dim) for t in (q, k, v))
+    qh, kh = (split_heads(as_float(t, dt), geo.layout, head_dim) for t in (q, k))
+    vh = split_heads(as_float(v, dt), geo.layout, geo.v_head_dim)
     rest = [as_float(t, dt) for t in extra]
     return geo, qh, kh, vh, rest
 
@@ -147,9 +156,11 @@ def attention(
     mask_kind: MaskKind,
     score_scale: float | None = None,
     softcap: float | None = None,
+    v_head_dim: int | None = None,
 ) -> np.ndarray:
-    """Attention output in q's layout, float32 (float64 if an operand is float64)."""
-    geo, qh, kh, vh, _ = _prepare(q, k, v, num_heads, head_dim)
+    """Attention output in q's layout (heads `v_head_dim` wide when given), float32 (float64 if
+    an operand is float64)."""
+    geo, qh, kh, vh, _ = _prepare(q, k, v, num_heads, head_dim, v_head_dim=v_head_dim)
     group = geo.group_size
     if group > 1:
         kh, vh = np.repeat(kh, group, axis=1), np.repeat(vh, group, axis=1)
@@ -157,7 +168,8 @@ def attention(
     cap = softcap if softcap is not None and softcap > 0 else None
     scores, _ = _masked_scores(qh, kh, mask, mask_kind, scale, cap)
     out = np.matmul(_probabilities(scores), vh)
-    return merge_heads(out, geo.layout, q.shape)
+    out_shape = tuple(d.size for d in attention_output_dims(Shape.of(q.shape), geo))  # type: ignore[union-attr]
+    return merge_heads(out, geo.layout, out_shape)
 
 
 def attention_backward(
@@ -216,7 +228,7 @@ def _attention(op: Attention, inputs: Sequence[np.ndarray], out: Shape) -> np.nd
     result = attention(
         inputs[0], inputs[1], inputs[2], mask,
         num_heads=op.num_heads, head_dim=op.head_dim, mask_kind=op.mask_kind,
-        score_scale=op.score_scale, softcap=op.softcap,
+        score_scale=op.score_scale, softcap=op.softcap, v_head_dim=op.v_head_dim,
     )
     return finish(result, out)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -55,6 +55,11 @@ def activation(kind: ActivationKind, x: np.ndarray) -> np.ndarray:
             return dt(1) / np.sqrt(v)
         if kind is ActivationKind.ROUND:
             return np.rint(v)  # ties to even
+        if kind is ActivationKind.ERF:
+            return erf(v.astype(np.float64)).astype(v.dtype)
+        newer = _NEWER_ACTIVATIONS.get(kind)
+        if newer is not None:
+            return np.asarray(newer(v), dtype=v.dtype)
         unary = {
             ActivationKind.TANH: np.tanh, ActivationKind.EXP: np.exp, ActivationKind.LOG: np.log,
             ActivationKind.SQRT: np.sqrt, ActivationKind.NEG: np.negative, ActivationKind.ABS: np.abs,
@@ -62,6 +67,26 @@ def activation(kind: ActivationKind, x: np.ndarray) -> np.ndarray:
             ActivationKind.ATAN: np.arctan,
         }
         return np.asarray(unary[kind](v))
+
+
+def _softplus(v: np.ndarray) -> np.ndarray:
+    return np.logaddexp(v.dtype.type(0), v)
+
+
+# The activation kinds the newest upstream added (spec part 2, section 1.4).
+_NEWER_ACTIVATIONS: dict[ActivationKind, Callable[[np.ndarray], np.ndarray]] = {
+    ActivationKind.RECIP: lambda v: v.dtype.type(1) / v,
+    ActivationKind.FLOOR: np.floor,
+    ActivationKind.CEIL: np.ceil,
+    ActivationKind.SIGN: np.sign,
+    ActivationKind.SOFTPLUS: _softplus,
+    ActivationKind.ELU: lambda v: np.where(v > 0, v, np.expm1(v)),
+    ActivationKind.HARD_SWISH: lambda v: v * np.clip(v + 3, 0, 6) / v.dtype.type(6),
+    ActivationKind.HARD_SIGMOID: lambda v: np.clip(v / v.dtype.type(6) + v.dtype.type(0.5), 0, 1),
+    ActivationKind.MISH: lambda v: v * np.tanh(_softplus(v)),
+    ActivationKind.SOFTSIGN: lambda v: v / (1 + np.abs(v)),
+    ActivationKind.LOG_SIGMOID: lambda v: np.minimum(v, 0) - np.log1p(np.exp(-np.abs(v))),
+}
 
 
 @reference_kernel(Activation)
@@ -91,7 +116,32 @@ def binary(op: BinaryOp, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
             return np.fmax(a, b)
         if op is BinaryOp.MIN:
             return np.fmin(a, b)
-        return np.power(a, b)
+        if op is BinaryOp.POW:
+            return np.power(a, b)
+        if op is BinaryOp.MOD:
+            return np.fmod(a, b)  # C fmod: the sign of the dividend
+        if op is BinaryOp.ATAN2:
+            return np.arctan2(a, b)
+        return _integer_binary(op, a, b).astype(a.dtype)
+
+
+def saturate_i64(v: np.ndarray) -> np.ndarray:
+    """Truncate toward zero, saturate to the i64 range, NaN -> 0 (Rust `as i64`)."""
+    t = np.trunc(np.nan_to_num(v.astype(np.float64), nan=0.0))
+    return np.clip(t, -(2.0**63), np.nextafter(2.0**63, 0)).astype(np.int64)
+
+
+def _integer_binary(op: BinaryOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Bitwise ops and shifts on i64 conversions of the operands (spec part 2, 3.12): shifts
+    take `sat_u32(b) mod 64` (negative or NaN amounts are 0); Shl wraps, Shr is arithmetic."""
+    ai = saturate_i64(a)
+    if op in (BinaryOp.BIT_AND, BinaryOp.BIT_OR, BinaryOp.BIT_XOR):
+        bitwise = {BinaryOp.BIT_AND: np.bitwise_and, BinaryOp.BIT_OR: np.bitwise_or, BinaryOp.BIT_XOR: np.bitwise_xor}
+        return bitwise[op](ai, saturate_i64(b))
+    amount = np.clip(np.trunc(np.nan_to_num(b.astype(np.float64), nan=0.0)), 0, 2.0**32 - 1).astype(np.int64) % 64
+    if op is BinaryOp.SHL:
+        return np.left_shift(ai, amount)  # int64 arithmetic wraps
+    return np.right_shift(ai, amount)
 
 
 @reference_kernel(Binary)

@@ -24,8 +24,8 @@ def _constant(op: Constant, inputs: Sequence[np.ndarray], out: Shape) -> np.ndar
     sizes = static_sizes(out, "Constant")
     numel = math.prod(sizes)
     dtype = out.dtype
-    if dtype is DType.C64:
-        raise DTypeError("C64 constants are outside the rlx_mil IR subset")
+    if dtype.is_complex:
+        raise DTypeError(f"{dtype.value} constants are outside the rlx_mil IR subset")
     want = numel * dtype.itemsize
     if len(op.data) != want:
         raise AttributeValueError(

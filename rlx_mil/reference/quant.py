@@ -14,6 +14,7 @@ import numpy as np
 
 from rlx_mil.errors import AttributeValueError, EvaluationError, ShapeError, UnsupportedOpError
 from rlx_mil.ir.ops import Dequantize, DequantMatMul, Quantize, QuantKind, QuantScheme
+from rlx_mil.ir.ops.quant import BLOCK_KINDS
 from rlx_mil.ir.shape import Shape
 from rlx_mil.reference.registry import as_float, finish, reference_kernel, sizes_of
 
@@ -371,6 +372,8 @@ def dequant_weight(scheme: QuantScheme, k: int, weights: Sequence[np.ndarray]) -
     """The float32 weight as `[K, N]` (GGUF weights are transposed from their `[N, K]`)."""
     if scheme.kind.is_gguf:
         return gguf_dequantize(scheme.kind, weights[0], k).T
+    if scheme.kind not in BLOCK_KINDS:
+        raise UnsupportedOpError(f"DequantMatMul: no reference decoder for scheme {scheme}")
     w_q, scale, third = weights
     return _legacy_weight(scheme, k, w_q, scale, third)
 

@@ -10,6 +10,7 @@ from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir.ops import (
     AxialRope2d,
     Rope,
+    RopeStyle,
 )
 from rlx_mil.ir.shape import Shape
 from rlx_mil.reference.registry import (
@@ -31,8 +32,15 @@ def _rope_table(t: np.ndarray, name: str, half: int, dtype: np.dtype) -> np.ndar
     return table[:, :half]
 
 
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int, n_rot: int) -> np.ndarray:
-    """Rotate-half rotary embedding (spec 8.7); rank 2/3 `[.., S, H*D]`, rank 4 `[B, H, S, D]`."""
+def rope(
+    x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int, n_rot: int, style: RopeStyle = RopeStyle.NEOX
+) -> np.ndarray:
+    """Rotary embedding (spec 8.7); rank 2/3 `[.., S, H*D]`, rank 4 `[B, H, S, D]`.
+
+    NeoX rotates dim i with dim i + n_rot/2 (rotate-half); GptJ rotates the adjacent pair
+    (2i, 2i+1) (spec part 2, 1.8). Either way pair i turns by row s, column i of the tables,
+    and dims from n_rot on are copied.
+    """
     if head_dim < 1 or n_rot < 0 or n_rot % 2 != 0 or n_rot > head_dim:
         raise AttributeValueError(f"need 0 <= n_rot <= head_dim with n_rot even, got head_dim={head_dim} n_rot={n_rot}")
     (v,) = float_operands(x)
@@ -65,15 +73,19 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int, n_rot: 
     else:
         c, s = c[:, None, :], s[:, None, :]  # [S, 1, h] against [.., S, H, h]
     result = heads.copy()
-    first, second = heads[..., :half], heads[..., half:n_rot]
-    result[..., :half] = first * c - second * s
-    result[..., half:n_rot] = second * c + first * s
+    if style is RopeStyle.GPTJ:
+        first_at, second_at = slice(0, n_rot, 2), slice(1, n_rot, 2)
+    else:
+        first_at, second_at = slice(0, half), slice(half, n_rot)
+    first, second = heads[..., first_at], heads[..., second_at]
+    result[..., first_at] = first * c - second * s
+    result[..., second_at] = second * c + first * s
     return result.reshape(v.shape)
 
 
 @reference_kernel(Rope)
 def _rope(op: Rope, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
-    return finish(rope(inputs[0], inputs[1], inputs[2], op.head_dim, op.n_rot), out)
+    return finish(rope(inputs[0], inputs[1], inputs[2], op.head_dim, op.n_rot, op.style), out)
 
 
 @reference_kernel(AxialRope2d)

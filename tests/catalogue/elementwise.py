@@ -37,9 +37,18 @@ def _compare_where() -> Graph:
     return g
 
 
+def _newer_elementwise() -> Graph:
+    g = Graph("newer_elementwise")
+    x, y = g.input("x", [2, 8]), g.input("y", [2, 8])
+    s = g.stop_gradient(g.clamp(g.mish(x), -1.0, 1.0))
+    g.set_outputs([g.fma(s, g.atan2(x, y), g.mod(x, y), name="z")])
+    return g
+
+
 CASES: dict[str, Callable[[], Graph]] = {
     "activation": _activation,
     "cast": _cast,
     "binary": _binary,
     "compare_where": _compare_where,
+    "newer_elementwise": _newer_elementwise,
 }

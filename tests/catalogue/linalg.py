@@ -29,8 +29,16 @@ def _fused_mm() -> Graph:
     return g
 
 
+def _dot_general() -> Graph:
+    g = Graph("dot_general")
+    a, b = g.input("a", [2, 3, 4]), g.input("b", [2, 4, 5])
+    g.set_outputs([g.dot_general(a, b, [2], [1], [0], [0], name="y")])
+    return g
+
+
 CASES: dict[str, Callable[[], Graph]] = {
     "matmul": _matmul,
     "lora": _lora,
     "fused_matmul_bias_act": _fused_mm,
+    "dot_general": _dot_general,
 }

@@ -16,6 +16,17 @@ def _reductions() -> Graph:
     return g
 
 
+def _scans_and_sorting() -> Graph:
+    g = Graph("scans_and_sorting")
+    x = g.input("x", [2, 5])
+    c = g.cummax(g.cumprod(x, -1), 1, exclusive=True)
+    outs = [g.argmax(c, 1, name="amax"), g.argmin(x, 0, keep_dim=True, name="amin"),
+            g.sort(x, 1, descending=True, name="sorted"), g.argsort(x, 1, name="order")]
+    g.set_outputs(outs)
+    return g
+
+
 CASES: dict[str, Callable[[], Graph]] = {
     "reductions": _reductions,
+    "scans_and_sorting": _scans_and_sorting,
 }

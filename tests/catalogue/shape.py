@@ -19,6 +19,17 @@ def _shapes() -> Graph:
     return g
 
 
+def _structural() -> Graph:
+    g = Graph("structural")
+    x = g.input("x", [2, 3, 4])
+    p = g.pad(x, [[0, 0], [1, 1], [2, 0]], "reflect")
+    s = g.slice(p, 2, 5, 3, -2)
+    t = g.tile(g.trilu(s, upper=False, diagonal=1), [1, 2, 1])
+    g.set_outputs([g.reverse(t, [0, 2], name="y")])
+    return g
+
+
 CASES: dict[str, Callable[[], Graph]] = {
     "shapes": _shapes,
+    "structural": _structural,
 }

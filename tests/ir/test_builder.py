@@ -36,6 +36,7 @@ from rlx_mil.ir.ops import (
     QuantScheme,
     ReduceOp,
 )
+from rlx_mil.ir.serde.versions import NEWEST_ONLY_MEMBERS
 from rlx_mil.ir.shape import SEQ, Dynamic, Shape
 
 F32 = DType.F32
@@ -439,9 +440,11 @@ def test_builder_rebuilds_the_elementwise_zoo_fixture(upstream_json_dir: Path) -
     x, y = g.input("x", [2, 3, 4]), g.input("y", [2, 3, 4])
     row_bias, ids = g.input("row_bias", [4]), g.input("ids", [2, 3], "i64")
     table, col_scale = g.param("embed_table", [10, 4]), g.param("col_scale", [1, 3, 1])
-    upstream_order = [k for k in ActivationKind if k is not ActivationKind.ROUND] + [ActivationKind.ROUND]
+    # The fixture is 0.2.2 JSON: the kinds the newest upstream added are not in it.
+    kinds_022 = [k for k in ActivationKind if k not in NEWEST_ONLY_MEMBERS]
+    upstream_order = [k for k in kinds_022 if k is not ActivationKind.ROUND] + [ActivationKind.ROUND]
     outs = [g.activation(kind.name.lower(), x) for kind in upstream_order]
-    outs += [g.binary(op.value.lower(), x, y) for op in BinaryOp] + [g.add(x, row_bias)]
+    outs += [g.binary(op.value.lower(), x, y) for op in BinaryOp if op not in NEWEST_ONLY_MEMBERS] + [g.add(x, row_bias)]
     cmps = [g.compare(op.value.lower(), x, y) for op in CmpOp]
     outs += [*cmps, g.where_(cmps[4], x, y), g.cast(x, "f16")]
     outs += [g.sum(x, [2]), g.sum(x, [2], keep_dim=True), g.mean(x, [1], keep_dim=True), g.mean(x, [0, 2]),
@@ -635,7 +638,7 @@ def test_error_declared_shape_mismatch_and_parse_errors(g: Graph) -> None:
     _assert_names(err.value, 3, "Activation", None)
     for call, op in [
         (lambda: g.activation("swish2", 0), "Activation"),
-        (lambda: g.binary("mod", 0, 0), "Binary"),
+        (lambda: g.binary("modulo", 0, 0), "Binary"),
         (lambda: g.compare("~", 0, 0), "Compare"),
         (lambda: g.reduce(0, "median", 0), "Reduce"),
         (lambda: g.attention_backward(1, 1, 1, 1, 4, 16, "causal", "grad"), "AttentionBackward"),

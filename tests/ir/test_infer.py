@@ -62,7 +62,6 @@ def zeros(dims_: tuple[int, ...]) -> np.ndarray:
 
 
 def test_every_op_type_has_a_rule() -> None:
-    assert len(OP_TYPES) >= 37  # the base spec's ops, plus part 2's as they arrive
     missing = [name for name, cls in OP_TYPES.items() if not has_rule(cls)]
     assert missing == []
 

@@ -17,6 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import rlx_mil
+from rlx_mil.errors import UnsupportedOpError
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
@@ -260,9 +262,13 @@ def binary_graph(op: BinaryOp, a_shape: tuple[int, ...], b_shape: tuple[int, ...
     return g
 
 
+#: Bitwise ops and shifts have no MIL form; conversion refuses them by name.
+NO_CORE_ML_BINARY = (BinaryOp.BIT_AND, BinaryOp.BIT_OR, BinaryOp.BIT_XOR, BinaryOp.SHL, BinaryOp.SHR)
+
+
 @given(
     shapes=hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=4, max_side=3),
-    op=st.sampled_from(list(BinaryOp)),
+    op=st.sampled_from([op for op in BinaryOp if op not in NO_CORE_ML_BINARY]),
     target=st.sampled_from(TARGETS),
     precision=st.sampled_from(PRECISIONS),
     seed=st.integers(0, 2**16),
@@ -466,3 +472,12 @@ def test_upstream_elementwise_zoo(upstream_json_dir: Any, target: str, precision
               "col_scale": rng.standard_normal((1, 3, 1)).astype(np.float32)}
     model = check_against_reference(g, inputs, params, target=target, precision=precision)
     assert ops_outside_opset(model, target) == []
+
+
+@pytest.mark.parametrize("op", NO_CORE_ML_BINARY)
+def test_bitwise_and_shift_ops_are_refused_by_name(op: BinaryOp) -> None:
+    g = Graph("bitwise")
+    a, b = g.input("a", [4]), g.input("b", [4])
+    g.set_outputs([g.binary(op, a, b, name="y")])
+    with pytest.raises(UnsupportedOpError, match=f"Binary {op.value}.*no Core ML form"):
+        rlx_mil.convert(g, {}, target="iOS18")

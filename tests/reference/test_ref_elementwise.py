@@ -54,6 +54,18 @@ SCALAR = {
     A.COS: math.cos,
     A.TAN: math.tan,
     A.ATAN: math.atan,
+    A.RECIP: lambda v: 1.0 / v if v != 0 else math.copysign(math.inf, v),
+    A.FLOOR: lambda v: float(math.floor(v)),
+    A.CEIL: lambda v: float(math.ceil(v)),
+    A.SIGN: lambda v: float((v > 0) - (v < 0)),
+    A.SOFTPLUS: lambda v: math.log1p(math.exp(v)),
+    A.ELU: lambda v: v if v > 0 else math.expm1(v),
+    A.ERF: math.erf,
+    A.HARD_SWISH: lambda v: v * min(max(v + 3.0, 0.0), 6.0) / 6.0,
+    A.HARD_SIGMOID: lambda v: min(max(v / 6.0 + 0.5, 0.0), 1.0),
+    A.MISH: lambda v: v * math.tanh(math.log1p(math.exp(v))),
+    A.SOFTSIGN: lambda v: v / (1.0 + abs(v)),
+    A.LOG_SIGMOID: lambda v: math.log(_sigmoid(v)),
 }
 
 small_shapes = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5)
@@ -132,10 +144,29 @@ def _scalar_binary(op: BinaryOp):  # type: ignore[no-untyped-def]
             return math.inf
         return math.nan if isinstance(r, complex) else float(r)
 
+    def fmod(a: float, b: float) -> float:
+        return math.nan if b == 0 or math.isnan(a) or math.isnan(b) else math.fmod(a, b)
+
+    def to_i64(v: float) -> int:
+        return 0 if math.isnan(v) else max(-(2**63), min(2**63 - 1, math.trunc(v)))
+
+    def shift(a: float, b: float, left: bool) -> float:
+        amount = 0 if math.isnan(b) or b < 0 else min(math.trunc(b), 2**32 - 1) % 64
+        value = to_i64(a)
+        if left:
+            value = ((value << amount) + 2**63) % 2**64 - 2**63
+        else:
+            value >>= amount
+        return float(value)
+
     return {
         BinaryOp.ADD: lambda a, b: a + b, BinaryOp.SUB: lambda a, b: a - b,
         BinaryOp.MUL: lambda a, b: a * b, BinaryOp.DIV: div, BinaryOp.MAX: fmax,
-        BinaryOp.MIN: fmin, BinaryOp.POW: power,
+        BinaryOp.MIN: fmin, BinaryOp.POW: power, BinaryOp.MOD: fmod, BinaryOp.ATAN2: math.atan2,
+        BinaryOp.BIT_AND: lambda a, b: float(to_i64(a) & to_i64(b)),
+        BinaryOp.BIT_OR: lambda a, b: float(to_i64(a) | to_i64(b)),
+        BinaryOp.BIT_XOR: lambda a, b: float(to_i64(a) ^ to_i64(b)),
+        BinaryOp.SHL: lambda a, b: shift(a, b, True), BinaryOp.SHR: lambda a, b: shift(a, b, False),
     }[op]
 
 

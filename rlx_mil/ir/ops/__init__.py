@@ -1,9 +1,10 @@
-"""Every op of the RLX IR subset as typed, immutable data, one module per op family.
+"""Every op of the RLX IR as typed, immutable data, one module per op family.
 
 A family module (`rlx_mil.ir.ops.<family>`) holds its ops' dataclasses, their shape rules
 (registered with `rlx_mil.ir.infer.shape_rule`), the builder methods `Graph` composes, and
-their JSON forms. This package re-exports every op class and enum, so `rlx_mil.ir.ops.MatMul`
-and `from rlx_mil.ir.ops import OP_TYPES` work regardless of the family an op lives in.
+their JSON forms. This package re-exports every op class and attribute type, so
+`rlx_mil.ir.ops.MatMul` and `from rlx_mil.ir.ops import OP_TYPES` work regardless of the family
+an op lives in.
 """
 
 from types import ModuleType
@@ -12,14 +13,17 @@ from rlx_mil.ir.op_base import Op, f32
 from rlx_mil.ir.ops import (
     attention,
     audio,
+    control,
     conv,
     elementwise,
     fused,
     leaf,
     linalg,
+    moe,
     norm,
     qcompute,
     quant,
+    recurrent,
     reduce,
     resample,
     rng,
@@ -27,40 +31,133 @@ from rlx_mil.ir.ops import (
     scatter,
     shape,
 )
-from rlx_mil.ir.ops.attention import Attention, AttentionBackward, AttentionBwdWrt, MaskKind, MaskType
-from rlx_mil.ir.ops.audio import LogMel
-from rlx_mil.ir.ops.conv import Conv, Conv3d, ConvTranspose2d, ConvTranspose3d, FusedConvBiasAct, Pool
+from rlx_mil.ir.ops.attention import (
+    Attention,
+    AttentionBackward,
+    AttentionBwdWrt,
+    MaskKind,
+    MaskType,
+)
+from rlx_mil.ir.ops.audio import (
+    LogMel,
+)
+from rlx_mil.ir.ops.control import (
+    ChainOperand,
+    ChainSource,
+    ChainStep,
+    ElementwiseRegion,
+    If,
+    RegionPrologue,
+    Scan,
+    While,
+)
+from rlx_mil.ir.ops.conv import (
+    Conv,
+    Conv3d,
+    ConvTranspose2d,
+    ConvTranspose3d,
+    FusedConvBiasAct,
+    Pool,
+)
 from rlx_mil.ir.ops.elementwise import (
     Activation,
     ActivationKind,
     Binary,
     BinaryOp,
     Cast,
+    Clamp,
     CmpOp,
     Compare,
+    Fma,
+    StopGradient,
     Where,
 )
-from rlx_mil.ir.ops.fused import FusedAttentionBlock, FusedSwiGLU, FusedTransformerLayer
-from rlx_mil.ir.ops.leaf import Constant, Input, Param
-from rlx_mil.ir.ops.linalg import FusedMatMulBiasAct, LoraMatMul, MatMul
+from rlx_mil.ir.ops.fused import (
+    FusedAttentionBlock,
+    FusedSwiGLU,
+    FusedTransformerLayer,
+)
+from rlx_mil.ir.ops.leaf import (
+    Constant,
+    Input,
+    Param,
+)
+from rlx_mil.ir.ops.linalg import (
+    DotGeneral,
+    FusedMatMulBiasAct,
+    LoraMatMul,
+    MatMul,
+)
+from rlx_mil.ir.ops.moe import (
+    DequantGroupedMatMul,
+    DequantMoEWeights,
+    GroupedMatMul,
+)
 from rlx_mil.ir.ops.norm import (
     AdaLayerNorm,
     AdaNormKind,
     BatchNormInference,
     FusedResidualLN,
+    FusedResidualNormOp,
     FusedResidualRmsNorm,
     GatedResidual,
     GroupNorm,
+    LastAxisNormOp,
     LayerNorm,
     LayerNorm2d,
     RmsNorm,
 )
-from rlx_mil.ir.ops.qcompute import FakeQuantize, QConv2d, QMatMul, ScaleMode, ScaleModeKind, SteKind
-from rlx_mil.ir.ops.quant import Dequantize, DequantMatMul, Quantize, QuantKind, QuantScheme
-from rlx_mil.ir.ops.reduce import Cumsum, Reduce, ReduceOp, Softmax, TopK
-from rlx_mil.ir.ops.resample import Interpolate3d, ResizeNearest2x
-from rlx_mil.ir.ops.rng import RngNormal, RngUniform, Sample
-from rlx_mil.ir.ops.rope import AxialRope2d, Rope
+from rlx_mil.ir.ops.qcompute import (
+    FakeQuantize,
+    QConv2d,
+    QMatMul,
+    ScaleMode,
+    ScaleModeKind,
+    SteKind,
+)
+from rlx_mil.ir.ops.quant import (
+    AffineQuantOp,
+    Dequantize,
+    DequantMatMul,
+    Quantize,
+    QuantKind,
+    QuantScheme,
+)
+from rlx_mil.ir.ops.recurrent import (
+    GatedDeltaNet,
+    Gru,
+    Lstm,
+    Mamba2,
+    Rnn,
+    SelectiveScan,
+)
+from rlx_mil.ir.ops.reduce import (
+    ArgMax,
+    ArgMin,
+    ArgSort,
+    CumMax,
+    CumProd,
+    Cumsum,
+    Reduce,
+    ReduceOp,
+    Softmax,
+    Sort,
+    TopK,
+)
+from rlx_mil.ir.ops.resample import (
+    Interpolate3d,
+    ResizeNearest2x,
+)
+from rlx_mil.ir.ops.rng import (
+    RngNormal,
+    RngUniform,
+    Sample,
+)
+from rlx_mil.ir.ops.rope import (
+    AxialRope2d,
+    Rope,
+    RopeStyle,
+)
 from rlx_mil.ir.ops.scatter import (
     GatherElements,
     GatherNd,
@@ -69,13 +166,29 @@ from rlx_mil.ir.ops.scatter import (
     ScatterNd,
     ScatterNdReduction,
 )
-from rlx_mil.ir.ops.shape import Concat, Expand, Gather, Narrow, Reshape, Transpose
+from rlx_mil.ir.ops.shape import (
+    Concat,
+    Expand,
+    Gather,
+    Narrow,
+    Pad,
+    PadKind,
+    PadMode,
+    Reshape,
+    Reverse,
+    Slice,
+    Tile,
+    Transpose,
+    Trilu,
+)
 
 #: Every op family module, in the order their ops are listed (leaves first).
 FAMILIES: dict[str, ModuleType] = {
     module.__name__.rsplit(".", 1)[1]: module
-    for module in (leaf, elementwise, linalg, quant, norm, reduce, shape, rope, attention, fused, conv, scatter, qcompute,
-                   rng, resample, audio)
+    for module in (
+        leaf, elementwise, linalg, quant, qcompute, norm, reduce, shape, scatter, rope,
+        attention, fused, conv, resample, audio, moe, recurrent, control, rng,
+    )
 }
 
 #: Every op class, keyed by its upstream variant name.
@@ -94,6 +207,10 @@ __all__ = [
     "ActivationKind",
     "AdaLayerNorm",
     "AdaNormKind",
+    "AffineQuantOp",
+    "ArgMax",
+    "ArgMin",
+    "ArgSort",
     "Attention",
     "AttentionBackward",
     "AttentionBwdWrt",
@@ -102,6 +219,10 @@ __all__ = [
     "Binary",
     "BinaryOp",
     "Cast",
+    "ChainOperand",
+    "ChainSource",
+    "ChainStep",
+    "Clamp",
     "CmpOp",
     "Compare",
     "Concat",
@@ -110,34 +231,52 @@ __all__ = [
     "Conv3d",
     "ConvTranspose2d",
     "ConvTranspose3d",
+    "CumMax",
+    "CumProd",
     "Cumsum",
+    "DequantGroupedMatMul",
     "DequantMatMul",
+    "DequantMoEWeights",
     "Dequantize",
+    "DotGeneral",
+    "ElementwiseRegion",
     "Expand",
     "FakeQuantize",
+    "Fma",
     "FusedAttentionBlock",
     "FusedConvBiasAct",
     "FusedMatMulBiasAct",
     "FusedResidualLN",
+    "FusedResidualNormOp",
     "FusedResidualRmsNorm",
     "FusedSwiGLU",
     "FusedTransformerLayer",
+    "GatedDeltaNet",
     "GatedResidual",
     "Gather",
     "GatherElements",
     "GatherNd",
     "GroupNorm",
+    "GroupedMatMul",
+    "Gru",
+    "If",
     "Input",
     "Interpolate3d",
+    "LastAxisNormOp",
     "LayerNorm",
     "LayerNorm2d",
     "LogMel",
     "LoraMatMul",
+    "Lstm",
+    "Mamba2",
     "MaskKind",
     "MaskType",
     "MatMul",
     "Narrow",
     "Op",
+    "Pad",
+    "PadKind",
+    "PadMode",
     "Param",
     "Pool",
     "QConv2d",
@@ -147,24 +286,36 @@ __all__ = [
     "Quantize",
     "Reduce",
     "ReduceOp",
+    "RegionPrologue",
     "Reshape",
     "ResizeNearest2x",
+    "Reverse",
     "RmsNorm",
     "RngNormal",
     "RngUniform",
+    "Rnn",
     "Rope",
+    "RopeStyle",
     "Sample",
     "ScaleMode",
     "ScaleModeKind",
+    "Scan",
     "ScatterAdd",
     "ScatterElements",
     "ScatterNd",
     "ScatterNdReduction",
+    "SelectiveScan",
+    "Slice",
     "Softmax",
+    "Sort",
     "SteKind",
+    "StopGradient",
+    "Tile",
     "TopK",
     "Transpose",
+    "Trilu",
     "Where",
+    "While",
     "f32",
     "family_of",
 ]

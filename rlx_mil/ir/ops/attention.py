@@ -6,14 +6,23 @@ import enum
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rlx_mil.errors import AmbiguousLayoutWarning, AttributeValueError, ShapeError
-from rlx_mil.ir.attention_layout import AttentionGeometry, attention_geometry
+from rlx_mil.errors import (
+    AmbiguousLayoutWarning,
+    AttributeValueError,
+    ShapeError,
+)
+from rlx_mil.ir.attention_layout import AttentionGeometry, attention_geometry, attention_output_dims
 from rlx_mil.ir.builder import BuilderBase, lookup
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import Op, f32, fix_f32
+from rlx_mil.ir.op_base import (
+    NEWEST_FIELD,
+    Op,
+    f32,
+    fix_f32,
+)
 from rlx_mil.ir.serde.codecs import (
     F32,
     MISSING,
@@ -122,6 +131,14 @@ class Attention(Op):
     mask_kind: MaskKind
     score_scale: float | None = None
     attn_logit_softcap: float | None = None
+    #: Width of each value (and output) head; None means head_dim. Serialised between head_dim
+    #: and mask_kind, as upstream declares it; kept last here so positional construction of
+    #: the 0.2.2 fields still works.
+    v_head_dim: int | None = field(default=None, metadata=NEWEST_FIELD)
+
+    SERDE_ORDER: ClassVar[tuple[str, ...]] = (
+        "num_heads", "head_dim", "v_head_dim", "mask_kind", "score_scale", "attn_logit_softcap",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -190,12 +207,14 @@ def _attention(op: Attention, ins: Sequence[Shape], declared: Shape | None) -> S
         value = getattr(op, attr)
         if value is not None and not math.isfinite(value):
             raise AttributeValueError(f"{attr} must be finite, got {value}")
+    if op.v_head_dim is not None:
+        require_int(op.v_head_dim, "v_head_dim", minimum=1)
     q, k, v = ins[:3]
-    geom = attention_geometry(q, k, v, op.num_heads, op.head_dim)
+    geom = attention_geometry(q, k, v, op.num_heads, op.head_dim, op.v_head_dim)
     _warn_if_ambiguous(geom, q)
     if op.mask_kind.has_mask_input:
         _check_mask(op.mask_kind.type, ins[3], geom)
-    return q
+    return Shape(attention_output_dims(q, geom), q.dtype)
 
 
 def _warn_if_ambiguous(geom: AttentionGeometry, q: Shape) -> None:
@@ -245,10 +264,13 @@ class AttentionBuilder(BuilderBase):
         score_scale: float | None = None,
         softcap: float | None = None,
         *,
+        v_head_dim: int | None = None,
         name: str | None = None,
     ) -> int:
-        """Attention with a `Custom` key-padding mask (`[B, Sk]` elements, 1 = attend)."""
-        op = Attention(num_heads, head_dim, MaskKind.CUSTOM, score_scale, softcap)
+        """Attention with a `Custom` key-padding mask (`[B, Sk]` elements, 1 = attend).
+
+        `v_head_dim` (all attention builders): value and output heads of that width (MLA)."""
+        op = Attention(num_heads, head_dim, MaskKind.CUSTOM, score_scale, softcap, v_head_dim)
         return self.add_node(op, [q, k, v, mask], name=name)
 
     def attention_kind(
@@ -262,6 +284,7 @@ class AttentionBuilder(BuilderBase):
         score_scale: float | None = None,
         softcap: float | None = None,
         *,
+        v_head_dim: int | None = None,
         name: str | None = None,
     ) -> int:
         """Attention with a mask kind that takes no mask tensor: `"none"`, `"causal"`, `"sliding:<w>"`."""
@@ -272,7 +295,7 @@ class AttentionBuilder(BuilderBase):
                 f"mask kind {kind} needs a mask tensor; use attention() or attention_bias()",
                 "Attention", name,
             )
-        return self.add_node(Attention(num_heads, head_dim, kind, score_scale, softcap), [q, k, v], name=name)
+        return self.add_node(Attention(num_heads, head_dim, kind, score_scale, softcap, v_head_dim), [q, k, v], name=name)
 
     def attention_bias(
         self,
@@ -285,10 +308,11 @@ class AttentionBuilder(BuilderBase):
         score_scale: float | None = None,
         softcap: float | None = None,
         *,
+        v_head_dim: int | None = None,
         name: str | None = None,
     ) -> int:
         """Attention plus an additive bias broadcasting to `[B, H, Sq, Sk]`."""
-        op = Attention(num_heads, head_dim, MaskKind.BIAS, score_scale, softcap)
+        op = Attention(num_heads, head_dim, MaskKind.BIAS, score_scale, softcap, v_head_dim)
         return self.add_node(op, [q, k, v, bias], name=name)
 
     def _mask_kind(self, kind: MaskKind | str, op: str, name: str | None) -> MaskKind:
@@ -377,9 +401,11 @@ JSON_FORMS = (
         Attention,
         ("num_heads", USIZE),
         ("head_dim", USIZE),
+        ("v_head_dim", OptionCodec(USIZE)),
         ("mask_kind", MaskKindCodec()),
         ("score_scale", OptionCodec(F32)),
         ("attn_logit_softcap", OptionCodec(F32)),
+        newest_fields=(("v_head_dim", None),),
     ),
     struct_form(
         AttentionBackward,

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlx_mil.errors import AttributeValueError, DTypeError
+from rlx_mil.errors import (
+    AttributeValueError,
+    DTypeError,
+)
 from rlx_mil.ir.builder import BuilderBase, lookup, squash
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import BinaryArityOp, Op, UnaryOp
+from rlx_mil.ir.op_base import BinaryArityOp, Op, TernaryOp, UnaryOp, fix_f32
 from rlx_mil.ir.serde.codecs import (
     DTYPE,
+    F32,
     EnumCodec,
     newtype_form,
     struct_form,
     unit_form,
 )
+from rlx_mil.ir.serde.versions import NEWEST, newest_only
 from rlx_mil.ir.shape import Shape
 from rlx_mil.ir.shape_checks import (
     broadcast_all,
@@ -44,6 +50,19 @@ class ActivationKind(enum.Enum):
     COS = "Cos"
     TAN = "Tan"
     ATAN = "Atan"
+    # Newest upstream only (spec part 2, section 1.4):
+    RECIP = "Recip"
+    FLOOR = "Floor"
+    CEIL = "Ceil"
+    SIGN = "Sign"
+    SOFTPLUS = "Softplus"
+    ELU = "Elu"
+    ERF = "Erf"
+    HARD_SWISH = "HardSwish"
+    HARD_SIGMOID = "HardSigmoid"
+    MISH = "Mish"
+    SOFTSIGN = "Softsign"
+    LOG_SIGMOID = "LogSigmoid"
 
 
 class BinaryOp(enum.Enum):
@@ -54,6 +73,14 @@ class BinaryOp(enum.Enum):
     MAX = "Max"
     MIN = "Min"
     POW = "Pow"
+    # Newest upstream only (spec part 2, sections 1.5 and 3.12):
+    MOD = "Mod"
+    BIT_AND = "BitAnd"
+    BIT_OR = "BitOr"
+    BIT_XOR = "BitXor"
+    SHL = "Shl"
+    SHR = "Shr"
+    ATAN2 = "Atan2"
 
 
 class CmpOp(enum.Enum):
@@ -106,6 +133,42 @@ class Where(Op):
         return ("cond", "on_true", "on_false")
 
 
+newest_only(
+    *(kind for kind in ActivationKind if list(ActivationKind).index(kind) >= list(ActivationKind).index(ActivationKind.RECIP)),
+    *(op for op in BinaryOp if list(BinaryOp).index(op) >= list(BinaryOp).index(BinaryOp.MOD)),
+)
+
+
+@dataclass(frozen=True)
+class StopGradient(UnaryOp):
+    """Identity in the forward pass (autodiff passes no gradient through it)."""
+
+    type_name: ClassVar[str] = "StopGradient"
+
+
+@dataclass(frozen=True)
+class Fma(TernaryOp):
+    """`a * b + c` with NumPy broadcasting (one rounding upstream; two on Core ML)."""
+
+    type_name: ClassVar[str] = "Fma"
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("a", "b", "c")
+
+
+@dataclass(frozen=True)
+class Clamp(UnaryOp):
+    """`fmin(fmax(x, min), max)`: NaN-ignoring, so NaN becomes `min` and `min > max` gives `max`."""
+
+    type_name: ClassVar[str] = "Clamp"
+    min: float
+    max: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fix_f32(self, "min", "max")
+
+
 # -------------------------------------------------------------------------------- shape rules
 
 
@@ -116,7 +179,7 @@ def _activation(op: Activation, ins: Sequence[Shape], declared: Shape | None) ->
 
 @shape_rule(Cast)
 def _cast(op: Cast, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
-    if not isinstance(op.to, DType) or op.to is DType.C64:
+    if not isinstance(op.to, DType) or op.to.is_complex:
         raise DTypeError(f"cannot cast to {op.to!r}")
     return ins[0].with_dtype(op.to)
 
@@ -136,6 +199,27 @@ def _where(op: Where, ins: Sequence[Shape], declared: Shape | None) -> Shape | N
     cond, on_true, on_false = ins
     dims = broadcast_all([("on_true", on_true.dims), ("on_false", on_false.dims), ("cond", cond.dims)])
     return Shape(dims, on_true.dtype)
+
+
+@shape_rule(StopGradient)
+def _stop_gradient(op: StopGradient, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    return ins[0]
+
+
+@shape_rule(Fma)
+def _fma(op: Fma, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    a, b, c = ins
+    dims = broadcast_all([("a", a.dims), ("b", b.dims), ("c", c.dims)])
+    return Shape(dims, a.dtype)
+
+
+@shape_rule(Clamp)
+def _clamp(op: Clamp, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    for attr in ("min", "max"):
+        value = getattr(op, attr)
+        if not math.isfinite(value):
+            raise AttributeValueError(f"{attr} must be finite (JSON cannot hold infinities; use +-3.4e38), got {value}")
+    return ins[0]
 
 
 # -------------------------------------------------------------------------------- builder
@@ -167,6 +251,18 @@ def activation_kind_arg(builder: BuilderBase, kind: ActivationKind | str, op: st
 
 class ElementwiseBuilder(BuilderBase):
     """Builder methods of this family (composed into `Graph`)."""
+
+    def stop_gradient(self, x: int, *, name: str | None = None) -> int:
+        """`x` unchanged (no gradient flows through it)."""
+        return self.add_node(StopGradient(), [x], name=name)
+
+    def fma(self, a: int, b: int, c: int, *, name: str | None = None) -> int:
+        """`a * b + c` with NumPy broadcasting."""
+        return self.add_node(Fma(), [a, b, c], name=name)
+
+    def clamp(self, x: int, min: float, max: float, *, name: str | None = None) -> int:
+        """`fmin(fmax(x, min), max)` (NaN-ignoring, like Binary Max/Min)."""
+        return self.add_node(Clamp(min, max), [x], name=name)
 
     def activation(self, kind: ActivationKind | str, x: int, *, name: str | None = None) -> int:
         """`Activation(kind)`; `kind` like `"gelu"`, `"gelu_approx"`, `"silu"`, `"rsqrt"`."""
@@ -223,6 +319,42 @@ class ElementwiseBuilder(BuilderBase):
     def atan(self, x: int, *, name: str | None = None) -> int:
         return self.activation(ActivationKind.ATAN, x, name=name)
 
+    def recip(self, x: int, *, name: str | None = None) -> int:
+        return self.activation(ActivationKind.RECIP, x, name=name)
+
+    def floor(self, x: int, *, name: str | None = None) -> int:
+        return self.activation(ActivationKind.FLOOR, x, name=name)
+
+    def ceil(self, x: int, *, name: str | None = None) -> int:
+        return self.activation(ActivationKind.CEIL, x, name=name)
+
+    def sign(self, x: int, *, name: str | None = None) -> int:
+        return self.activation(ActivationKind.SIGN, x, name=name)
+
+    def softplus(self, x: int, *, name: str | None = None) -> int:
+        return self.activation(ActivationKind.SOFTPLUS, x, name=name)
+
+    def elu(self, x: int, *, name: str | None = None) -> int:
+        return self.activation(ActivationKind.ELU, x, name=name)
+
+    def erf(self, x: int, *, name: str | None = None) -> int:
+        return self.activation(ActivationKind.ERF, x, name=name)
+
+    def hard_swish(self, x: int, *, name: str | None = None) -> int:
+        return self.activation(ActivationKind.HARD_SWISH, x, name=name)
+
+    def hard_sigmoid(self, x: int, *, name: str | None = None) -> int:
+        return self.activation(ActivationKind.HARD_SIGMOID, x, name=name)
+
+    def mish(self, x: int, *, name: str | None = None) -> int:
+        return self.activation(ActivationKind.MISH, x, name=name)
+
+    def softsign(self, x: int, *, name: str | None = None) -> int:
+        return self.activation(ActivationKind.SOFTSIGN, x, name=name)
+
+    def log_sigmoid(self, x: int, *, name: str | None = None) -> int:
+        return self.activation(ActivationKind.LOG_SIGMOID, x, name=name)
+
     def cast(self, x: int, dtype: DType | str, *, name: str | None = None) -> int:
         return self.add_node(Cast(self._dtype_arg(dtype, "Cast", name)), [x], name=name)
 
@@ -253,6 +385,30 @@ class ElementwiseBuilder(BuilderBase):
 
     def pow(self, a: int, b: int, *, name: str | None = None) -> int:
         return self.binary(BinaryOp.POW, a, b, name=name)
+
+    def mod(self, a: int, b: int, *, name: str | None = None) -> int:
+        """C `fmod`: the remainder has the sign of `a`."""
+        return self.binary(BinaryOp.MOD, a, b, name=name)
+
+    def bit_and(self, a: int, b: int, *, name: str | None = None) -> int:
+        return self.binary(BinaryOp.BIT_AND, a, b, name=name)
+
+    def bit_or(self, a: int, b: int, *, name: str | None = None) -> int:
+        return self.binary(BinaryOp.BIT_OR, a, b, name=name)
+
+    def bit_xor(self, a: int, b: int, *, name: str | None = None) -> int:
+        return self.binary(BinaryOp.BIT_XOR, a, b, name=name)
+
+    def shl(self, a: int, b: int, *, name: str | None = None) -> int:
+        return self.binary(BinaryOp.SHL, a, b, name=name)
+
+    def shr(self, a: int, b: int, *, name: str | None = None) -> int:
+        """Arithmetic shift right."""
+        return self.binary(BinaryOp.SHR, a, b, name=name)
+
+    def atan2(self, a: int, b: int, *, name: str | None = None) -> int:
+        """Angle of the point (b, a): `a` is y, `b` is x."""
+        return self.binary(BinaryOp.ATAN2, a, b, name=name)
 
     def compare(self, op: CmpOp | str, a: int, b: int, *, name: str | None = None) -> int:
         """`Compare(op)` giving Bool; `op` like `"eq"`, `"ge"`, `"=="`, `"<="`."""
@@ -288,7 +444,16 @@ ACTIVATION = EnumCodec(ActivationKind, "Activation")
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (Activation, Cast, Binary, Compare, Where,)
+OPS: tuple[type[Op], ...] = (
+    Activation,
+    Cast,
+    Binary,
+    Compare,
+    Where,
+    StopGradient,
+    Fma,
+    Clamp,
+)
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (
@@ -297,4 +462,7 @@ JSON_FORMS = (
     newtype_form(Binary, "op", EnumCodec(BinaryOp, "BinaryOp")),
     newtype_form(Compare, "op", EnumCodec(CmpOp, "CmpOp")),
     unit_form(Where),
+    unit_form(StopGradient, since=NEWEST),
+    unit_form(Fma, since=NEWEST),
+    struct_form(Clamp, ("min", F32), ("max", F32), since=NEWEST),
 )

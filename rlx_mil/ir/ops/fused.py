@@ -7,11 +7,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlx_mil.errors import AttributeValueError, ShapeError
+from rlx_mil.errors import (
+    AttributeValueError,
+    ShapeError,
+)
 from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import Op, UnaryOp, fix_f32
+from rlx_mil.ir.op_base import (
+    Op,
+    UnaryOp,
+    fix_f32,
+)
 from rlx_mil.ir.ops.elementwise import ACTIVATION, ActivationKind, activation_kind_arg
 from rlx_mil.ir.serde.codecs import (
     BOOL,
@@ -295,7 +302,11 @@ class FusedBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (FusedSwiGLU, FusedAttentionBlock, FusedTransformerLayer,)
+OPS: tuple[type[Op], ...] = (
+    FusedSwiGLU,
+    FusedAttentionBlock,
+    FusedTransformerLayer,
+)
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

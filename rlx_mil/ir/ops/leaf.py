@@ -79,8 +79,8 @@ def _param(op: Param, ins: Sequence[Shape], declared: Shape | None) -> Shape | N
 def _constant(op: Constant, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
     declared_leaf(op, declared)
     assert declared is not None
-    if declared.dtype is DType.C64:
-        raise DTypeError("C64 constants are outside the rlx_mil IR subset")
+    if declared.dtype.is_complex:
+        raise DTypeError(f"{declared.dtype.value} constants are outside the rlx_mil IR subset")
     n = numel(declared.dims)
     if n is not None and len(op.data) != n * declared.dtype.itemsize:
         raise AttributeValueError(
@@ -123,8 +123,8 @@ class LeafBuilder(BuilderBase):
         return self.add_node(Constant(data), [], Shape(tuple(Static(s) for s in values.shape), the_dtype), name=name)
 
     def _encode(self, values: np.ndarray, dtype: DType, name: str | None) -> bytes:
-        if dtype is DType.C64:
-            raise self._fail(DTypeError, "C64 constants are outside the rlx_mil IR subset", "Constant", name)
+        if dtype.is_complex:
+            raise self._fail(DTypeError, f"{dtype.value} constants are outside the rlx_mil IR subset", "Constant", name)
         if values.dtype.kind not in "biuf":
             raise self._fail(DTypeError, f"cannot store {values.dtype} values in a constant", "Constant", name)
         if dtype is DType.BOOL:

@@ -7,13 +7,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlx_mil.errors import AttributeValueError, ShapeError
+from rlx_mil.errors import (
+    AttributeValueError,
+    ShapeError,
+)
 from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import BinaryArityOp, Op, fix_f32
+from rlx_mil.ir.op_base import (
+    BinaryArityOp,
+    Op,
+    fix_f32,
+)
 from rlx_mil.ir.ops.elementwise import ACTIVATION, ActivationKind, activation_kind_arg
 from rlx_mil.ir.serde.codecs import (
     F32,
+    USIZE_VEC,
     OptionCodec,
     struct_form,
     unit_form,
@@ -25,6 +33,7 @@ from rlx_mil.ir.shape_checks import (
     fits_into,
     matmul_dims,
     require_rank,
+    unsigned_axis,
 )
 
 
@@ -64,6 +73,21 @@ class FusedMatMulBiasAct(Op):
         return ("x", "w", "bias")
 
 
+@dataclass(frozen=True)
+class DotGeneral(BinaryArityOp):
+    """XLA `dot_general`: contract the paired `*_contracting` axes, batch over the paired
+    `*_batch` axes; output = batch dims (lhs order) + lhs free dims + rhs free dims."""
+
+    type_name: ClassVar[str] = "DotGeneral"
+    lhs_contracting: tuple[int, ...]
+    rhs_contracting: tuple[int, ...]
+    lhs_batch: tuple[int, ...]
+    rhs_batch: tuple[int, ...]
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("lhs", "rhs")
+
+
 # -------------------------------------------------------------------------------- shape rules
 
 
@@ -98,11 +122,55 @@ def _fused_matmul_bias_act(op: FusedMatMulBiasAct, ins: Sequence[Shape], declare
     return Shape(dims, x.dtype)
 
 
+@shape_rule(DotGeneral)
+def _dot_general(op: DotGeneral, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    lhs, rhs = ins
+    for name, axes, shape in (
+        ("lhs_contracting", op.lhs_contracting, lhs), ("rhs_contracting", op.rhs_contracting, rhs),
+        ("lhs_batch", op.lhs_batch, lhs), ("rhs_batch", op.rhs_batch, rhs),
+    ):
+        for axis in axes:
+            unsigned_axis(axis, shape.rank, name)
+    if len(op.lhs_contracting) != len(op.rhs_contracting) or len(op.lhs_batch) != len(op.rhs_batch):
+        raise AttributeValueError("contracting and batch axes must come in lhs/rhs pairs of equal length")
+    for side, used in (("lhs", (*op.lhs_batch, *op.lhs_contracting)), ("rhs", (*op.rhs_batch, *op.rhs_contracting))):
+        if len(set(used)) != len(used):
+            raise AttributeValueError(f"{side} names an axis twice in its batch and contracting axes")
+    for kind, pairs in (("contracting", zip(op.lhs_contracting, op.rhs_contracting, strict=True)),
+                        ("batch", zip(op.lhs_batch, op.rhs_batch, strict=True))):
+        for i, j in pairs:
+            if conflict(lhs.dims[i], rhs.dims[j]):
+                raise ShapeError(
+                    f"{kind} dims differ: lhs {lhs} axis {i} is {lhs.dims[i]}, rhs {rhs} axis {j} is {rhs.dims[j]}",
+                    operand="rhs",
+                )
+    lhs_free = [d for i, d in enumerate(lhs.dims) if i not in (*op.lhs_batch, *op.lhs_contracting)]
+    rhs_free = [d for i, d in enumerate(rhs.dims) if i not in (*op.rhs_batch, *op.rhs_contracting)]
+    return Shape((*(lhs.dims[i] for i in op.lhs_batch), *lhs_free, *rhs_free), lhs.dtype)
+
+
 # -------------------------------------------------------------------------------- builder
 
 
 class LinalgBuilder(BuilderBase):
     """Builder methods of this family (composed into `Graph`)."""
+
+    def dot_general(
+        self,
+        lhs: int,
+        rhs: int,
+        lhs_contracting: Sequence[int],
+        rhs_contracting: Sequence[int],
+        lhs_batch: Sequence[int] = (),
+        rhs_batch: Sequence[int] = (),
+        *,
+        name: str | None = None,
+    ) -> int:
+        """XLA-style `dot_general` (see `DotGeneral`)."""
+        axes = [self._sequence(a, what, "DotGeneral", name) for a, what in (
+            (lhs_contracting, "lhs_contracting"), (rhs_contracting, "rhs_contracting"),
+            (lhs_batch, "lhs_batch"), (rhs_batch, "rhs_batch"))]
+        return self.add_node(DotGeneral(*axes), [lhs, rhs], name=name)
 
     def matmul(self, a: int, b: int, *, name: str | None = None) -> int:
         return self.add_node(MatMul(), [a, b], name=name)
@@ -119,11 +187,17 @@ class LinalgBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (MatMul, LoraMatMul, FusedMatMulBiasAct,)
+OPS: tuple[type[Op], ...] = (
+    MatMul,
+    LoraMatMul,
+    FusedMatMulBiasAct,
+    DotGeneral,
+)
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (
     unit_form(MatMul),
     struct_form(LoraMatMul, ("scale", F32)),
     struct_form(FusedMatMulBiasAct, ("activation", OptionCodec(ACTIVATION))),
+    struct_form(DotGeneral, ("lhs_contracting", USIZE_VEC), ("rhs_contracting", USIZE_VEC), ("lhs_batch", USIZE_VEC), ("rhs_batch", USIZE_VEC)),
 )

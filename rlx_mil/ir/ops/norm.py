@@ -23,6 +23,7 @@ from rlx_mil.ir.serde.codecs import (
     struct_form,
     unit_form,
 )
+from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Dim, Shape
 from rlx_mil.ir.shape_checks import (
     declared_or,
@@ -432,10 +433,10 @@ JSON_FORMS = (
     struct_form(FusedResidualLN, ("has_bias", BOOL), ("eps", F32)),
     struct_form(FusedResidualRmsNorm, ("has_bias", BOOL), ("eps", F32)),
     # Newest upstream only (absent from 0.2.2).
-    struct_form(BatchNormInference, ("eps", F32)),
+    struct_form(BatchNormInference, ("eps", F32), since=NEWEST),
     # In 0.2.2 and newest with the same fields.
     struct_form(LayerNorm2d, ("eps", F32)),
     # Newest upstream only.
-    struct_form(AdaLayerNorm, ("norm", EnumCodec(AdaNormKind, "AdaNormKind")), ("eps", F32)),
-    unit_form(GatedResidual),  # newest only
+    struct_form(AdaLayerNorm, ("norm", EnumCodec(AdaNormKind, "AdaNormKind")), ("eps", F32), since=NEWEST),
+    unit_form(GatedResidual, since=NEWEST),
 )

@@ -11,7 +11,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from rlx_mil.errors import AttributeValueError, DTypeError, ShapeError
+from rlx_mil.errors import (
+    AttributeValueError,
+    DTypeError,
+    ShapeError,
+)
 from rlx_mil.ir.builder import BuilderBase, squash
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
@@ -32,6 +36,7 @@ from rlx_mil.ir.serde.codecs import (
     struct_form,
     tagged,
 )
+from rlx_mil.ir.serde.versions import newest_only
 from rlx_mil.ir.shape import Dim, DimLike, Shape, Static
 from rlx_mil.ir.shape_checks import (
     declared_or,
@@ -61,27 +66,81 @@ class QuantKind(enum.Enum):
     GGUF_Q8K = "GgufQ8K"
     GGUF_Q4_0 = "GgufQ4_0"
     GGUF_Q8_0 = "GgufQ8_0"
+    # Newest upstream only (spec part 2, section 1.7):
+    GGUF_Q4_1 = "GgufQ4_1"
+    GGUF_Q5_0 = "GgufQ5_0"
+    GGUF_Q5_1 = "GgufQ5_1"
+    GGUF_IQ4NL = "GgufIQ4NL"
+    GGUF_IQ4XS = "GgufIQ4XS"
+    GGUF_IQ2XXS = "GgufIQ2XXS"
+    GGUF_IQ2XS = "GgufIQ2XS"
+    GGUF_IQ2S = "GgufIQ2S"
+    GGUF_IQ3XXS = "GgufIQ3XXS"
+    GGUF_IQ3S = "GgufIQ3S"
+    GGUF_IQ1S = "GgufIQ1S"
+    GGUF_IQ1M = "GgufIQ1M"
+    GGUF_TQ1_0 = "GgufTQ1_0"
+    GGUF_TQ2_0 = "GgufTQ2_0"
+    GGUF_MXFP4 = "GgufMXFP4"
+    GGUF_NVFP4 = "GgufNVFP4"
+    GGUF_Q1_0 = "GgufQ1_0"
+    GGUF_Q2_0 = "GgufQ2_0"
+    GGUF_FV5 = "GgufFV5"
+    GGUF_FV5B = "GgufFV5B"
+    GGUF_G8_0 = "GgufG8_0"
+    MLX_AFFINE = "MlxAffine"
+    MLX_MXFP4 = "MlxMxfp4"
+    MLX_MXFP8 = "MlxMxfp8"
+    MXFP4X2_BLOCK = "MxFp4x2Block"
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """The struct fields of the variant (empty for a unit variant), in serde order."""
+        if self in (QuantKind.INT8_BLOCK, QuantKind.INT8_BLOCK_ASYM, QuantKind.INT4_BLOCK):
+            return ("block_size",)
+        if self is QuantKind.MLX_AFFINE:
+            return ("bits", "group_size")
+        if self in (QuantKind.MLX_MXFP4, QuantKind.MLX_MXFP8, QuantKind.MXFP4X2_BLOCK):
+            return ("group_size",)
+        return ()
 
     @property
     def has_block_size(self) -> bool:
-        return self in (QuantKind.INT8_BLOCK, QuantKind.INT8_BLOCK_ASYM, QuantKind.INT4_BLOCK)
+        return "block_size" in self.parameters
 
     @property
     def is_gguf(self) -> bool:
         return self.value.startswith("Gguf")
 
+    @property
+    def weight_inputs(self) -> int:
+        """DequantMatMul inputs after x: packed bytes (GGUF), w_q + scale (MxFp4x2Block), else 3."""
+        if self.is_gguf:
+            return 1
+        return 2 if self is QuantKind.MXFP4X2_BLOCK else 3
+
+
+newest_only(*(kind for kind in QuantKind if list(QuantKind).index(kind) >= list(QuantKind).index(QuantKind.GGUF_Q4_1)))
+
 
 @dataclass(frozen=True)
 class QuantScheme:
+    """A QuantScheme variant; `block_size`, `bits` and `group_size` are set exactly for the
+    variants that carry them (`QuantKind.parameters`)."""
+
     kind: QuantKind
     block_size: int | None = None
+    bits: int | None = None
+    group_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind.has_block_size:
-            if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
-                raise AttributeValueError(f"{self.kind.value} needs block_size >= 1, got {self.block_size!r}")
-        elif self.block_size is not None:
-            raise AttributeValueError(f"{self.kind.value} takes no block_size")
+        for name in ("block_size", "bits", "group_size"):
+            value = getattr(self, name)
+            if name in self.kind.parameters:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise AttributeValueError(f"{self.kind.value} needs {name} >= 1, got {value!r}")
+            elif value is not None:
+                raise AttributeValueError(f"{self.kind.value} takes no {name}")
 
     @staticmethod
     def int8_block(block_size: int) -> QuantScheme:
@@ -96,9 +155,8 @@ class QuantScheme:
         return QuantScheme(QuantKind.INT4_BLOCK, block_size)
 
     def __str__(self) -> str:
-        if self.block_size is not None:
-            return f"{self.kind.value}({self.block_size})"
-        return self.kind.value
+        values = [str(getattr(self, name)) for name in self.kind.parameters]
+        return f"{self.kind.value}({', '.join(values)})" if values else self.kind.value
 
 
 @dataclass(frozen=True)
@@ -144,13 +202,20 @@ class DequantMatMul(Op):
     scheme: QuantScheme
 
     def arity(self) -> int | None:
-        return 2 if self.scheme.kind.is_gguf else 4
+        return 1 + self.scheme.kind.weight_inputs
 
     def roles(self, count: int) -> tuple[str, ...] | None:
-        if self.scheme.kind.is_gguf:
+        kind = self.scheme.kind
+        if kind.is_gguf:
             return ("x", "packed_w")
-        if self.scheme.kind is QuantKind.NVFP4_BLOCK:
+        if kind is QuantKind.NVFP4_BLOCK:
             return ("x", "w_q", "block_scale", "global_scale")
+        if kind is QuantKind.MLX_AFFINE:
+            return ("x", "w_q", "scales", "biases")
+        if kind in (QuantKind.MLX_MXFP4, QuantKind.MLX_MXFP8):
+            return ("x", "w_q", "scales", "zp")
+        if kind is QuantKind.MXFP4X2_BLOCK:
+            return ("x", "w_q", "scale")
         return ("x", "w_q", "scale", "zp")
 
 
@@ -201,7 +266,34 @@ GGUF_BLOCKS: dict[QuantKind, tuple[int, int]] = {
     QuantKind.GGUF_Q8K: (256, 292),
     QuantKind.GGUF_Q4_0: (32, 18),
     QuantKind.GGUF_Q8_0: (32, 34),
+    QuantKind.GGUF_Q4_1: (32, 20),
+    QuantKind.GGUF_Q5_0: (32, 22),
+    QuantKind.GGUF_Q5_1: (32, 24),
+    QuantKind.GGUF_IQ4NL: (32, 18),
+    QuantKind.GGUF_IQ4XS: (256, 136),
+    QuantKind.GGUF_IQ2XXS: (256, 66),
+    QuantKind.GGUF_IQ2XS: (256, 74),
+    QuantKind.GGUF_IQ2S: (256, 82),
+    QuantKind.GGUF_IQ3XXS: (256, 98),
+    QuantKind.GGUF_IQ3S: (256, 110),
+    QuantKind.GGUF_IQ1S: (256, 50),
+    QuantKind.GGUF_IQ1M: (256, 56),
+    QuantKind.GGUF_TQ1_0: (256, 54),
+    QuantKind.GGUF_TQ2_0: (256, 66),
+    QuantKind.GGUF_MXFP4: (32, 17),
+    QuantKind.GGUF_NVFP4: (16, 9),
+    QuantKind.GGUF_Q1_0: (128, 18),
+    QuantKind.GGUF_Q2_0: (128, 34),
+    QuantKind.GGUF_FV5: (256, 104),
+    QuantKind.GGUF_FV5B: (256, 260),
+    QuantKind.GGUF_G8_0: (32, 16),
 }
+
+#: The block schemes of upstream 0.2.2, whose weight layouts rlx_mil checks and decodes.
+BLOCK_KINDS = (
+    QuantKind.INT8_BLOCK, QuantKind.INT8_BLOCK_ASYM, QuantKind.INT4_BLOCK, QuantKind.FP8_E4M3,
+    QuantKind.FP8_E5M2, QuantKind.NVFP4_BLOCK,
+)
 
 
 @shape_rule(DequantMatMul)
@@ -212,9 +304,14 @@ def _dequant_matmul(op: DequantMatMul, ins: Sequence[Shape], declared: Shape | N
     kind = op.scheme.kind
     if kind.is_gguf:
         n = _gguf_out_features(op, x, ins[1], declared)
-    else:
+    elif kind in BLOCK_KINDS:
         n = _block_weight_out_features(op, x, ins[1], declared)
         _check_block_scales(op, k, n, ins[2], ins[3])
+    else:
+        # MLX and two-level FP4 weights: packing per upstream's kernels, unchecked here.
+        if declared is None or declared.rank == 0:
+            raise ShapeError(f"{op.scheme} weights are packed; pass the output shape [..., N] explicitly")
+        n = declared.dims[-1]
     inferred = Shape((*x.dims[:-1], n), x.dtype)
     return declared_or(inferred, declared, leading_flattened(x.dims, n))
 
@@ -365,16 +462,22 @@ class QuantBuilder(BuilderBase):
                 AttributeValueError, f"a scheme is a QuantScheme or text such as 'int8_block:32', got {scheme!r}",
                 "DequantMatMul", name,
             )
-        match = re.fullmatch(r"\s*([A-Za-z0-9_\-]+)\s*(?:[:(]\s*(\d+)\s*\)?)?\s*", scheme)
+        # "int8_block:32", "Int4Block(32)", "mlx_affine:4:64" (parameters in QuantKind.parameters order)
+        match = re.fullmatch(r"\s*([A-Za-z0-9_\-]+)\s*(?:[:(]\s*(\d+(?:\s*[:,]\s*\d+)*)\s*\)?)?\s*", scheme)
         kind = None
         if match:
             key = squash(match.group(1))
             kind = next((k for k in QuantKind if squash(k.value) == key), None)
         if match is None or kind is None:
             raise self._fail(AttributeValueError, f"unknown quantization scheme {scheme!r}", "DequantMatMul", name)
-        block = match.group(2)
+        numbers = [int(n) for n in re.split(r"\s*[:,]\s*", match.group(2))] if match.group(2) else []
+        if len(numbers) > len(kind.parameters):
+            raise self._fail(
+                AttributeValueError, f"{kind.value} takes {len(kind.parameters)} parameters, got {numbers}",
+                "DequantMatMul", name,
+            )
         try:
-            return QuantScheme(kind, int(block) if block is not None else None)
+            return QuantScheme(kind, **dict(zip(kind.parameters, numbers, strict=False)))
         except ValueError as err:
             raise self._fail(AttributeValueError, str(err), "DequantMatMul", name) from None
 
@@ -399,25 +502,35 @@ class QuantSchemeCodec(Codec):
         kind = QUANT_KINDS.get(tag)
         if kind is None:
             fail(path, f"unknown QuantScheme variant {describe(tag)}{did_you_mean(tag, QUANT_KINDS)}")
-        if not kind.has_block_size:
+        if not kind.parameters:
             if content is not MISSING and content is not None:
                 fail(f"{path}.{tag}", f"QuantScheme {tag} takes no value, got {describe(content)}")
             return QuantScheme(kind)
         if content is MISSING:
-            fail(path, f'{tag} needs its block size: {{"{tag}": {{"block_size": n}}}}')
+            fields = ", ".join(f'"{name}": n' for name in kind.parameters)
+            what = "block size" if kind.parameters == ("block_size",) else "parameters"
+            fail(path, f'{tag} needs its {what}: {{"{tag}": {{{fields}}}}}')
         inner_path = f"{path}.{tag}"
         body = json_object(content, inner_path)
-        block_size = USIZE.decode(required(body, "block_size", inner_path), f"{inner_path}.block_size")
-        if block_size < 1:
-            fail(f"{inner_path}.block_size", "block_size must be at least 1, got 0")
-        return QuantScheme(kind, block_size)
+        for key in body:
+            if key not in kind.parameters:
+                fail(f"{inner_path}.{key}", f'unknown field "{key}" for QuantScheme {tag}')
+        values: dict[str, int] = {}
+        for name in kind.parameters:
+            number = USIZE.decode(required(body, name, inner_path), f"{inner_path}.{name}")
+            if number < 1:
+                fail(f"{inner_path}.{name}", f"{name} must be at least 1, got 0")
+            values[name] = number
+        return QuantScheme(kind, **values)
 
     def encode(self, value: object, path: str) -> object:
         if not isinstance(value, QuantScheme):
             fail(path, f"expected a QuantScheme, got {value!r}")
         tag = value.kind.value
-        if value.kind.has_block_size:
-            return {tag: {"block_size": USIZE.encode(value.block_size, f"{path}.{tag}.block_size")}}
+        if value.kind.parameters:
+            return {
+                tag: {name: USIZE.encode(getattr(value, name), f"{path}.{tag}.{name}") for name in value.kind.parameters}
+            }
         return tag
 
 #: The ops of this family.

@@ -20,6 +20,7 @@ from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import Op, UnaryOp, fix_f32
 from rlx_mil.ir.serde.codecs import F32, U64_MAX, USIZE, OptionCodec, struct_form
+from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import DimLike, Shape, Static
 from rlx_mil.ir.shape_checks import require_int, size_of
 
@@ -177,7 +178,7 @@ OPS: tuple[type[Op], ...] = (RngNormal, RngUniform, Sample)
 
 #: Their JSON forms (`Sample` unchanged since 0.2.2).
 JSON_FORMS = (
-    struct_form(RngNormal, ("mean", F32), ("scale", F32), ("key", USIZE), ("op_seed", OptionCodec(F32))),
-    struct_form(RngUniform, ("low", F32), ("high", F32), ("key", USIZE), ("op_seed", OptionCodec(F32))),
+    struct_form(RngNormal, ("mean", F32), ("scale", F32), ("key", USIZE), ("op_seed", OptionCodec(F32)), since=NEWEST),
+    struct_form(RngUniform, ("low", F32), ("high", F32), ("key", USIZE), ("op_seed", OptionCodec(F32)), since=NEWEST),
     struct_form(Sample, ("top_k", USIZE), ("top_p", F32), ("temperature", F32), ("seed", USIZE)),
 )

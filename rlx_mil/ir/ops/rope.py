@@ -3,20 +3,31 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rlx_mil.errors import AttributeValueError, ShapeError
-from rlx_mil.ir.builder import BuilderBase
+from rlx_mil.errors import (
+    AttributeValueError,
+    ShapeError,
+)
+from rlx_mil.ir.builder import BuilderBase, lookup
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import Op, UnaryOp, fix_f32
+from rlx_mil.ir.op_base import (
+    NEWEST_FIELD,
+    Op,
+    UnaryOp,
+    fix_f32,
+)
 from rlx_mil.ir.serde.codecs import (
     F32,
     USIZE,
+    EnumCodec,
     struct_form,
 )
+from rlx_mil.ir.serde.versions import newest_only
 from rlx_mil.ir.shape import Shape, Static
 from rlx_mil.ir.shape_checks import (
     conflict,
@@ -27,11 +38,24 @@ from rlx_mil.ir.shape_checks import (
 )
 
 
+class RopeStyle(enum.Enum):
+    """Which dims rotate together: NeoX pairs dim i with i + n_rot/2 (rotate-half, the 0.2.2
+    behaviour); GptJ pairs the adjacent dims (2i, 2i+1) (GGUF/llama.cpp NORM)."""
+
+    NEOX = "NeoX"
+    GPTJ = "GptJ"
+
+
+newest_only(RopeStyle.GPTJ)
+
+
 @dataclass(frozen=True)
 class Rope(Op):
     type_name: ClassVar[str] = "Rope"
     head_dim: int
     n_rot: int
+    #: Newest upstream JSON requires it; a 0.2.2 document (without it) means NeoX.
+    style: RopeStyle = field(default=RopeStyle.NEOX, metadata=NEWEST_FIELD)
 
     def arity(self) -> int | None:
         return 3
@@ -125,10 +149,23 @@ class RopeBuilder(BuilderBase):
     """Builder methods of this family (composed into `Graph`)."""
 
     def rope(
-        self, x: int, cos: int, sin: int, head_dim: int, n_rot: int | None = None, *, name: str | None = None
+        self,
+        x: int,
+        cos: int,
+        sin: int,
+        head_dim: int,
+        n_rot: int | None = None,
+        *,
+        style: RopeStyle | str = RopeStyle.NEOX,
+        name: str | None = None,
     ) -> int:
-        """Rotary embedding (NeoX rotate-half); `n_rot` defaults to `head_dim`."""
-        return self.add_node(Rope(head_dim, head_dim if n_rot is None else n_rot), [x, cos, sin], name=name)
+        """Rotary embedding; `n_rot` defaults to `head_dim`; `style` "neox" (rotate-half) or
+        "gptj" (adjacent pairs)."""
+        the_style = lookup(style, RopeStyle, {})
+        if the_style is None:
+            raise self._fail(AttributeValueError, f"unknown rope style {style!r} (NeoX or GptJ)", "Rope", name)
+        op = Rope(head_dim, head_dim if n_rot is None else n_rot, the_style)
+        return self.add_node(op, [x, cos, sin], name=name)
 
     def axial_rope2d(
         self,
@@ -152,7 +189,13 @@ OPS: tuple[type[Op], ...] = (Rope, AxialRope2d)
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (
-    struct_form(Rope, ("head_dim", USIZE), ("n_rot", USIZE)),
+    struct_form(
+        Rope,
+        ("head_dim", USIZE),
+        ("n_rot", USIZE),
+        ("style", EnumCodec(RopeStyle, "RopeStyle")),
+        newest_fields=(("style", RopeStyle.NEOX),),
+    ),
     # In 0.2.2 and newest with the same fields.
     struct_form(
         AxialRope2d,

@@ -20,6 +20,7 @@ from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import BinaryArityOp, Op, TernaryOp
 from rlx_mil.ir.serde.codecs import I32, USIZE, EnumCodec, struct_form
+from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Dim, DimLike, Shape
 from rlx_mil.ir.shape_checks import conflict, normalize_axis, require_int, size_of, unsigned_axis
 
@@ -97,7 +98,7 @@ def check_index_dtype(indices: Shape, operand: str = "indices") -> None:
 
 
 def _check_data_dtype(data: Shape, operand: str) -> None:
-    if data.dtype is DType.C64:
+    if data.dtype.is_complex:
         raise DTypeError(f"{operand} cannot be complex", operand=operand)
 
 
@@ -303,11 +304,12 @@ REDUCTION = EnumCodec(ScatterNdReduction, "ScatterNdReduction")
 #: Their JSON forms (newest upstream; 0.2.2 spelled ScatterAdd as the bare string "ScatterAdd",
 #: which means axis 0).
 JSON_FORMS = (
-    struct_form(ScatterAdd, ("axis", USIZE)),
-    struct_form(ScatterNd, ("reduction", REDUCTION)),
-    struct_form(ScatterElements, ("axis", I32), ("reduction", REDUCTION)),
-    struct_form(GatherNd, ("batch_dims", I32)),
-    struct_form(GatherElements, ("axis", I32)),
+    # 0.2.2 spelled ScatterAdd as the bare variant name, meaning axis 0.
+    struct_form(ScatterAdd, ("axis", USIZE), newest_fields=(("axis", 0),), legacy_unit=True),
+    struct_form(ScatterNd, ("reduction", REDUCTION), since=NEWEST),
+    struct_form(ScatterElements, ("axis", I32), ("reduction", REDUCTION), since=NEWEST),
+    struct_form(GatherNd, ("batch_dims", I32), since=NEWEST),
+    struct_form(GatherElements, ("axis", I32), since=NEWEST),
 )
 
 __all__ = [

@@ -22,6 +22,7 @@ from rlx_mil.errors import GraphFormatError
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.op_base import Op
 from rlx_mil.ir.serde.f32 import f32_from_int, format_f32, parse_f32
+from rlx_mil.ir.serde.versions import V0_2_2
 
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
@@ -173,8 +174,10 @@ class IntCodec(Codec):
         return self._check(_as_int(value), value, path)
 
 
+U8 = IntCodec("u8", 0, 255)
 U32 = IntCodec("u32", 0, U32_MAX)
 USIZE = IntCodec("usize", 0, U64_MAX)
+U64 = IntCodec("u64", 0, U64_MAX)
 I32 = IntCodec("i32", I32_MIN, I32_MAX)
 I64 = IntCodec("i64", I64_MIN, I64_MAX)
 
@@ -311,26 +314,59 @@ class VecCodec(Codec):
 
 
 
+class SubGraphCodec(Codec):
+    """A nested graph (the bodies of If, While, Scan); the reader and writer handle it, since
+    building a graph needs the graph class."""
+
+    def decode(self, value: object, path: str) -> object:
+        raise AssertionError("sub-graphs are decoded by the reader")
+
+    def encode(self, value: object, path: str) -> object:
+        raise AssertionError("sub-graphs are encoded by the writer")
+
+
+SUBGRAPH = SubGraphCodec()
+
+
 @dataclass(frozen=True)
 class OpForm:
-    """How one Op variant is spelled: unit ("MatMul"), newtype ({"Binary": "Add"}) or struct."""
+    """How one Op variant is spelled: unit ("MatMul"), newtype ({"Binary": "Add"}) or struct.
+
+    `since` is the upstream JSON version the op first appears in. `newest_fields` are the
+    struct fields the newest JSON added to an op 0.2.2 already had, each with the value a 0.2.2
+    document means by leaving it out; `legacy_unit` marks an op 0.2.2 spelled as the bare
+    variant name (its newest struct fields all at their `newest_fields` values).
+    """
 
     op_type: type[Op]
     form: str  # "unit" | "newtype" | "struct"
     fields: tuple[tuple[str, Codec], ...] = ()
+    since: str = V0_2_2
+    newest_fields: tuple[tuple[str, object], ...] = ()
+    legacy_unit: bool = False
+
+    @property
+    def legacy_defaults(self) -> dict[str, object]:
+        return dict(self.newest_fields)
 
 
-def unit_form(op_type: type[Op]) -> OpForm:
-    return OpForm(op_type, "unit")
+def unit_form(op_type: type[Op], *, since: str = V0_2_2) -> OpForm:
+    return OpForm(op_type, "unit", since=since)
 
 
-def newtype_form(op_type: type[Op], field: str, codec: Codec) -> OpForm:
-    return OpForm(op_type, "newtype", ((field, codec),))
+def newtype_form(op_type: type[Op], field: str, codec: Codec, *, since: str = V0_2_2) -> OpForm:
+    return OpForm(op_type, "newtype", ((field, codec),), since=since)
 
 
-def struct_form(op_type: type[Op], *op_fields: tuple[str, Codec]) -> OpForm:
-    """Struct fields are listed in the dataclass declaration order, which is also serde's."""
-    return OpForm(op_type, "struct", op_fields)
+def struct_form(
+    op_type: type[Op],
+    *op_fields: tuple[str, Codec],
+    since: str = V0_2_2,
+    newest_fields: tuple[tuple[str, object], ...] = (),
+    legacy_unit: bool = False,
+) -> OpForm:
+    """Struct fields in serde's order (upstream's declaration order)."""
+    return OpForm(op_type, "struct", op_fields, since, newest_fields, legacy_unit)
 
 
 USIZE_VEC = VecCodec(USIZE)

@@ -17,11 +17,11 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
-from rlx_mil.errors import GraphError, GraphFormatError
+from rlx_mil.errors import GraphError, GraphFormatError, UnsupportedOpFormatError
 from rlx_mil.ir.dtype import DType
-from rlx_mil.ir.node import NodeOrigin
+from rlx_mil.ir.node import Node, NodeOrigin
 from rlx_mil.ir.ops import Constant, Op
 from rlx_mil.ir.serde.codecs import (
     DTYPE,
@@ -32,6 +32,7 @@ from rlx_mil.ir.serde.codecs import (
     DuplicateKeyObject,
     FloatToken,
     OptionCodec,
+    SubGraphCodec,
     describe,
     did_you_mean,
     fail,
@@ -40,7 +41,8 @@ from rlx_mil.ir.serde.codecs import (
     required,
     tagged,
 )
-from rlx_mil.ir.serde.forms import OP_FORMS
+from rlx_mil.ir.serde.forms import OP_FORMS, UNSUPPORTED_UPSTREAM_OPS, needs_newest
+from rlx_mil.ir.serde.versions import NEWEST, V0_2_2
 from rlx_mil.ir.shape import Dim, Dynamic, Shape, Static
 
 
@@ -56,6 +58,11 @@ class GraphSink(Protocol):
     ) -> int: ...
 
     def set_outputs(self, ids: Sequence[int] | int) -> None: ...
+
+    @property
+    def nodes(self) -> tuple[Node, ...]: ...
+
+    json_version: str | None
 
 
 GraphT = TypeVar("GraphT", bound=GraphSink)
@@ -151,7 +158,10 @@ def _parse_document(text: str | bytes | bytearray | memoryview, limits: JsonLimi
 @dataclass
 class _DecodeState:
     limits: JsonLimits
+    new_graph: Callable[[str], Any]
     constant_bytes: int = 0
+    #: Whether the document spells something only the newest upstream JSON has.
+    newest_syntax: bool = False
 
 
 def _decode_dim(value: object, path: str) -> Dim:
@@ -249,12 +259,19 @@ def _decode_op(value: object, path: str, shape: Shape, state: _DecodeState) -> O
     tag, content = tagged(value, path, "an op")
     form = OP_FORMS.get(tag)
     if form is None:
+        if tag in UNSUPPORTED_UPSTREAM_OPS:
+            raise UnsupportedOpFormatError(
+                f"{path}: upstream op {tag} is not supported by rlx_mil (no IR definition or lowering)"
+            )
         fail(path, f"unknown or unsupported op variant {describe(tag)}{did_you_mean(tag, OP_FORMS)}")
     op_path = f"{path}.{tag}"
-    if form.form == "unit":
+    if form.since != V0_2_2:
+        state.newest_syntax = True
+    if form.form == "unit" or (form.legacy_unit and content is MISSING):
         if content is not MISSING and content is not None:
             fail(op_path, f"{tag} takes no attributes, got {describe(content)}")
-        return form.op_type()
+        # A struct op 0.2.2 spelled bare (ScatterAdd): the newest fields take their 0.2.2 meaning.
+        return _construct(form.op_type, form.legacy_defaults, op_path)
     if content is MISSING:
         fail(path, f'{tag} needs its attributes: {{"{tag}": ...}}')
     if form.op_type is Constant:
@@ -263,19 +280,51 @@ def _decode_op(value: object, path: str, shape: Shape, state: _DecodeState) -> O
     if form.form == "newtype":
         ((field_name, codec),) = form.fields
         kwargs[field_name] = codec.decode(content, op_path)
-    else:
-        body = json_object(content, op_path)
-        for field_name, codec in form.fields:
-            raw = body.get(field_name, MISSING)
+        return _construct(form.op_type, kwargs, op_path)
+    body = json_object(content, op_path)
+    known = {field_name for field_name, _ in form.fields}
+    for key in body:
+        if key not in known:
+            fail(
+                f"{op_path}.{key}",
+                f'unknown field "{key}" for op {tag} (its fields: {", ".join(sorted(known)) or "none"})',
+            )
+    legacy = form.legacy_defaults
+    if form.legacy_unit:
+        state.newest_syntax = True
+    for field_name, codec in form.fields:
+        raw = body.get(field_name, MISSING)
+        field_path = f"{op_path}.{field_name}"
+        if field_name in legacy:
             if raw is MISSING:
-                if not codec.optional:
-                    fail(op_path, f'missing required field "{field_name}"')
-                raw = None
-            kwargs[field_name] = codec.decode(raw, f"{op_path}.{field_name}")
+                # A 0.2.2 document: the field did not exist yet (spec upgrade rules).
+                kwargs[field_name] = legacy[field_name]
+                continue
+            state.newest_syntax = True
+        if raw is MISSING:
+            if not codec.optional:
+                fail(op_path, f'missing required field "{field_name}"')
+            raw = None
+        if isinstance(codec, SubGraphCodec):
+            kwargs[field_name] = _decode_subgraph(raw, field_path, state)
+        else:
+            kwargs[field_name] = codec.decode(raw, field_path)
+    return _construct(form.op_type, kwargs, op_path)
+
+
+def _construct(op_type: type[Op], kwargs: dict[str, object], op_path: str) -> Op:
     try:
-        return form.op_type(**kwargs)
+        return op_type(**kwargs)
     except (ValueError, TypeError) as err:
         raise GraphFormatError(f"{op_path}: {err}") from err
+
+
+def _decode_subgraph(value: object, path: str, state: _DecodeState) -> object:
+    """A nested graph (If/While/Scan bodies): a complete graph object with its own node ids."""
+    try:
+        return _build_graph(value, path, state)
+    except GraphFormatError as err:
+        raise type(err)(f"{path}: {err}") from err
 
 
 _NodeFields = tuple[Op, tuple[int, ...], Shape, "str | None", "NodeOrigin | None"]
@@ -311,14 +360,12 @@ def _decode_node(value: object, index: int, state: _DecodeState) -> _NodeFields:
     return op, tuple(inputs), shape, name, origin
 
 
-def _decode_graph(document: object, limits: JsonLimits, new_graph: Callable[[str], GraphT]) -> GraphT:
-    root = "graph"
-    obj = json_object(document, root, "a JSON object at the top level")
+def _build_graph(document: object, root: str, state: _DecodeState) -> Any:
+    obj = json_object(document, root, "a graph object")
     name = STR.decode(required(obj, "name", root), "name")
     raw_nodes = json_array(required(obj, "nodes", root), "nodes")
     raw_outputs = json_array(required(obj, "outputs", root), "outputs")
-    state = _DecodeState(limits)
-    graph = new_graph(name)
+    graph = state.new_graph(name)
     for index, raw_node in enumerate(raw_nodes):
         op, inputs, shape, node_name, origin = _decode_node(raw_node, index, state)
         try:
@@ -340,6 +387,15 @@ def _decode_graph(document: object, limits: JsonLimits, new_graph: Callable[[str
             fail(f"outputs[{pos}]", f"node {output_id} does not exist (the graph has {len(raw_nodes)} nodes)")
         outputs.append(output_id)
     graph.set_outputs(outputs)
+    return graph
+
+
+def _decode_graph(document: object, limits: JsonLimits, new_graph: Callable[[str], GraphT]) -> GraphT:
+    json_object(document, "graph", "a JSON object at the top level")
+    state = _DecodeState(limits, new_graph)
+    graph: GraphT = _build_graph(document, "graph", state)
+    newest = state.newest_syntax or any(needs_newest(node) for node in graph.nodes)
+    graph.json_version = NEWEST if newest else V0_2_2
     return graph
 
 

@@ -5,28 +5,31 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
+from rlx_mil.errors import GraphFormatError, JsonVersionError
 from rlx_mil.ir.node import Node, NodeOrigin
 from rlx_mil.ir.ops import Constant, Op
-from rlx_mil.ir.serde.codecs import DTYPE, STR, U32, USIZE, OptionCodec, RawNumber, fail
-from rlx_mil.ir.serde.forms import OP_FORMS
+from rlx_mil.ir.serde.codecs import DTYPE, STR, U32, USIZE, OptionCodec, RawNumber, SubGraphCodec, fail
+from rlx_mil.ir.serde.forms import OP_FORMS, legacy_problem
+from rlx_mil.ir.serde.versions import NEWEST, V0_2_2, VERSIONS
 from rlx_mil.ir.shape import Dynamic, Shape, Static
 
 
-def encode_graph(name: str, nodes: Sequence[Node], outputs: Sequence[int], *, indent: int | None = None) -> str:
-    """Serialize exactly as upstream's serde_json would.
+def encode_graph(
+    name: str, nodes: Sequence[Node], outputs: Sequence[int], *, indent: int | None = None, version: str = NEWEST
+) -> str:
+    """Serialize exactly as upstream's serde_json (of `version`: "0.2.2" or "newest") would.
 
     `indent=None` gives `serde_json::to_string`'s compact form; an int gives
     `to_string_pretty`'s layout with that many spaces (upstream uses 2). Values upstream
     cannot represent (non-finite floats, out-of-range integers, payloads not matching their
-    shape) raise GraphFormatError naming the node and field.
+    shape, and in the 0.2.2 form whatever 0.2.2 has no spelling for) raise GraphFormatError
+    naming the node and field.
     """
     if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int) or indent < 0):
         raise ValueError(f"indent must be None or a non-negative int, got {indent!r}")
-    document = {
-        "name": STR.encode(name, "name"),
-        "nodes": [_encode_node(node, index) for index, node in enumerate(nodes)],
-        "outputs": [U32.encode(output_id, f"outputs[{pos}]") for pos, output_id in enumerate(outputs)],
-    }
+    if version not in VERSIONS:
+        raise ValueError(f"version must be one of {', '.join(map(repr, VERSIONS))}, got {version!r}")
+    document = _graph_document(name, nodes, outputs, version)
     out: list[str] = []
     _emit(document, out, None if indent is None else " " * indent, 0)
     return "".join(out)
@@ -35,13 +38,21 @@ def encode_graph(name: str, nodes: Sequence[Node], outputs: Sequence[int], *, in
 # ============================================================================ encoding
 
 
-def _encode_node(node: Node, index: int) -> dict[str, object]:
+def _graph_document(name: str, nodes: Sequence[Node], outputs: Sequence[int], version: str) -> dict[str, object]:
+    return {
+        "name": STR.encode(name, "name"),
+        "nodes": [_encode_node(node, index, version) for index, node in enumerate(nodes)],
+        "outputs": [U32.encode(output_id, f"outputs[{pos}]") for pos, output_id in enumerate(outputs)],
+    }
+
+
+def _encode_node(node: Node, index: int, version: str) -> dict[str, object]:
     path = f"nodes[{index}]"
     if node.id != index:
         fail(f"{path}.id", f"node id {node.id} differs from its position {index}")
     return {
         "id": U32.encode(node.id, f"{path}.id"),
-        "op": _encode_op(node.op, node.shape, f"{path}.op"),
+        "op": _encode_op(node.op, node.shape, f"{path}.op", version),
         "inputs": [U32.encode(i, f"{path}.inputs[{pos}]") for pos, i in enumerate(node.inputs)],
         "shape": _encode_shape(node.shape, f"{path}.shape"),
         "name": OptionCodec(STR).encode(node.name, f"{path}.name"),
@@ -72,13 +83,18 @@ def _encode_origin(origin: NodeOrigin | None, path: str) -> object:
     }
 
 
-def _encode_op(op: Op, shape: Shape, path: str) -> object:
+def _encode_op(op: Op, shape: Shape, path: str, version: str) -> object:
     form = OP_FORMS.get(op.type_name)
     if form is None or type(op) is not form.op_type:
         fail(path, f"no JSON form for op {type(op).__name__}")
     tag = op.type_name
     op_path = f"{path}.{tag}"
-    if form.form == "unit":
+    legacy = version == V0_2_2
+    if legacy:
+        problem = legacy_problem(op, shape)
+        if problem is not None:
+            raise JsonVersionError(f"{path}: cannot be written as 0.2.2 JSON: {problem}")
+    if form.form == "unit" or (legacy and form.legacy_unit):
         return tag
     if isinstance(op, Constant):
         data = op.data
@@ -91,12 +107,21 @@ def _encode_op(op: Op, shape: Shape, path: str) -> object:
     if form.form == "newtype":
         ((field_name, codec),) = form.fields
         return {tag: codec.encode(getattr(op, field_name), op_path)}
-    return {
-        tag: {
-            field_name: codec.encode(getattr(op, field_name), f"{op_path}.{field_name}")
-            for field_name, codec in form.fields
-        }
-    }
+    skipped = form.legacy_defaults if legacy else {}
+    body: dict[str, object] = {}
+    for field_name, codec in form.fields:
+        if field_name in skipped:
+            continue
+        value = getattr(op, field_name)
+        field_path = f"{op_path}.{field_name}"
+        if isinstance(codec, SubGraphCodec):
+            try:
+                body[field_name] = _graph_document(value.name, value.nodes, value.outputs, version)
+            except GraphFormatError as err:
+                raise type(err)(f"{field_path}: {err}") from err
+        else:
+            body[field_name] = codec.encode(value, field_path)
+    return {tag: body}
 
 
 # serde_json escapes exactly what json's non-ASCII-preserving encoder escapes: quote,

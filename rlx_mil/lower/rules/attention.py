@@ -78,7 +78,7 @@ def score_scale_factor(op: ops.Attention) -> float | None:
 def _heads(ctx: LowerContext, dims: Dims) -> tuple[Any, Any, Any]:
     q = split_heads(ctx.var(0), dims, dims.heads, dims.q_len, ctx, "q")
     k = split_heads(ctx.var(1), dims, dims.kv_heads, dims.kv_len, ctx, "k")
-    v = split_heads(ctx.var(2), dims, dims.kv_heads, dims.kv_len, ctx, "v")
+    v = split_heads(ctx.var(2), dims, dims.kv_heads, dims.kv_len, ctx, "v", dims.v_head_dim)
     return q, k, v
 
 
@@ -150,17 +150,17 @@ def _decomposed(op: ops.Attention, dims: Dims, q_folded: Any, k: Any, v: Any, ct
         "iOS18 (auto/fused): one `scaled_dot_product_attention` (custom scale folded into q; GQA as"
         " grouped q `[B,H_kv,G*Sq,D]`, no K/V repeat; bool/fp16 masks built at run time, never"
         " Sq x Sk consts); softcap or below iOS18: matmul, tanh, select/add, softmax, matmul;"
-        " all layouts (transpose/reshape), fp16-safe finite mask fill; attention='fused' with"
-        " softcap or before iOS18 is rejected"
+        " all layouts (transpose/reshape), fp16-safe finite mask fill; v_head_dim (MLA) gives value and"
+        " output heads their own width; attention='fused' with softcap or before iOS18 is rejected"
     ),
 )
 def lower_attention(op: ops.Attention, ctx: LowerContext) -> Any:
-    dims = attention_dims(ctx, op.num_heads, op.head_dim)
+    dims = attention_dims(ctx, op.num_heads, op.head_dim, op.v_head_dim)
     fused = use_fused(op, ctx)
     q, k, v = _heads(ctx, dims)
     q_folded = fold_groups(q, dims, ctx, "q")
     context = (_fused if fused else _decomposed)(op, dims, q_folded, k, v, ctx)
-    out = unfold_groups(context, dims, ctx, "out")
+    out = unfold_groups(context, dims, ctx, "out", dims.v_head_dim)
     return merge_heads(out, dims, dims.heads, dims.q_len, ctx.out_shape.sizes(), ctx, "out")
 
 

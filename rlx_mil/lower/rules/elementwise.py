@@ -23,7 +23,7 @@ from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.ops import ActivationKind, BinaryOp, CmpOp
 from rlx_mil.lower.context import LowerContext
-from rlx_mil.lower.registry import lowering
+from rlx_mil.lower.registry import declare_unsupported, lowering
 from rlx_mil.lower.target import Precision
 
 # Value range of each integer dtype as the program holds it (int32). I64 and U32 values
@@ -279,7 +279,9 @@ def float_activation(ctx: LowerContext, kind: ActivationKind, x: Any, suffix: st
         ActivationKind.SILU: mb.silu, ActivationKind.SIGMOID: mb.sigmoid,
         ActivationKind.TANH: mb.tanh, ActivationKind.EXP: mb.exp, ActivationKind.SQRT: mb.sqrt,
         ActivationKind.ABS: mb.abs, ActivationKind.SIN: mb.sin, ActivationKind.COS: mb.cos,
-        ActivationKind.TAN: mb.tan, ActivationKind.ATAN: mb.atan,
+        ActivationKind.TAN: mb.tan, ActivationKind.ATAN: mb.atan, ActivationKind.FLOOR: mb.floor,
+        ActivationKind.CEIL: mb.ceil, ActivationKind.SIGN: mb.sign, ActivationKind.SOFTPLUS: mb.softplus,
+        ActivationKind.ERF: mb.erf, ActivationKind.SOFTSIGN: mb.softsign,
     }
     if kind in simple:
         return simple[kind](x=x, name=name)
@@ -303,6 +305,33 @@ def float_activation(ctx: LowerContext, kind: ActivationKind, x: Any, suffix: st
     if kind is ActivationKind.NEG:
         # mul by -1 (not 0 - x) so that -(+0) is -0.
         return mb.mul(x=x, y=ctx.scalar(-1.0), name=name)
+    return _newer_activation(ctx, kind, x, suffix, name)
+
+
+def _newer_activation(ctx: LowerContext, kind: ActivationKind, x: Any, suffix: str, name: str) -> Any:
+    """The kinds the newest upstream added that MIL has no single op for."""
+    from coremltools.converters.mil import Builder as mb
+
+    if kind is ActivationKind.RECIP:
+        # real_div, not MIL inverse: inverse adds an epsilon, so 1/0 would not be inf.
+        return mb.real_div(x=ctx.scalar(1.0), y=x, name=name)
+    if kind is ActivationKind.ELU:
+        return mb.elu(x=x, alpha=ctx.scalar(1.0), name=name)
+    if kind is ActivationKind.HARD_SIGMOID:
+        return mb.sigmoid_hard(x=x, alpha=ctx.scalar(1.0 / 6.0), beta=ctx.scalar(0.5), name=name)
+    if kind is ActivationKind.HARD_SWISH:
+        shifted = mb.add(x=x, y=ctx.scalar(3.0), name=ctx.name(join(suffix, "plus3")))
+        gate = mb.clip(x=shifted, alpha=ctx.scalar(0.0), beta=ctx.scalar(6.0), name=ctx.name(join(suffix, "relu6")))
+        scaled = mb.mul(x=gate, y=ctx.scalar(1.0 / 6.0), name=ctx.name(join(suffix, "gate")))
+        return mb.mul(x=x, y=scaled, name=name)
+    if kind is ActivationKind.MISH:
+        soft = mb.softplus(x=x, name=ctx.name(join(suffix, "softplus")))
+        return mb.mul(x=x, y=mb.tanh(x=soft, name=ctx.name(join(suffix, "tanh"))), name=name)
+    if kind is ActivationKind.LOG_SIGMOID:
+        # log(sigmoid(x)) = -softplus(-x), without the underflow of log(sigmoid(x)).
+        negated = mb.mul(x=x, y=ctx.scalar(-1.0), name=ctx.name(join(suffix, "neg")))
+        soft = mb.softplus(x=negated, name=ctx.name(join(suffix, "softplus")))
+        return mb.mul(x=soft, y=ctx.scalar(-1.0), name=name)
     raise ctx.unsupported(f"activation {kind.value} has no lowering")
 
 
@@ -337,7 +366,9 @@ def activation_var(ctx: LowerContext, kind: ActivationKind, x: Any, src: DType, 
         " atan; log with epsilon=0 (exact log(0)=-inf); Rsqrt = real_div(1, sqrt) (IEEE at 0 and -0);"
         " Neg = mul by -1; Relu = greater + select (NaN -> 0 on every compute unit);"
         " Round = round + tie detection (floor/sub/equal/select) so halves go to even on every"
-        " compute unit. Integer inputs:"
+        " compute unit. Newest kinds: floor, ceil, sign, softplus, erf, softsign; Recip = real_div(1, x);"
+        " Elu = elu(alpha=1); HardSigmoid = sigmoid_hard(1/6, 0.5); HardSwish = x*clip(x+3, 0, 6)/6;"
+        " Mish = x*tanh(softplus); LogSigmoid = -softplus(-x). Integer inputs:"
         " Neg/Abs/Relu/Round exact in int32, the rest via float. Same on every target."
     ),
 )
@@ -448,7 +479,48 @@ def _int_trunc_div(ctx: LowerContext, a: Any, b: Any) -> Any:
     return mb.select(cond=by_zero, a=np.int32(0), b=quotient, name=ctx.name())
 
 
-_INT_EXACT_BINARY = (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.MAX, BinaryOp.MIN, BinaryOp.DIV)
+_INT_EXACT_BINARY = (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.MAX, BinaryOp.MIN, BinaryOp.DIV, BinaryOp.MOD)
+_NO_CORE_ML_BINARY = (BinaryOp.BIT_AND, BinaryOp.BIT_OR, BinaryOp.BIT_XOR, BinaryOp.SHL, BinaryOp.SHR)
+
+
+def _fmod(ctx: LowerContext, a: Any, b: Any) -> Any:
+    """C fmod `a - trunc(a / b) * b` (the sign of a; MIL mod is floor-mod, the sign of b)."""
+    from coremltools.converters.mil import Builder as mb
+
+    quotient = mb.real_div(x=a, y=b, name=ctx.name("quotient"))
+    magnitude = mb.floor(x=mb.abs(x=quotient, name=ctx.name("quotient_abs")), name=ctx.name("quotient_floor"))
+    truncated = mb.mul(x=mb.sign(x=quotient, name=ctx.name("quotient_sign")), y=magnitude, name=ctx.name("trunc"))
+    return mb.sub(x=a, y=mb.mul(x=truncated, y=b, name=ctx.name("multiple")), name=ctx.name())
+
+
+def _atan2(ctx: LowerContext, a: Any, b: Any) -> Any:
+    """atan(a / b) moved into the quadrant of (b, a); b = 0 gives +-pi/2 through a/0 = +-inf,
+    and atan2(0, 0) = 0."""
+    from coremltools.converters.mil import Builder as mb
+
+    base = mb.atan(x=mb.real_div(x=a, y=b, name=ctx.name("ratio")), name=ctx.name("atan"))
+    zero = ctx.scalar(0.0)
+    upper = mb.greater_equal(x=a, y=zero, name=ctx.name("upper_half"))
+    plus = mb.add(x=base, y=ctx.scalar(np.pi), name=ctx.name("plus_pi"))
+    minus = mb.sub(x=base, y=ctx.scalar(np.pi), name=ctx.name("minus_pi"))
+    turned = mb.select(cond=upper, a=plus, b=minus, name=ctx.name("turned"))
+    left = mb.less(x=b, y=zero, name=ctx.name("left_half"))
+    angle = mb.select(cond=left, a=turned, b=base, name=ctx.name("angle"))
+    origin = mb.logical_and(
+        x=mb.equal(x=a, y=zero, name=ctx.name("a_zero")), y=mb.equal(x=b, y=zero, name=ctx.name("b_zero")),
+        name=ctx.name("origin"),
+    )
+    return mb.select(cond=origin, a=zero, b=angle, name=ctx.name())
+
+
+def _int_fmod(ctx: LowerContext, a: Any, b: Any) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    q = _int_trunc_div(ctx, a, b)
+    rem = mb.sub(x=a, y=mb.mul(x=q, y=b, name=ctx.name("multiple")), name=ctx.name("rem"))
+    # fmod by 0 is NaN, which the integer result holds as 0 (Cast semantics), as the reference.
+    by_zero = mb.equal(x=b, y=np.int32(0), name=ctx.name("by_zero"))
+    return mb.select(cond=by_zero, a=np.int32(0), b=rem, name=ctx.name())
 
 
 @lowering(
@@ -457,6 +529,9 @@ _INT_EXACT_BINARY = (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.MAX, Bin
         "add, sub, mul, real_div, pow with NumPy broadcasting. Max/Min: maximum/minimum plus"
         " not_equal(x,x)+select per operand that may hold NaN, giving fmax/fmin (NaN-ignoring)."
         " Pow with a constant exponent: 2 -> mul, other integers -> sign-corrected pow(|x|, n)."
+        " Mod (C fmod, the sign of a) = a - sign(a/b)*floor(|a/b|)*b (int32: truncating division);"
+        " Atan2 = atan(a/b) + select quadrant fix (+-pi), 0 at the origin. BitAnd/BitOr/BitXor/Shl/Shr"
+        " are rejected (MIL has no bitwise ops)."
         " Integer operands with an integer result stay int32 and wrap into the declared dtype (Div"
         " truncates toward zero via floor_div + fix-up, x/0 = 0 by select); mixed int/float compute"
         " in float and convert to the declared dtype."
@@ -474,7 +549,12 @@ def lower_binary(op: ops.Binary, ctx: LowerContext) -> Any:
             BinaryOp.ADD: mb.add, BinaryOp.SUB: mb.sub, BinaryOp.MUL: mb.mul,
             BinaryOp.MAX: mb.maximum, BinaryOp.MIN: mb.minimum,
         }
-        result = _int_trunc_div(ctx, ai, bi) if op.op is BinaryOp.DIV else int_ops[op.op](x=ai, y=bi, name=ctx.name())
+        if op.op is BinaryOp.DIV:
+            result = _int_trunc_div(ctx, ai, bi)
+        elif op.op is BinaryOp.MOD:
+            result = _int_fmod(ctx, ai, bi)
+        else:
+            result = int_ops[op.op](x=ai, y=bi, name=ctx.name())
         return convert(ctx, result, DType.I32, out_dt, suffix="out")
 
     af, bf = to_float(ctx, a, a_dt, "lhs_float"), to_float(ctx, b, b_dt, "rhs_float")
@@ -484,6 +564,15 @@ def lower_binary(op: ops.Binary, ctx: LowerContext) -> Any:
         result = _nan_ignoring(ctx, mb.minimum, af, bf)
     elif op.op is BinaryOp.POW:
         result = _float_pow(ctx, af, bf)
+    elif op.op is BinaryOp.MOD:
+        result = _fmod(ctx, af, bf)
+    elif op.op is BinaryOp.ATAN2:
+        result = _atan2(ctx, af, bf)
+    elif op.op in _NO_CORE_ML_BINARY:
+        raise ctx.unsupported(
+            f"Binary {op.op.value} (bitwise/shift on i64 conversions) has no Core ML form: MIL has no"
+            " bitwise or shift ops"
+        )
     else:
         float_ops: dict[BinaryOp, Callable[..., Any]] = {
             BinaryOp.ADD: mb.add, BinaryOp.SUB: mb.sub, BinaryOp.MUL: mb.mul, BinaryOp.DIV: mb.real_div,
@@ -545,3 +634,9 @@ def lower_where(op: ops.Where, ctx: LowerContext) -> Any:
         # than both needs a branch broadcast to the full shape.
         on_false = broadcast_to(ctx, on_false, out_sizes, "on_false_full")
     return mb.select(cond=cond, a=on_true, b=on_false, name=ctx.name())
+
+
+# Ops of this family without a rule yet; conversion names the op and the reason.
+declare_unsupported(ops.StopGradient, "not lowered yet (an identity: MIL `identity`)")
+declare_unsupported(ops.Fma, "not lowered yet (MIL `mul` + `add`, two roundings)")
+declare_unsupported(ops.Clamp, "not lowered yet (NaN-ignoring `maximum`/`minimum`)")

@@ -16,7 +16,7 @@ import numpy as np
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.lower.context import LowerContext, WeightSource, compressed_weight
-from rlx_mil.lower.registry import lowering
+from rlx_mil.lower.registry import declare_unsupported, lowering
 from rlx_mil.lower.rules.elementwise import (
     activation_var,
     convert,
@@ -242,3 +242,7 @@ def lower_fused_matmul_bias_act(op: ops.FusedMatMulBiasAct, ctx: LowerContext) -
     if op.activation is None:
         return convert(ctx, y, DType.F32, out_dt, suffix="out")
     return activation_var(ctx, op.activation, y, DType.F32, out_dt)
+
+
+# Ops of this family without a rule yet; conversion names the op and the reason.
+declare_unsupported(ops.DotGeneral, "not lowered yet (transpose/reshape + `matmul`)")

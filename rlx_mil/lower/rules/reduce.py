@@ -12,7 +12,7 @@ from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.ops import ReduceOp
 from rlx_mil.lower.context import LowerContext
-from rlx_mil.lower.registry import lowering
+from rlx_mil.lower.registry import declare_unsupported, lowering
 from rlx_mil.lower.rules.elementwise import convert, kind_of, shape_error, to_float, to_int32
 from rlx_mil.lower.target import Target
 
@@ -202,3 +202,12 @@ def lower_topk(op: ops.TopK, ctx: LowerContext) -> Any:
     terms = mb.mul(x=hit_float, y=np.arange(n).astype(ctx.float_dtype), name=ctx.name("index_terms"))
     index = mb.reduce_sum(x=terms, axes=[rank], keep_dims=False, name=ctx.name())
     return convert(ctx, index, DType.F32, out_dt, suffix="out")
+
+
+# Ops of this family without a rule yet; conversion names the op and the reason.
+declare_unsupported(ops.CumProd, "not lowered yet (masked `reduce_prod`)")
+declare_unsupported(ops.CumMax, "not lowered yet (masked `reduce_max` with `select`)")
+declare_unsupported(ops.ArgMax, "not lowered yet (`reduce_argmax` + tie/NaN fix-up)")
+declare_unsupported(ops.ArgMin, "not lowered yet (`reduce_argmin` + tie/NaN fix-up)")
+declare_unsupported(ops.Sort, "not lowered yet (`argsort` + index tiebreak + `gather_along_axis`)")
+declare_unsupported(ops.ArgSort, "not lowered yet (`argsort` + index tiebreak)")

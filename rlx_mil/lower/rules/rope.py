@@ -1,4 +1,4 @@
-"""Rotary position embedding, NeoX rotate-half form (spec 8.7)."""
+"""Rotary position embedding (spec 8.7): NeoX rotate-half, or GptJ adjacent pairs (spec part 2, 1.8)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from rlx_mil.lower.registry import lowering
 from rlx_mil.lower.rules.norm import input_sizes, node_error, require_float
 
 
-def _table(ctx: LowerContext, index: int, name: str, seq: int, half: int, rank4: bool) -> Any:
+def _table(ctx: LowerContext, index: int, name: str, seq: int, half: int, rank4: bool, pairs: bool) -> Any:
     """Rows 0..S-1 (or the single broadcast row) and columns 0..half-1 of a cos/sin table, shaped
     to broadcast against the per-head view of x: [S', 1, half] for [.., S, H, D], [S', half] for
-    [B, H, S, D]."""
+    [B, H, S, D]; with `pairs` (GptJ) one more trailing 1 to broadcast over each pair."""
     from coremltools.converters.mil import Builder as mb
 
     sizes = input_sizes(ctx, index)
@@ -33,6 +33,8 @@ def _table(ctx: LowerContext, index: int, name: str, seq: int, half: int, rank4:
         )
     used_rows = 1 if rows == 1 else seq
     view = [used_rows, half] if rank4 else [used_rows, 1, half]
+    if pairs:
+        view.append(1)
 
     value = ctx.value(index)
     if value is not None:
@@ -50,7 +52,9 @@ def _table(ctx: LowerContext, index: int, name: str, seq: int, half: int, rank4:
     ops.Rope, family="rope",
     notes="`reshape` to heads (rank 2/3), `split` into the two rotated halves (+ the unrotated"
     " tail for n_rot < head_dim), `mul`/`sub`/`add` with table rows 0..S-1 (`slice_by_index`, or"
-    " sliced at conversion for Param tables; a 1-row table broadcasts), `concat`, `reshape` back",
+    " sliced at conversion for Param tables; a 1-row table broadcasts), `concat`, `reshape` back."
+    " GptJ style: the rotated part is reshaped to [..., n_rot/2, 2] and `split` into the even and"
+    " odd members of each pair, rotated the same way, then `concat` + `reshape` back",
 )
 def lower_rope(op: ops.Rope, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
@@ -90,13 +94,24 @@ def lower_rope(op: ops.Rope, ctx: LowerContext) -> Any:
     half = n_rot // 2
     if half == 0:
         return x
-    cos = _table(ctx, 1, "cos", seq, half, rank == 4)
-    sin = _table(ctx, 2, "sin", seq, half, rank == 4)
+    gptj = op.style is ops.RopeStyle.GPTJ
+    cos = _table(ctx, 1, "cos", seq, half, rank == 4, gptj)
+    sin = _table(ctx, 2, "sin", seq, half, rank == 4, gptj)
 
     heads = x if rank == 4 else mb.reshape(x=x, shape=heads_view, name=ctx.name("heads"))
-    parts = [half, half] + ([head_dim - n_rot] if n_rot < head_dim else [])
-    pieces = mb.split(x=heads, split_sizes=parts, axis=-1, name=ctx.name("halves"))
-    first, second = pieces[0], pieces[1]
+    if gptj:
+        rotated = _rotate_pairs(heads, heads_view, head_dim, n_rot, cos, sin, ctx)
+    else:
+        rotated = _rotate_halves(heads, head_dim, n_rot, cos, sin, ctx)
+    if rank == 4:
+        return rotated
+    return mb.reshape(x=rotated, shape=list(sizes), name=ctx.name())
+
+
+def _rotate(first: Any, second: Any, cos: Any, sin: Any, ctx: LowerContext) -> tuple[Any, Any]:
+    """(first*cos - second*sin, second*cos + first*sin)."""
+    from coremltools.converters.mil import Builder as mb
+
     new_first = mb.sub(
         x=mb.mul(x=first, y=cos, name=ctx.name("first_cos")),
         y=mb.mul(x=second, y=sin, name=ctx.name("second_sin")),
@@ -107,10 +122,39 @@ def lower_rope(op: ops.Rope, ctx: LowerContext) -> Any:
         y=mb.mul(x=first, y=sin, name=ctx.name("first_sin")),
         name=ctx.name("rot_second"),
     )
-    rotated = mb.concat(values=[new_first, new_second, *pieces[2:]], axis=-1, name=ctx.name("rotated"))
-    if rank == 4:
+    return new_first, new_second
+
+
+def _rotate_halves(heads: Any, head_dim: int, n_rot: int, cos: Any, sin: Any, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    half = n_rot // 2
+    parts = [half, half] + ([head_dim - n_rot] if n_rot < head_dim else [])
+    pieces = mb.split(x=heads, split_sizes=parts, axis=-1, name=ctx.name("halves"))
+    new_first, new_second = _rotate(pieces[0], pieces[1], cos, sin, ctx)
+    return mb.concat(values=[new_first, new_second, *pieces[2:]], axis=-1, name=ctx.name("rotated"))
+
+
+def _rotate_pairs(
+    heads: Any, heads_view: list[int], head_dim: int, n_rot: int, cos: Any, sin: Any, ctx: LowerContext
+) -> Any:
+    """GptJ: element pairs (2i, 2i+1) of the first n_rot dims rotate by row i of the tables."""
+    from coremltools.converters.mil import Builder as mb
+
+    half = n_rot // 2
+    if n_rot < head_dim:
+        rot, tail = mb.split(x=heads, split_sizes=[n_rot, head_dim - n_rot], axis=-1, name=ctx.name("rot_tail"))
+    else:
+        rot, tail = heads, None
+    pair_view = [*heads_view[:-1], half, 2]
+    pairs = mb.reshape(x=rot, shape=pair_view, name=ctx.name("pairs"))
+    even, odd = mb.split(x=pairs, split_sizes=[1, 1], axis=-1, name=ctx.name("even_odd"))
+    new_even, new_odd = _rotate(even, odd, cos, sin, ctx)
+    joined = mb.concat(values=[new_even, new_odd], axis=-1, name=ctx.name("pairs_rotated"))
+    rotated = mb.reshape(x=joined, shape=[*heads_view[:-1], n_rot], name=ctx.name("rot_flat"))
+    if tail is None:
         return rotated
-    return mb.reshape(x=rotated, shape=list(sizes), name=ctx.name())
+    return mb.concat(values=[rotated, tail], axis=-1, name=ctx.name("rotated"))
 
 
 def _axial_tables(op: ops.AxialRope2d, tokens: int) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.lower.context import LowerContext
-from rlx_mil.lower.registry import lowering
+from rlx_mil.lower.registry import declare_unsupported, lowering
 from rlx_mil.lower.rules.elementwise import convert, kind_of, shape_error, to_int32
 
 
@@ -231,3 +231,11 @@ def lower_gather(op: ops.Gather, ctx: LowerContext) -> Any:
     if not idx_sizes:
         result = mb.reshape(x=result, shape=np.asarray(out, dtype=np.int32), name=ctx.name("squeezed"))
     return convert(ctx, result, held, out_dt, suffix="out")
+
+
+# Ops of this family without a rule yet; conversion names the op and the reason.
+declare_unsupported(ops.Pad, "not lowered yet (MIL `pad`, circular by slice + concat)")
+declare_unsupported(ops.Slice, "not lowered yet (MIL `slice_by_index` with a stride)")
+declare_unsupported(ops.Tile, "not lowered yet (MIL `tile`)")
+declare_unsupported(ops.Trilu, "not lowered yet (`band_part` / `select` with a constant mask)")
+declare_unsupported(ops.Reverse, "not lowered yet (MIL `reverse`)")
