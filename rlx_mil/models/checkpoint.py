@@ -1,14 +1,16 @@
 """Hugging Face checkpoint folders: `config.json` plus one `model.safetensors` or shards
 listed by `model.safetensors.index.json`.
 
-Tensors are read lazily, one at a time, in their stored dtype (BF16 as `ml_dtypes.bfloat16`,
-never widened) and layout (`[out, in]` for linear weights). Checking a checkpoint against an
-architecture reads only the headers.
+Every safetensors file is opened through `rlx_mil.weights.open_safetensors`, so its header is
+validated in full when the folder is opened (a truncated shard, a header that lies about
+offsets or sizes, a hostile dtype or shape: a typed `WeightsFormatError` naming the file and
+tensor) and each tensor is read lazily, one at a time, in its stored dtype (BF16 as
+`ml_dtypes.bfloat16`, never widened) and layout (`[out, in]` for linear weights). Checking a
+checkpoint against an architecture reads only the headers.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -17,47 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.errors import CheckpointError
-from rlx_mil.models.hf_config import read_config
+from rlx_mil.errors import CheckpointError, UnknownTensorError
+from rlx_mil.models.hf_config import read_config, read_json_file
+from rlx_mil.weights import LazyTensors, TensorHeader, open_safetensors
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 #: Stored dtypes a model's float weights may have.
 FLOAT_DTYPES = ("F32", "F16", "BF16")
+#: An index names one shard per tensor; real ones are well under a megabyte.
+MAX_INDEX_BYTES = 64 * 2**20
 
 
-class _Shard:
-    """One safetensors file, opened once; headers without data reads."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file = _open_safetensors(path)
-        self.names = tuple(self._file.keys())
-
-    def shape_of(self, name: str) -> tuple[int, ...]:
-        return tuple(int(d) for d in self._file.get_slice(name).get_shape())
-
-    def dtype_of(self, name: str) -> str:
-        return str(self._file.get_slice(name).get_dtype())
-
-    def read(self, name: str) -> np.ndarray:
-        try:
-            return np.asarray(self._file.get_tensor(name))
-        except Exception as err:  # the reader's own error types; name the file and tensor
-            raise CheckpointError(f"{self.path}: tensor {name!r} cannot be read ({err})") from None
-
-
-def _open_safetensors(path: Path) -> Any:
-    """The one place that opens safetensors files (numpy API, lazy per-tensor reads)."""
-    try:
-        import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: safetensors reads BF16 through it)
-        from safetensors import safe_open
-    except ImportError:
-        raise CheckpointError("reading .safetensors checkpoints needs the 'safetensors' and 'ml_dtypes' packages (pip install safetensors ml_dtypes)") from None
-    try:
-        return safe_open(str(path), framework="numpy")
-    except Exception as err:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+def _present(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
 
 
 class Checkpoint(Mapping[str, np.ndarray]):
@@ -68,45 +43,43 @@ class Checkpoint(Mapping[str, np.ndarray]):
         if not self.directory.is_dir():
             raise CheckpointError(f"{self.directory}: not a checkpoint folder (expected config.json and *.safetensors in it)")
         self.config: dict[str, Any] = read_config(self.directory)
-        self._where: dict[str, _Shard] = {}
+        self._where: dict[str, LazyTensors] = {}
         index = self.directory / INDEX_FILE
         single = self.directory / SINGLE_FILE
-        if index.is_file():
+        # Present at all (a FIFO or device included): opening it gives the typed refusal.
+        if _present(index):
             self._open_sharded(index)
-        elif single.is_file():
-            shard = _Shard(single)
-            self._where = dict.fromkeys(shard.names, shard)
+        elif _present(single):
+            shard = open_safetensors(single)
+            self._where = dict.fromkeys(shard, shard)
         else:
             found = sorted(p.name for p in self.directory.glob("*.safetensors"))
             hint = f" (found {', '.join(found)} but no {INDEX_FILE} naming them)" if found else ""
             raise CheckpointError(f"{self.directory}: neither {SINGLE_FILE} nor {INDEX_FILE}{hint}")
 
     def _open_sharded(self, index: Path) -> None:
-        try:
-            data = json.loads(index.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise CheckpointError(f"{index}: not readable JSON ({err})") from None
+        data = read_json_file(index, MAX_INDEX_BYTES)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise CheckpointError(f"{index}: expected a 'weight_map' object of tensor name -> shard file")
         problems: list[str] = []
-        shards: dict[str, _Shard] = {}
+        shards: dict[str, LazyTensors] = {}
         for file in sorted(set(weight_map.values())):
             path = self.directory / file
-            if Path(file).name != file or not path.is_file():
+            if Path(file).name != file or not _present(path):
                 problems.append(f"shard {file!r}: listed in {INDEX_FILE} but not a file in the folder")
                 continue
-            shards[file] = _Shard(path)
+            shards[file] = open_safetensors(path)
         for name, file in weight_map.items():
             shard = shards.get(file)
             if shard is None:
                 continue
-            if name not in shard.names:
+            if name not in shard:
                 problems.append(f"tensor {name!r}: {INDEX_FILE} places it in {file}, which does not hold it")
                 continue
             self._where[name] = shard
         for file, shard in shards.items():
-            for name in shard.names:
+            for name in shard:
                 if name not in weight_map:
                     problems.append(f"tensor {name!r}: in {file} but not listed in {INDEX_FILE}")
         if problems:
@@ -117,7 +90,7 @@ class Checkpoint(Mapping[str, np.ndarray]):
         shard = self._where.get(name)
         if shard is None:
             raise KeyError(name)
-        return shard.read(name)
+        return shard[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
@@ -129,14 +102,27 @@ class Checkpoint(Mapping[str, np.ndarray]):
         return name in self._where
 
     # ------------------------------------------------------------------ metadata
-    def shape_of(self, name: str) -> tuple[int, ...]:
-        return self._where[name].shape_of(name)
+    def header(self, name: str) -> TensorHeader:
+        """The validated header of tensor `name` (dtype, shape, stored dtype name), no data read."""
+        shard = self._where.get(name)
+        if shard is None:
+            raise UnknownTensorError(f"{self.directory}: no tensor named {name!r}")
+        return shard.header(name)
 
-    def dtype_of(self, name: str) -> str:
-        return self._where[name].dtype_of(name)
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return self.header(name).shape
+
+    def dtype_of(self, name: str) -> np.dtype[Any]:
+        return self.header(name).dtype
 
     def file_of(self, name: str) -> Path:
+        self.header(name)
         return self._where[name].path
+
+    def close(self) -> None:
+        """Release every shard's file (later reads raise WeightsFormatError)."""
+        for shard in {id(s): s for s in self._where.values()}.values():
+            shard.close()
 
     def check(
         self,
@@ -154,7 +140,7 @@ class Checkpoint(Mapping[str, np.ndarray]):
             got = self.shape_of(name)
             if got != tuple(shape):
                 problems.append(f"tensor {name!r} in {self.file_of(name).name}: shape {list(got)}, expected {list(shape)}")
-            dtype = self.dtype_of(name)
+            dtype = self.header(name).format_dtype
             if dtype not in FLOAT_DTYPES:
                 problems.append(f"tensor {name!r} in {self.file_of(name).name}: dtype {dtype}, expected one of {', '.join(FLOAT_DTYPES)}")
         for name in self._where:
@@ -198,6 +184,23 @@ class ModelParams(Mapping[str, np.ndarray]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._computed or name in self._name_set
+
+    # Metadata without reading data, so conversion can check every param before reading one.
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        if name in self._computed:
+            return tuple(self._computed[name].shape)
+        return self._stored_meta(name, "shape_of")
+
+    def dtype_of(self, name: str) -> np.dtype[Any]:
+        if name in self._computed:
+            return self._computed[name].dtype
+        return self._stored_meta(name, "dtype_of")
+
+    def _stored_meta(self, name: str, what: str) -> Any:
+        if name not in self._name_set:
+            raise KeyError(name)
+        meta = getattr(self._checkpoint, what, None)
+        return meta(self._prefix + name) if meta is not None else getattr(np.asarray(self[name]), what[:-3])
 
 
 def pattern_matcher(*patterns: str) -> Callable[[str], bool]:

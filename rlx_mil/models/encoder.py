@@ -9,7 +9,6 @@ unmasked tokens, or the first token), optionally L2-normalised.
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 from rlx_mil.errors import AmbiguousLayoutWarning, CheckpointError, InvalidOptionError, UnsupportedConfigError
 from rlx_mil.ir import Graph
 from rlx_mil.models.graph_builder import WeightGraph
-from rlx_mil.models.hf_config import EncoderSpec
+from rlx_mil.models.hf_config import MAX_CONFIG_BYTES, EncoderSpec, read_json_file
 
 POOLING = (None, "mean", "cls")
 #: Stored tensors an encoder never reads: the pooler / pretraining heads and buffers.
@@ -52,18 +51,17 @@ def sentence_transformers_pipeline(directory: Path) -> tuple[str | None, bool]:
     modules_file = directory / "modules.json"
     if not modules_file.is_file():
         return None, False
+    modules = read_json_file(modules_file, MAX_CONFIG_BYTES)
     try:
-        modules = json.loads(modules_file.read_text(encoding="utf-8"))
         kinds = {str(m["type"]).rsplit(".", 1)[-1]: str(m.get("path", "")) for m in modules}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+    except (KeyError, TypeError, AttributeError) as err:
         raise CheckpointError(f"{modules_file}: not a sentence-transformers module list ({err})") from None
     pooling: str | None = None
     if "Pooling" in kinds:
         config_file = directory / kinds["Pooling"] / "config.json"
-        try:
-            config = json.loads(config_file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise CheckpointError(f"{config_file}: unreadable pooling config ({err})") from None
+        config = read_json_file(config_file, MAX_CONFIG_BYTES)
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{config_file}: unreadable pooling config (not a JSON object)")
         modes = sorted(k for k, v in config.items() if k.startswith("pooling_mode_") and v is True)
         known = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
         if len(modes) != 1 or modes[0] not in known:

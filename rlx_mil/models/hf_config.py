@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx_mil.errors import CheckpointError, UnsupportedConfigError
+from rlx_mil.fileio import nesting_depth, read_regular_file
 
 DECODER_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3")
 ENCODER_FAMILIES = ("bert",)
@@ -98,16 +99,33 @@ class EncoderSpec:
 ModelSpec = DecoderSpec | EncoderSpec
 
 
+#: config.json files are a few kilobytes; anything near this is not one.
+MAX_CONFIG_BYTES = 16 * 2**20
+#: config.json nests a few levels (rope_scaling, quantization_config, text_config...).
+MAX_CONFIG_DEPTH = 64
+
+
+def read_json_file(file: Path, limit: int) -> Any:
+    """The JSON document in regular file `file` (at most `limit` bytes, nesting bounded), or a
+    typed CheckpointError naming the file; devices, FIFOs and folders are refused up front
+    (typed FileAccessError)."""
+    raw = read_regular_file(file, limit, CheckpointError, what="JSON file")
+    depth = nesting_depth(raw)
+    if depth > MAX_CONFIG_DEPTH:
+        raise CheckpointError(f"{file}: not readable JSON (nests {depth} levels deep, more than the limit of {MAX_CONFIG_DEPTH})")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError(f"{file}: not readable JSON ({err})") from None
+
+
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The parsed `config.json` of a checkpoint folder (or the file itself)."""
     p = Path(path)
     file = p / "config.json" if p.is_dir() else p
-    if not file.is_file():
+    if not file.exists():
         raise CheckpointError(f"{file}: no config.json (a Hugging Face checkpoint folder holds config.json and *.safetensors)")
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{file}: not readable JSON ({err})") from None
+    config = read_json_file(file, MAX_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise CheckpointError(f"{file}: the top level is not a JSON object")
     return config

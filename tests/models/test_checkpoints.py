@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import struct
 from pathlib import Path
 
 import ml_dtypes
@@ -14,7 +16,15 @@ from safetensors.numpy import load_file, save_file
 import rlx_mil
 from models.hf_numpy import qwen3_forward
 from rlx_mil import milexec, reference
-from rlx_mil.errors import CheckpointError, InvalidOptionError, RlxMilError, UnsupportedConfigError
+from rlx_mil.errors import (
+    CheckpointError,
+    InvalidOptionError,
+    RlxMilError,
+    SpecialFileError,
+    UnknownTensorError,
+    UnsupportedConfigError,
+    WeightsFormatError,
+)
 from rlx_mil.models import from_pretrained
 from rlx_mil.models.checkpoint import INDEX_FILE, SINGLE_FILE, Checkpoint
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
@@ -145,9 +155,12 @@ def test_corrupt_config_and_weights(single: Path, tmp_path: Path) -> None:
     (folder / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match=r"config\.json: not readable JSON"):
         from_pretrained(folder)
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CheckpointError, match=r"config\.json: not readable JSON \(nests 100000 levels"):
+        from_pretrained(folder)
     folder = copy_of(single, tmp_path / "b")
     (folder / SINGLE_FILE).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00garbage!")
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors file"):
+    with pytest.raises(WeightsFormatError, match=r"model\.safetensors: header length 16 exceeds the file"):
         from_pretrained(folder)
 
 
@@ -155,37 +168,123 @@ def test_truncated_weights_are_refused_before_reading(single: Path, tmp_path: Pa
     folder = copy_of(single, tmp_path)
     data = (folder / SINGLE_FILE).read_bytes()
     (folder / SINGLE_FILE).write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
+    with pytest.raises(WeightsFormatError, match=r"model\.safetensors: tensor '[^']+': data_offsets .* run past the end"):
+        Checkpoint(folder)
+
+
+def _header_of(path: Path) -> tuple[dict[str, dict[str, object]], bytes]:
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + length]), raw[8 + length:]
+
+
+def _write_with_header(path: Path, header: dict[str, dict[str, object]], data: bytes) -> None:
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def test_a_truncated_shard_names_the_shard(tmp_path: Path) -> None:
+    folder = write_random_checkpoint(tmp_path / "sharded", CFG, seed=1, shards=3)
+    shard = folder / "model-00002-of-00003.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(WeightsFormatError, match=r"model-00002-of-00003\.safetensors: tensor '[^']+'"):
+        from_pretrained(folder, seq_len=4)
+
+
+@pytest.mark.parametrize(
+    ("lie", "message"),
+    [
+        ("shape", r"tensor 'model.norm.weight': data_offsets \[\d+, \d+\] hold \d+ bytes, but F32 \[64\] needs 256"),
+        ("dtype", r"tensor 'model.norm.weight': data_offsets \[\d+, \d+\] hold 128 bytes, but F16 \[32\] needs 64"),
+        ("overlap", r"overlaps tensor"),
+        ("unknown dtype", r"tensor 'model.norm.weight': unsupported dtype 'F8_E5M2'"),
+        ("string shape", r"tensor 'model.norm.weight': shape must be a list"),
+    ],
+)
+def test_headers_that_lie_are_typed_errors_naming_file_and_tensor(single: Path, tmp_path: Path, lie: str, message: str) -> None:
+    folder = copy_of(single, tmp_path)
+    header, data = _header_of(folder / SINGLE_FILE)
+    entry = header["model.norm.weight"]
+    if lie == "shape":
+        entry["shape"] = [64]
+    elif lie == "dtype":
+        entry["dtype"] = "F16"
+    elif lie == "overlap":
+        begin, end = entry["data_offsets"]  # type: ignore[misc]
+        entry["data_offsets"] = [begin - 4, end - 4]  # type: ignore[operator]
+    elif lie == "unknown dtype":
+        entry["dtype"] = "F8_E5M2"
+    else:
+        entry["shape"] = "32"
+    _write_with_header(folder / SINGLE_FILE, header, data)
+    with pytest.raises(WeightsFormatError, match=message) as info:
+        from_pretrained(folder, seq_len=4)
+    assert str(folder / SINGLE_FILE) in str(info.value)
+
+
+def test_special_files_in_a_checkpoint_are_refused_without_hanging(single: Path, tmp_path: Path) -> None:
+    folder = copy_of(single, tmp_path)
+    (folder / SINGLE_FILE).unlink()
+    os.mkfifo(folder / SINGLE_FILE)
+    with pytest.raises(SpecialFileError, match=r"model\.safetensors: a FIFO"):
+        from_pretrained(folder)
+    (folder / SINGLE_FILE).unlink()
+    (folder / SINGLE_FILE).symlink_to("/dev/zero")
+    with pytest.raises(SpecialFileError, match="a character device"):
+        from_pretrained(folder)
+    folder = copy_of(single, tmp_path / "b")
+    (folder / "config.json").unlink()
+    os.mkfifo(folder / "config.json")
+    with pytest.raises(SpecialFileError, match=r"config\.json: a FIFO"):
         from_pretrained(folder)
 
 
-def test_sharded_index_problems_listed(tmp_path: Path) -> None:
+def test_a_huge_or_hostile_index_is_refused(tmp_path: Path) -> None:
     folder = write_random_checkpoint(tmp_path / "sharded", CFG, seed=1, shards=2)
-    index = json.loads((folder / INDEX_FILE).read_text())
-    names = list(index["weight_map"])
-    second = index["weight_map"][names[-1]]
-    index["weight_map"][names[0]] = second  # placed in a shard that does not hold it
-    index["weight_map"]["model.extra.weight"] = "model-00009-of-00009.safetensors"
-    (folder / INDEX_FILE).write_text(json.dumps(index))
-    with pytest.raises(CheckpointError) as info:
+    (folder / INDEX_FILE).write_text("{" * 50_000)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: not readable JSON \(nests"):
         from_pretrained(folder)
-    text = str(info.value)
-    assert f"tensor {names[0]!r}: {INDEX_FILE} places it in {second}, which does not hold it" in text
-    assert "shard 'model-00009-of-00009.safetensors': listed in model.safetensors.index.json but not a file" in text
-    assert f"tensor {names[0]!r}: in model-00001-of-00002.safetensors but not listed" not in text
-    (folder / INDEX_FILE).write_text(json.dumps({"weight_map": [1, 2]}))
-    with pytest.raises(CheckpointError, match="expected a 'weight_map' object"):
+    (folder / INDEX_FILE).unlink()
+    (folder / INDEX_FILE).symlink_to("/dev/zero")
+    with pytest.raises(SpecialFileError, match=r"index\.json: a character device"):
+        from_pretrained(folder)
+    (folder / INDEX_FILE).unlink()
+    (folder / INDEX_FILE).write_text(json.dumps({"weight_map": {"model.norm.weight": "../model.safetensors"}}))
+    with pytest.raises(CheckpointError, match=r"shard '\.\./model\.safetensors': listed in .* but not a file in the folder"):
         from_pretrained(folder)
 
 
-def test_tensor_in_a_shard_but_not_in_the_index(tmp_path: Path) -> None:
-    folder = write_random_checkpoint(tmp_path / "sharded", CFG, seed=1, shards=2)
-    index = json.loads((folder / INDEX_FILE).read_text())
-    dropped = next(iter(index["weight_map"]))
-    shard = index["weight_map"].pop(dropped)
-    (folder / INDEX_FILE).write_text(json.dumps(index))
-    with pytest.raises(CheckpointError, match=rf"tensor '{dropped}': in {shard} but not listed"):
-        from_pretrained(folder)
+def test_stored_dtype_differs_from_the_config_dtype(single: Path, tmp_path: Path) -> None:
+    """config.json's torch_dtype is the dtype transformers loads into; what rlx_mil reads is
+    each tensor's stored dtype (checked: a float one), cast one tensor at a time. So an F32
+    checkpoint whose config says bfloat16 converts to the F32 tensors' values, and a
+    non-float tensor is refused whatever the config says."""
+    folder = copy_of(single, tmp_path)
+    (folder / "config.json").write_text(json.dumps({**CFG, "torch_dtype": "bfloat16"}))
+    graph, params = from_pretrained(folder, seq_len=6)
+    assert params["model.norm.weight"].dtype == np.float32
+    want, _ = qwen3_forward(Checkpoint(folder), CFG, ids())
+    got = reference.evaluate(graph, {"input_ids": ids()}, params)["logits"]
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+    rewrite(folder, {"model.layers.0.mlp.down_proj.weight": np.zeros((CFG["hidden_size"], CFG["intermediate_size"]), np.int8)})
+    with pytest.raises(CheckpointError, match=r"'model.layers.0.mlp.down_proj.weight' in model.safetensors: dtype I8, expected one of F32, F16, BF16"):
+        from_pretrained(folder, seq_len=4)
+
+
+def test_metadata_comes_from_headers(single: Path) -> None:
+    checkpoint = Checkpoint(single)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert checkpoint.shape_of(name) == (CFG["num_attention_heads"] * CFG["head_dim"], CFG["hidden_size"])
+    assert checkpoint.dtype_of(name) == np.float32 and checkpoint.header(name).format_dtype == "F32"
+    assert checkpoint.file_of(name) == single / SINGLE_FILE
+    with pytest.raises(UnknownTensorError, match="no tensor named 'nope'"):
+        checkpoint.header("nope")
+    _, params = from_pretrained(single, seq_len=4)
+    assert params.shape_of(name) == checkpoint.shape_of(name)  # type: ignore[attr-defined]
+    assert params.dtype_of("rope.cos") == np.float32  # type: ignore[attr-defined]
+    checkpoint.close()
+    with pytest.raises(WeightsFormatError, match="closed"):
+        checkpoint[name]
 
 
 @pytest.mark.parametrize(
