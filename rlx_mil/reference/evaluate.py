@@ -24,6 +24,7 @@ from rlx_mil.reference import elementwise as _elementwise  # noqa: F401  isort: 
 from rlx_mil.reference import fused as _fused  # noqa: F401  isort: skip
 from rlx_mil.reference import leaf as _leaf  # noqa: F401  isort: skip
 from rlx_mil.reference import linalg as _linalg  # noqa: F401  isort: skip
+from rlx_mil.reference import moe as _moe  # noqa: F401  isort: skip
 from rlx_mil.reference import norm as _norm  # noqa: F401  isort: skip
 from rlx_mil.reference import qcompute as _qcompute  # noqa: F401  isort: skip
 from rlx_mil.reference import quant as _quant  # noqa: F401  isort: skip

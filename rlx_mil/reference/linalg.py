@@ -8,6 +8,7 @@ import numpy as np
 
 from rlx_mil.errors import ShapeError
 from rlx_mil.ir.ops import (
+    DotGeneral,
     FusedMatMulBiasAct,
     LoraMatMul,
     MatMul,
@@ -70,3 +71,33 @@ def _fused_matmul_bias_act(op: FusedMatMulBiasAct, inputs: Sequence[np.ndarray],
     if op.activation is not None:
         y = activation(op.activation, y)
     return finish(y, out)
+
+
+_EINSUM_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def dot_general(op: DotGeneral, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """XLA `dot_general` as one einsum: output = batch dims (lhs order), lhs free dims, rhs
+    free dims (spec part 2, section 2.7)."""
+    letters = iter(_EINSUM_LETTERS)
+    sa: list[str | None] = [None] * a.ndim
+    sb: list[str | None] = [None] * b.ndim
+    for kind, pairs in (("batch", zip(op.lhs_batch, op.rhs_batch, strict=True)),
+                        ("contracting", zip(op.lhs_contracting, op.rhs_contracting, strict=True))):
+        for i, j in pairs:
+            if a.shape[i] != b.shape[j]:
+                raise ShapeError(f"{kind} dims differ: lhs axis {i} is {a.shape[i]}, rhs axis {j} is {b.shape[j]}",
+                                 operand="rhs")
+            sa[i] = sb[j] = next(letters)
+    lhs = [s or next(letters) for s in sa]
+    rhs = [s or next(letters) for s in sb]
+    paired_a, paired_b = {*op.lhs_batch, *op.lhs_contracting}, {*op.rhs_batch, *op.rhs_contracting}
+    out = ([lhs[i] for i in op.lhs_batch] + [lhs[i] for i in range(a.ndim) if i not in paired_a]
+           + [rhs[j] for j in range(b.ndim) if j not in paired_b])
+    x, y = float_operands(a, b)
+    return np.einsum(f"{''.join(lhs)},{''.join(rhs)}->{''.join(out)}", x, y)
+
+
+@reference_kernel(DotGeneral)
+def _dot_general(op: DotGeneral, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    return finish(dot_general(op, inputs[0], inputs[1]), out)

@@ -16,7 +16,7 @@ import numpy as np
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.lower.context import LowerContext, WeightSource, compressed_weight
-from rlx_mil.lower.registry import declare_unsupported, lowering
+from rlx_mil.lower.registry import lowering
 from rlx_mil.lower.rules.elementwise import (
     activation_var,
     convert,
@@ -244,5 +244,56 @@ def lower_fused_matmul_bias_act(op: ops.FusedMatMulBiasAct, ctx: LowerContext) -
     return activation_var(ctx, op.activation, y, DType.F32, out_dt)
 
 
-# Ops of this family without a rule yet; conversion names the op and the reason.
-declare_unsupported(ops.DotGeneral, "not lowered yet (transpose/reshape + `matmul`)")
+def _permuted(ctx: LowerContext, var: Any, perm: list[int], suffix: str) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    if perm == sorted(perm):
+        return var
+    return mb.transpose(x=var, perm=np.asarray(perm, np.int32), name=ctx.name(suffix))
+
+
+def _dot_general_operand(
+    ctx: LowerContext, i: int, perm: list[int], sizes: tuple[int, ...], suffix: str
+) -> tuple[Any, DType, np.ndarray | None]:
+    """Input `i` permuted by `perm` and reshaped to `sizes`: a known float rhs that is a matrix
+    is rearranged at conversion (it becomes a `linear` weight), anything else in the program."""
+    dtype = ctx.input_shape(i).dtype
+    value = ctx.value(i) if i == 1 else None
+    if value is not None and dtype.is_float:
+        arranged = np.transpose(np.asarray(value), perm).reshape(sizes)
+        if _as_weight(arranged) is not None:
+            return None, dtype, arranged
+    var = _permuted(ctx, ctx.var(i), perm, join(suffix, "perm"))
+    return _reshape(ctx, var, sizes, join(suffix, "fold")), dtype, None
+
+
+@lowering(
+    ops.DotGeneral, family="linalg",
+    notes=(
+        "lhs transposed to [batch, free, contracting] and rhs to [batch, contracting, free], each folded"
+        " to rank 3 (rank 2 without batch axes), one `matmul` (`linear` when rhs is a Param/Constant"
+        " without batch axes, rearranged at conversion), reshaped to batch + lhs free + rhs free dims."
+    ),
+)
+def lower_dot_general(op: ops.DotGeneral, ctx: LowerContext) -> Any:
+    sa, sb = ctx.input_shape(0).sizes(), ctx.input_shape(1).sizes()
+    lc, rc, lb, rb = (list(op.lhs_contracting), list(op.rhs_contracting), list(op.lhs_batch), list(op.rhs_batch))
+    for i, j in (*zip(lb, rb, strict=True), *zip(lc, rc, strict=True)):
+        if sa[i] != sb[j]:
+            raise shape_error(ctx, f"paired dims differ: lhs axis {i} is {sa[i]}, rhs axis {j} is {sb[j]}", "rhs")
+    lf = [i for i in range(len(sa)) if i not in (*lb, *lc)]
+    rf = [j for j in range(len(sb)) if j not in (*rb, *rc)]
+    batch = [sa[i] for i in lb]
+    m, k, n = math.prod(sa[i] for i in lf), math.prod(sa[i] for i in lc), math.prod(sb[j] for j in rf)
+    out_sizes = (*batch, *(sa[i] for i in lf), *(sb[j] for j in rf))
+    _check_declared(ctx, out_sizes)
+    if 0 in out_sizes or k == 0:
+        raise ctx.unsupported(f"Core ML cannot hold the zero-size operands of {list(sa)} x {list(sb)}")
+    lead = (math.prod(batch),) if batch else ()
+    a = _dot_general_operand(ctx, 0, [*lb, *lf, *lc], (*lead, m, k), "lhs")
+    b = _dot_general_operand(ctx, 1, [*rb, *rc, *rf], (*lead, k, n), "rhs")
+    # The compressor sees the Param itself only when it is already the [K, N] matrix.
+    source = ctx.weight_source(1) if (rc, rf) == ([0], [1]) and len(sb) == 2 else None
+    result, held = matmul_var(ctx, a, b, (*lead, m, n), "matmul", source)
+    result = _reshape(ctx, result, out_sizes, "shape")
+    return convert(ctx, result, held, ctx.out_shape.dtype, suffix="out")

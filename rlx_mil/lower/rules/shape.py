@@ -172,22 +172,22 @@ def lower_expand(op: ops.Expand, ctx: LowerContext) -> Any:
     return mb.tile(x=x, reps=np.asarray(reps, dtype=np.int32), name=ctx.name())
 
 
-def _gather_indices(ctx: LowerContext, limit: int) -> Any:
-    """The indices as int32: float indices truncate toward zero (spec 8.6)."""
+def gather_indices(ctx: LowerContext, limit: int, operand: int = 1, role: str = "indices") -> Any:
+    """Input `operand` (indices) as int32: float indices truncate toward zero (spec 8.6)."""
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import types
 
-    idx_dt = ctx.input_shape(1).dtype
-    value = ctx.value(1)
+    idx_dt = ctx.input_shape(operand).dtype
+    value = ctx.value(operand)
     if value is not None:
         arr = np.asarray(value)
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            raise _attribute_error(ctx, "constant indices must be finite", "indices")
+            raise _attribute_error(ctx, f"constant {role} must be finite", role)
         idx = np.trunc(arr.astype(np.float64)) if arr.dtype.kind == "f" else arr.astype(np.int64)
         if arr.size and (idx.min() < 0 or idx.max() >= limit):
-            raise _attribute_error(ctx, f"constant indices must lie in [0, {limit})", "indices")
+            raise _attribute_error(ctx, f"constant {role} must lie in [0, {limit})", role)
         return ctx.const(idx.astype(np.int32), "indices")
-    var = ctx.var(1)
+    var = ctx.var(operand)
     if kind_of(idx_dt) != "float":
         return to_int32(ctx, var, idx_dt, "indices_int")
     source = getattr(var, "op", None)
@@ -219,7 +219,7 @@ def lower_gather(op: ops.Gather, ctx: LowerContext) -> Any:
     out = (*table_sizes[:axis], *idx_sizes, *table_sizes[axis + 1:])
     _check_declared(ctx, out, f"gathering {list(idx_sizes)} indices from {list(table_sizes)} along axis {axis}")
     _check_numel(ctx, out)
-    indices = _gather_indices(ctx, table_sizes[axis])
+    indices = gather_indices(ctx, table_sizes[axis])
     if not idx_sizes:
         indices = mb.reshape(x=indices, shape=np.asarray([1], dtype=np.int32), name=ctx.name("indices_1d"))
     table_dt, out_dt = ctx.input_shape(0).dtype, ctx.out_shape.dtype

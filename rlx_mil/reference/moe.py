@@ -1,0 +1,63 @@
+"""Reference kernels of the mixture-of-experts matmuls (spec part 2, sections 2.4-2.6)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlx_mil.errors import ShapeError
+from rlx_mil.ir.ops import DequantGroupedMatMul, DequantMoEWeights, GroupedMatMul, QuantScheme
+from rlx_mil.ir.shape import Shape
+from rlx_mil.reference.quant import as_bytes, gguf_dequantize
+from rlx_mil.reference.registry import as_float, finish, reference_kernel, static_sizes
+from rlx_mil.reference.scatter import decode_indices, resolve_indices
+
+
+def expert_ids(ids: np.ndarray, experts: int, op: str) -> np.ndarray:
+    """F32-encoded expert ids as int64, each in [0, experts) (upstream leaves them unchecked)."""
+    return resolve_indices(decode_indices(np.asarray(ids).reshape(-1), op), experts, op, negative=False)
+
+
+def grouped_matmul(x: np.ndarray, weight: np.ndarray, ids: np.ndarray, op: str = "GroupedMatMul") -> np.ndarray:
+    """Row i of `x` [M, K] times `weight[ids[i]]` ([E, K, N])."""
+    if x.ndim != 2 or weight.ndim != 3 or x.shape[1] != weight.shape[1]:
+        raise ShapeError(f"input {list(x.shape)} and weight {list(weight.shape)} are not [M, K] and [E, K, N]",
+                         operand="weight")
+    rows = expert_ids(ids, weight.shape[0], op)
+    if rows.shape[0] != x.shape[0]:
+        raise ShapeError(f"{rows.shape[0]} expert ids for {x.shape[0]} rows", operand="expert_idx")
+    return np.einsum("mk,mkn->mn", as_float(x), as_float(weight)[rows])
+
+
+def moe_weights(scheme: QuantScheme, packed: np.ndarray, k: int, n: int) -> np.ndarray:
+    """The `[E, K, N]` experts in GGUF `packed` bytes: E slabs of an `[N, K]` row-major
+    matrix, each decoded and transposed (the CPU's layout, spec part 2 section 9 Q11)."""
+    rows = gguf_dequantize(scheme.kind, as_bytes(packed), k)  # [E * N, K]
+    if rows.shape[0] % n:
+        raise ShapeError(f"the bytes hold {rows.shape[0]} rows of K = {k}, not whole experts of N = {n}",
+                         operand="packed_w")
+    return np.ascontiguousarray(rows.reshape(-1, n, k).transpose(0, 2, 1))
+
+
+@reference_kernel(GroupedMatMul)
+def _grouped_matmul(op: GroupedMatMul, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x, weight, ids = inputs
+    return finish(grouped_matmul(x, weight, ids), out)
+
+
+@reference_kernel(DequantGroupedMatMul)
+def _dequant_grouped_matmul(op: DequantGroupedMatMul, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x, packed, ids = inputs
+    n = static_sizes(out, "the output")[1]
+    weight = moe_weights(op.scheme, packed, x.shape[1], n)
+    return finish(grouped_matmul(x, weight, ids, "DequantGroupedMatMul"), out)
+
+
+@reference_kernel(DequantMoEWeights)
+def _dequant_moe_weights(op: DequantMoEWeights, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    experts, k, n = static_sizes(out, "the output")
+    weight = moe_weights(op.scheme, inputs[0], k, n)
+    if weight.shape[0] != experts:
+        raise ShapeError(f"the bytes hold {weight.shape[0]} experts, the node declares {experts}", operand="packed_w")
+    return finish(weight, out)
