@@ -35,6 +35,7 @@ from rlx_mil.ir.ops.resample import ResampleBuilder
 from rlx_mil.ir.ops.rng import RngBuilder
 from rlx_mil.ir.ops.rope import RopeBuilder
 from rlx_mil.ir.ops.scatter import ScatterBuilder
+from rlx_mil.ir.ops.sequence import SequenceBuilder
 from rlx_mil.ir.ops.shape import ShapeBuilder
 from rlx_mil.ir.serde import reader, writer
 from rlx_mil.ir.serde.forms import oldest_version
@@ -63,6 +64,7 @@ class Graph(
     MoeBuilder,
     RecurrentBuilder,
     ControlBuilder,
+    SequenceBuilder,
 ):
     """Append-only DAG of nodes in topological order; a node's id is its index.
 

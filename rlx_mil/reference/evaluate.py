@@ -33,6 +33,7 @@ from rlx_mil.reference import resample as _resample  # noqa: F401  isort: skip
 from rlx_mil.reference import rng as _rng  # noqa: F401  isort: skip
 from rlx_mil.reference import rope as _rope  # noqa: F401  isort: skip
 from rlx_mil.reference import scatter as _scatter  # noqa: F401  isort: skip
+from rlx_mil.reference import sequence as _sequence  # noqa: F401  isort: skip
 from rlx_mil.reference import shape as _shape  # noqa: F401  isort: skip
 
 _SCALARISH = ((), (1,))

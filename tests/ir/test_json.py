@@ -584,6 +584,8 @@ NEWER_OP_STRATEGIES: dict[str, st.SearchStrategy[Op]] = {
     "RngNormal": st.builds(ops.RngNormal, F32S, F32S, U64S, st.none() | F32S),
     "RngUniform": st.builds(ops.RngUniform, F32S, F32S, U64S, st.none() | F32S),
     "Sample": st.builds(ops.Sample, USIZES, F32S, F32S, U64S),
+    "KvAppend": st.builds(ops.KvAppend, USIZES, USIZES),
+    "Roll": st.builds(ops.Roll, vectors(I64S), vectors(USIZES)),
 }
 OP_STRATEGIES.update(NEWER_OP_STRATEGIES)
 #: Ops holding sub-graphs; their round trip has its own test.

@@ -29,6 +29,7 @@ from rlx_mil.ir.ops import (
     rng,
     rope,
     scatter,
+    sequence,
     shape,
 )
 from rlx_mil.ir.ops.attention import (
@@ -166,6 +167,7 @@ from rlx_mil.ir.ops.scatter import (
     ScatterNd,
     ScatterNdReduction,
 )
+from rlx_mil.ir.ops.sequence import KvAppend, Roll
 from rlx_mil.ir.ops.shape import (
     Concat,
     Expand,
@@ -187,7 +189,7 @@ FAMILIES: dict[str, ModuleType] = {
     module.__name__.rsplit(".", 1)[1]: module
     for module in (
         leaf, elementwise, linalg, quant, qcompute, norm, reduce, shape, scatter, rope,
-        attention, fused, conv, resample, audio, moe, recurrent, control, rng,
+        attention, fused, conv, resample, audio, moe, recurrent, control, rng, sequence,
     )
 }
 
@@ -262,6 +264,7 @@ __all__ = [
     "If",
     "Input",
     "Interpolate3d",
+    "KvAppend",
     "LastAxisNormOp",
     "LayerNorm",
     "LayerNorm2d",
@@ -294,6 +297,7 @@ __all__ = [
     "RngNormal",
     "RngUniform",
     "Rnn",
+    "Roll",
     "Rope",
     "RopeStyle",
     "Sample",

@@ -20,7 +20,7 @@ OP_FORMS: dict[str, OpForm] = {
 #: Newest upstream op kinds rlx_mil has no IR definition for (spec part 2, section 1.11 and the
 #: region/backward variants): reading one is an UnsupportedOpFormatError, not "unknown variant".
 UNSUPPORTED_UPSTREAM_OPS = frozenset({
-    "KvAppend", "Roll", "Histogram", "FusedMatMulResidual", "TransformRegion", "BatchElementwiseRegion",
+    "Histogram", "FusedMatMulResidual", "TransformRegion", "BatchElementwiseRegion",
     "DequantGroupedMatMulMlx", "ScaledMatMul", "ScaledGroupedMatMul", "SynthMatMul", "SynthMatMulBackward",
     "SplineActivation", "PartitionedConv", "Im2Col", "Cholesky", "TriangularSolve", "Det", "LogDet", "Svd",
     "Qr", "Eigh", "SpdMatrixFnBatch", "Fft", "FftQ", "WelchPeaks", "RopeBackward", "GatedDeltaNetBackward",
