@@ -42,6 +42,7 @@ from rlx_mil.ir.serde.codecs import (
     tagged,
 )
 from rlx_mil.ir.serde.forms import OP_FORMS, UNSUPPORTED_UPSTREAM_OPS, needs_newest
+from rlx_mil.ir.serde.payloads import ExtractedPayloads, extract_payloads
 from rlx_mil.ir.serde.versions import NEWEST, V0_2_2
 from rlx_mil.ir.shape import Dim, Dynamic, Shape, Static
 
@@ -162,6 +163,8 @@ class _DecodeState:
     constant_bytes: int = 0
     #: Whether the document spells something only the newest upstream JSON has.
     newest_syntax: bool = False
+    #: Constant payloads decoded before parsing (see `payloads`), by the key standing for each.
+    extracted: ExtractedPayloads | None = None
 
 
 def _decode_dim(value: object, path: str) -> Dim:
@@ -225,7 +228,9 @@ def _byte_at_fault(items: list[object]) -> tuple[int, object]:
 def _decode_constant(content: object, path: str, shape: Shape, state: _DecodeState) -> Constant:
     body = json_object(content, path)
     data_path = f"{path}.data"
-    items = json_array(required(body, "data", path), data_path)
+    data = required(body, "data", path)
+    ready = None if state.extracted is None else state.extracted.take(data)
+    items = [] if ready is not None else json_array(data, data_path)
     if not shape.is_static:
         fail(path, f"a Constant needs a static shape to size its payload, got {shape}")
     expected = _static_numel(shape.dims, state.limits.max_numel) * shape.dtype.itemsize
@@ -236,12 +241,16 @@ def _decode_constant(content: object, path: str, shape: Shape, state: _DecodeSta
             f"constant payloads would total more than {state.limits.max_constant_bytes} bytes"
             f" (this one needs {expected}; the configured limit)",
         )
-    if len(items) != expected:
+    count = len(ready) if ready is not None else len(items)
+    if count != expected:
         fail(
             data_path,
-            f"payload has {len(items)} bytes but shape {shape} needs {expected}"
+            f"payload has {count} bytes but shape {shape} needs {expected}"
             f" ({shape.numel()} elements x {shape.dtype.itemsize} bytes)",
         )
+    if ready is not None:
+        state.constant_bytes += len(ready)
+        return Constant(ready)
     # set(map(type, ...)) and bytes() run in C; the per-item loop only runs to explain a failure.
     if set(map(type, items)) - {int}:
         index, item = _byte_at_fault(items)
@@ -390,10 +399,14 @@ def _build_graph(document: object, root: str, state: _DecodeState) -> Any:
     return graph
 
 
-def _decode_graph(document: object, limits: JsonLimits, new_graph: Callable[[str], GraphT]) -> GraphT:
+def _decode_graph(
+    document: object, limits: JsonLimits, new_graph: Callable[[str], GraphT], extracted: ExtractedPayloads | None = None
+) -> GraphT:
     json_object(document, "graph", "a JSON object at the top level")
-    state = _DecodeState(limits, new_graph)
+    state = _DecodeState(limits, new_graph, extracted=extracted)
     graph: GraphT = _build_graph(document, "graph", state)
+    if extracted is not None and extracted.payloads:
+        raise _NotPlain  # a payload array somewhere the reader did not take it from
     newest = state.newest_syntax or any(needs_newest(node) for node in graph.nodes)
     graph.json_version = NEWEST if newest else V0_2_2
     return graph
@@ -402,31 +415,70 @@ def _decode_graph(document: object, limits: JsonLimits, new_graph: Callable[[str
 # ============================================================================ entry point
 
 
-def decode_graph(text: str | bytes, new_graph: Callable[[str], GraphT], limits: JsonLimits = DEFAULT_LIMITS) -> GraphT:
-    """Build a graph from upstream RLX's serde JSON (compact or pretty) with `new_graph(name)`.
+class _NotPlain(Exception):
+    """The extracted form did not decode cleanly: read the original text the ordinary way."""
 
-    Every node goes through the graph's `add_node`, so the IR checks apply. Any defect
-    raises :class:`GraphFormatError` naming the JSON path at fault.
-    """
+
+def _decode_text(text: str | bytes, new_graph: Callable[[str], GraphT], limits: JsonLimits,
+                 extracted: ExtractedPayloads | None = None) -> GraphT:
     document = _parse_document(text, limits)
     try:
-        return _decode_graph(document, limits, new_graph)
+        return _decode_graph(document, limits, new_graph, extracted)
     except RecursionError as err:
         raise GraphFormatError("graph is nested too deeply to process") from err
     except MemoryError as err:
         raise GraphFormatError("out of memory while building the graph") from err
 
 
+def _decode_extracted(text: list[bytes], new_graph: Callable[[str], GraphT], limits: JsonLimits) -> GraphT | None:
+    """The graph of the text `text` holds (taken out of it, so that it is released once its
+    payloads are decoded unless the caller keeps another reference) read with its Constant payloads taken out first (memory near the
+    text's size rather than several times it), or None to read it the ordinary way: no payload
+    to take, or any error (whose exact message the ordinary reading gives)."""
+    raw = text.pop()
+    if len(raw) > limits.max_text_length:
+        return None
+    extracted = extract_payloads(raw, limits.max_constant_bytes)
+    del raw
+    if extracted is None:
+        return None
+    try:
+        return _decode_text(extracted.skeleton, new_graph, limits, extracted)
+    except (GraphFormatError, GraphError, _NotPlain):
+        return None
+
+
+def decode_graph(text: str | bytes, new_graph: Callable[[str], GraphT], limits: JsonLimits = DEFAULT_LIMITS) -> GraphT:
+    """Build a graph from upstream RLX's serde JSON (compact or pretty) with `new_graph(name)`.
+
+    Every node goes through the graph's `add_node`, so the IR checks apply. Any defect
+    raises :class:`GraphFormatError` naming the JSON path at fault.
+    """
+    if isinstance(text, bytes):
+        graph = _decode_extracted([text], new_graph, limits)
+        if graph is not None:
+            return graph
+    return _decode_text(text, new_graph, limits)
+
+
 def decode_graph_file(
     path: str | os.PathLike[str], new_graph: Callable[[str], GraphT], limits: JsonLimits = DEFAULT_LIMITS
 ) -> GraphT:
     """Load a graph from a JSON file. A missing file, a device or FIFO (refused before it is
-    read), no permission... raise FileAccessError subclasses (also the matching OSError)."""
+    read), no permission... raise FileAccessError subclasses (also the matching OSError).
+
+    The text is released as soon as its Constant payloads are decoded, so peak memory stays
+    near the file's size plus the payloads; a file that does not decode that way is read again
+    the ordinary way for its exact error."""
     from rlx_mil.fileio import read_regular_file
 
     file_path = Path(path)
-    data = read_regular_file(file_path, limits.max_text_length, GraphFormatError, "graph JSON file")
+
+    def read() -> bytes:
+        return read_regular_file(file_path, limits.max_text_length, GraphFormatError, "graph JSON file")
+
     try:
-        return decode_graph(data, new_graph, limits)
+        graph = _decode_extracted([read()], new_graph, limits)
+        return graph if graph is not None else _decode_text(read(), new_graph, limits)
     except GraphFormatError as err:
         raise GraphFormatError(f"{file_path}: {err}") from err
