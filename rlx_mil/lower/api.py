@@ -47,8 +47,11 @@ def _compressor(compress: Any, graph: Graph, target: Target, precision: Precisio
 
 #: coremltools 9.0 passes that break programs built in fp16: `fuse_elementwise_to_batchnorm`
 #: turns `mul`/`add` by [C, 1, 1] consts on a rank-4 fp16 tensor into a `batch_norm` whose
-#: mean/variance it makes fp32, which its own type check then rejects.
-FP16_UNSAFE_PASSES = frozenset({"common::fuse_elementwise_to_batchnorm"})
+#: mean/variance it makes fp32, which its own type check then rejects. `add_int16_cast` (iOS17+)
+#: casts every int32 input of gather / gather_along_axis / gather_nd / topk to int16 or uint16,
+#: data included, picking the signedness from whichever const it saw last: int32 data outside
+#: that range (a -1 gathered as uint16 reads 65535) comes out wrong.
+FP16_UNSAFE_PASSES = frozenset({"common::fuse_elementwise_to_batchnorm", "common::add_int16_cast"})
 
 
 def default_pass_pipeline(precision: Precision) -> Any:

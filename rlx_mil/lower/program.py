@@ -318,7 +318,7 @@ class NodeLowerer:
         )
 
     def run(self) -> None:
-        from rlx_mil.lower.rules.elementwise import convert
+        from rlx_mil.lower.holding import convert
 
         graph = self.graph
         for node in graph:
@@ -469,7 +469,7 @@ def lower_graph(
             if node.shape.dtype.is_float and float_mil == "fp16":
                 var = mb.cast(x=var, dtype="fp16", name=names.fresh(f"{ident}_to_fp16"))
             if needs_rounding(node, precision):  # a BF16 (or F16) input holds only such values
-                from rlx_mil.lower.rules.elementwise import convert
+                from rlx_mil.lower.holding import convert
 
                 var = convert(lowerer.context(node), var, DType.F32, node.shape.dtype, round_floats=True, suffix="rounded")
             elif node.shape.dtype is DType.BOOL:
@@ -485,7 +485,7 @@ def lower_graph(
             node = graph.node(node_id)
             var = var_of(node_id)
             if tuple(var.shape) != node.shape.sizes():
-                var = mb.reshape(x=var, shape=list(node.shape.sizes()), name=names.fresh(f"{ident}_shape"))
+                var = mb.reshape(x=var, shape=np.asarray(node.shape.sizes(), dtype=np.int32), name=names.fresh(f"{ident}_shape"))
             dtype = node.shape.dtype
             if dtype.is_float or dtype is DType.BOOL:
                 if var.dtype == types.fp32:

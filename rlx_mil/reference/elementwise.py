@@ -1,4 +1,5 @@
-"""Reference kernels of the element-wise ops: activations, casts, binary, compare, select."""
+"""Reference kernels of the element-wise ops: activations, casts, binary, compare, select,
+StopGradient, Fma, Clamp."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from rlx_mil.ir.ops import (
     Binary,
     BinaryOp,
     Cast,
+    Clamp,
     CmpOp,
     Compare,
+    Fma,
+    StopGradient,
     Where,
 )
 from rlx_mil.ir.shape import Shape
@@ -170,3 +174,32 @@ def _where(op: Where, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
     broadcast_sizes([cond.shape, on_true.shape, on_false.shape], ["cond", "on_true", "on_false"])
     # Each branch converts to the declared dtype with Cast semantics, then one is picked.
     return np.where(cond != 0, to_dtype(on_true, out.dtype), to_dtype(on_false, out.dtype))
+
+
+@reference_kernel(StopGradient)
+def _stop_gradient(op: StopGradient, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    return finish(inputs[0], out)
+
+
+@reference_kernel(Fma)
+def _fma(op: Fma, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    """`a * b + c` rounded once (spec part 2, 3.2): the product of two f32 is exact in f64.
+    Integer operands with an integer result wrap into the declared dtype, as Mul and Add do."""
+    a, b, c = inputs
+    broadcast_sizes([a.shape, b.shape, c.shape], ["a", "b", "c"])
+    if out.dtype.is_int and all(v.dtype.kind in "biu" for v in inputs):
+        with np.errstate(over="ignore"):
+            exact = a.astype(np.int64) * b.astype(np.int64) + c.astype(np.int64)
+        return finish(exact, out)
+    wide = [v.astype(np.float64) for v in inputs]
+    with np.errstate(all="ignore"):
+        return finish(wide[0] * wide[1] + wide[2], out)
+
+
+@reference_kernel(Clamp)
+def _clamp(op: Clamp, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    """`fmin(fmax(x, min), max)` (spec part 2, 3.3): NaN becomes `fmin(min, max)`; integer data
+    is clamped in float and converted back with Cast semantics."""
+    (v,) = float_operands(inputs[0])
+    dt = v.dtype.type
+    return finish(np.fmin(np.fmax(v, dt(np.float32(op.min))), dt(np.float32(op.max))), out)

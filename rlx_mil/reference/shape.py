@@ -1,4 +1,5 @@
-"""Reference kernels of data movement: reshape, transpose, narrow, concat, expand, gather."""
+"""Reference kernels of data movement: reshape, transpose, narrow, concat, expand, gather, and
+the structural ops of spec part 2, section 3: pad, slice, tile, trilu, reverse."""
 
 from __future__ import annotations
 
@@ -13,14 +14,21 @@ from rlx_mil.ir.ops import (
     Expand,
     Gather,
     Narrow,
+    Pad,
+    PadKind,
     Reshape,
+    Reverse,
+    Slice,
+    Tile,
     Transpose,
+    Trilu,
 )
 from rlx_mil.ir.shape import Shape
 from rlx_mil.reference.registry import (
     finish,
     float_operands,
     reference_kernel,
+    to_dtype,
     unsigned_axis,
 )
 
@@ -141,3 +149,77 @@ def _gather(op: Gather, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
     axis = unsigned_axis(op.axis, table.ndim)
     idx = gather_indices(indices, table.shape[axis])
     return finish(np.take(table, idx, axis=axis), out)
+
+
+_NP_PAD_MODES = {PadKind.REFLECT: "reflect", PadKind.REPLICATE: "edge", PadKind.CIRCULAR: "wrap"}
+
+
+def pad_source_indices(size: int, before: int, after: int, kind: PadKind) -> np.ndarray:
+    """For every output position along one axis, the input position it copies (np.pad's rule
+    for reflect / edge / wrap); -1 marks a constant-filled position."""
+    if kind is PadKind.CONSTANT:
+        return np.pad(np.arange(size, dtype=np.int64), (before, after), constant_values=-1)
+    return np.pad(np.arange(size, dtype=np.int64), (before, after), mode=_NP_PAD_MODES[kind])  # type: ignore[call-overload]
+
+
+@reference_kernel(Pad)
+def _pad(op: Pad, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    """`np.pad` axis by axis (spec part 2, 3.4); the constant converts to the dtype with Cast semantics."""
+    x = finish(inputs[0], out)
+    if len(op.pads) != x.ndim:
+        raise AttributeValueError(f"pads needs {x.ndim} (before, after) pairs, got {len(op.pads)}")
+    kind = op.mode.kind
+    if kind is PadKind.CONSTANT:
+        fill = to_dtype(np.asarray(np.float32(op.mode.value or 0.0)), out.dtype)
+        return np.pad(x, op.pads, mode="constant", constant_values=fill)
+    for axis, (before, after) in enumerate(op.pads):
+        limit = x.shape[axis] - 1 if kind is PadKind.REFLECT else x.shape[axis]
+        if max(before, after) > limit or (x.shape[axis] == 0 and (before or after)):
+            raise AttributeValueError(f"{kind.value} padding of axis {axis} (size {x.shape[axis]}) by {[before, after]}")
+    return np.pad(x, op.pads, mode=_NP_PAD_MODES[kind])  # type: ignore[call-overload]
+
+
+def slice_indices(size: int, start: int, length: int, step: int) -> np.ndarray:
+    """The positions `start + j*step`, j < length; every one must lie in [0, size)."""
+    if step == 0:
+        raise AttributeValueError("step must not be 0")
+    idx = start + step * np.arange(length, dtype=np.int64)
+    if length and (idx.min() < 0 or idx.max() >= size):
+        raise AttributeValueError(
+            f"indices {start} .. {int(idx[-1])} (start {start}, len {length}, step {step}) leave the axis of size {size}"
+        )
+    return idx
+
+
+@reference_kernel(Slice)
+def _slice(op: Slice, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x = inputs[0]
+    axis = unsigned_axis(op.axis, x.ndim)
+    return finish(np.take(x, slice_indices(x.shape[axis], op.start, op.len, op.step), axis=axis), out)
+
+
+@reference_kernel(Tile)
+def _tile(op: Tile, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x = inputs[0]
+    if len(op.reps) != x.ndim or any(r < 1 for r in op.reps):
+        raise AttributeValueError(f"reps must hold one count >= 1 per axis of {list(x.shape)}, got {list(op.reps)}")
+    return finish(np.tile(x, op.reps), out)
+
+
+@reference_kernel(Trilu)
+def _trilu(op: Trilu, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    """Select semantics (spec part 2, section 9 Q17): the dropped triangle is 0 even where x is NaN/inf."""
+    x = finish(inputs[0], out)
+    if x.ndim < 2:
+        raise ShapeError(f"Trilu needs rank >= 2, got {list(x.shape)}", operand="x")
+    return np.triu(x, op.diagonal) if op.upper else np.tril(x, op.diagonal)
+
+
+@reference_kernel(Reverse)
+def _reverse(op: Reverse, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x = inputs[0]
+    for axis in op.axes:
+        unsigned_axis(axis, x.ndim, "reverse axis")
+    if len(set(op.axes)) != len(op.axes):
+        raise AttributeValueError(f"axes must be unique, got {list(op.axes)}")
+    return finish(np.flip(x, axis=tuple(op.axes)) if op.axes else x, out)

@@ -1,4 +1,10 @@
-"""Reductions, scans and selection: Softmax, Reduce, Cumsum, TopK (spec section 7)."""
+"""Reductions, scans and selection: Softmax, Reduce, Cumsum, TopK (spec section 7); CumProd, CumMax,
+ArgMax, ArgMin, Sort, ArgSort (spec part 2, section 3).
+
+MIL has no cumulative product or maximum, and leaves the tie order of `reduce_argmax` and the
+stability of `argsort` unspecified, so those ops are spelled out with exact ops: a log-step
+prefix scan, an equal-to-extreme first-index search, and a second argsort on unique keys.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +18,8 @@ from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.ops import ReduceOp
 from rlx_mil.lower.context import LowerContext
-from rlx_mil.lower.registry import declare_unsupported, lowering
-from rlx_mil.lower.rules.elementwise import convert, kind_of, shape_error, to_float, to_int32
+from rlx_mil.lower.holding import INT_RANGES, convert, kind_of, may_hold_nan, shape_error, to_float, to_int32
+from rlx_mil.lower.registry import lowering
 from rlx_mil.lower.target import Target
 
 
@@ -204,10 +210,255 @@ def lower_topk(op: ops.TopK, ctx: LowerContext) -> Any:
     return convert(ctx, index, DType.F32, out_dt, suffix="out")
 
 
-# Ops of this family without a rule yet; conversion names the op and the reason.
-declare_unsupported(ops.CumProd, "not lowered yet (masked `reduce_prod`)")
-declare_unsupported(ops.CumMax, "not lowered yet (masked `reduce_max` with `select`)")
-declare_unsupported(ops.ArgMax, "not lowered yet (`reduce_argmax` + tie/NaN fix-up)")
-declare_unsupported(ops.ArgMin, "not lowered yet (`reduce_argmin` + tie/NaN fix-up)")
-declare_unsupported(ops.Sort, "not lowered yet (`argsort` + index tiebreak + `gather_along_axis`)")
-declare_unsupported(ops.ArgSort, "not lowered yet (`argsort` + index tiebreak)")
+# ------------------------------------------------------------------ CumProd / CumMax
+
+
+def _held(ctx: LowerContext) -> tuple[Any, DType]:
+    """Input 0 as the program holds it for arithmetic: floats as they are, the rest as int32."""
+    src = ctx.input_shape(0).dtype
+    if kind_of(src) == "float":
+        return ctx.var(0), DType.F32
+    return to_int32(ctx, ctx.var(0), src, "x_int"), DType.I32
+
+
+def _slab(ctx: LowerContext, x: Any, axis: int, begin: int, size: int, sizes: tuple[int, ...], suffix: str) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    start = np.zeros(len(sizes), dtype=np.int32)
+    start[axis] = begin
+    extent = np.asarray(sizes, dtype=np.int32)
+    extent[axis] = size
+    return mb.slice_by_size(x=x, begin=start, size=extent, name=ctx.name(suffix))
+
+
+def prefix_scan(
+    ctx: LowerContext, x: Any, axis: int, sizes: tuple[int, ...], combine: Callable[..., Any], suffix: str
+) -> Any:
+    """Inclusive scan of an associative `combine` along `axis` in ceil(log2 n) steps
+    (Hillis-Steele): step d combines every element with the one d before it, elements before d
+    stay. O(n log n) work and O(n) memory, where the masked [.., n, n] reduction is O(n^2)."""
+    from coremltools.converters.mil import Builder as mb
+
+    n = sizes[axis]
+    d, step = 1, 0
+    while d < n:
+        head = _slab(ctx, x, axis, 0, d, sizes, f"{suffix}{step}_head")
+        later = _slab(ctx, x, axis, d, n - d, sizes, f"{suffix}{step}_later")
+        earlier = _slab(ctx, x, axis, 0, n - d, sizes, f"{suffix}{step}_earlier")
+        combined = combine(x=later, y=earlier, name=ctx.name(f"{suffix}{step}_combined"))
+        x = mb.concat(values=[head, combined], axis=axis, interleave=False, name=ctx.name(f"{suffix}{step}"))
+        d, step = d * 2, step + 1
+    return x
+
+
+def _exclusive(ctx: LowerContext, inclusive: Any, axis: int, sizes: tuple[int, ...], identity: Any) -> Any:
+    """Shift right by one along `axis`, `identity` first."""
+    from coremltools.converters.mil import Builder as mb
+
+    first = list(sizes)
+    first[axis] = 1
+    lead = mb.fill(shape=np.asarray(first, dtype=np.int32), value=identity, name=ctx.name("identity"))
+    if sizes[axis] == 1:
+        return lead
+    rest = _slab(ctx, inclusive, axis, 0, sizes[axis] - 1, sizes, "shifted")
+    return mb.concat(values=[lead, rest], axis=axis, interleave=False, name=ctx.name("exclusive"))
+
+
+_SCAN_NOTES = (
+    " along any axis as a log-step prefix scan (ceil(log2 n) rounds of slice_by_size + {op} + concat;"
+    " O(n) memory, not the O(n^2) masked reduction); exclusive: `fill` of the identity + the"
+    " inclusive scan shifted by one. Integers scan in int32 and wrap/convert to the declared dtype"
+)
+
+
+@lowering(
+    ops.CumProd, family="reduce",
+    notes="`mul`" + _SCAN_NOTES.format(op="`mul`") + " (no exp/log form: exact for zeros and negatives).",
+)
+def lower_cumprod(op: ops.CumProd, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = _check_same_shape(ctx)
+    axis = _signed_axis(ctx, op.axis, len(sizes))
+    if 0 in sizes:
+        raise ctx.unsupported(f"Core ML cannot hold the zero-size tensor {list(sizes)}")
+    x, held = _held(ctx)
+    result = prefix_scan(ctx, x, axis, sizes, mb.mul, "scan")
+    if op.exclusive:
+        one = ctx.scalar(1.0) if held is DType.F32 else np.int32(1)
+        result = _exclusive(ctx, result, axis, sizes, one)
+    return convert(ctx, result, held, ctx.out_shape.dtype, suffix="out")
+
+
+@lowering(
+    ops.CumMax, family="reduce",
+    notes=(
+        "`maximum`" + _SCAN_NOTES.format(op="`maximum`") + ". NaN-ignoring (np.fmax.accumulate): NaNs"
+        " scan as -inf and a second int32 scan of the is-number flags puts NaN back where every"
+        " element so far is NaN. The exclusive identity is -inf (the dtype's smallest value for integers)."
+    ),
+)
+def lower_cummax(op: ops.CumMax, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = _check_same_shape(ctx)
+    axis = _signed_axis(ctx, op.axis, len(sizes))
+    if 0 in sizes:
+        raise ctx.unsupported(f"Core ML cannot hold the zero-size tensor {list(sizes)}")
+    x, held = _held(ctx)
+    out_dt = ctx.out_shape.dtype
+    nan_aware = held is DType.F32 and may_hold_nan(ctx, 0)
+    if nan_aware:
+        is_number = mb.equal(x=x, y=x, name=ctx.name("is_number"))
+        x = mb.select(cond=is_number, a=x, b=ctx.scalar(-np.inf), name=ctx.name("nan_skipped"))
+    result = prefix_scan(ctx, x, axis, sizes, mb.maximum, "scan")
+    if nan_aware:
+        flags = mb.cast(x=is_number, dtype="int32", name=ctx.name("number_flags"))
+        seen = prefix_scan(ctx, flags, axis, sizes, mb.maximum, "seen")
+        any_number = mb.greater(x=seen, y=np.int32(0), name=ctx.name("any_number"))
+        result = mb.select(cond=any_number, a=result, b=ctx.scalar(np.nan), name=ctx.name("nan_kept"))
+    if op.exclusive:
+        if held is DType.F32:
+            identity: Any = ctx.scalar(-np.inf)
+        else:
+            identity = np.int32(0 if out_dt is DType.BOOL else INT_RANGES.get(out_dt, INT_RANGES[DType.I32])[0])
+        result = _exclusive(ctx, result, axis, sizes, identity)
+    return convert(ctx, result, held, out_dt, suffix="out")
+
+
+# ------------------------------------------------------------------ ArgMax / ArgMin
+
+
+def _arg_reduce(op: ops.ArgMax | ops.ArgMin, ctx: LowerContext, *, largest: bool) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = ctx.input_shape(0).sizes()
+    axis = int(op.axis)
+    if not 0 <= axis < len(sizes):
+        raise _attribute_error(ctx, f"axis {axis} is out of range for rank {len(sizes)}")
+    n = sizes[axis]
+    if n == 0 or 0 in sizes:
+        raise shape_error(ctx, f"{op.type_name} over an empty axis of {list(sizes)} has no answer", "x")
+    want = tuple(1 if i == axis else d for i, d in enumerate(sizes)) if op.keep_dim else tuple(
+        d for i, d in enumerate(sizes) if i != axis
+    )
+    declared = ctx.out_shape.sizes()
+    if declared != want and not (want in ((), (1,)) and declared in ((), (1,))):
+        raise shape_error(ctx, f"output must be {list(want)}, declared {list(declared)}")
+    x, held = _held(ctx)
+    nan_aware = held is DType.F32 and may_hold_nan(ctx, 0)
+    reducer = mb.reduce_max if largest else mb.reduce_min
+    if nan_aware:
+        extreme = _nan_ignoring_reduce(ctx, reducer, x, -np.inf if largest else np.inf, [axis], True)
+    else:
+        extreme = reducer(x=x, axes=[axis], keep_dims=True, name=ctx.name("extreme"))
+    # The first index holding the extreme (NaN equals nothing): index + n where it misses, min.
+    hit = mb.equal(x=x, y=extreme, name=ctx.name("hit"))
+    miss = mb.cast(x=mb.logical_not(x=hit, name=ctx.name("miss")), dtype="int32", name=ctx.name("miss_int"))
+    iota = np.arange(n, dtype=np.int32).reshape([n if i == axis else 1 for i in range(len(sizes))])
+    candidates = mb.add(x=mb.mul(x=miss, y=np.int32(n), name=ctx.name("miss_n")), y=iota, name=ctx.name("candidates"))
+    first = mb.reduce_min(x=candidates, axes=[axis], keep_dims=True, name=ctx.name("first"))
+    if nan_aware:
+        # Upstream's scan never moves past a NaN element 0 (nothing compares greater than it).
+        lead = _slab(ctx, x, axis, 0, 1, sizes, "lead")
+        lead_nan = mb.not_equal(x=lead, y=lead, name=ctx.name("lead_nan"))
+        first = mb.select(cond=lead_nan, a=np.int32(0), b=first, name=ctx.name("first_nan_lead"))
+    if not op.keep_dim:
+        first = mb.reshape(x=first, shape=np.asarray(want or (1,), dtype=np.int32), name=ctx.name("squeezed"))
+    return convert(ctx, first, DType.I32, ctx.out_shape.dtype, suffix="out")
+
+
+_ARG_NOTES = (
+    "The index of the {what} value exactly as upstream's CPU scan: `{reduce}` (NaN-ignoring via select when"
+    " the input may hold NaN), `equal`, then `reduce_min` of index + n*miss gives the first index"
+    " holding it (ties -> smaller index, independent of `reduce_arg*` tie rules); a NaN element 0"
+    " gives 0. Indices cast to float: exact up to 2048 under fp16 precision."
+)
+
+
+@lowering(ops.ArgMax, family="reduce", notes=_ARG_NOTES.format(what="largest", reduce="reduce_max"))
+def lower_argmax(op: ops.ArgMax, ctx: LowerContext) -> Any:
+    return _arg_reduce(op, ctx, largest=True)
+
+
+@lowering(ops.ArgMin, family="reduce", notes=_ARG_NOTES.format(what="smallest", reduce="reduce_min"))
+def lower_argmin(op: ops.ArgMin, ctx: LowerContext) -> Any:
+    return _arg_reduce(op, ctx, largest=False)
+
+
+# ------------------------------------------------------------------ Sort / ArgSort
+
+#: The second argsort orders int32 keys (group * n + index); groups < 2n with NaN handling.
+_MAX_KEY = 2**31 - 1
+
+
+def _stable_permutation(op: ops.Sort | ops.ArgSort, ctx: LowerContext) -> tuple[Any, Any, DType]:
+    """(permutation, held input, holding): the stable sort order along the axis, NaN last."""
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = ctx.input_shape(0).sizes()
+    axis = int(op.axis)
+    if not 0 <= axis < len(sizes):
+        raise _attribute_error(ctx, f"axis {axis} is out of range for rank {len(sizes)}")
+    if ctx.out_shape.sizes() != sizes:
+        raise shape_error(ctx, f"output must keep the input shape {list(sizes)}, declared {list(ctx.out_shape.sizes())}")
+    if 0 in sizes:
+        raise ctx.unsupported(f"Core ML cannot hold the zero-size tensor {list(sizes)}")
+    n = sizes[axis]
+    x, held = _held(ctx)
+    if n == 1:
+        return ctx.const(np.zeros(sizes, dtype=np.int32), "order"), x, held
+    nan_aware = held is DType.F32 and may_hold_nan(ctx, 0)
+    groups = 2 * n if nan_aware else n
+    if groups * n > _MAX_KEY:
+        raise ctx.unsupported(
+            f"a stable {op.type_name} of {n} elements needs int32 tie-break keys up to {groups * n}, beyond 2^31"
+        )
+    key = x
+    if nan_aware:
+        is_nan = mb.not_equal(x=x, y=x, name=ctx.name("is_nan"))
+        key = mb.select(cond=is_nan, a=ctx.scalar(-np.inf if op.descending else np.inf), b=x, name=ctx.name("nan_last"))
+    first = mb.argsort(x=key, axis=axis, ascending=not op.descending, name=ctx.name("first_order"))
+    # Core ML leaves argsort's order of equal keys open: number the runs of equal values in
+    # that order and sort again by (run, NaN flag, original index), keys that are all distinct.
+    ordered = mb.gather_along_axis(x=key, indices=first, axis=axis, name=ctx.name("ordered"))
+    current = _slab(ctx, ordered, axis, 1, n - 1, sizes, "ordered_next")
+    previous = _slab(ctx, ordered, axis, 0, n - 1, sizes, "ordered_prev")
+    step = mb.cast(x=mb.not_equal(x=current, y=previous, name=ctx.name("new_run")), dtype="int32", name=ctx.name("new_run_int"))
+    lead = list(sizes)
+    lead[axis] = 1
+    starts = mb.concat(values=[ctx.const(np.zeros(lead, dtype=np.int32), "run0"), step], axis=axis, name=ctx.name("run_starts"))
+    group = mb.cumsum(x=starts, axis=axis, name=ctx.name("run"))
+    if nan_aware:
+        nan_flag = mb.cast(x=is_nan, dtype="int32", name=ctx.name("nan_int"))
+        ordered_nan = mb.gather_along_axis(x=nan_flag, indices=first, axis=axis, name=ctx.name("ordered_nan"))
+        group = mb.add(x=mb.mul(x=group, y=np.int32(2), name=ctx.name("run2")), y=ordered_nan, name=ctx.name("group"))
+    unique = mb.add(x=mb.mul(x=group, y=np.int32(n), name=ctx.name("group_n")), y=first, name=ctx.name("unique_key"))
+    second = mb.argsort(x=unique, axis=axis, ascending=True, name=ctx.name("second_order"))
+    order = mb.gather_along_axis(x=first, indices=second, axis=axis, name=ctx.name("order"))
+    return order, x, held
+
+
+_SORT_NOTES = (
+    "`argsort` (NaN mapped to the last end), then a second `argsort` on int32 keys"
+    " (run of equal values, NaN flag, index) that are all distinct, so the result is the stable"
+    " order whatever tie order Core ML's argsort has; {rest} Refused (typed) when the keys pass 2^31"
+    " (more than 46340 elements per line, 32767 with NaN handling)."
+)
+
+
+@lowering(ops.Sort, family="reduce", notes=_SORT_NOTES.format(rest="`gather_along_axis` picks the values."))
+def lower_sort(op: ops.Sort, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    order, x, held = _stable_permutation(op, ctx)
+    if ctx.input_shape(0).sizes()[op.axis] == 1:
+        return convert(ctx, x, held, ctx.out_shape.dtype, suffix="out")
+    values = mb.gather_along_axis(x=x, indices=order, axis=int(op.axis), name=ctx.name("values"))
+    return convert(ctx, values, held, ctx.out_shape.dtype, suffix="out")
+
+
+@lowering(ops.ArgSort, family="reduce", notes=_SORT_NOTES.format(rest="the permutation is cast to float (exact up to 2048 under fp16)."))
+def lower_argsort(op: ops.ArgSort, ctx: LowerContext) -> Any:
+    order, _, _ = _stable_permutation(op, ctx)
+    return convert(ctx, order, DType.I32, ctx.out_shape.dtype, suffix="out")

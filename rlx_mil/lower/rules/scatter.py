@@ -25,8 +25,8 @@ from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.ops import ScatterNdReduction
 from rlx_mil.lower.context import LowerContext
+from rlx_mil.lower.holding import convert, kind_of, may_hold_nan, shape_error, to_int32
 from rlx_mil.lower.registry import lowering
-from rlx_mil.lower.rules.elementwise import _may_hold_nan, convert, kind_of, shape_error, to_int32
 from rlx_mil.lower.target import Target
 
 _MODES = {
@@ -129,8 +129,8 @@ def _nan_ignoring_scatter(
 
     if not dtype.is_float or reduction not in (ScatterNdReduction.MAX, ScatterNdReduction.MIN):
         return scatter(data, updates, _MODES[reduction])
-    data_nan = _may_hold_nan(ctx, 0)
-    updates_nan = _may_hold_nan(ctx, 2)
+    data_nan = may_hold_nan(ctx, 0)
+    updates_nan = may_hold_nan(ctx, 2)
     if not data_nan and not updates_nan:
         return scatter(data, updates, _MODES[reduction])
     identity = ctx.scalar(-np.inf if reduction is ScatterNdReduction.MAX else np.inf)

@@ -1,4 +1,5 @@
-"""Shape and data-movement ops: Reshape, Transpose, Narrow, Concat, Expand, Gather (spec 8.1-8.6).
+"""Shape and data-movement ops: Reshape, Transpose, Narrow, Concat, Expand, Gather (spec 8.1-8.6),
+and the structural ops of spec part 2, section 3: Pad, Slice, Tile, Trilu, Reverse.
 
 Input/Param/Constant nodes are handled by the driver. Shapes are static by the time rules run,
 so every size below is a plain int.
@@ -14,9 +15,10 @@ import numpy as np
 from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
+from rlx_mil.ir.ops import PadKind
 from rlx_mil.lower.context import LowerContext
-from rlx_mil.lower.registry import declare_unsupported, lowering
-from rlx_mil.lower.rules.elementwise import convert, kind_of, shape_error, to_int32
+from rlx_mil.lower.holding import INT_RANGES, convert, kind_of, shape_error, to_int32
+from rlx_mil.lower.registry import lowering
 
 
 def _attribute_error(ctx: LowerContext, message: str, operand: str | None = None) -> AttributeValueError:
@@ -233,9 +235,185 @@ def lower_gather(op: ops.Gather, ctx: LowerContext) -> Any:
     return convert(ctx, result, held, out_dt, suffix="out")
 
 
-# Ops of this family without a rule yet; conversion names the op and the reason.
-declare_unsupported(ops.Pad, "not lowered yet (MIL `pad`, circular by slice + concat)")
-declare_unsupported(ops.Slice, "not lowered yet (MIL `slice_by_index` with a stride)")
-declare_unsupported(ops.Tile, "not lowered yet (MIL `tile`)")
-declare_unsupported(ops.Trilu, "not lowered yet (`band_part` / `select` with a constant mask)")
-declare_unsupported(ops.Reverse, "not lowered yet (MIL `reverse`)")
+# ------------------------------------------------------------------ structural ops (part 2, section 3)
+
+
+def _held_for_gather(ctx: LowerContext, var: Any) -> tuple[Any, DType]:
+    """`var` (holding the node's dtype) in a form MIL gather takes: Bool goes through int32."""
+    dtype = ctx.out_shape.dtype
+    if dtype is DType.BOOL:
+        return to_int32(ctx, var, dtype, "input_int"), DType.I32
+    return var, dtype
+
+
+def _held_constant(ctx: LowerContext, value: float) -> Any:
+    """The pad constant as the node's dtype holds it (Cast semantics: truncate and saturate)."""
+    dtype = ctx.out_shape.dtype
+    if kind_of(dtype) == "float":
+        return ctx.float_dtype(value)
+    if dtype is DType.BOOL:
+        return np.bool_(value != 0)
+    lo, hi = INT_RANGES[dtype]
+    return np.int32(min(max(math.trunc(value), lo), hi))
+
+
+_NP_PAD_MODES = {PadKind.REFLECT: "reflect", PadKind.REPLICATE: "edge", PadKind.CIRCULAR: "wrap"}
+
+
+@lowering(
+    ops.Pad, family="shape",
+    notes=(
+        "Constant: `pad` (mode constant) for floats; int/Bool data concatenates constant blocks."
+        " Reflect / Replicate / Circular: one `gather` per padded axis with the constant source"
+        " positions np.pad's rule gives (axis 0 first, so corners follow np.pad), which needs no"
+        " MIL pad mode and holds on every axis and target."
+    ),
+)
+def lower_pad(op: ops.Pad, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = ctx.input_shape(0).sizes()
+    if len(op.pads) != len(sizes):
+        raise _attribute_error(ctx, f"pads needs {len(sizes)} (before, after) pairs, got {len(op.pads)}", "pads")
+    kind = op.mode.kind
+    for axis, (before, after) in enumerate(op.pads):
+        limit = {PadKind.REFLECT: sizes[axis] - 1, PadKind.CIRCULAR: sizes[axis]}.get(kind)
+        if before < 0 or after < 0 or (limit is not None and max(before, after) > limit):
+            raise _attribute_error(ctx, f"{kind.value} padding of axis {axis} (size {sizes[axis]}) by {[before, after]}", "pads")
+    out = tuple(n + b + a for n, (b, a) in zip(sizes, op.pads, strict=True))
+    _check_declared(ctx, out, f"padding {list(sizes)} by {[list(p) for p in op.pads]}")
+    _check_numel(ctx, out)
+    _check_numel(ctx, sizes)
+    x = _same_dtype(ctx, ctx.var(0), 0)
+    padded_axes = [axis for axis, (b, a) in enumerate(op.pads) if b or a]
+    if not padded_axes:
+        return x
+    dtype = ctx.out_shape.dtype
+    if kind is PadKind.CONSTANT:
+        fill = _held_constant(ctx, float(op.mode.value or 0.0))
+        if kind_of(dtype) == "float":
+            flat = np.asarray([v for pair in op.pads for v in pair], dtype=np.int32)
+            return mb.pad(x=x, pad=flat, mode="constant", constant_val=fill, name=ctx.name())
+        current = list(sizes)
+        for axis in padded_axes:
+            before, after = op.pads[axis]
+            pieces = []
+            for count, where in ((before, "before"), (after, "after")):
+                if count:
+                    block = list(current)
+                    block[axis] = count
+                    pieces.append((where, ctx.const(np.full(block, fill), f"axis{axis}_{where}")))
+            parts = [p for w, p in pieces if w == "before"] + [x] + [p for w, p in pieces if w == "after"]
+            x = mb.concat(values=parts, axis=axis, interleave=False, name=ctx.name(f"axis{axis}"))
+            current[axis] += before + after
+        return x
+    held, holding = _held_for_gather(ctx, x)
+    for axis in padded_axes:
+        before, after = op.pads[axis]
+        source = np.pad(np.arange(sizes[axis]), (before, after), mode=_NP_PAD_MODES[kind])  # type: ignore[call-overload]
+        indices = ctx.const(source.astype(np.int32), f"axis{axis}_source")
+        held = mb.gather(x=held, indices=indices, axis=axis, name=ctx.name(f"axis{axis}"))
+    return convert(ctx, held, holding, dtype, suffix="out")
+
+
+@lowering(
+    ops.Slice, family="shape",
+    notes=(
+        "step 1: `slice_by_size`; step > 1: `slice_by_index` with that stride; step < 0: the same"
+        " positive-stride slice from the lowest index read, then `reverse` along the axis (no"
+        " negative MIL stride or wrapped end index). Indices outside the axis and len 0 are rejected."
+    ),
+)
+def lower_slice(op: ops.Slice, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = ctx.input_shape(0).sizes()
+    axis, start, length, step = int(op.axis), int(op.start), int(op.len), int(op.step)
+    if not 0 <= axis < len(sizes):
+        raise _attribute_error(ctx, f"axis {axis} is out of range for rank {len(sizes)}", "axis")
+    if step == 0:
+        raise _attribute_error(ctx, "step must not be 0", "step")
+    last = start + (length - 1) * step
+    if length < 0 or (length and not (0 <= start < sizes[axis] and 0 <= last < sizes[axis])):
+        raise _attribute_error(
+            ctx, f"start {start}, len {length}, step {step} read outside axis {axis} of size {sizes[axis]}", "len"
+        )
+    out = tuple(length if i == axis else d for i, d in enumerate(sizes))
+    _check_declared(ctx, out, f"slicing axis {axis}")
+    _check_numel(ctx, out)
+    x = _same_dtype(ctx, ctx.var(0), 0)
+    low = min(start, last)
+    if length == 1 or step == 1:
+        if length == sizes[axis]:
+            return x
+        begin = np.zeros(len(sizes), dtype=np.int32)
+        begin[axis] = low
+        return mb.slice_by_size(x=x, begin=begin, size=np.asarray(out, dtype=np.int32), name=ctx.name())
+    begin = np.zeros(len(sizes), dtype=np.int32)
+    end = np.asarray(sizes, dtype=np.int32)
+    stride = np.ones(len(sizes), dtype=np.int32)
+    begin[axis], end[axis], stride[axis] = low, max(start, last) + 1, abs(step)
+    name = ctx.name() if step > 0 else ctx.name("ascending")
+    picked = mb.slice_by_index(x=x, begin=begin, end=end, stride=stride, name=name)
+    if step > 0:
+        return picked
+    return mb.reverse(x=picked, axes=[axis], name=ctx.name())
+
+
+@lowering(ops.Tile, family="shape", notes="`tile` with one rep per axis; no op when every rep is 1.")
+def lower_tile(op: ops.Tile, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = ctx.input_shape(0).sizes()
+    reps = [int(r) for r in op.reps]
+    if len(reps) != len(sizes) or any(r < 1 for r in reps):
+        raise _attribute_error(ctx, f"reps must hold one count >= 1 per axis of {list(sizes)}, got {reps}", "reps")
+    out = tuple(n * r for n, r in zip(sizes, reps, strict=True))
+    _check_declared(ctx, out, f"tiling {list(sizes)} by {reps}")
+    _check_numel(ctx, out)
+    x = _same_dtype(ctx, ctx.var(0), 0)
+    if all(r == 1 for r in reps):
+        return x
+    return mb.tile(x=x, reps=np.asarray(reps, dtype=np.int32), name=ctx.name())
+
+
+@lowering(
+    ops.Trilu, family="shape",
+    notes=(
+        "`select` with a constant bool [rows, cols] keep-mask (np.triu/np.tril of ones) broadcast"
+        " over the batch axes: the dropped triangle is exactly 0 even where x is NaN/inf"
+        " (select semantics, spec part 2 section 9 Q17); no op when the mask keeps everything."
+    ),
+)
+def lower_trilu(op: ops.Trilu, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = ctx.input_shape(0).sizes()
+    if len(sizes) < 2:
+        raise shape_error(ctx, f"Trilu needs rank >= 2, got {list(sizes)}", "x")
+    _check_declared(ctx, sizes, "Trilu")
+    _check_numel(ctx, sizes)
+    ones = np.ones(sizes[-2:], dtype=bool)
+    keep = np.triu(ones, int(op.diagonal)) if op.upper else np.tril(ones, int(op.diagonal))
+    x = _same_dtype(ctx, ctx.var(0), 0)
+    if keep.all():
+        return x
+    dtype = ctx.out_shape.dtype
+    zero: Any = ctx.scalar(0.0) if kind_of(dtype) == "float" else (np.bool_(False) if dtype is DType.BOOL else np.int32(0))
+    return mb.select(cond=ctx.const(keep, "keep"), a=x, b=zero, name=ctx.name())
+
+
+@lowering(ops.Reverse, family="shape", notes="`reverse` over the listed axes; no axes is no op.")
+def lower_reverse(op: ops.Reverse, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = ctx.input_shape(0).sizes()
+    axes = [int(a) for a in op.axes]
+    if any(not 0 <= a < len(sizes) for a in axes) or len(set(axes)) != len(axes):
+        raise _attribute_error(ctx, f"axes {axes} must be distinct axes of rank {len(sizes)}", "axes")
+    _check_declared(ctx, sizes, "Reverse")
+    _check_numel(ctx, sizes)
+    x = _same_dtype(ctx, ctx.var(0), 0)
+    if not axes:
+        return x
+    return mb.reverse(x=x, axes=axes, name=ctx.name())
