@@ -295,7 +295,7 @@ def test_sort_refuses_lines_too_long_for_exact_tie_keys() -> None:
     g = Graph("long_sort")
     x = g.input("x", [1, 50000], DType.F32)
     g.set_outputs([g.argsort(x, 1, name="order")])
-    with pytest.raises(UnsupportedOpError, match="ArgSort.*beyond 2\\^31"):
+    with pytest.raises(UnsupportedOpError, match=r"ArgSort.*beyond 2\^31"):
         rlx_mil.convert(g, {}, target="iOS18")
 
 
