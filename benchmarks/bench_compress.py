@@ -27,7 +27,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_convert import _quiet  # noqa: E402  (the same quiet set-up)
+from convert_bench import _quiet  # noqa: E402  (the same quiet set-up)
 
 DEFAULT_SCHEMES = ["int8", "int4", "lut4", "lut6", "int4-block64", "lut4-group16"]
 

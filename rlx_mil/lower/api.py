@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
 import sys
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,16 @@ from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lower.context import LowerOptions
 from rlx_mil.lower.kv_cache import LLM_METADATA_KEY, KVCachePlan, bind_cache_lengths, plan_kv_cache
+from rlx_mil.lower.pipeline import FP16_UNSAFE_PASSES, default_pass_pipeline, rlx_pass_pipeline
 from rlx_mil.lower.program import LoweredProgram, lower_graph, require_graph
 from rlx_mil.lower.saving import save_package
 from rlx_mil.lower.target import Precision, Target
 from rlx_mil.naming import IO_NAMES_METADATA_KEY
+
+__all__ = [
+    "FP16_UNSAFE_PASSES", "convert", "default_pass_pipeline", "lower", "lower_with_names", "release",
+    "release_when_collected", "save",
+]
 
 ATTENTION_MODES = ("auto", "fused", "decomposed")
 COMPUTE_UNITS = ("ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE")
@@ -43,25 +51,6 @@ def _compressor(compress: Any, graph: Graph, target: Target, precision: Precisio
     compressor = WeightCompressor(config, graph, target, precision)
     compressor.check()
     return compressor
-
-
-#: coremltools 9.0 passes that break programs built in fp16: `fuse_elementwise_to_batchnorm`
-#: turns `mul`/`add` by [C, 1, 1] consts on a rank-4 fp16 tensor into a `batch_norm` whose
-#: mean/variance it makes fp32, which its own type check then rejects. `add_int16_cast` (iOS17+)
-#: casts every int32 input of gather / gather_along_axis / gather_nd / topk to int16 or uint16,
-#: data included, picking the signedness from whichever const it saw last: int32 data outside
-#: that range (a -1 gathered as uint16 reads 65535) comes out wrong.
-FP16_UNSAFE_PASSES = frozenset({"common::fuse_elementwise_to_batchnorm", "common::add_int16_cast"})
-
-
-def default_pass_pipeline(precision: Precision) -> Any:
-    """Core ML's default pipeline, minus the passes that cannot handle fp16 programs."""
-    import coremltools as ct
-
-    pipeline = ct.PassPipeline.DEFAULT
-    if precision is Precision.FP16:
-        pipeline.remove_passes(FP16_UNSAFE_PASSES)
-    return pipeline
 
 
 def lower_with_names(
@@ -128,6 +117,41 @@ def lower(
     ).program
 
 
+@contextmanager
+def objects_frozen() -> Iterator[None]:
+    """Python's collector ignores the objects that exist on entry (gc.freeze): coremltools ends
+    every conversion with a full gc.collect(), which otherwise rescans every object of the
+    process (~1.3 s with coremltools and NumPy loaded) to free only the conversion's garbage."""
+    if gc.get_freeze_count():  # the caller froze objects itself: leave that alone
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _ct_convert(lowered: LoweredProgram, graph: Graph, tgt: Target, prec: Precision, compute_units: str, pass_pipeline: Any) -> Any:
+    import coremltools as ct
+
+    try:
+        model = ct.convert(
+            lowered.program,
+            convert_to="mlprogram",
+            minimum_deployment_target=tgt.ct_target,
+            compute_precision=prec.ct_precision,
+            compute_units=getattr(ct.ComputeUnit, compute_units),
+            skip_model_load=sys.platform != "darwin",
+            pass_pipeline=pass_pipeline,
+        )
+    except RlxMilError:
+        raise
+    except Exception as err:
+        raise ConversionError(f"coremltools failed to convert graph {graph.name!r}: {type(err).__name__}: {err}") from err
+    return model
+
+
 def convert(
     graph: Graph,
     params: Mapping[str, Any] | None = None,
@@ -160,8 +184,9 @@ def convert(
     `rlx_mil.compress.CompressionConfig` (see docs/compression.md). The model then carries a
     `rlx_mil.compress.CompressionReport` (`rlx_mil.compress.report_of(model)`, also in its
     metadata), and `rlx_mil.compress.dequantized_params` gives the weights it computes with.
+    `pass_pipeline` defaults to the Core ML passes that can change an rlx_mil program
+    (`rlx_mil.lower.pipeline`); `default_pass_pipeline(precision)` is Core ML's full one.
     """
-    import coremltools as ct
 
     graph = require_graph(graph)
     tgt = Target.parse(target)
@@ -172,22 +197,11 @@ def convert(
         graph = graph.bind(dims)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
     compressor = _compressor(compress, graph, tgt, prec)
-    lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
-    kwargs: dict[str, Any] = {"pass_pipeline": default_pass_pipeline(prec) if pass_pipeline is None else pass_pipeline}
-    try:
-        model = ct.convert(
-            lowered.program,
-            convert_to="mlprogram",
-            minimum_deployment_target=tgt.ct_target,
-            compute_precision=prec.ct_precision,
-            compute_units=getattr(ct.ComputeUnit, compute_units),
-            skip_model_load=sys.platform != "darwin",
-            **kwargs,
-        )
-    except RlxMilError:
-        raise
-    except Exception as err:
-        raise ConversionError(f"coremltools failed to convert graph {graph.name!r}: {type(err).__name__}: {err}") from err
+    with objects_frozen():
+        lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
+        if pass_pipeline is None:
+            pass_pipeline = rlx_pass_pipeline(prec, lowered.program)
+        model = _ct_convert(lowered, graph, tgt, prec, compute_units, pass_pipeline)
     meta = model.user_defined_metadata
     meta[IO_NAMES_METADATA_KEY] = json.dumps({"inputs": lowered.inputs, "outputs": lowered.outputs})
     meta["rlx_mil.graph"] = graph.name

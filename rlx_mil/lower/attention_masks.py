@@ -336,16 +336,27 @@ def build_masking(
 
     if kind.type is MaskType.NONE:
         return Masking()
+    if kind.type in (MaskType.CUSTOM, MaskType.BIAS):
+        # A mask input shared by several attention nodes (one padding mask for every layer)
+        # is turned into the form the scores need once.
+        known = ctx.value_key(mask_index)
+        mask_id = known if known is not None else id(ctx.var(mask_index))
+        source = (mask_id, dims.batch, dims.heads, dims.kv_heads, dims.q_len, dims.kv_len)
     if kind.type is MaskType.CUSTOM:
-        keep, live = custom_keep(ctx, mask_index, dims)
+        keep, live = ctx.shared_var(("custom_keep", *source), lambda: custom_keep(ctx, mask_index, dims))
         return Masking(keep=keep, live_rows=live)
     if kind.type is MaskType.BIAS:
-        return Masking(bias=bias_scores(ctx, mask_index, dims, full_keys))
+        bias = ctx.shared_var(("bias_scores", *source, full_keys), lambda: bias_scores(ctx, mask_index, dims, full_keys))
+        return Masking(bias=bias)
     all_visible, empty_rows = window_rows(kind, dims)
     if all_visible:
         return Masking()
-    keep = window_keep(kind, dims, q_folded, k_heads, ctx)
+    # The mask depends only on the mask kind and the geometry: built once per conversion and
+    # shared by every attention node with the same one (every layer of a decoder).
+    geometry = (kind.type, kind.window, dims.group, dims.q_len, dims.kv_len)
+    keep = ctx.shared_var(("window_keep", *geometry), lambda: window_keep(kind, dims, q_folded, k_heads, ctx))
     live = None
     if empty_rows is not None:
-        live = mb.const(val=~folded_row_flags(empty_rows, dims), name=ctx.name("mask_live_rows"))
+        flags = ~folded_row_flags(empty_rows, dims)
+        live = ctx.shared_var(("window_live_rows", *geometry), lambda: mb.const(val=flags, name=ctx.name("mask_live_rows")))
     return Masking(keep=keep, live_rows=live)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from rlx_mil.errors import ConversionError, UnsupportedOpError
+from rlx_mil.errors import ConversionError, PrecisionWarning, UnsupportedOpError
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import Op
@@ -67,6 +68,97 @@ class NameAllocator:
             name, k = f"{base}_{k}", k + 1
         self._used.add(name)
         return name
+
+
+# ---------------------------------------------------------------------- weights to program arrays
+
+#: Source rows per block when a weight is cast and transposed in one pass: the strided writes of
+#: a block stay in cache, so the transpose costs little more than the cast itself.
+TRANSPOSE_BLOCK_ROWS = 256
+FP16_MAX = 65504.0
+
+
+def program_array(value: Any, dtype: type[np.generic] | np.dtype[Any], *, transpose: bool = False) -> np.ndarray:
+    """`value` as a program holds it: cast to `dtype` and, with `transpose`, its two axes swapped.
+
+    The cast comes before any layout change and both happen in one pass over the source into
+    one new C-contiguous array; a source already in that dtype and layout (e.g. a memory-mapped
+    fp16 tensor) is returned as it is, uncopied. Sources may be float32/float16/bfloat16
+    (ml_dtypes) or integer/bool arrays, lazily read or not.
+    """
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    want = np.dtype(dtype)
+    if not transpose:
+        return np.ascontiguousarray(arr, dtype=want)
+    if arr.ndim != 2:
+        raise ConversionError(f"only a matrix can be transposed into a weight, got shape {list(arr.shape)}")
+    if arr.T.flags.c_contiguous:  # stored [N, K] already (e.g. a transposed view of a checkpoint)
+        return np.ascontiguousarray(arr.T, dtype=want)
+    rows, cols = arr.shape
+    out = np.empty((cols, rows), dtype=want)
+    for start in range(0, rows, TRANSPOSE_BLOCK_ROWS):
+        stop = min(start + TRANSPOSE_BLOCK_ROWS, rows)
+        out[:, start:stop] = arr[start:stop].T
+    return out
+
+
+def fp16_overflow_peak(source: np.ndarray, held: np.ndarray) -> float | None:
+    """The largest finite magnitude of `source` when casting it to fp16 (`held`) made a finite
+    value infinite, else None. The common case costs one integer pass over `held`."""
+    if held.dtype != np.float16 or held.size == 0 or source.dtype == np.float16:
+        return None
+    exponent_all_ones = (held.view(np.uint16) & 0x7FFF) >= 0x7C00  # inf or NaN in fp16
+    if not exponent_all_ones.any():
+        return None
+    wide = np.asarray(source, dtype=np.float32)
+    finite = wide[np.isfinite(wide)]
+    peak = float(np.max(np.abs(finite))) if finite.size else 0.0
+    return peak if peak > FP16_MAX else None
+
+
+def warn_fp16_overflow(name: str, peak: float) -> None:
+    warnings.warn(
+        PrecisionWarning(
+            f"param {name!r}: values up to {peak:.4g} exceed fp16's range ({FP16_MAX:g}) and"
+            " become +-inf under precision='fp16'; use precision='fp32' or rescale them"
+        ),
+        stacklevel=4,
+    )
+
+
+class SharedValues:
+    """What one conversion makes once and every node shares.
+
+    `array`: a Param/Constant in the form the program holds it (cast, and transposed for
+    `linear`), made on first use, so a weight used by several nodes (tied embeddings, RoPE
+    tables) is read and cast once and both uses point at the same buffer. `var`: MIL vars that
+    depend only on shapes, such as the causal mask of every attention layer with the same
+    geometry; keyed by the block they live in, so a var is never used outside its scope.
+    """
+
+    def __init__(self) -> None:
+        self._arrays: dict[Hashable, np.ndarray] = {}
+        self._vars: dict[Hashable, Any] = {}
+        self._scopes = 0
+
+    def new_scope(self) -> int:
+        """A token no other lowerer of this conversion has: Params of different (sub)graphs
+        may share a name without sharing a value."""
+        self._scopes += 1
+        return self._scopes
+
+    def array(self, key: Hashable, make: Callable[[], np.ndarray]) -> np.ndarray:
+        if key not in self._arrays:
+            self._arrays[key] = make()
+        return self._arrays[key]
+
+    def var(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        from coremltools.converters.mil.mil.block import curr_block
+
+        scoped = (id(curr_block()), key)
+        if scoped not in self._vars:
+            self._vars[scoped] = make()
+        return self._vars[scoped]
 
 
 class LowerContext:
@@ -137,6 +229,22 @@ class LowerContext:
         time), else None. Raw: quantized bytes stay as given."""
         return self._value_of(self.node.inputs[i])
 
+    def weight(self, i: int, *, transpose: bool = False) -> np.ndarray | None:
+        """Input `i`'s known value (Param/Constant, with any unit leading dims dropped when
+        `transpose`) as the program holds floats, fp16 or fp32; `transpose` swaps the axes of a
+        matrix into the [N, K] layout of `linear`. Made once per conversion and shared by every
+        node using it; None when the input is not known at conversion time."""
+        return self._lowerer.program_value(self.node.inputs[i], self.float_dtype, transpose=transpose)
+
+    def value_key(self, i: int) -> Hashable | None:
+        """What input `i`'s known value is shared under in this conversion (None at run time)."""
+        return self._lowerer.value_key(self.node.inputs[i])
+
+    def shared_var(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """The var `make()` builds, built once per conversion for each `key` (which must
+        capture everything the var depends on) and reused by every node asking for it."""
+        return self._lowerer.shared.var(key, make)
+
     # ------------------------------------------------------------------ dtypes and consts
     @property
     def float_dtype(self) -> type[np.floating[Any]]:
@@ -187,13 +295,12 @@ class LowerContext:
         if self._lowerer is None:
             raise self.error("this context cannot lower a subgraph (it was built without a lowerer)")
         inner = self._lowerer.nested(subgraph, dict(params or {}), name_prefix=f"{self.base_name}_")
+        lowerer = self._lowerer
         for sub_id, outer_index in bindings.items():
-            value = self.value(outer_index)
-            if value is not None:
-                inner.values[sub_id] = value
-                source = self.weight_source(outer_index)
-                if source is not None:
-                    inner.weight_sources[sub_id] = source
+            outer_id = self.node.inputs[outer_index]
+            key = lowerer.value_key(outer_id)  # known at conversion time: a weight-aware rule sees it
+            if key is not None:
+                inner.bind_outer_value(sub_id, lowerer, outer_id)
             else:
                 inner.env[sub_id] = self.var(outer_index)
         inner.run()

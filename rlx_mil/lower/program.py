@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +12,6 @@ from rlx_mil.errors import (
     ConversionError,
     GraphError,
     ParamError,
-    PrecisionWarning,
     RlxMilError,
     ShapeError,
     UnsupportedOpError,
@@ -38,9 +36,13 @@ from rlx_mil.lower.context import (
     LowerContext,
     LowerOptions,
     NameAllocator,
+    SharedValues,
     WeightSource,
     compressed_weight,
+    fp16_overflow_peak,
     mil_dtype_for,
+    program_array,
+    warn_fp16_overflow,
 )
 from rlx_mil.lower.kv_cache import POSITION_INPUT, KVCacheLowering, KVCachePlan
 from rlx_mil.lower.registry import PARAM_LAYOUT_HOOKS, rule_for
@@ -120,9 +122,28 @@ def _alternative_layout(graph: Graph, node: Node, arr: np.ndarray) -> bool:
     return any(hook(graph, node, arr) for hook in PARAM_LAYOUT_HOOKS)
 
 
-def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dict[str, np.ndarray]:
+#: Float dtypes as safetensors headers name them.
+_STORED_FLOAT_DTYPES: dict[object, Any] = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": BFLOAT16}
+
+
+def _param_metadata(params: Mapping[str, Any], name: str) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+    """Shape and dtype of `params[name]` without reading its data, when the mapping can say
+    (lazy checkpoint mappings offer `shape_of` / `dtype_of`); None when it cannot."""
+    shape_of, dtype_of = getattr(params, "shape_of", None), getattr(params, "dtype_of", None)
+    if not (callable(shape_of) and callable(dtype_of)):
+        return None
+    try:
+        dtype = dtype_of(name)
+        return tuple(int(s) for s in shape_of(name)), np.dtype(_STORED_FLOAT_DTYPES.get(dtype, dtype))
+    except Exception:  # metadata in a form NumPy does not name: read the tensor instead
+        return None
+
+
+def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> Mapping[str, Any]:
     """Every Param the outputs need must be given with its declared shape and a compatible
-    dtype; extra names are errors too. Every problem is listed at once."""
+    dtype; extra names are errors too. Every problem is listed at once. Returns `params`: the
+    float tensors of a lazy mapping are checked from its metadata and read later, one at a
+    time, as the lowering turns each into a const."""
     if not isinstance(params, Mapping):
         raise ParamError(f"params must map Param names to arrays, got {type(params).__name__}")
     wanted: dict[str, Node] = {}
@@ -137,7 +158,6 @@ def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dic
                 f"param {n.op.name!r}: declared twice with different shapes (node %{first.id} {first.shape},"
                 f" node %{n.id} {n.shape})"
             )
-    arrays: dict[str, np.ndarray] = {}
     for name in sorted(set(params) - set(wanted), key=repr):
         problems.append(f"param {name!r}: not a Param of graph {graph.name!r}")
     for name, node in wanted.items():
@@ -145,22 +165,26 @@ def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dic
             if node.id in live:
                 problems.append(f"param {name!r}: missing (node %{node.id}, shape {node.shape})")
             continue
-        try:
-            arr = np.asarray(params[name])
-        except Exception as err:  # any array-like failure is the caller's input problem
-            problems.append(f"param {name!r}: not convertible to an array ({err})")
-            continue
+        declared = node.shape.dtype
+        meta = _param_metadata(params, name) if declared.is_float else None
+        if meta is None:
+            try:
+                arr = np.asarray(params[name])
+            except Exception as err:  # any array-like failure is the caller's input problem
+                problems.append(f"param {name!r}: not convertible to an array ({err})")
+                continue
+        else:  # a float tensor's dtype is all the checks below need of it
+            arr = np.empty((0,), dtype=meta[1])
+        shape = arr.shape if meta is None else meta[0]
         if numeric_kind(arr.dtype) is None:
             problems.append(f"param {name!r}: {type(params[name]).__name__} value of dtype {arr.dtype} is not a numeric array")
             continue
         want = _static_sizes(node.shape, f"param {name!r}")
-        if arr.shape != want:
-            if _alternative_layout(graph, node, arr):
-                arrays[name] = arr
+        if shape != want:
+            if _alternative_layout(graph, node, arr if meta is None else np.asarray(params[name])):
                 continue
-            problems.append(f"param {name!r}: shape {arr.shape} does not match the declared {list(want)}")
+            problems.append(f"param {name!r}: shape {shape} does not match the declared {list(want)}")
             continue
-        declared = node.shape.dtype
         problem = value_problem(arr, declared)
         if problem is None and declared in (DType.I64, DType.U32):
             narrowed = value_problem(arr, DType.I32)
@@ -169,15 +193,9 @@ def check_params(graph: Graph, params: Mapping[str, Any], live: set[int]) -> dic
         if problem is not None and not _alternative_layout(graph, node, arr):
             problems.append(f"param {name!r}: {problem}")
             continue
-        arrays[name] = arr
     if problems:
         raise ParamError(f"params do not match graph {graph.name!r}", problems)
-    return arrays
-
-
-def is_bfloat16(dtype: np.dtype) -> bool:
-    """Whether `dtype` is ml_dtypes' bfloat16 (NumPy files it under kind 'V')."""
-    return dtype.name == "bfloat16"
+    return params
 
 
 _ROUNDED_STORAGE = {DType.F16: np.dtype(np.float16), DType.BF16: BFLOAT16}
@@ -235,6 +253,7 @@ class NodeLowerer:
         names: NameAllocator,
         live: set[int] | None = None,
         name_prefix: str = "",
+        shared: SharedValues | None = None,
     ) -> None:
         self.graph = graph
         self.params = params
@@ -245,7 +264,6 @@ class NodeLowerer:
         self.live = live_nodes(graph) if live is None else live
         self.name_prefix = name_prefix
         self.env: dict[int, Any] = {}
-        self.values: dict[int, np.ndarray] = {}
         #: node id -> rule lowering that node instead of its registered one (the stateful KV
         #: cache rewrites cache Concats and the attention reading them; shapes are its own).
         self.overrides: Mapping[int, Callable[[LowerContext], Any]] = {}
@@ -255,6 +273,14 @@ class NodeLowerer:
         # subgraph a fused node is spelled in is rounded once, at the fused node, as the
         # reference computes fused ops.
         self.rounds_results = not name_prefix
+        #: Input nodes standing for known values of an enclosing graph (see
+        #: `LowerContext.lower_subgraph`): the outer lowerer and node, read only when needed.
+        self.outer_values: dict[int, tuple[NodeLowerer, int]] = {}
+        self.shared = SharedValues() if shared is None else shared
+        self._scope = self.shared.new_scope()
+        # The last raw value read: a rule asking for one input's value several times reads a
+        # lazily loaded tensor once, and no more than one raw tensor is held at a time.
+        self._last_read: tuple[int, np.ndarray] | None = None
 
     def weight_source(self, node_id: int) -> WeightSource | None:
         """The Param whose value node `node_id` holds: the Param itself, or a 2-D Param behind a
@@ -265,23 +291,76 @@ class NodeLowerer:
         if node.op.type_name == "Transpose" and len(node.shape.dims) == 2 and tuple(getattr(node.op, "perm", ())) == (1, 0):
             inner = self.weight_source(node.inputs[0])
             return None if inner is None else WeightSource(inner.name, not inner.transposed)
+        if node_id in self.outer_values:
+            outer, outer_id = self.outer_values[node_id]
+            return outer.weight_source(outer_id)
         return self.weight_sources.get(node_id)
 
+    def bind_outer_value(self, node_id: int, outer: NodeLowerer, outer_id: int) -> None:
+        self.outer_values[node_id] = (outer, outer_id)
+
+    def value_key(self, node_id: int) -> Hashable | None:
+        """What a known value is shared under across the conversion; None for run-time values."""
+        if node_id in self.outer_values:
+            outer, outer_id = self.outer_values[node_id]
+            return outer.value_key(outer_id)
+        op = self.graph.node(node_id).op
+        if isinstance(op, Param):
+            return (self._scope, "param", op.name)
+        if isinstance(op, Constant):
+            return (self._scope, "constant", node_id)
+        if isinstance(op, Transpose):
+            inner = self.value_key(self.graph.node(node_id).inputs[0])
+            return None if inner is None else (inner, "transpose", tuple(op.perm))
+        return None
+
     def value_of(self, node_id: int) -> np.ndarray | None:
-        if node_id in self.values:
-            return self.values[node_id]
+        if node_id in self.outer_values:
+            outer, outer_id = self.outer_values[node_id]
+            return outer.value_of(outer_id)
+        if self._last_read is not None and self._last_read[0] == node_id:
+            return self._last_read[1]
         node = self.graph.node(node_id)
         if isinstance(node.op, Param):
-            return np.asarray(self.params[node.op.name])
-        if isinstance(node.op, Constant):
-            self.values[node_id] = decode_constant(node.op, node.shape, node.id)
-            return self.values[node_id]
-        if isinstance(node.op, Transpose):
+            value = np.asarray(self.params[node.op.name])
+        elif isinstance(node.op, Constant):
+            value = decode_constant(node.op, node.shape, node.id)
+        elif isinstance(node.op, Transpose):
             # A transposed weight (e.g. a Hugging Face [out, in] matrix feeding MatMul) is a
             # known value too: a view, so rules like `linear` take the stored layout as is.
             inner = self.value_of(node.inputs[0])
             return None if inner is None else np.transpose(inner, node.op.perm)
-        return None
+        else:
+            return None
+        self._last_read = (node_id, value)
+        return value
+
+    def program_value(self, node_id: int, float_dtype: type[np.floating[Any]], *, transpose: bool = False) -> np.ndarray | None:
+        """The known value of `node_id` as the program holds it (see `program_array`), made
+        once per conversion; None for run-time values."""
+        key = self.value_key(node_id)
+        if key is None:
+            return None
+        node = self.graph.node(node_id)
+        held = mil_dtype_for(node.shape.dtype, self.precision)
+        dtype = float_dtype if held in ("fp16", "fp32") else {"int32": np.int32, "bool": np.bool_}[held]
+
+        def make() -> np.ndarray:
+            value = self.value_of(node_id)
+            assert value is not None
+            if transpose and value.ndim > 2:  # unit batch dims, checked by the rule
+                value = value.reshape(value.shape[-2:])
+            storage = _ROUNDED_STORAGE.get(node.shape.dtype) if held in ("fp16", "fp32") else None
+            if storage is not None and value.dtype != storage:
+                value = value.astype(storage)  # a declared F16/BF16 weight holds such values
+            arr = program_array(value, dtype, transpose=transpose)
+            peak = fp16_overflow_peak(value, arr)
+            if peak is not None and isinstance(key, tuple) and key[1] == "param":
+                warn_fp16_overflow(str(key[2]), peak)
+            self._last_read = None  # the raw tensor is no longer needed
+            return arr
+
+        return self.shared.array((key, np.dtype(dtype).str, transpose), make)
 
     def var_of(self, node_id: int) -> Any:
         from coremltools.converters.mil import Builder as mb
@@ -289,25 +368,28 @@ class NodeLowerer:
         if node_id in self.env:
             return self.env[node_id]
         node = self.graph.node(node_id)
-        value = self.value_of(node_id)
-        if value is None:
+        key = self.value_key(node_id)
+        if key is None:
             raise ConversionError(f"node %{node_id} used before it was lowered")
         base = node.op.name if isinstance(node.op, Param) else (node.name or f"const_{node_id}")
-        target_dtype = mil_dtype_for(node.shape.dtype, self.precision)
-        if node.shape.dtype.is_float:
+        if node.shape.dtype.is_float and self.options.compressor is not None:
             op_name = self.name_prefix + base
+            value = self.value_of(node_id)
+            assert value is not None
             compressed = compressed_weight(
                 self.options, self.weight_source(node_id), value, layout="dense", op_name=lambda: self.names.fresh(op_name)
             )
             if compressed is not None:
                 self.env[node_id] = compressed
                 return compressed
-        np_dtype = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32, "bool": np.bool_}[target_dtype]
-        arr: np.ndarray = np.asarray(value)
-        if node.shape.dtype in _ROUNDED_STORAGE and arr.dtype != _ROUNDED_STORAGE[node.shape.dtype]:
-            arr = arr.astype(_ROUNDED_STORAGE[node.shape.dtype])  # a declared F16/BF16 weight holds such values
-        arr = arr.astype(np_dtype)
-        self.env[node_id] = mb.const(val=arr if arr.ndim else arr[()], name=self.names.fresh(self.name_prefix + base))
+        float_dtype = np.float16 if self.precision is Precision.FP16 else np.float32
+        arr = self.program_value(node_id, float_dtype)
+        assert arr is not None
+
+        def make() -> Any:
+            return mb.const(val=arr if arr.ndim else arr[()], name=self.names.fresh(self.name_prefix + base))
+
+        self.env[node_id] = self.shared.var(("const", key, arr.dtype.str), make)
         return self.env[node_id]
 
     def context(self, node: Node) -> LowerContext:
@@ -326,7 +408,7 @@ class NodeLowerer:
                 continue
             op = node.op
             if isinstance(op, Input):
-                if node.id in self.values:
+                if node.id in self.outer_values:
                     continue
                 raise ConversionError(f"input %{node.id} {op.name!r} was not bound")
             if isinstance(op, (Param, Constant)) or (isinstance(op, Transpose) and self.value_of(node.id) is not None):
@@ -358,28 +440,8 @@ class NodeLowerer:
         this one's target, precision, options and name allocator."""
         return NodeLowerer(
             subgraph, params, target=self.target, precision=self.precision, options=self.options,
-            names=self.names, name_prefix=name_prefix,
+            names=self.names, name_prefix=name_prefix, shared=self.shared,
         )
-
-
-FP16_MAX = 65504.0
-
-
-def warn_fp16_overflow(arrays: Mapping[str, np.ndarray]) -> None:
-    """Float weights beyond fp16's range become +-inf under fp16 precision; say which."""
-    for name, arr in arrays.items():
-        if (arr.dtype.kind != "f" and not is_bfloat16(arr.dtype)) or arr.size == 0:
-            continue
-        finite = arr[np.isfinite(arr)]
-        peak = float(np.max(np.abs(finite))) if finite.size else 0.0
-        if peak > FP16_MAX:
-            warnings.warn(
-                PrecisionWarning(
-                    f"param {name!r}: values up to {peak:.4g} exceed fp16's range ({FP16_MAX:g}) and"
-                    " become +-inf under precision='fp16'; use precision='fp32' or rescale them"
-                ),
-                stacklevel=3,
-            )
 
 
 def lower_graph(
@@ -403,8 +465,6 @@ def lower_graph(
     if kv_cache is not None:
         live -= kv_cache.removed_inputs  # read from the state instead
     arrays = check_params(graph, {} if params is None else params, live)
-    if precision is Precision.FP16:
-        warn_fp16_overflow(arrays)
 
     # Every check that can fail on the graph runs before coremltools sees anything.
     for node in graph:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -167,7 +168,13 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> tuple[dict[str, Ten
 
 
 class SafetensorsFile(LazyTensors):
-    """A `.safetensors` file opened through `safetensors.safe_open(..., framework="numpy")`."""
+    """A `.safetensors` file checked by `safetensors.safe_open(..., framework="numpy")` too.
+
+    Tensors are read with plain file reads into fresh arrays, not through safe_open's memory
+    map: the pages of a mapping stay resident (and count in the process's RSS) for as long as
+    the file is open, so reading a whole checkpoint through it would hold a second copy of the
+    model's bytes until the conversion ends.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         from safetensors import safe_open
@@ -175,6 +182,8 @@ class SafetensorsFile(LazyTensors):
         p = Path(path)
         headers, metadata = read_safetensors_header(p)
         super().__init__(p, headers, metadata)
+        with p.open("rb") as stream:
+            self._data_start = 8 + struct.unpack("<Q", stream.read(8))[0]
         try:
             self._handle: Any = safe_open(os.fspath(p), framework="numpy")
         except Exception as err:  # SafetensorError, OSError: the file changed since it was checked
@@ -186,11 +195,21 @@ class SafetensorsFile(LazyTensors):
     def _read(self, header: TensorHeader) -> np.ndarray:
         if self._handle is None:
             raise WeightsFormatError(f"{self.path}: closed; cannot read tensor {header.name!r}")
+        data = np.empty(header.nbytes, dtype=np.uint8)
         try:
-            array = self._handle.get_tensor(header.name)
-        except Exception as err:
+            with self.path.open("rb") as stream:
+                stream.seek(self._data_start + header.begin)
+                got = stream.readinto(data.data)
+        except OSError as err:
             raise WeightsFormatError(f"{self.path}: tensor {header.name!r}: cannot be read: {err}") from None
-        return self._checked(header, array)
+        if got != header.nbytes:
+            raise WeightsFormatError(f"{self.path}: tensor {header.name!r}: file ends after {got} of {header.nbytes} bytes")
+        dtype = header.dtype
+        if sys.byteorder == "little" or dtype.itemsize == 1:
+            array = data.view(dtype)
+        else:  # safetensors data is little-endian
+            array = data.view(dtype.newbyteorder("<")).astype(dtype)
+        return self._checked(header, array.reshape(header.shape))
 
     def close(self) -> None:
         handle, self._handle = getattr(self, "_handle", None), None

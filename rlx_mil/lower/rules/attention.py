@@ -128,8 +128,11 @@ def _fused(op: ops.Attention, dims: Dims, q_folded: Any, k: Any, v: Any, ctx: Lo
     if masking.live_rows is not None:
         # A row with every key masked must average all keys (spec 9.4); the fused op would give
         # NaN. Unmask such rows and zero their query: equal scores, uniform weights.
-        dead = mb.logical_not(x=masking.live_rows, name=ctx.name("mask_dead_rows"))
-        mask = mb.logical_or(x=mask, y=dead, name=ctx.name("mask_keep_live"))
+        def keep_live(mask: Any = mask) -> Any:
+            dead = mb.logical_not(x=masking.live_rows, name=ctx.name("mask_dead_rows"))
+            return mb.logical_or(x=mask, y=dead, name=ctx.name("mask_keep_live"))
+
+        mask = ctx.shared_var(("mask_keep_live", id(mask), id(masking.live_rows)), keep_live)
         query = mb.select(cond=masking.live_rows, a=query, b=ctx.scalar(0.0), name=ctx.name("q_live"))
     kwargs: dict[str, Any] = {} if mask is None else {"attn_mask": mask}
     return mb.scaled_dot_product_attention(query=query, key=k, value=v, name=ctx.name("sdpa"), **kwargs)

@@ -15,7 +15,7 @@ import numpy as np
 
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
-from rlx_mil.lower.context import LowerContext, WeightSource, compressed_weight
+from rlx_mil.lower.context import LowerContext, WeightSource, compressed_weight, program_array
 from rlx_mil.lower.registry import lowering
 from rlx_mil.lower.rules.elementwise import (
     activation_var,
@@ -49,30 +49,41 @@ def _reshape(ctx: LowerContext, var: Any, sizes: tuple[int, ...], suffix: str) -
     return mb.reshape(x=var, shape=np.asarray(sizes, dtype=np.int32), name=ctx.name(suffix))
 
 
+def linear_weight(
+    ctx: LowerContext, weight_kn: np.ndarray, source: WeightSource | None, suffix: str, index: int | None = None
+) -> Any:
+    """A known [K, N] matmul weight as `linear` takes it: the compressed constexpr op when the
+    conversion compresses the Param `source`, else [N, K] in the program's float dtype. When
+    the weight is the node's input `index`, that array is made once per conversion and shared
+    (`ctx.weight`); a computed weight (index None) is cast and transposed in one pass."""
+    compressed = compressed_weight(
+        ctx.options, source, weight_kn, layout="kn", op_name=lambda: ctx.name(join(suffix, "weight"))
+    )
+    if compressed is not None:
+        return compressed
+    if index is not None:
+        return ctx.weight(index, transpose=True)
+    return program_array(weight_kn, ctx.float_dtype, transpose=True)
+
+
 def linear_var(
     ctx: LowerContext,
     x: Any,
-    weight_kn: np.ndarray,
+    weight: Any,
     bias: np.ndarray | None,
     out_sizes: tuple[int, ...],
     suffix: str,
-    source: WeightSource | None = None,
 ) -> Any:
-    """`x @ weight_kn (+ bias)` through MIL `linear` (x held in the program float), reshaped
-    to `out_sizes`. `source` names the Param the weight comes from (it may be compressed)."""
+    """`x @ W (+ bias)` through MIL `linear` (x held in the program float), reshaped to
+    `out_sizes`; `weight` is W as `linear_weight` gives it. A known all-zero bias is left out."""
     from coremltools.converters.mil import Builder as mb
 
     x_sizes = tuple(int(d) for d in x.shape)
     if len(x_sizes) > _LINEAR_MAX_RANK:
         x = _reshape(ctx, x, (math.prod(x_sizes[:-2]), *x_sizes[-2:]), join(suffix, "fold"))
     kwargs: dict[str, Any] = {}
-    if bias is not None:
-        kwargs["bias"] = np.ascontiguousarray(bias, dtype=np.float64).astype(ctx.float_dtype)
-    weight = compressed_weight(
-        ctx.options, source, weight_kn, layout="kn", op_name=lambda: ctx.name(join(suffix, "weight"))
-    )
-    if weight is None:
-        weight = np.ascontiguousarray(np.asarray(weight_kn, dtype=np.float64).T).astype(ctx.float_dtype)
+    if bias is not None and np.any(np.asarray(bias) != 0):
+        kwargs["bias"] = program_array(bias, ctx.float_dtype)
     result = mb.linear(x=x, weight=weight, name=ctx.name(suffix), **kwargs)
     return _reshape(ctx, result, out_sizes, join(suffix, "shape"))
 
@@ -84,10 +95,12 @@ def matmul_var(
     out_sizes: tuple[int, ...],
     suffix: str,
     source: WeightSource | None = None,
+    b_index: int | None = None,
 ) -> tuple[Any, DType]:
     """`a @ b` with NumPy batch broadcasting; each operand is (var or None, IR dtype, known
     value or None). Returns the result var and the IR dtype it holds (F32 for floats, I32 when
-    both operands are integer)."""
+    both operands are integer). `b_index`: the node input b is, when it is one (see
+    `linear_weight`)."""
     from coremltools.converters.mil import Builder as mb
 
     a_var, a_dt, _ = a
@@ -97,9 +110,10 @@ def matmul_var(
         bi = to_int32(ctx, b_var, b_dt, join(suffix, "rhs_int"))
         return mb.matmul(x=ai, y=bi, name=ctx.name(suffix)), DType.I32
     x = to_float(ctx, a_var, a_dt, join(suffix, "lhs_float"))
-    weight = _as_weight(b_value)
-    if weight is not None:
-        return linear_var(ctx, x, weight, None, out_sizes, suffix, source), DType.F32
+    known = _as_weight(b_value)
+    if known is not None:
+        weight = linear_weight(ctx, known, source, suffix, b_index)
+        return linear_var(ctx, x, weight, None, out_sizes, suffix), DType.F32
     y = to_float(ctx, b_var, b_dt, join(suffix, "rhs_float"))
     return mb.matmul(x=x, y=y, name=ctx.name(suffix)), DType.F32
 
@@ -144,7 +158,7 @@ def lower_matmul(op: ops.MatMul, ctx: LowerContext) -> Any:
     sizes = _check_matmul_shapes(ctx, 0, 1, ("a", "b"))
     _check_declared(ctx, sizes)
     a = (ctx.var(0), ctx.input_shape(0).dtype, ctx.value(0))
-    result, held = matmul_var(ctx, a, _operand(ctx, 1), sizes, "", ctx.weight_source(1))
+    result, held = matmul_var(ctx, a, _operand(ctx, 1), sizes, "", ctx.weight_source(1), b_index=1)
     return convert(ctx, result, held, ctx.out_shape.dtype, suffix="out")
 
 
@@ -186,13 +200,17 @@ def lower_lora_matmul(op: ops.LoraMatMul, ctx: LowerContext) -> Any:
     compressing_w = ctx.options.compressor is not None and ctx.options.compressor.scheme_for(ctx.weight_source(1)) is not None
     if w is not None and a is not None and b is not None and not compressing_w:
         merged = np.asarray(w, np.float64) + np.float64(op.scale) * (np.asarray(a, np.float64) @ np.asarray(b, np.float64))
-        return convert(ctx, linear_var(ctx, x, merged, None, out_sizes, ""), DType.F32, out_dt, suffix="out")
+        weight = linear_weight(ctx, merged, None, "")
+        return convert(ctx, linear_var(ctx, x, weight, None, out_sizes, ""), DType.F32, out_dt, suffix="out")
 
     def product(left: Any, i: int, sizes: tuple[int, ...], suffix: str, scale: float = 1.0) -> Any:
         value = ctx.value(i)
         if value is not None:
-            scaled = value if scale == 1.0 else np.asarray(value, np.float64) * np.float64(scale)
-            return linear_var(ctx, left, scaled, None, sizes, suffix, ctx.weight_source(i) if scale == 1.0 else None)
+            if scale == 1.0:
+                weight = linear_weight(ctx, value, ctx.weight_source(i), suffix, i)
+            else:
+                weight = linear_weight(ctx, np.asarray(value, np.float64) * np.float64(scale), None, suffix)
+            return linear_var(ctx, left, weight, None, sizes, suffix)
         right = to_float(ctx, ctx.var(i), ctx.input_shape(i).dtype, join(suffix, "rhs_float"))
         result = mb.matmul(x=left, y=right, name=ctx.name(suffix))
         if scale != 1.0:
@@ -225,20 +243,24 @@ def lower_fused_matmul_bias_act(op: ops.FusedMatMulBiasAct, ctx: LowerContext) -
         raise shape_error(ctx, f"bias must hold {n} values, got shape {list(bias_sizes)}", "bias")
     out_dt = ctx.out_shape.dtype
     x = to_float(ctx, ctx.var(0), ctx.input_shape(0).dtype, "x_float")
-    weight = _as_weight(ctx.value(1))
+    known = _as_weight(ctx.value(1))
+    weight = None if known is None else linear_weight(ctx, known, ctx.weight_source(1), "linear", 1)
     bias_value = ctx.value(2)
     if weight is not None and bias_value is not None:
-        y = linear_var(ctx, x, weight, np.asarray(bias_value).reshape(n), sizes, "linear", ctx.weight_source(1))
+        y = linear_var(ctx, x, weight, np.asarray(bias_value).reshape(n), sizes, "linear")
     else:
         if weight is not None:
-            product = linear_var(ctx, x, weight, None, sizes, "linear", ctx.weight_source(1))
+            product = linear_var(ctx, x, weight, None, sizes, "linear")
         else:
             w = to_float(ctx, ctx.var(1), ctx.input_shape(1).dtype, "w_float")
             product = mb.matmul(x=x, y=w, name=ctx.name("matmul"))
-        bias = to_float(ctx, ctx.var(2), ctx.input_shape(2).dtype, "bias_float")
-        if len(bias_sizes) != 1:
-            bias = mb.reshape(x=bias, shape=np.asarray([n], dtype=np.int32), name=ctx.name("bias_flat"))
-        y = mb.add(x=product, y=bias, name=ctx.name("bias"))
+        if bias_value is not None and not np.any(np.asarray(bias_value) != 0):
+            y = product  # a known all-zero bias adds nothing
+        else:
+            bias = to_float(ctx, ctx.var(2), ctx.input_shape(2).dtype, "bias_float")
+            if len(bias_sizes) != 1:
+                bias = mb.reshape(x=bias, shape=np.asarray([n], dtype=np.int32), name=ctx.name("bias_flat"))
+            y = mb.add(x=product, y=bias, name=ctx.name("bias"))
     if op.activation is None:
         return convert(ctx, y, DType.F32, out_dt, suffix="out")
     return activation_var(ctx, op.activation, y, DType.F32, out_dt)

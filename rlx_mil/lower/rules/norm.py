@@ -16,6 +16,20 @@ its square root is) survives, and `s` is clamped below at `max(2^-14, sqrt(eps)/
 all-zero row divides by a positive number and `(sqrt(eps)/s)^2 <= 16384` cannot overflow. A
 final guard of 2^-24 inside the reciprocal square root keeps an all-zero row with eps == 0
 finite (it yields beta where the fp32 formula gives NaN).
+
+RmsNorm under fp16 takes the same idea further, in 7 ops plus the affine (9 with a gamma, where
+the plain formula takes 4-5 and the version above 12). The row is padded with one element
+`c = sqrt(H*eps)` (`pad`), so that
+
+    sum(padded^2) = sum(x^2) + H*eps = H * (mean(x^2) + eps)
+
+then, with `s = max|padded|` (`abs`, `reduce_max`) and `p = padded / s` (`real_div`),
+`y = p[:H] * rsqrt(sum(p^2)) * sqrt(H)` (`reduce_sum_square`, `rsqrt`, `slice_by_size`, `mul`;
+sqrt(H) is folded into a known gamma). Safety: every `|p| <= 1` and one element of `p` is
+exactly +-1, so `1 <= sum(p^2) <= H + 1` — no overflow while H + 1 <= 65504 (longer rows take
+the 12-op form) and no division by zero; the padding element makes `s >= c > 0` even for an
+all-zero row, which then gives beta. `c` is clamped below at 2^-14 (fp16's smallest normal), so
+an eps below 2^-28 / H acts as 2^-28 / H — below the resolution of fp16 inputs anyway.
 """
 
 from __future__ import annotations
@@ -35,6 +49,8 @@ from rlx_mil.lower.target import Precision
 FP16_MIN_NORMAL = 2.0**-14
 #: Smallest positive fp16 number: keeps 1/sqrt(0) finite for all-zero rows with eps == 0.
 FP16_RSQRT_GUARD = 2.0**-24
+#: Largest row length whose padded sum of squares (each term <= 1) stays below fp16's maximum.
+FP16_SUM_LIMIT = 65504
 
 
 # ---------------------------------------------------------------------------------- checks
@@ -101,15 +117,23 @@ def _affine_vector(ctx: LowerContext, index: int, length: int, shape: list[int],
     return var, None
 
 
-def _apply_affine(ctx: LowerContext, y: Any, gamma_index: int, beta_index: int, length: int, shape: list[int]) -> Any:
-    """`y * gamma + beta`, leaving out a multiply by ones or an add of zeros known at conversion."""
+def _apply_affine(
+    ctx: LowerContext, y: Any, gamma_index: int, beta_index: int, length: int, shape: list[int], scale: float = 1.0
+) -> Any:
+    """`y * scale * gamma + beta`, leaving out a multiply by ones or an add of zeros known at
+    conversion; a known gamma takes `scale` in (one product, rounded once)."""
     from coremltools.converters.mil import Builder as mb
 
-    gamma_var, gamma_val = _affine_vector(ctx, gamma_index, length, shape, "gamma")
-    if gamma_var is not None:
+    gamma_value = ctx.value(gamma_index)
+    if gamma_value is not None:
+        product = np.asarray(gamma_value, dtype=np.float64).reshape(shape) * scale
+        if not np.all(product == 1):
+            y = mb.mul(x=y, y=product.astype(ctx.float_dtype), name=ctx.name("scale"))
+    else:
+        if scale != 1.0:
+            y = mb.mul(x=y, y=ctx.scalar(scale), name=ctx.name("unscale"))
+        gamma_var, _ = _affine_vector(ctx, gamma_index, length, shape, "gamma")
         y = mb.mul(x=y, y=gamma_var, name=ctx.name("scale"))
-    elif gamma_val is not None and not np.all(gamma_val == 1):
-        y = mb.mul(x=y, y=gamma_val, name=ctx.name("scale"))
     beta_var, beta_val = _affine_vector(ctx, beta_index, length, shape, "beta")
     if beta_var is not None:
         y = mb.add(x=y, y=beta_var, name=ctx.name("shift"))
@@ -172,9 +196,28 @@ def _layer_norm_affine(ctx: LowerContext, x: Any, eps: float, gamma_index: int, 
     return _apply_affine(ctx, normed, gamma_index, beta_index, length, [length])
 
 
+def _rms_norm_fp16(ctx: LowerContext, x: Any, eps: float, length: int) -> Any:
+    """`x / sqrt(mean(x^2) + eps) / sqrt(H)` in 7 fp16-safe ops (module docstring): the row
+    padded with c = sqrt(H*eps) folds eps into the sum and keeps the row scale positive."""
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = [int(d) for d in x.shape]
+    extra = max(math.sqrt(length * eps), FP16_MIN_NORMAL)
+    padded = mb.pad(x=x, pad=[0, 1], mode="constant", constant_val=ctx.scalar(extra), name=ctx.name("padded"))
+    peak = mb.reduce_max(x=mb.abs(x=padded, name=ctx.name("abs")), axes=[-1], keep_dims=True, name=ctx.name("peak"))
+    scaled = mb.real_div(x=padded, y=peak, name=ctx.name("scaled"))
+    sum_sq = mb.reduce_sum_square(x=scaled, axes=[-1], keep_dims=True, name=ctx.name("sum_sq"))
+    inv = mb.rsqrt(x=sum_sq, name=ctx.name("inv_norm"))
+    row = mb.slice_by_size(x=scaled, begin=[0] * len(sizes), size=sizes, name=ctx.name("row"))
+    return mb.mul(x=row, y=inv, name=ctx.name("normed"))
+
+
 def _rms_norm_affine(ctx: LowerContext, x: Any, eps: float, gamma_index: int, beta_index: int, length: int) -> Any:
-    normed = normalize_last_axis(ctx, x, eps, center=False)
-    return _apply_affine(ctx, normed, gamma_index, beta_index, length, [length])
+    if ctx.precision is Precision.FP32 or length + 1 > FP16_SUM_LIMIT:
+        normed = normalize_last_axis(ctx, x, eps, center=False)
+        return _apply_affine(ctx, normed, gamma_index, beta_index, length, [length])
+    normed = _rms_norm_fp16(ctx, x, eps, length)
+    return _apply_affine(ctx, normed, gamma_index, beta_index, length, [length], scale=math.sqrt(length))
 
 
 def _to_declared(ctx: LowerContext, y: Any) -> Any:
@@ -218,8 +261,10 @@ def lower_layer_norm(op: ops.LayerNorm, ctx: LowerContext) -> Any:
 
 @lowering(
     ops.RmsNorm, family="norm",
-    notes="no MIL rms_norm: fp32 `square`/`reduce_mean`/`rsqrt(epsilon)`/`mul`, fp16 the same on x"
-    " scaled by the row's max|x| (no overflow, all-zero rows give beta); beta is added;"
+    notes="no MIL rms_norm: fp32 `square`/`reduce_mean`/`rsqrt(epsilon)`/`mul`; fp16 7 ops: the row"
+    " padded with sqrt(H*eps), scaled by its max|x| (`pad`, `abs`, `reduce_max`, `real_div`),"
+    " `reduce_sum_square`, `rsqrt`, `slice_by_size`, `mul` (no overflow, all-zero rows give beta);"
+    " gamma (times sqrt(H) under fp16) multiplies unless all ones, beta is added unless all zeros;"
     " a leading-flattened declared shape gets a `reshape`",
 )
 def lower_rms_norm(op: ops.RmsNorm, ctx: LowerContext) -> Any:

@@ -14,12 +14,8 @@ from rlx_mil.lower.registry import lowering
 from rlx_mil.lower.rules.norm import input_sizes, node_error, require_float
 
 
-def _table(ctx: LowerContext, index: int, name: str, seq: int, half: int, rank4: bool, pairs: bool) -> Any:
-    """Rows 0..S-1 (or the single broadcast row) and columns 0..half-1 of a cos/sin table, shaped
-    to broadcast against the per-head view of x: [S', 1, half] for [.., S, H, D], [S', half] for
-    [B, H, S, D]; with `pairs` (GptJ) one more trailing 1 to broadcast over each pair."""
-    from coremltools.converters.mil import Builder as mb
-
+def _check_table(ctx: LowerContext, index: int, name: str, seq: int, half: int) -> tuple[int, int, int]:
+    """(rows, cols, rows used) of a cos/sin table: all P rows from 0..S-1, or one broadcast row."""
     sizes = input_sizes(ctx, index)
     if not sizes or math.prod(sizes) == 0:
         raise node_error(ctx, ShapeError, f"{name} must be a [P, head_dim/2] table, got {list(sizes)}", name)
@@ -31,28 +27,95 @@ def _table(ctx: LowerContext, index: int, name: str, seq: int, half: int, rank4:
         raise node_error(
             ctx, ShapeError, f"{name} has {rows} rows but the sequence has {seq} positions (need P >= S or P == 1)", name
         )
-    used_rows = 1 if rows == 1 else seq
-    view = [used_rows, half] if rank4 else [used_rows, 1, half]
+    return rows, cols, 1 if rows == 1 else seq
+
+
+def _table_rows(ctx: LowerContext, index: int, name: str, rows: int, cols: int, used: int, half: int) -> Any:
+    """A run-time table's rows 0..used-1 and columns 0..half-1 as a `[used, half]` var."""
+    from coremltools.converters.mil import Builder as mb
+
+    table = ctx.var(index)
+    if len(input_sizes(ctx, index)) != 2:
+        table = mb.reshape(x=table, shape=[rows, cols], name=ctx.name(f"{name}_2d"))
+    if (used, half) != (rows, cols):
+        table = mb.slice_by_index(x=table, begin=[0, 0], end=[used, half], name=ctx.name(f"{name}_rows"))
+    return table
+
+
+def _table(ctx: LowerContext, index: int, name: str, seq: int, half: int, rank4: bool, pairs: bool) -> Any:
+    """Rows 0..S-1 (or the single broadcast row) and columns 0..half-1 of a cos/sin table, shaped
+    to broadcast against the per-head view of x: [S', 1, half] for [.., S, H, D], [S', half] for
+    [B, H, S, D]; with `pairs` (GptJ) one more trailing 1 to broadcast over each pair."""
+    from coremltools.converters.mil import Builder as mb
+
+    rows, cols, used = _check_table(ctx, index, name, seq, half)
+    view = [used, half] if rank4 else [used, 1, half]
     if pairs:
         view.append(1)
-
     value = ctx.value(index)
     if value is not None:
-        arr = np.asarray(value, dtype=np.float32).reshape(rows, cols)[:used_rows, :half]
+        arr = np.asarray(value, dtype=np.float32).reshape(rows, cols)[:used, :half]
         return ctx.const(arr.reshape(view), name)
-    table = ctx.var(index)
-    if len(sizes) != 2:
-        table = mb.reshape(x=table, shape=[rows, cols], name=ctx.name(f"{name}_2d"))
-    if (used_rows, half) != (rows, cols):
-        table = mb.slice_by_index(x=table, begin=[0, 0], end=[used_rows, half], name=ctx.name(f"{name}_rows"))
-    return mb.reshape(x=table, shape=view, name=ctx.name(f"{name}_view"))
+    part = _table_rows(ctx, index, name, rows, cols, used, half)
+    return mb.reshape(x=part, shape=view, name=ctx.name(f"{name}_view"))
+
+
+def _full_tables(ctx: LowerContext, seq: int, half: int, rank4: bool) -> tuple[Any, Any]:
+    """Head-wide tables `[cos, cos]` and `[-sin, sin]` (rows 0..S-1, or the single broadcast
+    row), shaped to broadcast against the per-head view of x: `[S', D]` for [B, H, S, D],
+    `[S', 1, D]` for [.., S, H, D]. Built once per conversion for each pair of tables and
+    geometry, and shared by every RoPE node using them (q and k of every layer)."""
+    from coremltools.converters.mil import Builder as mb
+
+    rows, cols, used = _check_table(ctx, 1, "cos", seq, half)
+    _check_table(ctx, 2, "sin", seq, half)
+    view = [used, 2 * half] if rank4 else [used, 1, 2 * half]
+    keys = (ctx.value_key(1), ctx.value_key(2))
+    if None not in keys:  # tables known at conversion: read once, whatever the number of nodes
+
+        def known(index: int, sign: float, what: str) -> Any:
+            part = np.asarray(ctx.value(index), dtype=np.float32).reshape(rows, cols)[:used, :half]
+            full = np.concatenate([sign * part, part], axis=-1).reshape(view)
+            return ctx.const(full, what)
+
+        cos = ctx.shared_var(("rope_cos", keys, used, half, rank4), lambda: known(1, 1.0, "cos"))
+        sin = ctx.shared_var(("rope_sin", keys, used, half, rank4), lambda: known(2, -1.0, "sin"))
+        return cos, sin
+
+    def runtime(index: int, name: str, negate_first: bool) -> Any:
+        part = _table_rows(ctx, index, name, rows, cols, used, half)
+        first = mb.mul(x=part, y=ctx.scalar(-1.0), name=ctx.name(f"{name}_neg")) if negate_first else part
+        full = mb.concat(values=[first, part], axis=-1, name=ctx.name(f"{name}_full"))
+        return mb.reshape(x=full, shape=view, name=ctx.name(f"{name}_view"))
+
+    table_ids = (ctx.node.inputs[1], ctx.node.inputs[2], id(ctx.var(1)), id(ctx.var(2)))
+    cos = ctx.shared_var(("rope_cos_runtime", table_ids, used, half, rank4), lambda: runtime(1, "cos", False))
+    sin = ctx.shared_var(("rope_sin_runtime", table_ids, used, half, rank4), lambda: runtime(2, "sin", True))
+    return cos, sin
+
+
+def _rotate_half_full(heads: Any, half: int, cos: Any, sin_signed: Any, ctx: LowerContext) -> Any:
+    """NeoX over the whole head: x*[cos, cos] + concat(x2, x1)*[-sin, sin]. x1*cos - x2*sin ==
+    x1*cos + x2*(-sin) exactly, so this is the textbook formula's arithmetic in 5 ops instead of 8."""
+    from coremltools.converters.mil import Builder as mb
+
+    first, second = mb.split(x=heads, split_sizes=[half, half], axis=-1, name=ctx.name("halves"))
+    swapped = mb.concat(values=[second, first], axis=-1, name=ctx.name("swapped"))
+    return mb.add(
+        x=mb.mul(x=heads, y=cos, name=ctx.name("x_cos")),
+        y=mb.mul(x=swapped, y=sin_signed, name=ctx.name("swapped_sin")),
+        name=ctx.name("rotated"),
+    )
 
 
 @lowering(
     ops.Rope, family="rope",
-    notes="`reshape` to heads (rank 2/3), `split` into the two rotated halves (+ the unrotated"
-    " tail for n_rot < head_dim), `mul`/`sub`/`add` with table rows 0..S-1 (`slice_by_index`, or"
-    " sliced at conversion for Param tables; a 1-row table broadcasts), `concat`, `reshape` back."
+    notes="NeoX over the whole head: rotate-half as x*[cos,cos] + concat(x2,x1)*[-sin,sin]:"
+    " `reshape` to heads (rank 2/3), `split`, `concat`, `mul`, `mul`, `add`, `reshape` back (7 ops),"
+    " the head-wide tables built once per conversion and shared by every RoPE node. n_rot <"
+    " head_dim: `split` into the two rotated halves and the unrotated tail, `mul`/`sub`/`add` with"
+    " table rows 0..S-1 (`slice_by_index`, or sliced at conversion for Param tables; a 1-row table"
+    " broadcasts), `concat`, `reshape` back."
     " GptJ style: the rotated part is reshaped to [..., n_rot/2, 2] and `split` into the even and"
     " odd members of each pair, rotated the same way, then `concat` + `reshape` back",
 )
@@ -95,10 +158,15 @@ def lower_rope(op: ops.Rope, ctx: LowerContext) -> Any:
     if half == 0:
         return x
     gptj = op.style is ops.RopeStyle.GPTJ
+    heads = x if rank == 4 else mb.reshape(x=x, shape=heads_view, name=ctx.name("heads"))
+    if not gptj and n_rot == head_dim:
+        cos, sin_signed = _full_tables(ctx, seq, half, rank == 4)
+        rotated = _rotate_half_full(heads, half, cos, sin_signed, ctx)
+        if rank == 4:
+            return rotated
+        return mb.reshape(x=rotated, shape=list(sizes), name=ctx.name())
     cos = _table(ctx, 1, "cos", seq, half, rank == 4, gptj)
     sin = _table(ctx, 2, "sin", seq, half, rank == 4, gptj)
-
-    heads = x if rank == 4 else mb.reshape(x=x, shape=heads_view, name=ctx.name("heads"))
     if gptj:
         rotated = _rotate_pairs(heads, heads_view, head_dim, n_rot, cos, sin, ctx)
     else:
