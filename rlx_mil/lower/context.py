@@ -306,6 +306,21 @@ class LowerContext:
         inner.run()
         return [inner.var_of(i) for i in subgraph.outputs]
 
+    def lower_body(self, body: Graph, operands: list[Any], suffix: str) -> list[Any]:
+        """Lower a control-flow body (or an expanded region) into the current MIL block: its
+        Input nodes, in node-id order, take the MIL vars `operands`; every node is rounded to
+        its declared type as in the top-level graph. Returns the vars of its outputs."""
+        if self._lowerer is None:
+            raise self.error("this context cannot lower a body (it was built without a lowerer)")
+        inner = self._lowerer.nested(body, {}, name_prefix=f"{self.base_name}_{suffix}_", rounds_results=True)
+        inputs = [node for node in body.nodes if node.op.type_name == "Input"]
+        if len(inputs) != len(operands):
+            raise self.error(f"{suffix} takes {len(inputs)} operands, got {len(operands)}")
+        for node, var in zip(inputs, operands, strict=True):
+            inner.env[node.id] = var
+        inner.run()
+        return [inner.var_of(i) for i in body.outputs]
+
     # ------------------------------------------------------------------ names and errors
     @property
     def base_name(self) -> str:

@@ -435,13 +435,19 @@ class NodeLowerer:
                 )
             self.env[node.id] = var
 
-    def nested(self, subgraph: Graph, params: Mapping[str, np.ndarray], *, name_prefix: str) -> NodeLowerer:
+    def nested(
+        self, subgraph: Graph, params: Mapping[str, np.ndarray], *, name_prefix: str, rounds_results: bool = False
+    ) -> NodeLowerer:
         """A lowerer for an IR subgraph that spells one node of this graph (fused ops), sharing
-        this one's target, precision, options and name allocator."""
-        return NodeLowerer(
+        this one's target, precision, options and name allocator. `rounds_results` rounds
+        every F16/BF16-declared node as a top-level graph does (control-flow bodies and
+        expanded regions, which the reference evaluates node by node)."""
+        inner = NodeLowerer(
             subgraph, params, target=self.target, precision=self.precision, options=self.options,
             names=self.names, name_prefix=name_prefix, shared=self.shared,
         )
+        inner.rounds_results = rounds_results
+        return inner
 
 
 def lower_graph(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from rlx_mil.values import BFLOAT16, numeric_kind, value_problem
 # Importing the kernel modules registers their kernels.
 from rlx_mil.reference import attention as _attention  # noqa: F401  isort: skip
 from rlx_mil.reference import audio as _audio  # noqa: F401  isort: skip
+from rlx_mil.reference import control as _control  # noqa: F401  isort: skip
 from rlx_mil.reference import conv as _conv  # noqa: F401  isort: skip
 from rlx_mil.reference import elementwise as _elementwise  # noqa: F401  isort: skip
 from rlx_mil.reference import fused as _fused  # noqa: F401  isort: skip
@@ -263,6 +264,33 @@ def _evaluate(
             continue
         values[node.id] = _run_node(node, [values[i] for i in node.inputs], bindings)
     return values
+
+
+def evaluate_body(body: Graph, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The outputs of a control-flow body or an expanded region: its Input nodes, in node-id
+    order, take `args` positionally (names play no part), each node then runs as in
+    `evaluate` (declared dtypes, F16/BF16 rounding at every node)."""
+    inputs = [node for node in body if isinstance(node.op, Input)]
+    if len(inputs) != len(args):
+        raise EvaluationError(f"body {body.name!r} takes {len(inputs)} operands, got {len(args)}")
+    bindings = _Bindings()
+    values: dict[int, np.ndarray] = {}
+    for node, arg in zip(inputs, args, strict=True):
+        value = np.asarray(arg)
+        if node.shape.is_static and value.shape != node.shape.sizes() and value.size == node.shape.numel():
+            value = value.reshape(node.shape.sizes())  # same elements, e.g. [4] bound to [1, 4]
+        problems = bindings.match(node.shape, value.shape, f"body {body.name!r} input %{node.id}")
+        if problems:
+            raise EvaluationError(f"body {body.name!r} received an operand of the wrong shape", problems)
+        values[node.id] = to_dtype(value, node.shape.dtype)
+    needed = _needed(body, body.outputs)
+    for node in body:
+        if node.id in values or node.id not in needed:
+            continue
+        if isinstance(node.op, Param):
+            raise EvaluationError(f"body {body.name!r} holds the Param {node.op.name!r}; bodies take weights as operands")
+        values[node.id] = _run_node(node, [values[i] for i in node.inputs], bindings)
+    return [values[i] for i in body.outputs]
 
 
 def evaluate(

@@ -50,16 +50,36 @@ from rlx_mil.ir.shape_checks import (
     require_rank,
 )
 
+#: How deeply bodies may nest (a body holding an If holding a body ...). Upstream graphs nest
+#: one or two levels; the bound keeps hostile graphs from exhausting the stack of the
+#: recursive checks, the reference and the lowering.
+MAX_SUBGRAPH_DEPTH = 16
 
-def _body_inputs(body: GraphValue) -> list[Node]:
+
+def body_inputs(body: GraphValue) -> list[Node]:
+    """The Input nodes of a body, in node-id order: they bind to the operands positionally."""
     return [node for node in body.nodes if node.op.type_name == "Input"]
+
+
+def nested_bodies(op: Op) -> list[GraphValue]:
+    """The graphs `op` holds as attributes (none for ops without bodies)."""
+    return [value for value in vars(op).values() if isinstance(value, GraphValue)]
+
+
+def subgraph_depth(body: GraphValue) -> int:
+    """1 for a body without control flow inside, 2 for a body holding one, ..."""
+    inner = [subgraph_depth(b) for node in body.nodes for b in nested_bodies(node.op)]
+    return 1 + max(inner, default=0)
 
 
 def _check_body(body: object, role: str, operands: Sequence[Shape], outputs: int | None = None) -> GraphValue:
     """`body` must be a graph taking `operands` (shapes checked) with at least one output."""
     if not isinstance(body, GraphValue):
         raise AttributeValueError(f"{role} must be a graph, got {type(body).__name__}")
-    inputs = _body_inputs(body)
+    depth = subgraph_depth(body)
+    if depth > MAX_SUBGRAPH_DEPTH:
+        raise AttributeValueError(f"{role} nests bodies {depth} deep, more than the {MAX_SUBGRAPH_DEPTH} rlx_mil accepts")
+    inputs = body_inputs(body)
     if len(inputs) != len(operands):
         raise ShapeError(f"{role} has {len(inputs)} Input nodes but receives {len(operands)} operands")
     for i, (node, shape) in enumerate(zip(inputs, operands, strict=True)):

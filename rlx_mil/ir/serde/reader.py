@@ -77,12 +77,16 @@ class JsonLimits:
     checked before parsing, so oversized input never reaches the JSON parser. `max_numel`
     caps the element count of every declared shape (static dims). `max_constant_bytes` caps
     the sum of all `Constant` payloads and is checked from the declared shape before the
-    payload is converted.
+    payload is converted. `max_subgraph_depth` caps how deeply If/While/Scan bodies nest and
+    `max_subgraph_nodes` the nodes of all bodies together, each checked before a body's nodes
+    are decoded.
     """
 
     max_text_length: int = 1 << 32
     max_numel: int = 1 << 40
     max_constant_bytes: int = 2 << 30
+    max_subgraph_depth: int = 16
+    max_subgraph_nodes: int = 1 << 20
 
 
 DEFAULT_LIMITS = JsonLimits()
@@ -161,6 +165,9 @@ class _DecodeState:
     limits: JsonLimits
     new_graph: Callable[[str], Any]
     constant_bytes: int = 0
+    #: How many bodies enclose the graph being decoded, and the nodes of all bodies so far.
+    depth: int = 0
+    subgraph_nodes: int = 0
     #: Whether the document spells something only the newest upstream JSON has.
     newest_syntax: bool = False
     #: Constant payloads decoded before parsing (see `payloads`), by the key standing for each.
@@ -330,10 +337,22 @@ def _construct(op_type: type[Op], kwargs: dict[str, object], op_path: str) -> Op
 
 def _decode_subgraph(value: object, path: str, state: _DecodeState) -> object:
     """A nested graph (If/While/Scan bodies): a complete graph object with its own node ids."""
+    limits = state.limits
+    if state.depth >= limits.max_subgraph_depth:
+        fail(path, f"bodies nest more than {limits.max_subgraph_depth} deep (the configured limit)")
+    raw_nodes = json_object(value, path, "a graph object").get("nodes")
+    if isinstance(raw_nodes, list):
+        state.subgraph_nodes += len(raw_nodes)
+        if state.subgraph_nodes > limits.max_subgraph_nodes:
+            fail(f"{path}.nodes", f"the bodies hold more than {limits.max_subgraph_nodes} nodes together"
+                 " (the configured limit)")
+    state.depth += 1
     try:
         return _build_graph(value, path, state)
     except GraphFormatError as err:
         raise type(err)(f"{path}: {err}") from err
+    finally:
+        state.depth -= 1
 
 
 _NodeFields = tuple[Op, tuple[int, ...], Shape, "str | None", "NodeOrigin | None"]
