@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from catalogue import CATALOGUE
 
 from rlx_mil.errors import GraphFormatError, JsonVersionError, UnsupportedOpError, UnsupportedOpFormatError
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.json_io import NEWEST, V0_2_2, graph_from_json
+from rlx_mil.ir.serde.forms import OP_FORMS
 
 
 def _node(index: int, op: object, inputs: list[int], dims: list[int], dtype: str = "F32") -> dict[str, object]:
@@ -230,3 +232,34 @@ def test_elementwise_regions_in_both_forms(form: str) -> None:
     bad["nodes"][3]["op"]["ElementwiseRegion"]["chain"][1]["Activation"][1] = {"Step": 3}
     with pytest.raises(GraphFormatError, match=r"chain\[1\] reads Step\(3\)"):
         graph_from_json(json.dumps(bad))
+
+
+#: Op kinds of upstream 0.2.2 that rlx_mil has IR ops for (from the 0.2.2 `OpKind` list); every
+#: other op exists only in newest upstream and has no 0.2.2 spelling.
+OPS_OF_0_2_2 = frozenset(
+    "Input Param Constant Activation Cast Quantize Dequantize FakeQuantize Binary Compare Where"
+    " ElementwiseRegion MatMul DotGeneral LayerNorm LayerNorm2d GroupNorm RmsNorm ResizeNearest2x"
+    " Attention Rope AxialRope2d Reshape Transpose Narrow Concat Expand Gather Reduce Softmax Cumsum"
+    " TopK Sample Conv ConvTranspose2d Pool AttentionBackward GroupedMatMul DequantGroupedMatMul"
+    " DequantMoEWeights ScatterAdd LoraMatMul DequantMatMul QMatMul QConv2d SelectiveScan GatedDeltaNet"
+    " FusedSwiGLU FusedMatMulBiasAct FusedResidualLN FusedResidualRmsNorm FusedAttentionBlock"
+    " FusedTransformerLayer If While Scan".split()
+)
+
+
+def test_every_json_form_knows_whether_0_2_2_has_it() -> None:
+    wrong = {name: form.since for name, form in OP_FORMS.items() if (form.since == V0_2_2) != (name in OPS_OF_0_2_2)}
+    assert not wrong, f"JSON forms whose `since` disagrees with upstream 0.2.2: {wrong}"
+
+
+@pytest.mark.parametrize("op_name", ["Conv3d", "ConvTranspose3d", "FusedConvBiasAct", "Interpolate3d", "LogMel"])
+def test_newest_only_vision_and_audio_ops_refuse_0_2_2(op_name: str) -> None:
+    cases = [build for build in CATALOGUE.values() if any(n.op.type_name == op_name for n in build())]
+    assert cases, f"no catalogue case builds {op_name}"
+    graph = cases[0]()
+    text = graph.to_json()
+    assert graph_from_json(text).to_json() == text and graph_from_json(text).json_version == NEWEST
+    newest_only = sorted({n.op.type_name for n in graph} - OPS_OF_0_2_2)
+    assert op_name in newest_only
+    with pytest.raises(JsonVersionError, match=rf"op ({'|'.join(newest_only)}) does not exist in 0\.2\.2"):
+        graph.to_json(version=V0_2_2)

@@ -12,6 +12,7 @@ from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import BinaryArityOp, Op
 from rlx_mil.ir.serde.codecs import unit_form
+from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Shape, Static
 from rlx_mil.ir.shape_checks import require_rank
 
@@ -67,4 +68,4 @@ class AudioBuilder(BuilderBase):
 OPS: tuple[type[Op], ...] = (LogMel,)
 
 #: Their JSON forms (newest upstream only).
-JSON_FORMS = (unit_form(LogMel),)
+JSON_FORMS = (unit_form(LogMel, since=NEWEST),)

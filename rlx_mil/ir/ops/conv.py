@@ -21,6 +21,7 @@ from rlx_mil.ir.serde.codecs import (
     OptionCodec,
     struct_form,
 )
+from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Dim, Shape, Static
 from rlx_mil.ir.shape_checks import (
     conflict,
@@ -456,7 +457,9 @@ JSON_FORMS = (
         ("groups", USIZE),
     ),
     # Newest upstream only; upstream's fixed [usize; 3] arrays are JSON arrays too.
-    struct_form(Conv3d, ("stride", USIZE_VEC), ("padding", USIZE_VEC), ("dilation", USIZE_VEC), ("groups", USIZE)),
+    struct_form(
+        Conv3d, ("stride", USIZE_VEC), ("padding", USIZE_VEC), ("dilation", USIZE_VEC), ("groups", USIZE), since=NEWEST
+    ),
     struct_form(
         ConvTranspose3d,
         ("stride", USIZE_VEC),
@@ -464,6 +467,7 @@ JSON_FORMS = (
         ("dilation", USIZE_VEC),
         ("output_padding", USIZE_VEC),
         ("groups", USIZE),
+        since=NEWEST,
     ),
     struct_form(
         FusedConvBiasAct,
@@ -474,5 +478,6 @@ JSON_FORMS = (
         ("groups", USIZE),
         ("activation", OptionCodec(ACTIVATION)),
         ("has_residual", BOOL),
+        since=NEWEST,
     ),
 )

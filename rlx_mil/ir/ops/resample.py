@@ -12,6 +12,7 @@ from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import Op, UnaryOp
 from rlx_mil.ir.serde.codecs import USIZE_VEC, struct_form, unit_form
+from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Shape, Static
 from rlx_mil.ir.shape_checks import require_float, require_int, require_rank
 
@@ -85,5 +86,5 @@ OPS: tuple[type[Op], ...] = (ResizeNearest2x, Interpolate3d)
 #: Their JSON forms: ResizeNearest2x as in 0.2.2; Interpolate3d newest only.
 JSON_FORMS = (
     unit_form(ResizeNearest2x),
-    struct_form(Interpolate3d, ("size", USIZE_VEC)),
+    struct_form(Interpolate3d, ("size", USIZE_VEC), since=NEWEST),
 )
