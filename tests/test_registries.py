@@ -40,7 +40,7 @@ LOWERED_BY_DRIVER = (Input, Param, Constant)
 #: Op families with no lowering-rule module (the driver lowers their ops).
 DRIVER_FAMILIES = {"leaf"}
 #: Folders whose modules are op families, and the limit on their size.
-FAMILY_FOLDERS = ("ir", "ir/ops", "ir/serde", "reference", "milexec/kernels")
+FAMILY_FOLDERS = ("ir", "ir/ops", "ir/serde", "reference", "milexec/kernels", "lower", "lower/rules")
 MAX_LINES = 600
 
 
