@@ -26,6 +26,16 @@ pipeline fuzz over random builder graphs in the test suite checks the two agree)
   (or Bool) and the result is an integer, the exact result wraps modulo 2^bits into the
   declared dtype, as NumPy's integer arithmetic does: U8 `neg([0, 1, 2])` is `[0, 255, 254]`,
   I8 `127 + 1` is `-128`. Neg, Abs, Relu and Round of integers to integers likewise.
+* **Bitwise ops and shifts** (Binary BitAnd, BitOr, BitXor, Shl, Shr). On integer operands with
+  an integer result they are the native two's-complement operations, wrapped into the declared
+  dtype; a shift amount is `max(b, 0) mod 64` (upstream's `sat_u32(b) mod 64`), Shl wraps and
+  Shr is arithmetic. Core ML has no bitwise ops, so the lowering composes them exactly in int32:
+  And/Or/Xor nibble by nibble through a 16 x 16 lookup table, Shl as a multiply by 2^s (0 once
+  s >= 32, the low 32 bits of the 64-bit result), Shr as a floor division by 2^s (the sign once
+  s >= 31). Bool operands use the logical ops. On float operands upstream converts to 64-bit
+  integers (truncate, saturate, NaN -> 0) and back, which neither int32 nor float ops can
+  reproduce (wrap at 2^64, saturation at 2^63): those are refused by name at conversion
+  (`UnsupportedOpError`), while the reference computes them.
 * **Integer division** truncates toward zero (`-7 / 2 = -3`); a division by zero gives 0
   (Core ML leaves it undefined, so the lowering selects 0 explicitly).
 * **Everything else on integers** (Pow, Sqrt, Exp..., an operand that is a float, an integer

@@ -22,7 +22,7 @@ from rlx_mil.ir.ops import (
     Where,
 )
 from rlx_mil.ir.shape import Shape
-from rlx_mil.reference.integer import integer_activation, integer_binary
+from rlx_mil.reference.integer import bitwise_i64, integer_activation, integer_binary
 from rlx_mil.reference.registry import (
     broadcast_sizes,
     finish,
@@ -140,12 +140,10 @@ def _integer_binary(op: BinaryOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     take `sat_u32(b) mod 64` (negative or NaN amounts are 0); Shl wraps, Shr is arithmetic."""
     ai = saturate_i64(a)
     if op in (BinaryOp.BIT_AND, BinaryOp.BIT_OR, BinaryOp.BIT_XOR):
-        bitwise = {BinaryOp.BIT_AND: np.bitwise_and, BinaryOp.BIT_OR: np.bitwise_or, BinaryOp.BIT_XOR: np.bitwise_xor}
-        return bitwise[op](ai, saturate_i64(b))
-    amount = np.clip(np.trunc(np.nan_to_num(b.astype(np.float64), nan=0.0)), 0, 2.0**32 - 1).astype(np.int64) % 64
-    if op is BinaryOp.SHL:
-        return np.left_shift(ai, amount)  # int64 arithmetic wraps
-    return np.right_shift(ai, amount)
+        return bitwise_i64(op, ai, saturate_i64(b))
+    # sat_u32 of the amount: NaN and negatives give 0 (then mod 64, in bitwise_i64).
+    amount = np.clip(np.trunc(np.nan_to_num(b.astype(np.float64), nan=0.0)), 0, 2.0**32 - 1).astype(np.int64)
+    return bitwise_i64(op, ai, amount)
 
 
 @reference_kernel(Binary)

@@ -1,6 +1,6 @@
 """Integer arithmetic of the IR (docs/op-coverage.md, "Integer and low-precision float
 semantics"): when every operand is an integer (or Bool) and the result is an integer,
-Add/Sub/Mul/Max/Min/Div and Neg/Abs/Relu/Round are computed exactly and the result wraps
+Add/Sub/Mul/Max/Min/Div, the bitwise ops and shifts, and Neg/Abs/Relu/Round are computed exactly and the result wraps
 modulo 2^bits into the declared dtype, as NumPy's integer arithmetic does. Div truncates
 toward zero; a division by zero gives 0. Everything else on integers (Pow, Sqrt, a float
 operand...) is computed in float and converted with Cast semantics (truncate, saturate)."""
@@ -13,6 +13,8 @@ from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.ops import ActivationKind, BinaryOp
 
 EXACT_BINARY = (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.MAX, BinaryOp.MIN, BinaryOp.DIV)
+#: Bitwise ops and shifts: native 64-bit integer operations on integer operands (spec part 2, 3.12).
+BIT_BINARY = (BinaryOp.BIT_AND, BinaryOp.BIT_OR, BinaryOp.BIT_XOR, BinaryOp.SHL, BinaryOp.SHR)
 EXACT_ACTIVATIONS = (ActivationKind.NEG, ActivationKind.ABS, ActivationKind.RELU, ActivationKind.ROUND)
 
 
@@ -28,13 +30,28 @@ def truncating_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(b == 0, 0, quotient)
 
 
+def bitwise_i64(op: BinaryOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`op` on int64 operands: shifts take `sat_u32(b) mod 64` (a negative amount is 0); Shl
+    wraps, Shr is arithmetic."""
+    if op is BinaryOp.BIT_AND:
+        return np.bitwise_and(a, b)
+    if op is BinaryOp.BIT_OR:
+        return np.bitwise_or(a, b)
+    if op is BinaryOp.BIT_XOR:
+        return np.bitwise_xor(a, b)
+    amount = np.clip(b, 0, 2**32 - 1) % 64
+    return np.left_shift(a, amount) if op is BinaryOp.SHL else np.right_shift(a, amount)
+
+
 def integer_binary(op: BinaryOp, lhs: np.ndarray, rhs: np.ndarray, out: DType) -> np.ndarray | None:
     """The exact integer result of `op` wrapped into `out`, or None if float math applies."""
-    if not (out.is_int and _is_integer(lhs) and _is_integer(rhs) and op in EXACT_BINARY):
+    if not (out.is_int and _is_integer(lhs) and _is_integer(rhs) and op in (*EXACT_BINARY, *BIT_BINARY)):
         return None
     a, b = lhs.astype(np.int64), rhs.astype(np.int64)
     with np.errstate(over="ignore"):
-        if op is BinaryOp.DIV:
+        if op in BIT_BINARY:
+            result = bitwise_i64(op, a, b)
+        elif op is BinaryOp.DIV:
             result = truncating_divide(a, b)
         else:
             combine = {BinaryOp.ADD: np.add, BinaryOp.SUB: np.subtract, BinaryOp.MUL: np.multiply,

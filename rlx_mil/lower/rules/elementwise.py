@@ -301,6 +301,73 @@ def _int_fmod(ctx: LowerContext, a: Any, b: Any) -> Any:
     return mb.select(cond=by_zero, a=np.int32(0), b=rem, name=ctx.name())
 
 
+_BIT_TABLES = {
+    BinaryOp.BIT_AND: np.bitwise_and, BinaryOp.BIT_OR: np.bitwise_or, BinaryOp.BIT_XOR: np.bitwise_xor,
+}
+
+
+def _bool_bitwise(ctx: LowerContext, kind: BinaryOp, a: Any, b: Any) -> Any:
+    """Bitwise ops of 0/1 are the logical ops; 1 << (0 or 1) stays non-zero, 1 >> 1 is 0."""
+    from coremltools.converters.mil import Builder as mb
+
+    if kind is BinaryOp.SHL:
+        return broadcast_to(ctx, a, ctx.out_shape.sizes(), "shifted") if tuple(a.shape) != ctx.out_shape.sizes() else a
+    if kind is BinaryOp.SHR:
+        return mb.logical_and(x=a, y=mb.logical_not(x=b, name=ctx.name("no_shift")), name=ctx.name())
+    logical = {BinaryOp.BIT_AND: mb.logical_and, BinaryOp.BIT_OR: mb.logical_or, BinaryOp.BIT_XOR: mb.logical_xor}
+    return logical[kind](x=a, y=b, name=ctx.name())
+
+
+def _int_bitwise(ctx: LowerContext, kind: BinaryOp, a: Any, b: Any) -> Any:
+    """And/Or/Xor of int32 two's-complement values, nibble by nibble: each operand's nibble j is
+    floor_div(x, 16^j) mod 16 (floor division is the arithmetic shift), the pair looks up the
+    16 x 16 table of the op by `gather`, and the results add up with weights 16^j, the top
+    nibble signed. Exact for every int32."""
+    from coremltools.converters.mil import Builder as mb
+
+    codes = np.arange(16)
+    table = ctx.const(_BIT_TABLES[kind](codes[:, None], codes[None, :]).reshape(-1).astype(np.int32), "nibble_table")
+    total = None
+    for j in range(8):
+        scale = np.int32(16**j)
+        nibbles = []
+        for var, side in ((a, "lhs"), (b, "rhs")):
+            shifted = mb.floor_div(x=var, y=scale, name=ctx.name(f"{side}_shift{j}")) if j else var
+            nibbles.append(mb.mod(x=shifted, y=np.int32(16), name=ctx.name(f"{side}_nibble{j}")))
+        index = mb.add(x=mb.mul(x=nibbles[0], y=np.int32(16), name=ctx.name(f"row{j}")), y=nibbles[1], name=ctx.name(f"pair{j}"))
+        value = mb.gather(x=table, indices=index, axis=0, name=ctx.name(f"nibble{j}"))
+        if j == 7:
+            # The top nibble carries the sign: 8..15 stand for -8..-1.
+            negative = mb.cast(x=mb.greater_equal(x=value, y=np.int32(8), name=ctx.name("top_neg")), dtype="int32", name=ctx.name("top_neg_int"))
+            value = mb.sub(x=value, y=mb.mul(x=negative, y=np.int32(16), name=ctx.name("top_wrap")), name=ctx.name("top_signed"))
+        term = mb.mul(x=value, y=scale, name=ctx.name(f"term{j}")) if j else value
+        total = term if total is None else mb.add(x=total, y=term, name=ctx.name(f"sum{j}") if j < 7 else ctx.name())
+    return total
+
+
+def _int_shift(ctx: LowerContext, kind: BinaryOp, a: Any, b: Any) -> Any:
+    """Shifts of int32 values by s = max(b, 0) mod 64 (upstream's sat_u32(b) mod 64): Shl
+    multiplies by 2^s wrapped to 32 bits (0 once s >= 32, the low bits of the 64-bit result), Shr
+    floor-divides by 2^s (the arithmetic shift) and gives the sign (-1 or 0) once s >= 31. The
+    powers come from a 64-entry table by `gather`."""
+    from coremltools.converters.mil import Builder as mb
+
+    amount = mb.mod(x=mb.maximum(x=b, y=np.int32(0), name=ctx.name("amount_pos")), y=np.int32(64), name=ctx.name("amount"))
+    if kind is BinaryOp.SHL:
+        powers = np.array([(1 << s) if s < 32 else 0 for s in range(64)], dtype=np.int64)
+        factors = ctx.const(((powers + 2**31) % 2**32 - 2**31).astype(np.int32), "shl_factors")
+        factor = mb.gather(x=factors, indices=amount, axis=0, name=ctx.name("factor"))
+        return mb.mul(x=a, y=factor, name=ctx.name())
+    divisors = ctx.const(np.array([(1 << s) if s < 31 else 1 for s in range(64)], dtype=np.int32), "shr_divisors")
+    divisor = mb.gather(x=divisors, indices=amount, axis=0, name=ctx.name("divisor"))
+    quotient = mb.floor_div(x=a, y=divisor, name=ctx.name("quotient"))
+    negative = mb.cast(x=mb.less(x=a, y=np.int32(0), name=ctx.name("negative")), dtype="int32", name=ctx.name("negative_int"))
+    # -1 / 0 at the full broadcast shape (MIL select takes its shape from the branches).
+    sign = mb.sub(x=mb.mul(x=quotient, y=np.int32(0), name=ctx.name("zero_like")), y=negative, name=ctx.name("sign"))
+    wide = mb.greater_equal(x=amount, y=np.int32(31), name=ctx.name("all_shifted"))
+    return mb.select(cond=wide, a=sign, b=quotient, name=ctx.name())
+
+
 @lowering(
     ops.Binary, family="elementwise",
     notes=(
@@ -308,8 +375,11 @@ def _int_fmod(ctx: LowerContext, a: Any, b: Any) -> Any:
         " not_equal(x,x)+select per operand that may hold NaN, giving fmax/fmin (NaN-ignoring)."
         " Pow with a constant exponent: 2 -> mul, other integers -> sign-corrected pow(|x|, n)."
         " Mod (C fmod, the sign of a) = a - sign(a/b)*floor(|a/b|)*b (int32: truncating division);"
-        " Atan2 = atan(a/b) + select quadrant fix (+-pi), 0 at the origin. BitAnd/BitOr/BitXor/Shl/Shr"
-        " are rejected (MIL has no bitwise ops)."
+        " Atan2 = atan(a/b) + select quadrant fix (+-pi), 0 at the origin. BitAnd/BitOr/BitXor on int"
+        " operands: exact nibble by nibble (floor_div/mod by 16^j, a 16x16 `gather` table, weighted sum);"
+        " Shl/Shr on int operands: mul by 2^s / floor_div by 2^s from a 64-entry power table (s = max(b, 0)"
+        " mod 64; Shl wraps, Shr gives the sign past 30); on Bool operands the logical ops. On float"
+        " operands (64-bit integer conversions) they are refused by name: MIL has no bitwise ops or int64."
         " Integer operands with an integer result stay int32 and wrap into the declared dtype (Div"
         " truncates toward zero via floor_div + fix-up, x/0 = 0 by select); mixed int/float compute"
         " in float and convert to the declared dtype."
@@ -321,6 +391,15 @@ def lower_binary(op: ops.Binary, ctx: LowerContext) -> Any:
     broadcast_sizes(ctx, ("lhs", "rhs"))
     a_dt, b_dt, out_dt = ctx.input_shape(0).dtype, ctx.input_shape(1).dtype, ctx.out_shape.dtype
     a, b = ctx.var(0), ctx.var(1)
+    if op.op in _NO_CORE_ML_BINARY and a_dt is DType.BOOL and b_dt is DType.BOOL and out_dt is DType.BOOL:
+        return _bool_bitwise(ctx, op.op, a, b)
+    if op.op in _NO_CORE_ML_BINARY and kind_of(out_dt) == "int" and not a_dt.is_float and not b_dt.is_float:
+        ai, bi = to_int32(ctx, a, a_dt, "lhs_int"), to_int32(ctx, b, b_dt, "rhs_int")
+        if op.op in (BinaryOp.SHL, BinaryOp.SHR):
+            result = _int_shift(ctx, op.op, ai, bi)
+        else:
+            result = _int_bitwise(ctx, op.op, ai, bi)
+        return convert(ctx, result, DType.I32, out_dt, suffix="out")
     if kind_of(out_dt) == "int" and not a_dt.is_float and not b_dt.is_float and op.op in _INT_EXACT_BINARY:
         ai, bi = to_int32(ctx, a, a_dt, "lhs_int"), to_int32(ctx, b, b_dt, "rhs_int")
         int_ops: dict[BinaryOp, Callable[..., Any]] = {
@@ -348,8 +427,9 @@ def lower_binary(op: ops.Binary, ctx: LowerContext) -> Any:
         result = _atan2(ctx, af, bf)
     elif op.op in _NO_CORE_ML_BINARY:
         raise ctx.unsupported(
-            f"Binary {op.op.value} (bitwise/shift on i64 conversions) has no Core ML form: MIL has no"
-            " bitwise or shift ops"
+            f"Binary {op.op.value} on float operands (bitwise/shift of saturating 64-bit integer"
+            " conversions, wrapping at 2^64) has no Core ML form: MIL has no bitwise or shift ops and no"
+            " 64-bit integers; integer and Bool operands lower exactly"
         )
     else:
         float_ops: dict[BinaryOp, Callable[..., Any]] = {
