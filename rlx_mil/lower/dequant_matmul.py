@@ -38,7 +38,7 @@ from rlx_mil.lower.quant_support import (
     to_float,
 )
 from rlx_mil.lower.target import Target
-from rlx_mil.reference.quant import gguf_dequantize
+from rlx_mil.reference.quant import GGUF_FORMATS, gguf_dequantize
 
 
 def block_tables(
@@ -353,6 +353,10 @@ def lower_nvfp4(op: ops.DequantMatMul, ctx: LowerContext) -> Any:
 # ---------------------------------------------------------------- GGUF
 
 #: GGUF formats that are exactly a block-scaled integer code: (elements, bytes per block).
+_UNDECODED_GGUF_REASON = (
+    "its block layout (lattice code books of the IQ1/IQ2/IQ3 i-quants, TQ1_0's base-3 packing, GGUF"
+    " NVFP4, the PrismML/Fermion/Pestle fork formats) is not fixed by the spec, so a decoder would be a guess"
+)
 _GGUF_AFFINE = {QuantKind.GGUF_Q8_0: (32, 34), QuantKind.GGUF_Q4_0: (32, 18)}
 
 
@@ -375,6 +379,8 @@ def lower_gguf(op: ops.DequantMatMul, ctx: LowerContext) -> Any:
     from rlx_mil.reference.quant import as_bytes
 
     kind = op.scheme.kind
+    if kind not in GGUF_FORMATS:
+        raise ctx.unsupported(f"GGUF scheme {kind.value} has no decoder: {_UNDECODED_GGUF_REASON}")
     k, n = matmul_dims(ctx)
     value = ctx.value(1)
     if value is None:

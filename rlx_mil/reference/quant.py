@@ -333,6 +333,68 @@ def _q3_k(b: np.ndarray) -> np.ndarray:
     return ((d * scales)[:, :, None] * values).reshape(-1, 256)
 
 
+def _q4_1(b: np.ndarray) -> np.ndarray:
+    d, m = _f16(b, 0), _f16(b, 2)
+    qs = b[:, 4:20]
+    return d * np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.float32) + m
+
+
+def _five_bit_codes(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1 codes 0..31: nibbles of qs (low nibbles first) plus bit j of the
+    little-endian 32-bit qh as bit 4 of element j."""
+    high = np.ascontiguousarray(qh).view("<u4").astype(np.uint32)  # [blocks, 1]
+    bits = ((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    return (np.concatenate([qs & 0xF, qs >> 4], axis=1) | (bits << 4)).astype(np.float32)
+
+
+def _q5_0(b: np.ndarray) -> np.ndarray:
+    return _f16(b, 0) * (_five_bit_codes(b[:, 2:6], b[:, 6:22]) - 16)
+
+
+def _q5_1(b: np.ndarray) -> np.ndarray:
+    return _f16(b, 0) * _five_bit_codes(b[:, 4:8], b[:, 8:24]) + _f16(b, 2)
+
+
+#: The IQ4_NL / IQ4_XS non-linear 4-bit code book.
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+#: MXFP4 code -> twice its E2M1 value (llama.cpp's table; the E8M0 scale is halved to match).
+MXFP4_DOUBLED = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+
+
+def _iq4_nl(b: np.ndarray) -> np.ndarray:
+    qs = b[:, 2:18]
+    return _f16(b, 0) * IQ4_VALUES[np.concatenate([qs & 0xF, qs >> 4], axis=1)]
+
+
+def _iq4_xs(b: np.ndarray) -> np.ndarray:
+    """256 elements: f16 d, 16-bit high scale bits, 4 bytes of low scale nibbles, 128 bytes of
+    codes; sub-block i (32 elements) has the 6-bit scale ls_i and factor d * (ls_i - 32)."""
+    d = _f16(b, 0)
+    high = np.ascontiguousarray(b[:, 2:4]).view("<u2").astype(np.int32)  # [blocks, 1]
+    sub = np.arange(8)
+    low = (b[:, 4 + sub // 2].astype(np.int32) >> (4 * (sub % 2))) & 0xF
+    scales = (low | (((high >> (2 * sub)) & 3) << 4)) - 32  # [blocks, 8]
+    qs = b[:, 8:136].reshape(-1, 8, 16)
+    codes = np.concatenate([qs & 0xF, qs >> 4], axis=2)  # [blocks, 8, 32]
+    return ((d * scales)[:, :, None] * IQ4_VALUES[codes]).reshape(-1, 256)
+
+
+def _mxfp4(b: np.ndarray) -> np.ndarray:
+    """One E8M0 byte e (scale 2^(e-128) with the doubled code book) and 16 bytes of E2M1 codes."""
+    scale = np.ldexp(np.float32(1), b[:, 0:1].astype(np.int32) - 128).astype(np.float32)
+    qs = b[:, 1:17]
+    return scale * MXFP4_DOUBLED[np.concatenate([qs & 0xF, qs >> 4], axis=1)]
+
+
+def _tq2_0(b: np.ndarray) -> np.ndarray:
+    """64 bytes of 2-bit codes then f16 d; value (q - 1) * d. Element 128*j + 32*l + m is bits
+    2l..2l+1 of byte 32*j + m."""
+    qs = b[:, :64].reshape(-1, 2, 1, 32)
+    shifts = (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
+    q = ((qs >> shifts) & 3).astype(np.float32).reshape(-1, 256)
+    return _f16(b, 64) * (q - 1)
+
+
 #: scheme -> (elements per block, bytes per block, block decoder to `[blocks, elements]`)
 GGUF_FORMATS: dict[QuantKind, tuple[int, int, Callable[[np.ndarray], np.ndarray]]] = {
     QuantKind.GGUF_Q8_0: (32, 34, _q8_0),
@@ -343,6 +405,14 @@ GGUF_FORMATS: dict[QuantKind, tuple[int, int, Callable[[np.ndarray], np.ndarray]
     QuantKind.GGUF_Q5K: (256, 176, _q5_k),
     QuantKind.GGUF_Q6K: (256, 210, _q6_k),
     QuantKind.GGUF_Q8K: (256, 292, _q8_k),
+    # Newest upstream only (spec part 2, section 1.7), llama.cpp's block layouts:
+    QuantKind.GGUF_Q4_1: (32, 20, _q4_1),
+    QuantKind.GGUF_Q5_0: (32, 22, _q5_0),
+    QuantKind.GGUF_Q5_1: (32, 24, _q5_1),
+    QuantKind.GGUF_IQ4NL: (32, 18, _iq4_nl),
+    QuantKind.GGUF_IQ4XS: (256, 136, _iq4_xs),
+    QuantKind.GGUF_MXFP4: (32, 17, _mxfp4),
+    QuantKind.GGUF_TQ2_0: (256, 66, _tq2_0),
 }
 
 

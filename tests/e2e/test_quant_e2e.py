@@ -207,8 +207,16 @@ GGUF_FLOAT_FIELDS: dict[QuantKind, tuple[tuple[int, str], ...]] = {
     QuantKind.GGUF_Q5K: ((0, "f16"), (2, "f16")),
     QuantKind.GGUF_Q6K: ((208, "f16"),),
     QuantKind.GGUF_Q8K: ((0, "f32"),),
+    QuantKind.GGUF_Q4_1: ((0, "f16"), (2, "f16")),
+    QuantKind.GGUF_Q5_0: ((0, "f16"),),
+    QuantKind.GGUF_Q5_1: ((0, "f16"), (2, "f16")),
+    QuantKind.GGUF_IQ4NL: ((0, "f16"),),
+    QuantKind.GGUF_IQ4XS: ((0, "f16"),),
+    QuantKind.GGUF_MXFP4: ((0, "e8m0"),),
+    QuantKind.GGUF_TQ2_0: ((64, "f16"),),
 }
-#: The GGUF kinds rlx_mil decodes (newest-only kinds such as Q4_1 load but are refused at conversion).
+#: The GGUF kinds rlx_mil decodes (the newest-only i-quants beyond IQ4, TQ1_0, GGUF NVFP4 and the
+#: fork formats load but are refused at conversion).
 GGUF_KINDS = tuple(GGUF_FLOAT_FIELDS)
 
 
@@ -222,6 +230,9 @@ def gguf_weight(rng: np.random.Generator, kind: QuantKind, n: int, k: int) -> np
     def with_scale(value: float) -> np.ndarray:
         out = blocks.copy()
         for offset, fmt in GGUF_FLOAT_FIELDS[kind]:
+            if fmt == "e8m0":  # a power-of-two scale byte: the nearest power of two
+                out[:, offset] = int(np.clip(np.round(np.log2(value)) + 127, 0, 254))
+                continue
             width = 2 if fmt == "f16" else 4
             field = np.full((out.shape[0], 1), value, dtype="<f2" if fmt == "f16" else "<f4")
             out[:, offset : offset + width] = field.view(np.uint8)
@@ -239,7 +250,8 @@ def gguf_weight(rng: np.random.Generator, kind: QuantKind, n: int, k: int) -> np
     seed=seeds,
 )
 def test_dequant_matmul_every_gguf_scheme(lead: tuple[int, ...], n: int, blocks: int, seed: int) -> None:
-    """Q2_K..Q8_K and Q4_0/Q8_0 weights (`[N, K]` blocks, y = x @ W.T), one node each."""
+    """Q2_K..Q8_K, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, IQ4_NL/IQ4_XS, MXFP4 and TQ2_0 weights (`[N, K]`
+    blocks, y = x @ W.T), one node each."""
     rng = rng_for(seed)
     f = Feeds("dequant_matmul_gguf")
     outputs = []

@@ -18,10 +18,12 @@ from hypothesis import strategies as st
 
 import rlx_mil
 from rlx_mil.errors import ParamError, UnsupportedOpError
+from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import QuantKind, QuantScheme
+from rlx_mil.ir.ops.quant import GGUF_BLOCKS
 from rlx_mil.reference.evaluate import evaluate
-from rlx_mil.reference.quant import gguf_dequantize
+from rlx_mil.reference.quant import GGUF_FORMATS, gguf_dequantize
 
 from .conftest import convert_and_cleanup, emitted_ops, ops_outside_opset, run_model
 
@@ -670,3 +672,37 @@ def test_rule_notes_document_every_target() -> None:
     for word in ("iOS18", "iOS16/17", "iOS15", "constexpr_blockwise_shift_scale", "constexpr_affine_dequantize",
                  "constexpr_lut_to_dense"):
         assert word in notes
+
+
+#: DequantMatMul schemes whose byte layout the spec leaves open: refused by name, never guessed.
+_UNDECODED = [
+    QuantScheme(kind) for kind in QuantKind
+    if kind.is_gguf and kind not in GGUF_FORMATS
+] + [
+    QuantScheme(QuantKind.MLX_AFFINE, bits=4, group_size=32),
+    QuantScheme(QuantKind.MLX_MXFP4, group_size=32),
+    QuantScheme(QuantKind.MLX_MXFP8, group_size=32),
+    QuantScheme(QuantKind.MXFP4X2_BLOCK, group_size=32),
+]
+
+
+@pytest.mark.parametrize("scheme", _UNDECODED, ids=lambda s: s.kind.value)
+def test_schemes_without_a_fixed_layout_are_refused_by_name(scheme: QuantScheme) -> None:
+    g = Graph("undecoded")
+    x = g.input("x", [1, 256])
+    if scheme.kind.is_gguf:
+        elems, nbytes = GGUF_BLOCKS[scheme.kind]
+        w = g.param("w", [2 * 256 // elems * nbytes], DType.U8)
+        y = g.dequant_matmul(x, w, scheme=scheme, out_shape=[1, 2], name="y")
+        params = {"w": np.zeros(2 * 256 // elems * nbytes, np.uint8)}
+    elif scheme.kind is QuantKind.MXFP4X2_BLOCK:
+        w, s = g.param("w", [256, 2], DType.U8), g.param("s", [16, 2])
+        y = g.dequant_matmul(x, w, s, scheme=scheme, out_shape=[1, 2], name="y")
+        params = {"w": np.zeros((256, 2), np.uint8), "s": np.ones((16, 2), np.float32)}
+    else:
+        w, s, z = g.param("w", [256, 2], DType.U8), g.param("s", [8, 2]), g.param("z", [8, 2])
+        y = g.dequant_matmul(x, w, s, z, scheme=scheme, out_shape=[1, 2], name="y")
+        params = {"w": np.zeros((256, 2), np.uint8), "s": np.ones((8, 2), np.float32), "z": np.ones((8, 2), np.float32)}
+    g.set_outputs([y])
+    with pytest.raises(UnsupportedOpError, match=rf"{scheme.kind.value}.*(would be a guess|does not fix)"):
+        rlx_mil.convert(g, params, target="iOS18")

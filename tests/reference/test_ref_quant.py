@@ -346,7 +346,61 @@ def _loop_q8_k(b: bytes) -> list[float]:
     return [d * v for v in struct.unpack("<256b", b[4:260])]
 
 
+IQ4 = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def _loop_q4_1(b: bytes) -> list[float]:
+    d, m = _half(b[0:2]), _half(b[2:4])
+    return [d * (c & 0xF) + m for c in b[4:20]] + [d * (c >> 4) + m for c in b[4:20]]
+
+
+def _loop_q5(b: bytes, with_min: bool) -> list[float]:
+    d = _half(b[0:2])
+    m = _half(b[2:4]) if with_min else 0.0
+    start = 4 if with_min else 2
+    qh = struct.unpack("<I", b[start : start + 4])[0]
+    qs = b[start + 4 : start + 20]
+    offset = 0 if with_min else 16
+    lo = [d * ((c & 0xF) + 16 * ((qh >> j) & 1) - offset) + m for j, c in enumerate(qs)]
+    hi = [d * ((c >> 4) + 16 * ((qh >> (j + 16)) & 1) - offset) + m for j, c in enumerate(qs)]
+    return lo + hi
+
+
+def _loop_iq4_nl(b: bytes) -> list[float]:
+    d = _half(b[0:2])
+    return [d * IQ4[c & 0xF] for c in b[2:18]] + [d * IQ4[c >> 4] for c in b[2:18]]
+
+
+def _loop_iq4_xs(b: bytes) -> list[float]:
+    d = _half(b[0:2])
+    scales_h = struct.unpack("<H", b[2:4])[0]
+    y: list[float] = []
+    for ib in range(8):
+        ls = ((b[4 + ib // 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)
+        qs = b[8 + 16 * ib : 24 + 16 * ib]
+        y += [d * (ls - 32) * IQ4[c & 0xF] for c in qs] + [d * (ls - 32) * IQ4[c >> 4] for c in qs]
+    return y
+
+
+def _loop_mxfp4(b: bytes) -> list[float]:
+    scale = 2.0 ** (b[0] - 127)  # E8M0, times the plain E2M1 values
+    return [scale * E2M1_VALUES[c & 0xF] for c in b[1:17]] + [scale * E2M1_VALUES[c >> 4] for c in b[1:17]]
+
+
+def _loop_tq2_0(b: bytes) -> list[float]:
+    d = _half(b[64:66])
+    return [d * (((b[j + m] >> (2 * lane)) & 3) - 1) for j in (0, 32) for lane in range(4) for m in range(32)]
+
+
 LOOP_DECODERS = {
+    QuantKind.GGUF_Q4_1: (20, _loop_q4_1, (0, 2)),
+    QuantKind.GGUF_Q5_0: (22, lambda b: _loop_q5(b, False), (0,)),
+    QuantKind.GGUF_Q5_1: (24, lambda b: _loop_q5(b, True), (0, 2)),
+    QuantKind.GGUF_IQ4NL: (18, _loop_iq4_nl, (0,)),
+    QuantKind.GGUF_IQ4XS: (136, _loop_iq4_xs, (0,)),
+    QuantKind.GGUF_MXFP4: (17, _loop_mxfp4, ()),
+    QuantKind.GGUF_TQ2_0: (66, _loop_tq2_0, (64,)),
     QuantKind.GGUF_Q2K: (84, _loop_q2_k, (80, 82)),
     QuantKind.GGUF_Q3K: (110, _loop_q3_k, (108,)),
     QuantKind.GGUF_Q4K: (144, _loop_q4_k, (0, 2)),
@@ -357,20 +411,23 @@ LOOP_DECODERS = {
 
 
 @pytest.mark.parametrize("kind", list(LOOP_DECODERS))
-def test_gguf_k_quants_match_loop_decoder(kind: QuantKind) -> None:
+def test_gguf_blocks_match_loop_decoder(kind: QuantKind) -> None:
     nbytes, loop, half_offsets = LOOP_DECODERS[kind]
     rng = np.random.default_rng(len(kind.value))
     n_rows, k = 3, 512
-    raw = bytearray(rng.integers(0, 256, n_rows * (k // 256) * nbytes, dtype=np.uint8).tobytes())
-    for block in range(n_rows * (k // 256)):
+    elems = 256 if nbytes > 66 or kind is QuantKind.GGUF_TQ2_0 else 32
+    raw = bytearray(rng.integers(0, 256, n_rows * (k // elems) * nbytes, dtype=np.uint8).tobytes())
+    for block in range(n_rows * (k // elems)):
         base = block * nbytes
         for off in half_offsets:  # finite, moderate f16 scales
             raw[base + off : base + off + 2] = _f16_bytes(float(rng.uniform(-0.1, 0.1)))
         if kind is QuantKind.GGUF_Q8K:
             raw[base : base + 4] = struct.pack("<f", float(rng.uniform(-0.1, 0.1)))
+        if kind is QuantKind.GGUF_MXFP4:  # E8M0 exponents around 2^0, subnormal 2^-128 included
+            raw[base] = int(rng.choice([0, 1, 120, 127, 130]))
     packed = np.frombuffer(bytes(raw), np.uint8)
     w = gguf_dequantize(kind, packed, k)
-    blocks = [bytes(raw[i * nbytes : (i + 1) * nbytes]) for i in range(n_rows * (k // 256))]
+    blocks = [bytes(raw[i * nbytes : (i + 1) * nbytes]) for i in range(n_rows * (k // elems))]
     want = np.array([v for blk in blocks for v in loop(blk)]).reshape(n_rows, k)
     np.testing.assert_allclose(w, want, rtol=1e-6, atol=1e-7)
     x = rng.standard_normal((2, k)).astype(np.float32)

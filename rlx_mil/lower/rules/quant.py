@@ -146,6 +146,19 @@ def lower_dequantize(op: ops.Dequantize, ctx: LowerContext) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
+#: Why the schemes without a decoder are refused: the spec fixes no byte layout for them.
+_MLX_REASON = (
+    "the spec (part 2, 1.7) names its inputs but not the packing of w_q (word size, bit order, [N, K] or"
+    " [K, N]) or the encoding of its scales, so a decoder would be a guess"
+)
+UNFIXED_LAYOUTS: dict[QuantKind, str] = {
+    QuantKind.MLX_AFFINE: _MLX_REASON,
+    QuantKind.MLX_MXFP4: _MLX_REASON,
+    QuantKind.MLX_MXFP8: _MLX_REASON,
+    QuantKind.MXFP4X2_BLOCK: "the spec does not fix how the two residual FP4 planes and their scales are laid out",
+}
+
+
 @lowering(
     ops.DequantMatMul, family="quant",
     notes="const Int8Block/Int8BlockAsym/Int4Block weights: iOS18 `constexpr_blockwise_shift_scale`"
@@ -156,8 +169,11 @@ def lower_dequantize(op: ops.Dequantize, ctx: LowerContext) -> Any:
     " decoded fp `linear` weight (uncompressed). Fp8E4m3/Fp8E5m2/Nvfp4Block: `constexpr_lut_to_dense`"
     " (256- or 16-entry LUT) on iOS16+, scales applied at runtime; decoded fp weight on iOS15. GGUF"
     " Q8_0/Q4_0: iOS18 `constexpr_blockwise_shift_scale`, else decoded; other GGUF types decoded to an"
-    " fp `linear` weight. Runtime weights: cast/gather/nibble unpack + scale expansion -> `matmul`;"
-    " runtime GGUF bytes are rejected",
+    " fp `linear` weight (Q2_K..Q8_K, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, TQ2_0). Runtime weights:"
+    " cast/gather/nibble unpack + scale expansion -> `matmul`; runtime GGUF bytes are rejected. Refused by"
+    " name: the GGUF lattice i-quants (IQ1/IQ2/IQ3), TQ1_0, GGUF NVFP4 and the fork formats (Q1_0, Q2_0,"
+    " FV5, FV5B, G8_0), and MlxAffine/MlxMxfp4/MlxMxfp8/MxFp4x2Block, whose byte layouts the spec does not"
+    " fix (decoding them by guess could be silently wrong)",
 )
 def lower_dequant_matmul(op: ops.DequantMatMul, ctx: LowerContext) -> Any:
     kind = op.scheme.kind
@@ -169,6 +185,6 @@ def lower_dequant_matmul(op: ops.DequantMatMul, ctx: LowerContext) -> Any:
         return lower_fp8(op, ctx)
     if kind is QuantKind.NVFP4_BLOCK:
         return lower_nvfp4(op, ctx)
-    raise ctx.unsupported(f"quant scheme {op.scheme} has no lowering")
+    raise ctx.unsupported(f"quant scheme {op.scheme} has no lowering: {UNFIXED_LAYOUTS.get(kind, 'no decoder')}")
 
 
