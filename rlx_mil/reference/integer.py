@@ -33,12 +33,9 @@ def truncating_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def bitwise_i64(op: BinaryOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """`op` on int64 operands: shifts take `sat_u32(b) mod 64` (a negative amount is 0); Shl
     wraps, Shr is arithmetic."""
-    if op is BinaryOp.BIT_AND:
-        return np.bitwise_and(a, b)
-    if op is BinaryOp.BIT_OR:
-        return np.bitwise_or(a, b)
-    if op is BinaryOp.BIT_XOR:
-        return np.bitwise_xor(a, b)
+    bitwise = {BinaryOp.BIT_AND: np.bitwise_and, BinaryOp.BIT_OR: np.bitwise_or, BinaryOp.BIT_XOR: np.bitwise_xor}
+    if op in bitwise:
+        return bitwise[op](a, b)
     amount = np.clip(b, 0, 2**32 - 1) % 64
     return np.left_shift(a, amount) if op is BinaryOp.SHL else np.right_shift(a, amount)
 
