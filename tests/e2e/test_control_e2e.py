@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from e2e.factory import Feeds, e2e_settings, fp16_tolerance, normal, rng_for, seeds, uniform, verify
 from rlx_mil import convert
-from rlx_mil.errors import UnsupportedOpError
+from rlx_mil.errors import ShapeError, UnsupportedOpError
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import ActivationKind, BinaryOp, ChainOperand, ChainSource, ChainStep, CmpOp
@@ -278,3 +278,20 @@ def test_region_with_resize_prologue_from_json() -> None:
     up = feeds["half"].repeat(2, axis=2).repeat(2, axis=3)
     np.testing.assert_allclose(next(iter(evaluate(loaded, feeds).values())), np.maximum(feeds["full"] + up, 0))
     verify(loaded, feeds)
+
+
+def test_regions_that_do_not_expand_name_the_node() -> None:
+    """A chain ending in a Bool under an F32 declaration, and a chain whose value cannot take the
+    declared shape: typed errors naming the region node, in the reference and in conversion."""
+    compare = [ChainStep("Compare", CmpOp.GT, (ChainOperand(ChainSource.INPUT, 0), ChainOperand(ChainSource.INPUT, 1)))]
+    add = [ChainStep("Binary", BinaryOp.ADD, (ChainOperand(ChainSource.INPUT, 0), ChainOperand(ChainSource.INPUT, 1)))]
+    for chain, dims, message in ((compare, [3], "ends in a Bool value"), (add, [5], "does not broadcast")):
+        g = Graph("bad_region")
+        a, b = g.input("a", [3]), g.input("b", [3])
+        g.set_outputs([g.elementwise_region([a, b], chain, dims, name="region")])
+        feeds = {"a": np.ones(3, np.float32), "b": np.zeros(3, np.float32)}
+        with pytest.raises(ShapeError, match=message) as err:
+            evaluate(g, feeds)
+        assert err.value.node == 2
+        with pytest.raises(ShapeError, match=rf"node %2 'region'.*{message}"):
+            convert(g, {}, target="iOS18")
