@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Input
@@ -44,6 +45,43 @@ def output_names(graph: Graph) -> list[str]:
         seen.add(name)
         names.append(name)
     return names
+
+
+#: Suffix of the extra output that publishes a carried state (`state` -> `state_out`).
+STATE_OUTPUT_SUFFIX = "_out"
+
+
+@dataclass(frozen=True)
+class StateOutput:
+    """A final state an op writes back into one of its inputs (`Op.carried_operands`), which
+    rlx_mil publishes as an extra output named after that input."""
+
+    name: str
+    node: int
+    operand: int
+    #: The node feeding the state operand (an Input in upstream's decode graphs).
+    source: int
+
+
+def state_outputs(graph: Graph) -> list[StateOutput]:
+    """The carried states of `graph`, in node order, each keyed `<state input name>_out` (the
+    operand's Input name, else its node name), unique among the outputs and inputs."""
+    taken = set(output_names(graph)) | set(input_names(graph))
+    found: list[StateOutput] = []
+    for node in graph:
+        for operand in node.op.carried_operands():
+            source = graph.node(node.inputs[operand])
+            if isinstance(source.op, Input):
+                stem = source.op.name
+            else:
+                stem = source.name if source.name else generated_name(graph, source.id)
+            base = stem + STATE_OUTPUT_SUFFIX
+            name, k = base, 1
+            while name in taken:
+                name, k = f"{base}_{k}", k + 1
+            taken.add(name)
+            found.append(StateOutput(name, node.id, operand, source.id))
+    return found
 
 
 def input_names(graph: Graph) -> list[str]:

@@ -43,6 +43,13 @@ class Op:
         None where the op has no fixed names. Single-input ops call their input `x`."""
         return ("x",) if self.arity() == 1 else None
 
+    def carried_operands(self) -> tuple[int, ...]:
+        """Input positions holding a state the op writes back in place (upstream's decode
+        threading: GatedDeltaNet `state`, the RNNs' `h0`/`c0` with `carry`). Converted models
+        and `reference.evaluate` publish each final state as an extra output
+        (`rlx_mil.naming.state_outputs`)."""
+        return ()
+
     def attrs(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

@@ -245,6 +245,16 @@ class LowerContext:
         capture everything the var depends on) and reused by every node asking for it."""
         return self._lowerer.shared.var(key, make)
 
+    def publish_state(self, operand: int, var: Any) -> None:
+        """Hand over the final state this node writes back into its input `operand` (one of
+        `op.carried_operands()`); the driver makes it an extra output `<state input>_out`, or
+        the write of a Core ML state."""
+        if operand not in self.op.carried_operands():
+            raise self.error(f"input {operand} is not a carried state operand")
+        if self._lowerer is None:
+            raise self.error("this context cannot publish a state (it was built without a lowerer)")
+        self._lowerer.publish_state(self.node.id, operand, var)
+
     # ------------------------------------------------------------------ dtypes and consts
     @property
     def float_dtype(self) -> type[np.floating[Any]]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rlx_mil.ir.ops import OP_TYPES, Constant, Input, Param, family_of
 from rlx_mil.lower.registry import registered_rules, unsupported_ops
+from rlx_mil.lower.sequence_loop import recurrence_forms_markdown
 from rlx_mil.lower.target import Target
 
 #: Relative to the repository root, where the command is meant to run.
@@ -102,7 +103,7 @@ def coverage_markdown() -> str:
     if missing:
         lines.append(f"Without a rule: {', '.join(missing)}.")
     lines.append("")
-    return "\n".join(lines) + SEMANTICS
+    return "\n".join(lines) + SEMANTICS + recurrence_forms_markdown()
 
 
 def main(argv: list[str] | None = None) -> int:

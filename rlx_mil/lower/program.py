@@ -47,7 +47,7 @@ from rlx_mil.lower.context import (
 from rlx_mil.lower.kv_cache import POSITION_INPUT, KVCacheLowering, KVCachePlan
 from rlx_mil.lower.registry import PARAM_LAYOUT_HOOKS, rule_for
 from rlx_mil.lower.target import Precision, Target
-from rlx_mil.naming import input_names, mil_identifiers, output_names
+from rlx_mil.naming import input_names, mil_identifiers, output_names, state_outputs
 from rlx_mil.values import BFLOAT16, numeric_kind, value_problem
 
 
@@ -60,9 +60,10 @@ class LoweredProgram:
 
 
 def live_nodes(graph: Graph) -> set[int]:
-    """Ids of the nodes the outputs depend on; dead nodes are not lowered."""
+    """Ids of the nodes the outputs (and the carried states they publish) depend on; dead
+    nodes are not lowered."""
     live: set[int] = set()
-    stack = list(graph.outputs)
+    stack = [*graph.outputs, *(s.node for s in state_outputs(graph))]
     while stack:
         i = stack.pop()
         if i in live:
@@ -269,6 +270,8 @@ class NodeLowerer:
         self.overrides: Mapping[int, Callable[[LowerContext], Any]] = {}
         #: Node id -> the outer graph's Param, for values bound into a decomposition.
         self.weight_sources: dict[int, WeightSource] = {}
+        #: (node id, operand) -> MIL var of the final state a rule wrote back into that operand.
+        self.published_states: dict[tuple[int, int], Any] = {}
         # Results are rounded to their declared F16/BF16 type at each node of the graph; the
         # subgraph a fused node is spelled in is rounded once, at the fused node, as the
         # reference computes fused ops.
@@ -313,6 +316,10 @@ class NodeLowerer:
             inner = self.value_key(self.graph.node(node_id).inputs[0])
             return None if inner is None else (inner, "transpose", tuple(op.perm))
         return None
+
+    def publish_state(self, node_id: int, operand: int, var: Any) -> None:
+        """Record the final state node `node_id` writes back into its input `operand`."""
+        self.published_states[node_id, operand] = var
 
     def value_of(self, node_id: int) -> np.ndarray | None:
         if node_id in self.outer_values:
@@ -490,6 +497,9 @@ def lower_graph(
     in_names = [n for n in input_names(graph) if n not in dropped_inputs]
     in_ids = mil_identifiers(in_names, taken=() if stateful is None else stateful.reserved_names())
     out_names = [n for n in output_names(graph) if kv_cache is None or n not in kv_cache.removed_outputs]
+    carried = [c for c in state_outputs(graph) if kv_cache is None or c.name not in kv_cache.removed_outputs]
+    regular_outputs = len(out_names)
+    out_names += [c.name for c in carried]
     out_ids = mil_identifiers(out_names, taken=list(in_ids.values()) + ([] if stateful is None else stateful.reserved_names()))
 
     placeholders: dict[str, Any] = {}
@@ -547,12 +557,17 @@ def lower_graph(
 
         outs = []
         kept_outputs = [i for i, n in zip(graph.outputs, output_names(graph), strict=True) if n in out_ids]
-        for node_id, ident in zip(kept_outputs, out_ids.values(), strict=True):
-            node = graph.node(node_id)
-            var = var_of(node_id)
-            if tuple(var.shape) != node.shape.sizes():
-                var = mb.reshape(x=var, shape=np.asarray(node.shape.sizes(), dtype=np.int32), name=names.fresh(f"{ident}_shape"))
-            dtype = node.shape.dtype
+        results: list[tuple[Shape, Any]] = [(graph.node(i).shape, var_of(i)) for i in kept_outputs]
+        for state in carried:
+            published = lowerer.published_states.get((state.node, state.operand))
+            if published is None:
+                raise ConversionError(f"node %{state.node}: its rule published no final state for output {state.name!r}")
+            results.append((graph.node(state.source).shape, published))
+        assert len(results) == regular_outputs + len(carried)
+        for (out_shape, var), ident in zip(results, out_ids.values(), strict=True):
+            if tuple(var.shape) != out_shape.sizes():
+                var = mb.reshape(x=var, shape=np.asarray(out_shape.sizes(), dtype=np.int32), name=names.fresh(f"{ident}_shape"))
+            dtype = out_shape.dtype
             if dtype.is_float or dtype is DType.BOOL:
                 if var.dtype == types.fp32:
                     outs.append(mb.identity(x=var, name=ident))

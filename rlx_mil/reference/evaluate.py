@@ -12,8 +12,8 @@ from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import DequantMatMul, Input, Param, QuantKind
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Dynamic, Shape, Static
-from rlx_mil.naming import output_names
-from rlx_mil.reference.registry import kernel_for, to_dtype
+from rlx_mil.naming import output_names, state_outputs
+from rlx_mil.reference.registry import kernel_for, state_kernel_for, to_dtype
 from rlx_mil.values import BFLOAT16, numeric_kind, value_problem
 
 # Importing the kernel modules registers their kernels.
@@ -29,6 +29,7 @@ from rlx_mil.reference import moe as _moe  # noqa: F401  isort: skip
 from rlx_mil.reference import norm as _norm  # noqa: F401  isort: skip
 from rlx_mil.reference import qcompute as _qcompute  # noqa: F401  isort: skip
 from rlx_mil.reference import quant as _quant  # noqa: F401  isort: skip
+from rlx_mil.reference import recurrent as _recurrent  # noqa: F401  isort: skip
 from rlx_mil.reference import reduce as _reduce  # noqa: F401  isort: skip
 from rlx_mil.reference import resample as _resample  # noqa: F401  isort: skip
 from rlx_mil.reference import rng as _rng  # noqa: F401  isort: skip
@@ -198,7 +199,10 @@ def _needed(graph: Graph, roots: Iterable[int]) -> set[int]:
     return seen
 
 
-def _run_node(node: Node, args: list[np.ndarray], bindings: _Bindings) -> np.ndarray:
+def _run_node(
+    node: Node, args: list[np.ndarray], bindings: _Bindings, states: dict[int, tuple[np.ndarray, ...]] | None = None
+) -> np.ndarray:
+    """The node's value; the final states of an op that carries state go into `states`."""
     out = bindings.resolve(node.shape)
     op_name = node.op.type_name
     if out.is_static and out.numel() > MAX_TENSOR_ELEMENTS:
@@ -210,7 +214,11 @@ def _run_node(node: Node, args: list[np.ndarray], bindings: _Bindings) -> np.nda
     where = f"node %{node.id}" + (f" '{node.name}'" if node.name else "") + f" ({op_name})"
     try:
         kernel = kernel_for(node.op)
-        if out.is_static and out.numel() == 0:
+        if node.op.carried_operands():
+            result, finals = state_kernel_for(node.op)(node.op, args, out)
+            if states is not None:
+                states[node.id] = finals
+        elif out.is_static and out.numel() == 0:
             # An empty result holds no values (and kernels need not handle empty reductions).
             result = np.zeros(out.sizes(), np.float32 if out.dtype is DType.BF16 else out.dtype.numpy)
         else:
@@ -252,7 +260,8 @@ def _check_arguments(graph: object, inputs: object, params: object) -> None:
 
 
 def _evaluate(
-    graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None, only: set[int] | None
+    graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None, only: set[int] | None,
+    states: dict[int, tuple[np.ndarray, ...]] | None = None,
 ) -> dict[int, np.ndarray]:
     feeds, bindings = _bind_feeds(graph, inputs, params or {})
     values: dict[int, np.ndarray] = {}
@@ -262,7 +271,7 @@ def _evaluate(
         if isinstance(node.op, (Input, Param)):
             values[node.id] = feeds[node.id]
             continue
-        values[node.id] = _run_node(node, [values[i] for i in node.inputs], bindings)
+        values[node.id] = _run_node(node, [values[i] for i in node.inputs], bindings, states)
     return values
 
 
@@ -302,11 +311,19 @@ def evaluate(
     to its node's declared dtype (float32 arrays are accepted for integer and bool dtypes) and
     match its declared shape, with equal dynamic symbols bound to equal sizes. Any problem
     raises EvaluationError listing every problem found. The result is keyed by
-    `rlx_mil.naming.output_names(graph)`, in output order.
+    `rlx_mil.naming.output_names(graph)`, in output order, followed by the final state of every
+    op that writes one back into an input (`rlx_mil.naming.state_outputs`, e.g. `state_out`).
     """
     _check_arguments(graph, inputs, params)
-    values = _evaluate(graph, inputs or {}, params, _needed(graph, graph.outputs))
-    return {name: values[node_id] for name, node_id in zip(output_names(graph), graph.outputs, strict=True)}
+    carried = state_outputs(graph)
+    finals: dict[int, tuple[np.ndarray, ...]] = {}
+    roots = [*graph.outputs, *(s.node for s in carried)]
+    values = _evaluate(graph, inputs or {}, params, _needed(graph, roots), finals)
+    result = {name: values[node_id] for name, node_id in zip(output_names(graph), graph.outputs, strict=True)}
+    for state in carried:
+        index = graph.node(state.node).op.carried_operands().index(state.operand)
+        result[state.name] = finals[state.node][index]
+    return result
 
 
 def evaluate_all(

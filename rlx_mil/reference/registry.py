@@ -44,6 +44,36 @@ def reference_kernel(op_type: type[OpT]) -> Callable[
     return register
 
 
+#: Kernels of ops that write a state back into an input (`Op.carried_operands`): they return
+#: the node's value and the final states, one per carried operand, in that order.
+StateKernel = Callable[[Op, Sequence[np.ndarray], Shape], tuple[np.ndarray, tuple[np.ndarray, ...]]]
+
+_STATE_KERNELS: dict[type[Op], StateKernel] = {}
+
+
+def state_kernel(op_type: type[OpT]) -> Callable[
+    [Callable[[OpT, Sequence[np.ndarray], Shape], tuple[np.ndarray, tuple[np.ndarray, ...]]]],
+    Callable[[OpT, Sequence[np.ndarray], Shape], tuple[np.ndarray, tuple[np.ndarray, ...]]],
+]:
+    """Register the kernel `reference.evaluate` runs for a node of `op_type` that carries state
+    (its plain `reference_kernel` still serves nodes without carried operands)."""
+
+    def register(
+        fn: Callable[[OpT, Sequence[np.ndarray], Shape], tuple[np.ndarray, tuple[np.ndarray, ...]]],
+    ) -> Callable[[OpT, Sequence[np.ndarray], Shape], tuple[np.ndarray, tuple[np.ndarray, ...]]]:
+        _STATE_KERNELS[op_type] = fn  # type: ignore[assignment]
+        return fn
+
+    return register
+
+
+def state_kernel_for(op: Op) -> StateKernel:
+    kernel = _STATE_KERNELS.get(type(op))
+    if kernel is None:
+        raise UnsupportedOpError(f"no NumPy reference for the carried state of op {op.type_name}")
+    return kernel
+
+
 def kernel_for(op: Op) -> Kernel:
     """The registered kernel of `op`'s class; UnsupportedOpError if there is none."""
     kernel = _KERNELS.get(type(op))

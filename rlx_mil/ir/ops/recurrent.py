@@ -53,6 +53,9 @@ class GatedDeltaNet(Op):
     def roles(self, count: int) -> tuple[str, ...] | None:
         return ("q", "k", "v", "g", "beta", *(("state",) if self.carry_state else ()))
 
+    def carried_operands(self) -> tuple[int, ...]:
+        return (5,) if self.carry_state else ()
+
 
 @dataclass(frozen=True)
 class SelectiveScan(Op):
@@ -85,7 +88,7 @@ class Mamba2(Op):
 
 
 @dataclass(frozen=True)
-class _RnnOp(Op):
+class RnnOp(Op):
     """A PyTorch-style multi-layer (bidirectional) recurrent net over batch-first `x [B, S, I]`
     with flat packed weights; output `[B, S, D*H]`."""
 
@@ -104,9 +107,13 @@ class _RnnOp(Op):
     def roles(self, count: int) -> tuple[str, ...] | None:
         return ("x", "w_ih", "w_hh", *self.BIASES, *(self.STATES if self.carry else ()))
 
+    def carried_operands(self) -> tuple[int, ...]:
+        first = 3 + len(self.BIASES)
+        return tuple(range(first, first + len(self.STATES))) if self.carry else ()
+
 
 @dataclass(frozen=True)
-class Lstm(_RnnOp):
+class Lstm(RnnOp):
     """LSTM, gates i, f, g, o; merged bias `b_ih + b_hh`; `carry` adds `h0, c0 [L*D, B, H]`."""
 
     type_name: ClassVar[str] = "Lstm"
@@ -115,7 +122,7 @@ class Lstm(_RnnOp):
 
 
 @dataclass(frozen=True)
-class Gru(_RnnOp):
+class Gru(RnnOp):
     """GRU, gates r, z, n; separate `b_ih` and `b_hh`; `carry` adds `h0`."""
 
     type_name: ClassVar[str] = "Gru"
@@ -124,7 +131,7 @@ class Gru(_RnnOp):
 
 
 @dataclass(frozen=True)
-class Rnn(_RnnOp):
+class Rnn(RnnOp):
     """Elman RNN: `h' = act(x W_ih^T + h W_hh^T + b)`, act = relu if `relu` else tanh."""
 
     type_name: ClassVar[str] = "Rnn"
@@ -192,7 +199,7 @@ def _mamba2(op: Mamba2, ins: Sequence[Shape], declared: Shape | None) -> Shape |
     return x
 
 
-def _rnn(op: _RnnOp, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+def _rnn(op: RnnOp, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
     roles = op.roles(len(ins)) or ()
     _require_f32(ins, roles, op.type_name)
     hidden = require_int(op.hidden_size, "hidden_size", minimum=1)
