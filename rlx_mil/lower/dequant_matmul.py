@@ -357,13 +357,13 @@ _UNDECODED_GGUF_REASON = (
     "its block layout (lattice code books of the IQ1/IQ2/IQ3 i-quants, TQ1_0's base-3 packing, GGUF"
     " NVFP4, the PrismML/Fermion/Pestle fork formats) is not fixed by the spec, so a decoder would be a guess"
 )
-_GGUF_AFFINE = {QuantKind.GGUF_Q8_0: (32, 34), QuantKind.GGUF_Q4_0: (32, 18)}
+GGUF_AFFINE = {QuantKind.GGUF_Q8_0: (32, 34), QuantKind.GGUF_Q4_0: (32, 18)}
 
 
-def _gguf_codes(kind: QuantKind, raw: np.ndarray, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+def gguf_codes(kind: QuantKind, raw: np.ndarray, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Codes [K, N] (int8, or 4-bit 0..15 for Q4_0) and the fp16 block scales d [K/32, N] of a
     Q8_0 / Q4_0 weight stored as [N, K] blocks."""
-    elems, nbytes = _GGUF_AFFINE[kind]
+    elems, nbytes = GGUF_AFFINE[kind]
     blocks = raw.reshape(n, k // elems, nbytes)
     d = np.ascontiguousarray(blocks[:, :, 0:2]).view("<f2").reshape(n, k // elems).astype(np.float32)
     if kind is QuantKind.GGUF_Q8_0:
@@ -397,8 +397,8 @@ def lower_gguf(op: ops.DequantMatMul, ctx: LowerContext) -> Any:
     if weight.shape[0] != n:
         raise param_error(ctx, 1, f"holds {weight.shape[0]} rows of K={k}; the output needs N={n}")
     x = ctx.var(0)
-    if kind in _GGUF_AFFINE and ctx.target >= Target.IOS16:
-        codes, d = _gguf_codes(kind, raw, k, n)
+    if kind in GGUF_AFFINE and ctx.target >= Target.IOS16:
+        codes, d = gguf_codes(kind, raw, k, n)
         groups = k // 32
         as_kind = QuantKind.INT4_BLOCK if kind is QuantKind.GGUF_Q4_0 else QuantKind.INT8_BLOCK
         bias = 8 if kind is QuantKind.GGUF_Q4_0 else 0

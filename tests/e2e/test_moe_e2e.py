@@ -163,3 +163,19 @@ def test_run_time_expert_bytes_are_refused() -> None:
     g.set_outputs([g.dequant_moe_weights(packed, QuantScheme(QuantKind.GGUF_Q8_0), 2, 32, 1, name="w")])
     with pytest.raises(UnsupportedOpError, match=r"DequantMoEWeights.*Param or Constant"):
         convert(g, {}, target="iOS18")
+
+
+@pytest.mark.parametrize("kind", [QuantKind.GGUF_Q8_0, QuantKind.GGUF_Q4_0])
+def test_q8_0_and_q4_0_experts_stay_compressed_on_ios18(kind: QuantKind) -> None:
+    """Codes and block scales in one constexpr (no float copy of the experts in the program)."""
+    rng = rng_for(9)
+    experts, k, n, m = 3, 64, 4, 5
+    f = Feeds("compressed_experts")
+    x, ids = f.input("x", normal(rng, (m, k))), f.input("ids", integers(rng, (m,), 0, experts - 1))
+    packed = f.param("packed", _experts_bytes(rng, kind, experts, k, n), DType.U8)
+    y = f.graph.dequant_grouped_matmul(x, packed, ids, QuantScheme(kind), n, name="y")
+    f.verify([y])
+    program = str(convert(f.graph, f.params, target="iOS18")._mil_program.functions["main"])
+    assert "constexpr_blockwise_shift_scale" in program
+    ios17 = str(convert(f.graph, f.params, target="iOS17")._mil_program.functions["main"])
+    assert "constexpr_blockwise_shift_scale" not in ios17

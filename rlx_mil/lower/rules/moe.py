@@ -5,8 +5,9 @@ Two formulations, picked per node from its sizes: with no more rows than experts
 row gathers its expert's `[K, N]` weight and one batched `matmul` multiplies them (memory
 M*K*N, at most the weights' own size); with more rows (prefill) every row is multiplied by
 every expert in one broadcast `matmul` (`[E, M, N]`) and `select` + `reduce_sum` keep each
-row's own expert, so no gathered copy of the weights grows with M. GGUF expert bytes are
-decoded at conversion time into a float const.
+row's own expert, so no gathered copy of the weights grows with M. GGUF Q8_0 / Q4_0 experts
+stay compressed on iOS18 (one `constexpr_blockwise_shift_scale`); other GGUF schemes and older
+targets decode them at conversion time into a float const.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ import numpy as np
 from rlx_mil.errors import GraphError
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
+from rlx_mil.ir.ops import QuantKind
 from rlx_mil.lower.context import LowerContext
+from rlx_mil.lower.dequant_matmul import GGUF_AFFINE, gguf_codes
 from rlx_mil.lower.registry import lowering
 from rlx_mil.lower.rules.elementwise import convert, shape_error, to_float
 from rlx_mil.lower.rules.shape import gather_indices
+from rlx_mil.lower.target import Target
 from rlx_mil.reference.moe import moe_weights
-from rlx_mil.reference.quant import as_bytes
+from rlx_mil.reference.quant import GGUF_FORMATS, as_bytes
 
 
 def _rows_cols(ctx: LowerContext) -> tuple[int, int]:
@@ -76,44 +80,82 @@ def lower_grouped_matmul(op: ops.GroupedMatMul, ctx: LowerContext) -> Any:
     return convert(ctx, y, DType.F32, ctx.out_shape.dtype, suffix="out")
 
 
-def _decoded_experts(ctx: LowerContext, scheme: ops.QuantScheme, index: int, k: int, n: int) -> np.ndarray:
-    """The `[E, K, N]` experts held in GGUF bytes of input `index` (a Param or Constant)."""
+def _expert_bytes(ctx: LowerContext, scheme: ops.QuantScheme, index: int, k: int, n: int) -> tuple[np.ndarray, int]:
+    """The GGUF bytes of input `index` (a Param or Constant) and the number of `[N, K]` experts
+    they hold, checked before anything is decoded."""
     value = ctx.value(index)
     if value is None:
         raise ctx.unsupported(
             f"{scheme} expert weights must be a Param or Constant (decoded at conversion time); run-time"
             " GGUF bytes have no Core ML decoding"
         )
-    try:
-        return moe_weights(scheme, as_bytes(value), k, n)
-    except GraphError as err:
-        raise type(err)(err.detail, node=ctx.node.id, op=ctx.op.type_name, name=ctx.node.name,
-                        operand=err.operand) from None
+    raw = as_bytes(value)
+    if scheme.kind not in GGUF_FORMATS:
+        raise ctx.unsupported(f"no decoder for the GGUF scheme {scheme.kind.value}")
+    elems, block_bytes, _ = GGUF_FORMATS[scheme.kind]
+    slab = (k * n) // elems * block_bytes
+    if k % elems or slab == 0 or raw.size % slab or raw.size == 0:
+        raise shape_error(ctx, f"{raw.size} bytes are not whole {scheme.kind.value} experts of [N={n}, K={k}]"
+                          f" ({slab} bytes each; K must be a multiple of {elems})", "packed_w")
+    return raw, raw.size // slab
+
+
+def _expert_weights(ctx: LowerContext, scheme: ops.QuantScheme, index: int, k: int, n: int) -> tuple[Any, int]:
+    """The `[E, K, N]` expert weights of GGUF bytes as a MIL var, and E. Q8_0 / Q4_0 on iOS18
+    stay compressed: their codes and block scales become one `constexpr_blockwise_shift_scale`
+    (blocks of 32 along K); other schemes are decoded at conversion into a float const."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    raw, experts = _expert_bytes(ctx, scheme, index, k, n)
+    kind = scheme.kind
+    if kind not in GGUF_AFFINE or ctx.target < Target.IOS18:
+        try:
+            weight = moe_weights(scheme, raw, k, n)
+        except GraphError as err:
+            raise type(err)(err.detail, node=ctx.node.id, op=ctx.op.type_name, name=ctx.node.name,
+                            operand=err.operand) from None
+        return ctx.const(weight, "experts"), experts
+    slabs = [gguf_codes(kind, slab, k, n) for slab in np.split(raw, experts)]
+    codes = np.stack([c for c, _ in slabs])  # [E, K, N]
+    scales = np.stack([d for _, d in slabs]).astype(ctx.float_dtype)  # [E, K/32, N]
+    kwargs: dict[str, Any] = {}
+    if kind is QuantKind.GGUF_Q4_0:
+        data = codes.astype(types.np_uint4_dtype)
+        kwargs["offset"] = np.full(scales.shape, 8, dtype=types.np_uint4_dtype)  # Q4_0 centres codes on 8
+    else:
+        data = codes.astype(np.int8)
+    weight = mb.constexpr_blockwise_shift_scale(data=data, scale=scales, name=ctx.name("experts"), **kwargs)
+    return weight, experts
 
 
 @lowering(
     ops.DequantMoEWeights, family="moe",
     notes=(
-        "GGUF bytes (Param/Constant) decoded at conversion, each [N,K] slab transposed to [K,N]"
-        " (the CPU's layout; upstream's Core ML lowering skips the transpose), baked as one float const."
+        "GGUF bytes (Param/Constant), each [N,K] slab as [K,N] (the CPU's layout; upstream's Core ML"
+        " lowering skips the transpose): Q8_0/Q4_0 on iOS18 one `constexpr_blockwise_shift_scale` (codes +"
+        " block scales stay compressed), otherwise decoded at conversion into one float const."
     ),
 )
 def lower_dequant_moe_weights(op: ops.DequantMoEWeights, ctx: LowerContext) -> Any:
     experts, k, n = ctx.out_shape.sizes()
-    weight = _decoded_experts(ctx, op.scheme, 0, k, n)
-    if weight.shape[0] != experts:
-        raise shape_error(ctx, f"the bytes hold {weight.shape[0]} experts, the node declares {experts}", "packed_w")
-    return ctx.const(weight, "experts")
+    weight, held = _expert_weights(ctx, op.scheme, 0, k, n)
+    if held != experts:
+        raise shape_error(ctx, f"the bytes hold {held} experts, the node declares {experts}", "packed_w")
+    return weight
 
 
 @lowering(
     ops.DequantGroupedMatMul, family="moe",
-    notes="GGUF expert bytes (Param/Constant) decoded at conversion to an [E,K,N] float const, then as GroupedMatMul.",
+    notes=(
+        "GGUF expert bytes (Param/Constant) as [E,K,N] experts exactly as DequantMoEWeights (compressed"
+        " Q8_0/Q4_0 on iOS18), then as GroupedMatMul."
+    ),
 )
 def lower_dequant_grouped_matmul(op: ops.DequantGroupedMatMul, ctx: LowerContext) -> Any:
     m, k = _rows_cols(ctx)
     n = ctx.out_shape.sizes()[1]
-    weight = _decoded_experts(ctx, op.scheme, 1, k, n)
+    weight, experts = _expert_weights(ctx, op.scheme, 1, k, n)
     x = to_float(ctx, ctx.var(0), ctx.input_shape(0).dtype, "x_float")
-    y = grouped_matmul_var(ctx, x, ctx.const(weight, "experts"), weight.shape[0], m, k, n)
+    y = grouped_matmul_var(ctx, x, weight, experts, m, k, n)
     return convert(ctx, y, DType.F32, ctx.out_shape.dtype, suffix="out")
