@@ -177,7 +177,9 @@ def convert(
     `kv_cache` ("auto", or `{past_input_name: cache_output_name}`) makes a stateful model
     (iOS18): the caches of a decode graph in upstream's form become fp16 Core ML states of
     `max_context` slots (`cache_layout` "stacked" or "per_layer"), written at the new input
-    `cache_position: int32[1]`. See docs/llm.md for the contract.
+    `cache_position: int32[1]`. Carried recurrent states (GatedDeltaNet `carry_state`, RNN
+    `carry`), otherwise the extra outputs `<input>_out`, become Core ML states too. See
+    docs/llm.md for the contract.
 
     `compress` compresses weights while they are lowered, one at a time from the given arrays:
     a preset ("int8", "int4", "lut4", ...), a per-weight config string or mapping, or an

@@ -25,7 +25,7 @@ states are fp16 only).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,13 @@ from rlx_mil.ir.attention_layout import AttentionLayout, attention_geometry
 from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import Attention, Concat, Input, MaskType
 from rlx_mil.ir.shape import Dynamic, Shape
+from rlx_mil.lower.recurrent_state import (
+    RecurrentState,
+    carried_input_names,
+    find_recurrent_states,
+    read_states,
+    write_states,
+)
 from rlx_mil.lower.target import Precision, Target
 from rlx_mil.naming import output_names
 
@@ -93,6 +100,8 @@ class KVCachePlan:
     neural_engine_notes: list[str] = field(default_factory=list)
     #: Mask kinds of the cache-reading attention ("Causal", "SlidingWindow", ...).
     mask_kinds: list[str] = field(default_factory=list)
+    #: Carried recurrent states kept as Core ML states too (`rlx_mil.lower.recurrent_state`).
+    recurrent: list[RecurrentState] = field(default_factory=list)
 
     @property
     def layers(self) -> int:
@@ -100,21 +109,26 @@ class KVCachePlan:
 
     @property
     def removed_inputs(self) -> set[int]:
-        return {p.input_id for p in self.pairs}
+        return {p.input_id for p in self.pairs} | {r.input_id for r in self.recurrent}
 
     @property
     def removed_input_names(self) -> set[str]:
-        return {p.input_name for p in self.pairs}
+        return {p.input_name for p in self.pairs} | {r.input_name for r in self.recurrent}
 
     @property
     def removed_outputs(self) -> set[str]:
-        return {p.output_name for p in self.pairs}
+        return {p.output_name for p in self.pairs} | {r.output_name for r in self.recurrent}
 
     @property
     def query_len(self) -> int:
         return self.pairs[0].new_rows
 
     def states(self) -> list[StateSpec]:
+        return self._cache_states() + [StateSpec(r.state_name, r.shape) for r in self.recurrent]
+
+    def _cache_states(self) -> list[StateSpec]:
+        if not self.pairs:
+            return []
         first = self.pairs[0]
         if self.layout == "stacked":
             shape = (self.layers, first.batch, first.kv_heads, self.max_context, first.head_dim)
@@ -127,15 +141,16 @@ class KVCachePlan:
     def describe(self) -> dict[str, Any]:
         """The package contract, as stored in the model metadata (see docs/llm.md)."""
         return {
-            "cache_position": POSITION_INPUT,
-            "max_context": self.max_context,
-            "query_len": self.query_len,
+            "cache_position": POSITION_INPUT if self.pairs else None,
+            "max_context": self.max_context if self.pairs else None,
+            "query_len": self.query_len if self.pairs else None,
             "layout": self.layout,
             "layers": self.layers,
             "states": {s.name: list(s.shape) for s in self.states()},
             "caches": {p.input_name: p.output_name for p in self.pairs},
             "neural_engine_notes": list(self.neural_engine_notes),
             "mask_kinds": list(self.mask_kinds),
+            "recurrent_states": {r.input_name: {"state": r.state_name, "output": r.output_name} for r in self.recurrent},
         }
 
 
@@ -212,9 +227,12 @@ def _check_pair(graph: Graph, users: Mapping[int, list[int]], past: Node, concat
     )
 
 
-def find_cache_pairs(graph: Graph, kv_cache: str | bool | Mapping[str, str]) -> list[CachePair]:
+def find_cache_pairs(
+    graph: Graph, kv_cache: str | bool | Mapping[str, str], *, skip: Set[str] = frozenset(), required: bool = True
+) -> list[CachePair]:
     """The cache pairs of `graph`: every Input -> Concat -> Attention whose Concat is an output
-    (`kv_cache="auto"`/True), or exactly the `{input_name: output_name}` pairs given."""
+    (`kv_cache="auto"`/True), or exactly the `{input_name: output_name}` pairs given (but the
+    carried recurrent state Inputs in `skip`); none found is an error when `required`."""
     users = graph.consumers()
     outputs = dict(zip(output_names(graph), graph.outputs, strict=True))
     output_of = {node_id: name for name, node_id in outputs.items()}
@@ -245,7 +263,7 @@ def find_cache_pairs(graph: Graph, kv_cache: str | bool | Mapping[str, str]) -> 
                     concat,
                 )
             pairs.append(_check_pair(graph, users, node, concat, output_of[concat.id]))
-        if not pairs:
+        if not pairs and required:
             raise GraphError(
                 f"graph {graph.name!r} has no KV cache in upstream's decode form (an Input feeding a Concat along"
                 " the attention's sequence axis, whose result is the attention's k or v and a graph output)"
@@ -254,6 +272,8 @@ def find_cache_pairs(graph: Graph, kv_cache: str | bool | Mapping[str, str]) -> 
         if not kv_cache:
             raise InvalidOptionError("kv_cache={} names no cache")
         for in_name, out_name in kv_cache.items():
+            if in_name in skip:
+                continue
             if in_name not in inputs:
                 raise InvalidOptionError(f"kv_cache: graph {graph.name!r} has no Input named {in_name!r}")
             if out_name not in outputs:
@@ -261,7 +281,7 @@ def find_cache_pairs(graph: Graph, kv_cache: str | bool | Mapping[str, str]) -> 
             pairs.append(_check_pair(graph, users, inputs[in_name], graph.node(outputs[out_name]), out_name))
     else:
         raise InvalidOptionError(f"kv_cache must be 'auto', True or a mapping {{input: output}}, got {kv_cache!r}")
-    return _number_layers(graph, pairs)
+    return _number_layers(graph, pairs) if pairs else []
 
 
 def _number_layers(graph: Graph, pairs: list[CachePair]) -> list[CachePair]:
@@ -307,7 +327,7 @@ def bind_cache_lengths(graph: Graph, kv_cache: str | bool | Mapping[str, str]) -
     if not graph.dynamic_symbols():
         return graph
     sizes: dict[int, int] = {}
-    for pair in find_cache_pairs(graph, kv_cache):
+    for pair in find_cache_pairs(graph, kv_cache, skip=carried_input_names(graph), required=False):
         concat = graph.node(pair.concat_id)
         assert isinstance(concat.op, Concat)
         axis = concat.op.axis
@@ -334,10 +354,13 @@ def plan_kv_cache(
         raise InvalidOptionError(f"kv_cache needs Core ML states, which exist from iOS18 on (target is {target.label})")
     if layout not in CACHE_LAYOUTS:
         raise InvalidOptionError(f"cache_layout must be one of {CACHE_LAYOUTS}, got {layout!r}")
+    recurrent = find_recurrent_states(graph, kv_cache)
+    pairs = find_cache_pairs(graph, kv_cache, skip={r.input_name for r in recurrent}, required=not recurrent)
+    if not pairs:  # only recurrent states: no cache, no capacity, no write position
+        return KVCachePlan(pairs=[], max_context=0, layout=layout, recurrent=recurrent)
     if isinstance(max_context, bool) or not isinstance(max_context, (int, np.integer)) or max_context < 1:
         raise InvalidOptionError(f"kv_cache needs max_context, the cache capacity in tokens (an int >= 1), got {max_context!r}")
-    pairs = find_cache_pairs(graph, kv_cache)
-    plan = KVCachePlan(pairs=pairs, max_context=int(max_context), layout=layout)
+    plan = KVCachePlan(pairs=pairs, max_context=int(max_context), layout=layout, recurrent=recurrent)
     if plan.query_len > plan.max_context:
         raise InvalidOptionError(
             f"max_context={max_context} is smaller than the {plan.query_len} new tokens each call writes"
@@ -383,14 +406,16 @@ class KVCacheLowering:
 
     # -- interface ----------------------------------------------------------------------------
     def reserved_names(self) -> list[str]:
-        return [POSITION_INPUT, *(s.name for s in self.plan.states())]
+        return [POSITION_INPUT, *(s.name for s in self.plan.states())] if self.plan.pairs else [s.name for s in self.plan.states()]
 
     def placeholders(self) -> dict[str, Any]:
         """The write-position input and one fp16 state per cache (or per stacked cache)."""
         from coremltools.converters.mil import Builder as mb
         from coremltools.converters.mil.mil import types
 
-        made: dict[str, Any] = {POSITION_INPUT: mb.placeholder(shape=(1,), dtype=types.int32, name=POSITION_INPUT)}
+        made: dict[str, Any] = {}
+        if self.plan.pairs:
+            made[POSITION_INPUT] = mb.placeholder(shape=(1,), dtype=types.int32, name=POSITION_INPUT)
         for spec in self.plan.states():
             made[spec.name] = mb.state_tensor_placeholder(shape=spec.shape, dtype=types.fp16)
         return made
@@ -401,8 +426,14 @@ class KVCacheLowering:
         return node.shape.sizes() or (1,)
 
     def bind(self, func: Any) -> None:
-        self.position = func.inputs[POSITION_INPUT]
+        self.position = func.inputs.get(POSITION_INPUT)
         self.state_vars = {s.name: func.inputs[s.name] for s in self.plan.states()}
+
+    def read_recurrent(self, env: dict[int, Any], name: Any) -> None:
+        read_states(self.plan.recurrent, self.state_vars, self.precision, env, name)
+
+    def write_recurrent(self, published: Mapping[tuple[int, int], Any], name: Any) -> None:
+        write_states(self.plan.recurrent, self.state_vars, self.precision, published, name)
 
     def overrides(self) -> dict[int, Any]:
         """Node id -> rule replacing the node's own lowering."""

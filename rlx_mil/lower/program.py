@@ -537,6 +537,7 @@ def lower_graph(
         if stateful is not None:
             stateful.bind(func)
             lowerer.overrides = stateful.overrides()
+            stateful.read_recurrent(lowerer.env, names.fresh)
         for ir_name, ident in in_ids.items():
             node = input_nodes[ir_name]
             var = func.inputs[ident]
@@ -553,6 +554,8 @@ def lower_graph(
             for same in same_named[ir_name]:
                 lowerer.env[same.id] = var
         lowerer.run()
+        if stateful is not None:
+            stateful.write_recurrent(lowerer.published_states, names.fresh)
         var_of = lowerer.var_of
 
         outs = []
@@ -582,7 +585,7 @@ def lower_graph(
     program = Program()
     program.add_function("main", func)
     interface_inputs = {ident: name for name, ident in in_ids.items()}
-    if stateful is not None:
+    if stateful is not None and kv_cache is not None and kv_cache.pairs:
         interface_inputs[POSITION_INPUT] = POSITION_INPUT
     return LoweredProgram(
         program,

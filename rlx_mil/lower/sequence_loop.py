@@ -157,7 +157,14 @@ def recurrence_forms_markdown() -> str:
   `carry_state`, Lstm/Gru/Rnn `carry`) publishes it as an extra output named after that
   input, `<state input>_out` (`state` -> `state_out`, `h0` -> `h0_out`, `c0` -> `c0_out`;
   `rlx_mil.naming.state_outputs`); `reference.evaluate` returns the same keys, so feeding
-  `state_out` back as `state` continues the sequence.
+  `state_out` back as `state` continues the sequence. On iOS18, `kv_cache="auto"` (or a
+  mapping naming `{{input: "<input>_out"}}`) keeps such a state in a Core ML state instead, the
+  same mechanism as the KV caches (`read_state` / `coreml_update_state`, fp16; docs/llm.md).
+* **Decisions where the spec leaves room.** The extra output is named `<input>_out` because a
+  Core ML model cannot use one name for an input and an output (upstream names it "like the
+  state input"). MIL's own `lstm`/`gru`/`rnn` ops are not used (different gate order and
+  weight layout, single layer); every cell is spelled with `matmul`/`split`/activations.
+  Mamba2 lowers in the sequential form, not the chunked SSD form (the spec allows either).
 * **Precision.** States are held in the program's precision: under fp16 the recurrence runs
   and carries its state in fp16 (coremltools' fp16 pass would narrow an fp32 loop body
   anyway). A GatedDeltaNet over S = 2048 (q, k unit vectors, log-gates in [-1, 0)) stays
