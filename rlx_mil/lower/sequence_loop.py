@@ -49,11 +49,16 @@ def scan_sequence(
     """Run `step` over axis 0 of the time-major `sequences` (`[S, ...]`), from the end when
     `reverse`; returns one `[S, *shape]` var per entry of `output_shapes` (row t = the output
     of step t, wherever the scan started) and the final states."""
-    if steps < 1:
-        raise ctx.unsupported("a recurrence over an empty sequence (S = 0) has no Core ML form")
+    require_steps(ctx, steps)
     if steps <= UNROLL_MAX_STEPS:
         return _unrolled(ctx, steps, sequences, states, step, len(output_shapes), reverse, tag)
     return _looped(ctx, steps, sequences, states, step, output_shapes, reverse, tag)
+
+
+def require_steps(ctx: LowerContext, steps: int) -> None:
+    """Refuse an empty sequence before a rule emits anything (Core ML has no zero-sized tensors)."""
+    if steps < 1:
+        raise ctx.unsupported("a recurrence over an empty sequence (S = 0) has no Core ML form")
 
 
 def _sizes(var: Any) -> list[int]:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import rlx_mil
 from e2e.factory import Feeds, e2e_settings, rng_for, seeds, verify
 from rlx_mil import milexec, reference
+from rlx_mil.errors import UnsupportedOpError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lower import sequence_loop
 
@@ -126,6 +127,8 @@ def test_gated_delta_net_empty_sequence_keeps_the_state() -> None:
     got = reference.evaluate(f.graph, f.inputs)
     assert got["o"].shape == (1, 0, 2, 4)
     np.testing.assert_array_equal(got["state_out"], values["state"])
+    with pytest.raises(UnsupportedOpError, match="empty sequence"):
+        rlx_mil.convert(f.graph, {})
 
 
 def _op_count(program: object) -> int:

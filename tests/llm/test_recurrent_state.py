@@ -3,6 +3,8 @@ the executor's state support match the stateless model stepped by feeding `<inpu
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from e2e.factory import Feeds, rng_for
@@ -12,6 +14,8 @@ from e2e.test_rnn_e2e import rnn_graph, rnn_loop, rnn_values
 import rlx_mil
 from rlx_mil import milexec, reference
 from rlx_mil.errors import GraphError, InvalidOptionError
+from rlx_mil.ir.graph import Graph
+from rlx_mil.lower.kv_cache import LLM_METADATA_KEY
 
 STEPS = 4
 #: Core ML states are fp16: the carried value is rounded to fp16 between calls.
@@ -92,3 +96,49 @@ def test_recurrent_states_need_ios18() -> None:
     f.graph.set_outputs([gdn_graph(f, values, 2, False, True)])
     with pytest.raises(InvalidOptionError, match="iOS18"):
         rlx_mil.convert(f.graph, {}, kv_cache="auto", target="iOS17")
+
+
+def _hybrid_step_graph(past: int | None) -> Graph:
+    """One decode step of a hybrid block: causal attention over a KV cache (upstream's decode
+    form) and a GatedDeltaNet carrying its state, in one graph."""
+    g = Graph("hybrid_step")
+    q = g.input("q_att", [1, 2, 1, 4])
+    k, v = g.input("k_new", [1, 2, 1, 4]), g.input("v_new", [1, 2, 1, 4])
+    if past is not None:
+        k = g.concat([g.input("past_k_0", [1, 2, past, 4]), k], 2, name="new_k_0")
+        v = g.concat([g.input("past_v_0", [1, 2, past, 4]), v], 2, name="new_v_0")
+    att = g.attention_kind(q, k, v, 2, 4, "causal", name="att")
+    qg, kg, vg = (g.input(n, [1, 1, 2, 4]) for n in ("q", "k", "v"))
+    gdn = g.gated_delta_net(qg, kg, vg, g.input("g", [1, 1, 2]), g.input("beta", [1, 1, 2]), 4,
+                            state=g.input("state", [1, 2, 4, 4]), name="o")
+    g.set_outputs([att, gdn] if past is None else [att, k, v, gdn])
+    return g
+
+
+@pytest.mark.filterwarnings("ignore::rlx_mil.lower.kv_cache.NeuralEngineWarning")  # head_dim 4
+def test_hybrid_block_keeps_kv_cache_and_recurrent_state_in_one_mechanism() -> None:
+    rng = rng_for(12)
+    model = rlx_mil.convert(_hybrid_step_graph(1), {}, precision="fp32", kv_cache="auto", max_context=32)
+    meta = json.loads(model.user_defined_metadata[LLM_METADATA_KEY])
+    assert set(meta["states"]) == {"key_cache", "value_cache", "var_state"}
+    assert meta["recurrent_states"] == {"state": {"state": "var_state", "output": "state_out"}}
+    states: dict[str, np.ndarray] = {}
+    state = np.zeros((1, 2, 4, 4), np.float32)
+    past_k = past_v = None
+    for t in range(STEPS):
+        gdn = gdn_values(rng, 1, 1, 2, 4, False)
+        feeds = {"q_att": rng.standard_normal((1, 2, 1, 4)).astype(np.float32),
+                 "k_new": rng.standard_normal((1, 2, 1, 4)).astype(np.float32),
+                 "v_new": rng.standard_normal((1, 2, 1, 4)).astype(np.float32),
+                 **{k: gdn[k] for k in ("q", "k", "v", "g", "beta")}}
+        got = milexec.run(model, {**feeds, "cache_position": np.array([t], np.int32)}, states=states)
+        stateless = dict(feeds, state=state)
+        if past_k is not None:
+            stateless.update(past_k_0=past_k, past_v_0=past_v)
+        want = reference.evaluate(_hybrid_step_graph(None if past_k is None else t), stateless)
+        past_k = want.get("new_k_0", feeds["k_new"])
+        past_v = want.get("new_v_0", feeds["v_new"])
+        state = want["state_out"]
+        np.testing.assert_allclose(got["att"], want["att"], atol=2e-3, rtol=2e-3)
+        np.testing.assert_allclose(got["o"], want["o"], atol=2e-3, rtol=2e-3)
+    np.testing.assert_allclose(states["var_state"], state, atol=2e-3, rtol=2e-3)

@@ -18,7 +18,7 @@ from rlx_mil.ir import ops
 from rlx_mil.ir.ops.recurrent import RnnOp
 from rlx_mil.lower.context import LowerContext
 from rlx_mil.lower.registry import lowering
-from rlx_mil.lower.sequence_loop import UNROLL_MAX_STEPS, scan_sequence
+from rlx_mil.lower.sequence_loop import UNROLL_MAX_STEPS, require_steps, scan_sequence
 
 _FORM = (
     f"unrolled for S <= {UNROLL_MAX_STEPS} (`slice_by_index` per step, `stack`), else one MIL `while_loop`"
@@ -54,6 +54,7 @@ def lower_gated_delta_net(op: ops.GatedDeltaNet, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
 
     batch, steps, heads, n = ctx.out_shape.sizes()
+    require_steps(ctx, steps)
     row = [steps, batch, heads, 1, n]
     scaled_q = mb.mul(x=ctx.var(0), y=ctx.scalar(1.0 / math.sqrt(n)), name=ctx.name("q_scaled"))
     q = time_major(ctx, scaled_q, row, "q")
@@ -95,6 +96,7 @@ def lower_selective_scan(op: ops.SelectiveScan, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
 
     batch, steps, heads = ctx.out_shape.sizes()
+    require_steps(ctx, steps)
     n = int(ctx.input_shape(2).sizes()[1])
     x, delta, a = ctx.var(0), ctx.var(1), ctx.var(2)
     delta_x = time_major(ctx, mb.mul(x=delta, y=x, name=ctx.name("delta_x")), [steps, batch, heads, 1], "delta_x")
@@ -128,6 +130,7 @@ def lower_mamba2(op: ops.Mamba2, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
 
     batch, steps, heads, p = ctx.out_shape.sizes()
+    require_steps(ctx, steps)
     n = int(ctx.input_shape(3).sizes()[3])
     x, dt, a = ctx.var(0), ctx.var(1), ctx.var(2)
     decay = mb.exp(x=mb.mul(x=dt, y=a, name=ctx.name("dt_a")), name=ctx.name("decay"))
@@ -245,6 +248,7 @@ def lower_rnn_stack(op: RnnOp, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
 
     batch, steps, features = (int(d) for d in ctx.input_shape(0).sizes())
+    require_steps(ctx, steps)
     hidden, layers, directions = op.hidden_size, op.num_layers, 2 if op.bidirectional else 1
     rows = op.GATES * hidden
     packed = [_PackedWeights(ctx, i) for i in range(1, 3 + len(op.BIASES))]
