@@ -172,6 +172,9 @@ def recurrence_forms_markdown() -> str:
   Mamba2 lowers in the sequential form, not the chunked SSD form (the spec allows either).
 * **Precision.** States are held in the program's precision: under fp16 the recurrence runs
   and carries its state in fp16 (coremltools' fp16 pass would narrow an fp32 loop body
-  anyway). A GatedDeltaNet over S = 2048 (q, k unit vectors, log-gates in [-1, 0)) stays
-  within 2e-2 of the float64 recurrence in fp16; fp32 matches to ~1e-6.
+  anyway). Measured on a GatedDeltaNet over S = 2048 (H = 2, n = 8, q and k unit vectors,
+  log-gates in [-1, 0), outputs up to ~1) through the executor against the float64
+  recurrence: fp16 max error 8e-4 in the output and 5e-4 in the final state, fp32 1e-7 (the
+  test allows 2e-2). Program size (non-const ops, fp16): 35 at S = 1 and 215 at S = 16
+  (unrolled), 44 at S = 17, 64 and 2048 (while_loop).
 """
