@@ -170,6 +170,8 @@ def recurrence_forms_markdown() -> str:
   state input"). MIL's own `lstm`/`gru`/`rnn` ops are not used (different gate order and
   weight layout, single layer); every cell is spelled with `matmul`/`split`/activations.
   Mamba2 lowers in the sequential form, not the chunked SSD form (the spec allows either).
+  GatedDeltaNet takes any `state_size` (upstream's CPU asserts n <= 128; Core ML needs no
+  such limit) and honours `gate_per_channel` in fp16 too (upstream's f16 host path ignores it).
 * **Precision.** States are held in the program's precision: under fp16 the recurrence runs
   and carries its state in fp16 (coremltools' fp16 pass would narrow an fp32 loop body
   anyway). Measured on a GatedDeltaNet over S = 2048 (H = 2, n = 8, q and k unit vectors,
