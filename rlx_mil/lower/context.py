@@ -216,6 +216,11 @@ class LowerContext:
         """The MIL var of input `i`, in the dtype `mil_dtype` gives its IR dtype."""
         return self._var_of(self.node.inputs[i])
 
+    def node_var(self, node_id: int) -> Any:
+        """The MIL var of graph node `node_id` (lowered before this node): for rules that look
+        through an input to the tensor it was made from."""
+        return self._var_of(node_id)
+
     def vars(self) -> list[Any]:
         return [self.var(i) for i in range(self.num_inputs)]
 
@@ -229,12 +234,12 @@ class LowerContext:
         time), else None. Raw: quantized bytes stay as given."""
         return self._value_of(self.node.inputs[i])
 
-    def weight(self, i: int, *, transpose: bool = False) -> np.ndarray | None:
-        """Input `i`'s known value (Param/Constant, with any unit leading dims dropped when
-        `transpose`) as the program holds floats, fp16 or fp32; `transpose` swaps the axes of a
-        matrix into the [N, K] layout of `linear`. Made once per conversion and shared by every
-        node using it; None when the input is not known at conversion time."""
-        return self._lowerer.program_value(self.node.inputs[i], self.float_dtype, transpose=transpose)
+    def weight(self, i: int, *, transpose: bool = False) -> Any:
+        """The const op of input `i`'s known value (Param/Constant, with any unit leading dims
+        dropped when `transpose`) as the program holds floats, fp16 or fp32; `transpose` swaps
+        the axes of a matrix into the [N, K] layout of `linear`. Made once per conversion and
+        shared by every node using it (a tied embedding and its transposed use included)."""
+        return self._lowerer.program_const(self.node.inputs[i], self.float_dtype, transpose=transpose)
 
     def value_key(self, i: int) -> Hashable | None:
         """What input `i`'s known value is shared under in this conversion (None at run time)."""

@@ -370,7 +370,6 @@ class NodeLowerer:
         return self.shared.array((key, np.dtype(dtype).str, transpose), make)
 
     def var_of(self, node_id: int) -> Any:
-        from coremltools.converters.mil import Builder as mb
 
         if node_id in self.env:
             return self.env[node_id]
@@ -390,14 +389,28 @@ class NodeLowerer:
                 self.env[node_id] = compressed
                 return compressed
         float_dtype = np.float16 if self.precision is Precision.FP16 else np.float32
-        arr = self.program_value(node_id, float_dtype)
-        assert arr is not None
+        self.env[node_id] = self.program_const(node_id, float_dtype)
+        return self.env[node_id]
+
+    def program_const(self, node_id: int, float_dtype: type[np.floating[Any]], *, transpose: bool = False) -> Any:
+        """The const op holding `program_value(node_id, ...)`, one per conversion and block. A
+        matrix used both as it is and, through a 2-D Transpose, as a `linear` weight (tied
+        embeddings) is one buffer and one const."""
+        from coremltools.converters.mil import Builder as mb
+
+        node = self.graph.node(node_id)
+        if transpose and isinstance(node.op, Transpose) and tuple(node.op.perm) == (1, 0):
+            node_id, transpose = node.inputs[0], False  # the transposed transpose is the matrix itself
+            node = self.graph.node(node_id)
+        arr = self.program_value(node_id, float_dtype, transpose=transpose)
+        if arr is None:
+            raise ConversionError(f"node %{node_id} is not known at conversion time")
+        base = node.op.name if isinstance(node.op, Param) else (node.name or f"const_{node_id}")
 
         def make() -> Any:
             return mb.const(val=arr if arr.ndim else arr[()], name=self.names.fresh(self.name_prefix + base))
 
-        self.env[node_id] = self.shared.var(("const", key, arr.dtype.str), make)
-        return self.env[node_id]
+        return self.shared.var(("const", self.value_key(node_id), arr.dtype.str, transpose), make)
 
     def context(self, node: Node) -> LowerContext:
         return LowerContext(

@@ -94,6 +94,26 @@ def test_a_weight_used_twice_is_held_once() -> None:
     np.testing.assert_array_equal(weights[0], value.T.astype(np.float16))
 
 
+def test_tied_embedding_is_one_const_for_gather_and_linear() -> None:
+    """An [V, H] table gathered by token ids and, through a Transpose, the output projection
+    (tied embeddings): one fp16 buffer, one const feeding both ops, and the logits right."""
+    g = Graph("tied_embedding")
+    ids = g.input("ids", [1, 5], dtype="I32")
+    table = g.param("embed", [11, 8])
+    hidden = g.gather(table, ids, axis=0)
+    g.set_outputs([g.matmul(hidden, g.transpose(table, [1, 0]), name="logits")])
+    value = np.random.default_rng(2).standard_normal((11, 8)).astype(np.float32)
+    program = rlx_mil.lower(g, {"embed": value})
+    consts = [op for op in program.functions["main"].operations if op.op_type == "const" and op.outputs[0].shape == (11, 8)]
+    assert len(consts) == 1
+    assert sorted(c.op_type for c in consts[0].outputs[0].child_ops) == ["gather", "linear"]
+    np.testing.assert_array_equal(consts[0].outputs[0].val, value.astype(np.float16))
+    token_ids = np.array([[0, 3, 10, 3, 7]], np.int32)
+    got = rlx_mil.milexec.run(rlx_mil.convert(g, {"embed": value}), {"ids": token_ids})["logits"]
+    held = value.astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(got, held[token_ids[0]][None] @ held.T, rtol=2e-2, atol=2e-2)
+
+
 def test_known_zero_bias_is_dropped() -> None:
     g = Graph("bias")
     x = g.input("x", [2, 8])

@@ -8,6 +8,8 @@ in both precisions, the converted program must be the one Core ML's default pipe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from catalogue import CATALOGUE, random_leaves
@@ -114,3 +116,18 @@ def test_reduce_transposes_runs_only_where_a_transpose_can_move() -> None:
     graph = llama_decoder(mha)
     lowered = rlx_mil.lower(graph, random_params(graph, mha), target="iOS18", attention="decomposed")
     assert needs_reduce_transposes(lowered)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_trimmed_pipeline_gives_the_default_hugging_face_decoder(name: str, tmp_path: Path) -> None:
+    """Hugging Face layouts make q/k head-major by a transpose before RoPE: the rotation is
+    lowered before that transpose, so no transpose feeds an element-wise op and the skipped
+    reduce_transposes could not have changed the program."""
+    from rlx_mil.models import from_pretrained
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+    graph, params = from_pretrained(write_random_checkpoint(tmp_path / name, TINY_CONFIGS[name], seed=1), seq_len=8)
+    if name == "llama":  # RoPE rotates before the head-major transpose (Qwen3 norms q/k after it)
+        assert not needs_reduce_transposes(rlx_mil.lower(graph, params, target="iOS18"))
+    trimmed, default = _both(graph, dict(params), "iOS18", "fp16", "auto")
+    assert trimmed == default

@@ -158,22 +158,38 @@ def lower_rope(op: ops.Rope, ctx: LowerContext) -> Any:
     if half == 0:
         return x
     gptj = op.style is ops.RopeStyle.GPTJ
-    heads = x if rank == 4 else mb.reshape(x=x, shape=heads_view, name=ctx.name("heads"))
-    if not gptj and n_rot == head_dim:
-        cos, sin_signed = _full_tables(ctx, seq, half, rank == 4)
-        rotated = _rotate_half_full(heads, half, cos, sin_signed, ctx)
-        if rank == 4:
-            return rotated
-        return mb.reshape(x=rotated, shape=list(sizes), name=ctx.name())
-    cos = _table(ctx, 1, "cos", seq, half, rank == 4, gptj)
-    sin = _table(ctx, 2, "sin", seq, half, rank == 4, gptj)
-    if gptj:
-        rotated = _rotate_pairs(heads, heads_view, head_dim, n_rot, cos, sin, ctx)
+    seq_major = _seq_major_source(ctx) if rank == 4 else None
+    if seq_major is not None:  # rotate [B, S, H, D] and make the result head-major after
+        heads, heads_view, head_major = seq_major, [sizes[0], sizes[2], sizes[1], sizes[3]], False
     else:
-        rotated = _rotate_halves(heads, head_dim, n_rot, cos, sin, ctx)
+        heads = x if rank == 4 else mb.reshape(x=x, shape=heads_view, name=ctx.name("heads"))
+        head_major = rank == 4
+    if not gptj and n_rot == head_dim:
+        cos, sin_signed = _full_tables(ctx, seq, half, head_major)
+        rotated = _rotate_half_full(heads, half, cos, sin_signed, ctx)
+    else:
+        cos = _table(ctx, 1, "cos", seq, half, head_major, gptj)
+        sin = _table(ctx, 2, "sin", seq, half, head_major, gptj)
+        if gptj:
+            rotated = _rotate_pairs(heads, heads_view, head_dim, n_rot, cos, sin, ctx)
+        else:
+            rotated = _rotate_halves(heads, head_dim, n_rot, cos, sin, ctx)
+    if seq_major is not None:
+        return mb.transpose(x=rotated, perm=[0, 2, 1, 3], name=ctx.name())
     if rank == 4:
         return rotated
     return mb.reshape(x=rotated, shape=list(sizes), name=ctx.name())
+
+
+def _seq_major_source(ctx: LowerContext) -> Any | None:
+    """The [B, S, H, D] tensor a rank-4 x was made head-major from by a Transpose (as Hugging
+    Face attention does before RoPE), else None. Rotating it before that transpose leaves no
+    transpose feeding element-wise ops, so Core ML's costly `reduce_transposes` pass has
+    nothing to move and is skipped (`rlx_mil.lower.pipeline`)."""
+    node = ctx.input_node(0)
+    if not isinstance(node.op, ops.Transpose) or tuple(node.op.perm) != (0, 2, 1, 3) or ctx.value(0) is not None:
+        return None
+    return ctx.node_var(node.inputs[0])
 
 
 def _rotate(first: Any, second: Any, cos: Any, sin: Any, ctx: LowerContext) -> tuple[Any, Any]:
