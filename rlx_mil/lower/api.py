@@ -21,6 +21,7 @@ from rlx_mil.lower.pipeline import FP16_UNSAFE_PASSES, default_pass_pipeline, rl
 from rlx_mil.lower.program import LoweredProgram, lower_graph, require_graph
 from rlx_mil.lower.saving import save_package
 from rlx_mil.lower.target import Precision, Target
+from rlx_mil.lower.weight_writes import direct_weight_writes
 from rlx_mil.naming import IO_NAMES_METADATA_KEY
 
 __all__ = [
@@ -199,7 +200,7 @@ def convert(
         graph = graph.bind(dims)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
     compressor = _compressor(compress, graph, tgt, prec)
-    with objects_frozen():
+    with objects_frozen(), direct_weight_writes():
         lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
         if pass_pipeline is None:
             pass_pipeline = rlx_pass_pipeline(prec, lowered.program)

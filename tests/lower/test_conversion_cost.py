@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -139,3 +140,30 @@ def test_conversion_freezes_the_collector_only_while_it_runs() -> None:
         assert gc.get_freeze_count() == frozen  # a caller's own freeze is left alone
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_direct_weight_writes_give_coremltools_bytes(precision: str, tmp_path: Path) -> None:
+    """The weight file written from flat views is byte for byte the one coremltools writes."""
+    from coremltools.converters.mil.backend.mil import helper
+
+    graph = llama_decoder(CONFIG)
+    params = random_params(graph, CONFIG)
+    original = helper._get_offset_by_writing_data
+
+    def weights(direct: bool) -> bytes:
+        if direct:
+            model = rlx_mil.convert(graph, params, precision=precision)
+        else:  # coremltools' own writer: make the context manager a no-op for this conversion
+            original.rlx_mil_direct = True  # type: ignore[attr-defined]
+            try:
+                model = rlx_mil.convert(graph, params, precision=precision)
+            finally:
+                del original.rlx_mil_direct  # type: ignore[attr-defined]
+        path = rlx_mil.save(model, tmp_path / f"{direct}.mlpackage")
+        return next(Path(path).rglob("weight.bin")).read_bytes()
+
+    assert helper._get_offset_by_writing_data is original
+    direct = weights(True)
+    assert helper._get_offset_by_writing_data is original  # restored after the conversion
+    assert len(direct) > 100_000 and direct == weights(False)
