@@ -137,7 +137,9 @@ def test_conversion_freezes_the_collector_only_while_it_runs() -> None:
         frozen = gc.get_freeze_count()
         with objects_frozen():
             pass
-        assert gc.get_freeze_count() == frozen  # a caller's own freeze is left alone
+        # a caller's own freeze is left alone: not undone (frozen objects that died meanwhile
+        # leave the count, so it may only shrink)
+        assert 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 

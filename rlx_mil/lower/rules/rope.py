@@ -115,7 +115,9 @@ def _rotate_half_full(heads: Any, half: int, cos: Any, sin_signed: Any, ctx: Low
     " the head-wide tables built once per conversion and shared by every RoPE node. n_rot <"
     " head_dim: `split` into the two rotated halves and the unrotated tail, `mul`/`sub`/`add` with"
     " table rows 0..S-1 (`slice_by_index`, or sliced at conversion for Param tables; a 1-row table"
-    " broadcasts), `concat`, `reshape` back."
+    " broadcasts), `concat`, `reshape` back. A rank-4 x that is a head-major `Transpose` of a [B, S, H, D]"
+    " tensor (Hugging Face q/k) is rotated before that transpose (then `transpose`), so no transpose"
+    " feeds element-wise ops."
     " GptJ style: the rotated part is reshaped to [..., n_rot/2, 2] and `split` into the even and"
     " odd members of each pair, rotated the same way, then `concat` + `reshape` back",
 )
