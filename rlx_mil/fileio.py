@@ -99,3 +99,50 @@ def nesting_depth(text: bytes) -> int:
         deepest = max(deepest, int(running.max()))
         depth = int(running[-1])
     return deepest
+
+
+#: A Core ML package holds a manifest, a model spec and a weights file or two.
+MAX_PACKAGE_ENTRIES = 10_000
+
+
+def check_package_tree(path: str | os.PathLike[str], what: str = "model package") -> Path:
+    """`path` as a Path if it is a regular file (a bare `.mlmodel`) or a folder holding only
+    folders and regular files (links followed), so a reader handed the package cannot hang on
+    a FIFO or read a device forever.
+
+    Raises MissingFileError, SpecialFileError (naming the entry at fault) or another
+    FileAccessError.
+    """
+    root = Path(path)
+    try:
+        info = root.stat()
+    except FileNotFoundError as err:
+        raise MissingFileError(f"{root}: no such {what}") from err
+    except OSError as err:
+        raise file_access_error(err, f"{root}: cannot open {what}: {err.strerror or err}") from err
+    if stat.S_ISREG(info.st_mode):
+        return root
+    if not stat.S_ISDIR(info.st_mode):
+        raise SpecialFileError(f"{root}: {_kind(info.st_mode)}, not a {what}")
+    pending, seen = [root], 0
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as err:
+            raise file_access_error(err, f"{folder}: cannot list the {what}: {err.strerror or err}") from err
+        for entry in entries:
+            seen += 1
+            if seen > MAX_PACKAGE_ENTRIES:
+                raise SpecialFileError(f"{root}: more than {MAX_PACKAGE_ENTRIES} entries; not a {what}")
+            try:
+                mode = os.stat(entry.path).st_mode  # follows links: what a reader would open
+            except OSError as err:
+                raise file_access_error(err, f"{entry.path}: in the {what}, cannot be read: {err.strerror or err}") from err
+            if stat.S_ISDIR(mode):
+                if entry.is_symlink():
+                    raise SpecialFileError(f"{entry.path}: a link to a folder inside the {what}")
+                pending.append(Path(entry.path))
+            elif not stat.S_ISREG(mode):
+                raise SpecialFileError(f"{entry.path}: {_kind(mode)} inside the {what}; a package holds only files and folders")
+    return root

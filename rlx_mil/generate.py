@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.errors import InvalidOptionError, RlxMilError
+from rlx_mil.fileio import check_package_tree
 from rlx_mil.lower.kv_cache import LLM_METADATA_KEY, POSITION_INPUT
 from rlx_mil.milexec.executor import PrecisionModel
 from rlx_mil.naming import IO_NAMES_METADATA_KEY
@@ -71,7 +72,7 @@ class Session:
         if isinstance(package, (str, os.PathLike)):
             if not os.path.isdir(package):
                 raise GenerationError(f"no model package at {package}")
-            path = str(package)
+            path = str(check_package_tree(package))
         else:
             path = str(getattr(package, "package_path", "") or "")
             if not path:
@@ -87,23 +88,30 @@ class Session:
                 f"{path} is not a stateful LLM package (no '{LLM_METADATA_KEY}' metadata); convert the decode"
                 " graph with kv_cache= (docs/llm.md)"
             )
-        self.contract: dict[str, Any] = json.loads(meta[LLM_METADATA_KEY])
-        self.max_context = int(self.contract["max_context"])
-        spec = handle.get_spec()
-        listed = self.contract.get("functions")
-        lengths: dict[str | None, int] = (
-            {name: int(f["query_len"]) for name, f in listed.items()} if listed else {None: int(self.contract["query_len"])}
-        )
-        io_tables = json.loads(meta["rlx_mil.functions"])["io_names"] if "rlx_mil.functions" in meta else {}
-        self.functions: list[FunctionInfo] = []
-        self._io_names: dict[str | None, Any] = {}
-        for name, query_len in lengths.items():
-            inputs, outputs = _features(spec, name)
-            out_names = [o.name for o in outputs]
-            logits = "logits" if "logits" in out_names else out_names[0]
-            vocab = int(list(next(o for o in outputs if o.name == logits).type.multiArrayType.shape)[-1])
-            self.functions.append(FunctionInfo(name, query_len, frozenset(i.name for i in inputs), logits, vocab))
-            self._io_names[name] = io_tables.get(name) if name is not None else json.loads(meta.get(IO_NAMES_METADATA_KEY, "{}"))
+        # The contract is the package's own metadata, but a package is user input: any malformed
+        # part of it is one typed error, never a raw KeyError/TypeError from deep inside.
+        try:
+            self.contract: dict[str, Any] = json.loads(meta[LLM_METADATA_KEY])
+            self.max_context = int(self.contract["max_context"])
+            spec = handle.get_spec()
+            listed = self.contract.get("functions")
+            lengths: dict[str | None, int] = (
+                {name: int(f["query_len"]) for name, f in listed.items()} if listed else {None: int(self.contract["query_len"])}
+            )
+            io_tables = json.loads(meta["rlx_mil.functions"])["io_names"] if "rlx_mil.functions" in meta else {}
+            self.functions: list[FunctionInfo] = []
+            self._io_names: dict[str | None, Any] = {}
+            for name, query_len in lengths.items():
+                inputs, outputs = _features(spec, name)
+                out_names = [o.name for o in outputs]
+                logits = "logits" if "logits" in out_names else out_names[0]
+                vocab = int(list(next(o for o in outputs if o.name == logits).type.multiArrayType.shape)[-1])
+                self.functions.append(FunctionInfo(name, query_len, frozenset(i.name for i in inputs), logits, vocab))
+                self._io_names[name] = io_tables.get(name) if name is not None else json.loads(meta.get(IO_NAMES_METADATA_KEY, "{}"))
+        except (ValueError, KeyError, TypeError, AttributeError, StopIteration, IndexError, RecursionError) as err:
+            raise GenerationError(
+                f"{path}: its LLM metadata is malformed ({type(err).__name__}: {err}); re-convert the package"
+            ) from None
         self.functions.sort(key=lambda f: -f.query_len)
         if min(f.query_len for f in self.functions) != 1:
             raise GenerationError(f"{path} has no decode function (one taking a single token); functions: {lengths}")

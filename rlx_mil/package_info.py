@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx_mil.errors import RlxMilError
+from rlx_mil.fileio import check_package_tree
 
 #: Core ML specification version -> the deployment target that introduced it.
 SPEC_VERSION_TARGETS = {6: "iOS15", 7: "iOS16", 8: "iOS17", 9: "iOS18", 10: "iOS26"}
@@ -137,6 +138,7 @@ def package_info(model_or_path: Any) -> PackageInfo:
         path = Path(model_or_path)
         if not path.exists():
             raise RlxMilError(f"{path}: no such package")
+        check_package_tree(path)
         try:
             model = ct.models.MLModel(str(path), skip_model_load=True)
         except Exception as err:

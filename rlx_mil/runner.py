@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.errors import RlxMilError
+from rlx_mil.fileio import check_package_tree
 
 
 def coreml_available() -> bool:
@@ -58,6 +59,7 @@ def run_package(
     p = Path(path)
     if not p.exists():
         raise RlxMilError(f"{p}: no such package")
+    check_package_tree(p)
     if engine == "coreml" or (engine == "auto" and coreml_available()):
         if not coreml_available():
             raise RlxMilError("engine 'coreml' needs macOS with the Core ML runtime; use --engine milexec")

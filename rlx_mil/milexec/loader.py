@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.errors import MilExecError
-from rlx_mil.fileio import nesting_depth
+from rlx_mil.fileio import check_package_tree, nesting_depth
 from rlx_mil.milexec.registry import iter_ops
 from rlx_mil.naming import IO_NAMES_METADATA_KEY
 
@@ -82,6 +82,7 @@ def _open_model(path: str | os.PathLike[str]) -> Any:
 
     if not Path(path).exists():
         raise MilExecError(f"no model package at {path}")
+    check_package_tree(path)
     try:
         return ct.models.MLModel(str(path), skip_model_load=True)
     except Exception as exc:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.errors import MilExecError
 from rlx_mil.ir import Graph, Input
 
 #: Largest |converted - reference| allowed, relative to the output's largest magnitude. fp16
@@ -70,6 +71,9 @@ def verify_package(
     limit = RELATIVE_TOLERANCE[precision]
     checks = []
     for name, ref in want.items():
+        if name not in got or np.shape(got[name]) != ref.shape:
+            found = f"shape {list(np.shape(got[name]))}" if name in got else "no such output"
+            raise MilExecError(f"{package}: output {name!r} does not match the graph ({found}, expected {list(ref.shape)})")
         err = float(np.max(np.abs(got[name].astype(np.float64) - ref))) if ref.size else 0.0
         scale = float(np.max(np.abs(ref))) if ref.size else 0.0
         relative = err / (scale or 1.0)
