@@ -93,6 +93,7 @@ class Session:
         try:
             self.contract: dict[str, Any] = json.loads(meta[LLM_METADATA_KEY])
             self.max_context = int(self.contract["max_context"])
+            self._mask_kinds = {str(k) for k in self.contract.get("mask_kinds", ["None"])}
             spec = handle.get_spec()
             listed = self.contract.get("functions")
             lengths: dict[str | None, int] = (
@@ -214,7 +215,7 @@ class Session:
     def _padded_bucket(self, rest: int) -> FunctionInfo | None:
         """The smallest prefill bucket that holds `rest` tokens and fits in the cache, when the
         package's masks let a padded call leave the real tokens unchanged (causal ones)."""
-        if not set(self.contract.get("mask_kinds", ["None"])) <= {"Causal", "SlidingWindow"}:
+        if not self._mask_kinds <= {"Causal", "SlidingWindow"}:
             return None
         fits = [
             f for f in self.functions

@@ -84,12 +84,16 @@ class PackageInfo:
                         lines.append(f"    {kind + ':':<9}{text}")
         llm = self.metadata.get("rlx_mil.llm")
         if llm:
-            contract = json.loads(llm)
-            lines.append(
-                f"kv cache: {contract['layout']}, {contract['layers']} layers, max_context {contract['max_context']},"
-                f" write position input {contract['cache_position']!r}"
-            )
-            lines += [f"  note: {n}" for n in contract.get("neural_engine_notes", [])]
+            try:
+                contract = json.loads(llm)
+                lines.append(
+                    f"kv cache: {contract['layout']}, {contract['layers']} layers, max_context {contract['max_context']},"
+                    f" write position input {contract['cache_position']!r}"
+                )
+                lines += [f"  note: {n}" for n in contract.get("neural_engine_notes", [])]
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+                # inspect describes what is there; a damaged contract is part of that description
+                lines.append(f"kv cache: the 'rlx_mil.llm' metadata is malformed ({type(err).__name__}: {err})")
         return lines
 
     def to_json(self) -> str:

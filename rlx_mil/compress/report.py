@@ -58,7 +58,7 @@ class CompressionReport:
             raw = json.loads(text)
             weights = [WeightReport(**w) for w in raw.pop("weights")]
             return cls(weights=weights, **raw)
-        except (ValueError, TypeError, KeyError) as err:
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:
             raise RlxMilError(f"model metadata {METADATA_KEY!r} is not a compression report ({err})") from None
 
     def to_text(self) -> str:
