@@ -234,6 +234,18 @@ class LowerContext:
         time), else None. Raw: quantized bytes stay as given."""
         return self._value_of(self.node.inputs[i])
 
+    def compresses(self, i: int) -> bool:
+        """Whether this conversion compresses the weight behind input `i`: a rule that would fold
+        the value into its op (a norm scale, a RoPE table) must then take it as `var(i)`, which
+        is the compressed constexpr op."""
+        compressor = self.options.compressor
+        return compressor is not None and compressor.scheme_for(self.weight_source(i)) is not None
+
+    def known_value(self, i: int) -> np.ndarray | None:
+        """`value(i)` for a rule free to fold it into its op; None when it is not known at
+        conversion time or is compressed (see `compresses`)."""
+        return None if self.compresses(i) else self.value(i)
+
     def weight(self, i: int, *, transpose: bool = False) -> Any:
         """The const op of input `i`'s known value (Param/Constant, with any unit leading dims
         dropped when `transpose`) as the program holds floats, fp16 or fp32; `transpose` swaps

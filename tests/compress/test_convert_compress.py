@@ -99,9 +99,8 @@ def test_selection_rules_min_size_embeddings_and_head() -> None:
     assert schemes["layers.0.self_attn.v_proj.weight"] == "uint8-asym-channel"
     assert "layers.0.mlp.down_proj.weight" not in schemes
     assert report.kept["layers.0.mlp.down_proj.weight"].startswith("rule glob:")
-    # Norm ops fold their scales into the program at conversion: asked-for or not, nothing
-    # stored is compressed, and the report says so.
-    assert "norm.weight" not in schemes and report.kept["norm.weight"] == "folded into its op at conversion"
+    # A rule asks for the norm scale: the norm takes it as the compressed op, not folded in.
+    assert schemes["norm.weight"] == "int8-sym-tensor" and "norm.weight" not in report.kept
     # 64 x 64 = 4096 < min_size: q/o projections stay float; 64 x 128 gate/up are compressed.
     assert "layers.0.self_attn.q_proj.weight" not in schemes
     assert report.kept["layers.0.self_attn.q_proj.weight"] == "below min_size 5000"

@@ -107,7 +107,7 @@ def _affine_vector(ctx: LowerContext, index: int, length: int, shape: list[int],
     """gamma/beta reshaped to `shape` for broadcasting: (var, its value when known)."""
     from coremltools.converters.mil import Builder as mb
 
-    value = ctx.value(index)
+    value = ctx.known_value(index)
     if value is not None:
         arr = np.asarray(value, dtype=np.float32).reshape(shape).astype(ctx.float_dtype)
         return None, arr
@@ -124,7 +124,7 @@ def _apply_affine(
     conversion; a known gamma takes `scale` in (one product, rounded once)."""
     from coremltools.converters.mil import Builder as mb
 
-    gamma_value = ctx.value(gamma_index)
+    gamma_value = ctx.known_value(gamma_index)
     if gamma_value is not None:
         product = np.asarray(gamma_value, dtype=np.float64).reshape(shape) * scale
         if not np.all(product == 1):
@@ -184,7 +184,7 @@ def _layer_norm_affine(ctx: LowerContext, x: Any, eps: float, gamma_index: int, 
     into MIL's `layer_norm` (which only takes them as consts)."""
     from coremltools.converters.mil import Builder as mb
 
-    gamma, beta = ctx.value(gamma_index), ctx.value(beta_index)
+    gamma, beta = ctx.known_value(gamma_index), ctx.known_value(beta_index)
     if ctx.precision is Precision.FP32 and gamma is not None and beta is not None:
         return mb.layer_norm(
             x=x, axes=[-1],
@@ -326,7 +326,7 @@ def _residual_sum(ctx: LowerContext, has_bias: bool) -> Any:
     total = mb.add(x=ctx.var(0), y=ctx.var(1), name=ctx.name("residual_sum"))
     if has_bias:
         _check_vector(ctx, 2, x_sizes[-1], "bias")
-        bias = ctx.value(2)
+        bias = ctx.known_value(2)
         bias_arg = (
             np.asarray(bias, dtype=np.float32).reshape(x_sizes[-1]).astype(ctx.float_dtype)
             if bias is not None
@@ -368,7 +368,7 @@ def _float_operand(ctx: LowerContext, index: int, operand: str, shape: list[int]
     from coremltools.converters.mil import Builder as mb
 
     require_float(ctx, index, operand)
-    value = ctx.value(index)
+    value = ctx.known_value(index)
     if value is not None:
         arr = np.asarray(value, dtype=np.float32)
         return (arr.reshape(shape) if shape is not None else arr).astype(ctx.float_dtype)
@@ -398,7 +398,7 @@ def lower_batch_norm_inference(op: ops.BatchNormInference, ctx: LowerContext) ->
     for index, operand in enumerate(roles, start=1):
         _check_vector(ctx, index, channels, operand)
     _check_matches_declared(ctx, sizes, flattened_ok=False)
-    gamma, var = ctx.value(1), ctx.value(4)
+    gamma, var = ctx.known_value(1), ctx.known_value(4)
     centred = mb.sub(x=ctx.var(0), y=_float_operand(ctx, 3, "running_mean", [channels]), name=ctx.name("centred"))
     if gamma is not None and var is not None:
         g = np.asarray(gamma, dtype=np.float32).reshape(channels)
@@ -462,7 +462,7 @@ def lower_ada_layer_norm(op: ops.AdaLayerNorm, ctx: LowerContext) -> Any:
     _check_broadcasts_to(ctx, 2, sizes, "shift")
     _check_matches_declared(ctx, sizes, flattened_ok=False)
     normed = normalize_last_axis(ctx, ctx.var(0), op.eps, center=op.norm is ops.AdaNormKind.LAYER_NORM)
-    scale = ctx.value(1)
+    scale = ctx.known_value(1)
     if scale is not None:
         factor: Any = (np.float32(1) + np.asarray(scale, dtype=np.float32)).astype(ctx.float_dtype)
     else:

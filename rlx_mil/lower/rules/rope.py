@@ -52,7 +52,7 @@ def _table(ctx: LowerContext, index: int, name: str, seq: int, half: int, rank4:
     view = [used, half] if rank4 else [used, 1, half]
     if pairs:
         view.append(1)
-    value = ctx.value(index)
+    value = ctx.known_value(index)
     if value is not None:
         arr = np.asarray(value, dtype=np.float32).reshape(rows, cols)[:used, :half]
         return ctx.const(arr.reshape(view), name)
@@ -71,7 +71,8 @@ def _full_tables(ctx: LowerContext, seq: int, half: int, rank4: bool) -> tuple[A
     _check_table(ctx, 2, "sin", seq, half)
     view = [used, 2 * half] if rank4 else [used, 1, 2 * half]
     keys = (ctx.value_key(1), ctx.value_key(2))
-    if None not in keys:  # tables known at conversion: read once, whatever the number of nodes
+    # Tables known at conversion (and not compressed): read once, whatever the number of nodes.
+    if None not in keys and not (ctx.compresses(1) or ctx.compresses(2)):
 
         def known(index: int, sign: float, what: str) -> Any:
             part = np.asarray(ctx.value(index), dtype=np.float32).reshape(rows, cols)[:used, :half]
