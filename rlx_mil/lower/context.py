@@ -76,6 +76,8 @@ class NameAllocator:
 #: a block stay in cache, so the transpose costs little more than the cast itself.
 TRANSPOSE_BLOCK_ROWS = 256
 FP16_MAX = 65504.0
+#: Elements per pass of the fp16 overflow check (temporaries of a few MB whatever the weight).
+_CHECK_BLOCK = 1 << 20
 
 
 def program_array(value: Any, dtype: type[np.generic] | np.dtype[Any], *, transpose: bool = False) -> np.ndarray:
@@ -107,12 +109,16 @@ def fp16_overflow_peak(source: np.ndarray, held: np.ndarray) -> float | None:
     value infinite, else None. The common case costs one integer pass over `held`."""
     if held.dtype != np.float16 or held.size == 0 or source.dtype == np.float16:
         return None
-    exponent_all_ones = (held.view(np.uint16) & 0x7FFF) >= 0x7C00  # inf or NaN in fp16
-    if not exponent_all_ones.any():
-        return None
-    wide = np.asarray(source, dtype=np.float32)
-    finite = wide[np.isfinite(wide)]
-    peak = float(np.max(np.abs(finite))) if finite.size else 0.0
+    # Block by block: a whole-array mask would cost 1.5x the held weight in temporaries.
+    bits = held.reshape(-1).view(np.uint16)
+    if not any(((bits[i:i + _CHECK_BLOCK] & 0x7FFF) >= 0x7C00).any() for i in range(0, bits.size, _CHECK_BLOCK)):
+        return None  # no inf or NaN in fp16
+    flat = np.asarray(source).reshape(-1)
+    peak = 0.0
+    for i in range(0, flat.size, _CHECK_BLOCK):
+        wide = flat[i:i + _CHECK_BLOCK].astype(np.float32)
+        finite = wide[np.isfinite(wide)]
+        peak = max(peak, float(np.max(np.abs(finite))) if finite.size else 0.0)
     return peak if peak > FP16_MAX else None
 
 

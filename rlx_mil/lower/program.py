@@ -341,7 +341,7 @@ class NodeLowerer:
                 if node.id in self.outer_values:
                     continue
                 raise ConversionError(f"input %{node.id} {op.name!r} was not bound")
-            if isinstance(op, (Param, Constant)) or (isinstance(op, Transpose) and self.value_of(node.id) is not None):
+            if isinstance(op, (Param, Constant)) or (isinstance(op, Transpose) and self.value_key(node.id) is not None):
                 continue  # known values become consts only where a rule needs them as tensors
             override = self.overrides.get(node.id)
             info = rule_for(op, self.target, node=node.id, name=node.name)
@@ -477,6 +477,7 @@ def lower_graph(
             for same in same_named[ir_name]:
                 lowerer.env[same.id] = var
         lowerer.run()
+        lowerer._last_read = None  # the program holds what it needs: drop the last raw tensor read
         if stateful is not None:
             stateful.write_recurrent(lowerer.published_states, names.fresh)
         var_of = lowerer.var_of

@@ -157,6 +157,15 @@ def _operand(ctx: LowerContext, i: int) -> tuple[Any, DType, np.ndarray | None]:
 def lower_matmul(op: ops.MatMul, ctx: LowerContext) -> Any:
     sizes = _check_matmul_shapes(ctx, 0, 1, ("a", "b"))
     _check_declared(ctx, sizes)
+    b_node = ctx.input_node(1)
+    if (b_node.op.type_name == "Transpose" and tuple(getattr(b_node.op, "perm", ())) == (1, 0)
+            and ctx.input_shape(1).dtype.is_float and ctx.graph.node(b_node.inputs[0]).op.type_name == "Param"
+            and not ctx.compresses(1)):
+        # An [out, in] weight is `linear`'s layout as stored: its shared const, without reading
+        # the tensor here (a tied LM head's embedding is already in the program).
+        x = to_float(ctx, ctx.var(0), ctx.input_shape(0).dtype, "lhs_float")
+        y = linear_var(ctx, x, ctx.weight(1, transpose=True), None, sizes, "")
+        return convert(ctx, y, DType.F32, ctx.out_shape.dtype, suffix="out")
     a = (ctx.var(0), ctx.input_shape(0).dtype, ctx.value(0))
     result, held = matmul_var(ctx, a, _operand(ctx, 1), sizes, "", ctx.weight_source(1), b_index=1)
     return convert(ctx, result, held, ctx.out_shape.dtype, suffix="out")
