@@ -43,7 +43,8 @@ from rlx_mil.lower.context import (
     program_array,
     warn_fp16_overflow,
 )
-from rlx_mil.lower.kv_cache import POSITION_INPUT, KVCacheLowering, KVCachePlan
+from rlx_mil.lower.kv_cache import POSITION_INPUT, KVCachePlan
+from rlx_mil.lower.kv_cache_lowering import KVCacheLowering
 from rlx_mil.lower.param_checks import check_params, static_sizes
 from rlx_mil.lower.registry import rule_for
 from rlx_mil.lower.target import Precision, Target
