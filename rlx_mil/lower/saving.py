@@ -9,6 +9,12 @@ package in one atomic `renameat2(RENAME_EXCHANGE)` (Linux) / `renamex_np(RENAME_
 holding the old package, is then deleted. The next save to the same destination deletes
 staging folders of this host whose owner process is gone, first putting a package back at the
 destination if a crash fell between the two fallback renames.
+
+The weight files of a model's temporary package (what `convert` returns) are hard-linked into
+the staged package rather than copied where the file system allows it: no byte of the weights
+is written twice, and the temporary package is never written again, only deleted (which leaves
+the saved package's link). Every other file is copied, so coremltools rewriting the staged
+model spec in place cannot touch the temporary package.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +42,7 @@ from rlx_mil.errors import (
     RlxMilError,
     file_access_error,
 )
+from rlx_mil.lower.weight_writes import package_weights_folder
 
 #: Written in the staging folder once the staged package is complete and synced.
 COMPLETE_FILE = "complete"
@@ -161,6 +170,51 @@ def _describe(err: OSError) -> str:
     return err.strerror or str(err)
 
 
+class _LinkingShutil:
+    """`shutil` as coremltools' `MLModel.save` sees it while saving: `copytree` links the
+    files of `linked_folder` (falling back to a copy) and copies the rest."""
+
+    def __init__(self, real: Any, linked_folder: Path) -> None:
+        self._real, self._linked_folder = real, linked_folder
+
+    def _copy(self, src: str, dst: str) -> str:
+        if Path(src).parent == self._linked_folder:
+            try:
+                os.link(src, dst)
+                return dst
+            except OSError:
+                pass  # another file system, or one without hard links
+        return str(self._real.copy2(src, dst))
+
+    def copytree(self, src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("copy_function", self._copy)
+        return self._real.copytree(src, dst, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+@contextmanager
+def weights_linked_on_save(model: Any) -> Iterator[None]:
+    """While active, `model.save` hard-links the weight files of `model`'s temporary package."""
+    package = getattr(model, "package_path", None)
+    weights = package_weights_folder(Path(package)) if package and getattr(model, "is_temp_package", False) else None
+    if weights is None:
+        yield
+        return
+    from coremltools.models import model as ct_model
+
+    real = ct_model._shutil
+    if isinstance(real, _LinkingShutil):  # a save in progress installed it
+        yield
+        return
+    ct_model._shutil = _LinkingShutil(real, weights)
+    try:
+        yield
+    finally:
+        ct_model._shutil = real
+
+
 def save_package(model: Any, dest: Path, *, overwrite: bool) -> Path:
     """Write `model` (an MLModel) to `dest` as described in the module doc."""
     where = f"cannot save to {dest}"
@@ -186,7 +240,8 @@ def save_package(model: Any, dest: Path, *, overwrite: bool) -> Path:
     try:
         staged = staging / dest.name
         try:
-            model.save(os.fspath(staged))
+            with weights_linked_on_save(model):
+                model.save(os.fspath(staged))
         except OSError:
             raise
         except Exception as err:

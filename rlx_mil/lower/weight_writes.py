@@ -6,15 +6,30 @@ model that is seconds of copying and, for the largest weight, twice its size in 
 memory. A C-contiguous array's flat view holds exactly those bytes, so while `direct_weight_writes`
 is active the fp16/fp32 consts are handed to the blob writer as that view; every other value
 goes through coremltools' own function unchanged.
+
+coremltools then builds the package from a temporary weights folder by copying that folder in
+(`ModelPackage.addItem`): the whole weight file written a second time. While
+`direct_weight_writes` is active the package is built around an empty weights folder (so its
+manifest is the one coremltools writes) and the weight files are then moved into it: a rename
+where both folders are on one file system (they are: both are coremltools' temporary folders
+unless `package_dir` says otherwise), a copy elsewhere.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+#: The manifest description coremltools gives the weights folder of an ML Program package.
+WEIGHTS_ITEM_DESCRIPTION = "CoreML Model Weights"
 
 
 def _writer(original: Any) -> Any:
@@ -33,16 +48,54 @@ def _writer(original: Any) -> Any:
     return write
 
 
+def package_weights_folder(package: Path) -> Path | None:
+    """The weights folder a package's manifest names, or None if it names none."""
+    try:
+        manifest = json.loads((package / "Manifest.json").read_text())
+        entries = manifest["itemInfoEntries"].values()
+        path = next(e["path"] for e in entries if e.get("description") == WEIGHTS_ITEM_DESCRIPTION)
+    except (OSError, ValueError, KeyError, AttributeError, StopIteration, TypeError):
+        return None
+    folder = package / "Data" / path
+    return folder if folder.is_dir() else None
+
+
+def _package_creator(original: Any) -> Any:
+    def create(proto_spec: Any, weights_dir: str | None = None, package_path: str | None = None) -> Any:
+        if weights_dir is None or not os.listdir(weights_dir):
+            return original(proto_spec, weights_dir, package_path)
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(weights_dir) or None) as empty:
+            created = original(proto_spec, empty, package_path)
+        target = package_weights_folder(Path(created))
+        if target is None or os.listdir(target):  # not the layout this was written for
+            shutil.rmtree(created, ignore_errors=True)
+            return original(proto_spec, weights_dir, package_path)
+        try:
+            for name in os.listdir(weights_dir):
+                shutil.move(os.path.join(weights_dir, name), target / name)  # a rename on one file system
+        except BaseException:
+            shutil.rmtree(created, ignore_errors=True)
+            raise
+        return created
+
+    create.rlx_mil_direct = True  # type: ignore[attr-defined]
+    return create
+
+
 @contextmanager
 def direct_weight_writes() -> Iterator[None]:
     from coremltools.converters.mil.backend.mil import helper
+    from coremltools.models import model as ct_model
 
     original = helper._get_offset_by_writing_data
     if getattr(original, "rlx_mil_direct", False):  # a conversion already installed it
         yield
         return
+    original_create = ct_model._create_mlpackage
     helper._get_offset_by_writing_data = _writer(original)
+    ct_model._create_mlpackage = _package_creator(original_create)
     try:
         yield
     finally:
         helper._get_offset_by_writing_data = original
+        ct_model._create_mlpackage = original_create

@@ -27,6 +27,8 @@ from rlx_mil.errors import (
 )
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lower import saving
+from rlx_mil.lower.api import release
+from rlx_mil.lower.weight_writes import package_weights_folder
 
 
 def _graph(width: int = 4) -> Graph:
@@ -200,3 +202,68 @@ def test_kill_9_at_any_point_of_save(tmp_path: Path, monkeypatch: pytest.MonkeyP
     rlx_mil.save(new, dest, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.mlpackage"]
     assert _digest(dest) in known and known[_digest(dest)] is new
+
+
+def _weight_file(package: Path) -> Path:
+    folder = package_weights_folder(package)
+    assert folder is not None
+    return folder / "weight.bin"
+
+
+def test_the_weight_file_is_moved_into_the_package_not_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    from coremltools.models import utils as ct_utils
+
+    added: list[int] = []  # bytes in each folder coremltools copies into the package
+    real_package = ct_utils._ModelPackage
+
+    class Recording:
+        def __init__(self, path: str) -> None:
+            self._package = real_package(path)
+
+        def addItem(self, folder: str, *args: Any) -> Any:  # noqa: N802 (coremltools' name)
+            added.append(sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file()))
+            return self._package.addItem(folder, *args)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._package, name)
+
+    monkeypatch.setattr(ct_utils, "_ModelPackage", Recording)
+    width = 64
+    model = _model(7, width)
+    monkeypatch.undo()
+    assert added == [0]  # an empty weights folder; the weight file was renamed in afterwards
+    assert _weight_file(Path(model.package_path)).stat().st_size > width * width * 4
+    x = np.random.default_rng(1).standard_normal((2, width)).astype(np.float32)
+    w = np.random.default_rng(7).standard_normal((width, width)).astype(np.float32)
+    np.testing.assert_allclose(rlx_mil.milexec.run(model.package_path, {"x": x})["y"], x @ w, rtol=1e-5, atol=1e-5)
+    release(model)
+
+
+def test_save_links_the_weight_file_and_the_package_outlives_the_model(tmp_path: Path) -> None:
+    model = _model(3, 32)
+    source = _weight_file(Path(model.package_path))
+    dest = rlx_mil.save(model, tmp_path / "m.mlpackage")
+    saved = _weight_file(dest)
+    assert saved.stat().st_ino == source.stat().st_ino and saved.stat().st_nlink == 2
+    spec = dest / "Data" / "com.apple.CoreML" / "model.mlmodel"
+    assert spec.stat().st_ino != (Path(model.package_path) / "Data" / "com.apple.CoreML" / "model.mlmodel").stat().st_ino
+    before = _digest(dest)
+    release(model)
+    assert _digest(dest) == before and saved.stat().st_nlink == 1
+    x = np.ones((2, 32), np.float32)
+    w = np.random.default_rng(3).standard_normal((32, 32)).astype(np.float32)
+    np.testing.assert_allclose(rlx_mil.milexec.run(dest, {"x": x})["y"], x @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_save_copies_where_links_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(4, 32)
+    linked = rlx_mil.save(model, tmp_path / "linked.mlpackage")
+
+    def no_links(src: Any, dst: Any) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_links)
+    copied = rlx_mil.save(model, tmp_path / "copied.mlpackage")
+    assert _weight_file(copied).stat().st_nlink == 1
+    assert _weight_file(copied).read_bytes() == _weight_file(linked).read_bytes()
+    assert _digest(copied) == _digest(linked)
