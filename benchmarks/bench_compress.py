@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from convert_bench import _quiet  # noqa: E402  (the same quiet set-up)
+from peak_rss import peak_rss_bytes  # noqa: E402
 
 DEFAULT_SCHEMES = ["int8", "int4", "lut4", "lut6", "int4-block64", "lut4-group16"]
 
@@ -58,7 +58,7 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({
         "scheme": args.scheme,
         "seconds": seconds,
-        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss": peak_rss_bytes(),
         "weight_bytes": package_info(path).weight_bytes,
         "max_weight_error": max((w.relative_error for w in report.weights), default=0.0) if report else 0.0,
         "compressed": len(report.weights) if report else 0,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
 import shutil
 import subprocess
 import sys
@@ -67,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             write_random_checkpoint(folder, config, dtype="bfloat16", shards=args.shards, seed=0)
             print(f"wrote {folder} ({_tree_bytes(folder) / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s", flush=True)
         output = work / "model.mlpackage"
-        command = [sys.executable, "-m", "rlx_mil.cli", "convert-hf", str(folder), "-o", str(output),
+        peak_file = work / "peak_rss"
+        # The CLI run through peak_rss.py, which records the command's own VmHWM.
+        command = [sys.executable, str(HERE / "peak_rss.py"), str(peak_file), "rlx_mil.cli", "convert-hf", str(folder), "-o", str(output),
                    "--variant", args.variant, "--seq-len", str(args.seq_len), "--precision", args.precision]
         if args.variant == "decode":
             command += ["--cache-len", str(args.cache_len)]
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         if done.returncode != 0:
             print(f"conversion failed with exit code {done.returncode}", file=sys.stderr)
             return done.returncode
-        peak_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: KB
+        peak_rss = int(peak_file.read_text())
         name, count = _largest_tensor(config)
         results = {
             "model": "Qwen3-0.6B shape, random BF16", "layers": config["num_hidden_layers"], "variant": args.variant,

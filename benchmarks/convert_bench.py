@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -56,6 +55,7 @@ from bench_models import (  # noqa: E402
     torch_decoder,
     torch_llama,
 )
+from peak_rss import peak_rss_bytes  # noqa: E402
 
 SEQ = 128
 
@@ -67,11 +67,6 @@ def _quiet() -> None:
     os.environ.setdefault("TQDM_DISABLE", "1")
     logging.getLogger("coremltools").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
-
-
-def peak_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) * (1 if sys.platform == "darwin" else 1024)
 
 
 class PassTimer:
