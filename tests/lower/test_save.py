@@ -220,7 +220,7 @@ def test_the_weight_file_is_moved_into_the_package_not_copied(monkeypatch: pytes
         def __init__(self, path: str) -> None:
             self._package = real_package(path)
 
-        def addItem(self, folder: str, *args: Any) -> Any:  # noqa: N802 (coremltools' name)
+        def addItem(self, folder: str, *args: Any) -> Any:
             added.append(sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file()))
             return self._package.addItem(folder, *args)
 
