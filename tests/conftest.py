@@ -1,4 +1,10 @@
-"""Shared test set-up: quiet coremltools, hypothesis profiles, the shared/ fixtures path."""
+"""Shared test set-up: quiet coremltools, hypothesis profiles, the shared/ fixtures path.
+
+No collector set-up: `rlx_mil.convert` keeps the objects alive before a conversion out of
+coremltools' closing gc.collect() itself (`rlx_mil.lower.api.objects_frozen`). Freezing the
+heap around every test as well would make each conversion slower, not faster:
+`gc.get_freeze_count()`, which that check calls, walks every frozen object (~45 ms a
+conversion with the test session's heap frozen)."""
 
 from __future__ import annotations
 
@@ -9,9 +15,6 @@ from pathlib import Path
 # Both must happen before coremltools is imported anywhere (its logger and tqdm bars).
 os.environ.setdefault("TQDM_DISABLE", "1")
 logging.getLogger("coremltools").setLevel(logging.ERROR)
-
-import gc  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
@@ -41,13 +44,3 @@ def upstream_json_dir() -> Path:
     if not UPSTREAM_JSON_DIR.is_dir():
         pytest.skip(f"upstream JSON fixtures not found at {UPSTREAM_JSON_DIR} (../shared/ is absent)")
     return UPSTREAM_JSON_DIR
-
-
-@pytest.fixture(autouse=True)
-def _freeze_gc_for_fast_conversions() -> Iterator[None]:
-    """ct.convert runs gc.collect(), whose cost grows with every object alive in the test
-    process (about 0.5 s per conversion late in a run). Freezing what exists before each test
-    keeps each conversion fast; the objects are unfrozen (and collectable) when the test ends."""
-    gc.freeze()
-    yield
-    gc.unfreeze()

@@ -4,9 +4,7 @@ executor and are compared with the loop oracle in tests/oracles.py."""
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,21 +122,8 @@ def split_feeds(case: Case, values: Mapping[str, np.ndarray]) -> tuple[dict[str,
     return feeds, params
 
 
-@contextmanager
-def frozen_heap() -> Iterator[None]:
-    """ct.convert ends with gc.collect(), whose cost grows with every object the test session
-    holds (0.4 s a call late in a run); objects alive before the call cannot be garbage made by
-    it, so they are kept out of that collection."""
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def convert_graph(graph: Graph, params: Mapping[str, np.ndarray] | None = None, **kwargs: Any) -> Any:
-    with frozen_heap():
-        return convert_and_cleanup(graph, params, **kwargs)
+    return convert_and_cleanup(graph, params, **kwargs)
 
 
 def convert_case(case: Case, params: Mapping[str, np.ndarray], *, target: str, precision: str, attention: str) -> Any:

@@ -59,15 +59,18 @@ def converted(
     """ct.convert `program` into tmp_path/<name>.mlpackage; removes the package afterwards."""
     import coremltools as ct
 
+    from rlx_mil.lower.api import objects_frozen
+
     package = tmp_path / f"{name}.mlpackage"
-    model = ct.convert(
-        program,
-        convert_to="mlprogram",
-        minimum_deployment_target=getattr(ct.target, opset),
-        compute_precision=ct.precision.FLOAT16 if fp16 else ct.precision.FLOAT32,
-        skip_model_load=True,
-        package_dir=str(package),
-    )
+    with objects_frozen():  # keeps ct.convert's closing gc.collect() to the conversion's objects
+        model = ct.convert(
+            program,
+            convert_to="mlprogram",
+            minimum_deployment_target=getattr(ct.target, opset),
+            compute_precision=ct.precision.FLOAT16 if fp16 else ct.precision.FLOAT32,
+            skip_model_load=True,
+            package_dir=str(package),
+        )
     try:
         yield model
     finally:

@@ -67,9 +67,20 @@ def nested_bodies(op: Op) -> list[GraphValue]:
 
 
 def subgraph_depth(body: GraphValue) -> int:
-    """1 for a body without control flow inside, 2 for a body holding one, ..."""
-    inner = [subgraph_depth(b) for node in body.nodes for b in nested_bodies(node.op)]
-    return 1 + max(inner, default=0)
+    """1 for a body without control flow inside, 2 for a body holding one, ...
+
+    Each distinct body is measured once: a body shared by both branches of an If (or by
+    several levels) would otherwise be walked once per path to it, 2**depth times."""
+    depths: dict[int, int] = {}
+
+    def depth(graph: GraphValue) -> int:
+        key = id(graph)
+        if key not in depths:
+            inner = [depth(b) for node in graph.nodes for b in nested_bodies(node.op)]
+            depths[key] = 1 + max(inner, default=0)
+        return depths[key]
+
+    return depth(body)
 
 
 def _check_body(body: object, role: str, operands: Sequence[Shape], outputs: int | None = None) -> GraphValue:
