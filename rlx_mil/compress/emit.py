@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.compress.code_store import CodeStore
 from rlx_mil.compress.linear import LinearCodes
 from rlx_mil.compress.palette import PaletteCodes, check_palette_bits
 from rlx_mil.compress.schemes import (
@@ -60,7 +61,8 @@ def _sub_byte(dtype_name: str) -> Any:
     }[dtype_name]
 
 
-def linear_op(codes: LinearCodes, target: Target, name: str) -> Any:
+def linear_op(codes: LinearCodes, target: Target, name: str, store: CodeStore) -> Any:
+    """The constexpr op of linear codes; large tables are held by `store`."""
     from coremltools.converters.mil import Builder as mb
 
     scheme = codes.scheme
@@ -68,17 +70,19 @@ def linear_op(codes: LinearCodes, target: Target, name: str) -> Any:
         dtype = _sub_byte(scheme.dtype_name)
         kwargs: dict[str, Any] = {}
         if codes.offset is not None:
-            kwargs["offset"] = codes.offset.astype(dtype)
-        return mb.constexpr_blockwise_shift_scale(data=codes.data.astype(dtype), scale=codes.scale, name=name, **kwargs)
+            kwargs["offset"] = store.hold(codes.offset, dtype)
+        return mb.constexpr_blockwise_shift_scale(
+            data=store.hold(codes.data, dtype), scale=store.hold(codes.scale), name=name, **kwargs,
+        )
     scale = codes.scale.reshape(-1)
     zero = (np.zeros(scale.shape, codes.data.dtype) if codes.offset is None else codes.offset.reshape(-1))
     if scale.size == 1:
         scale_arg: Any = scale.reshape(())[()]
         zero_arg: Any = zero.reshape(())[()]
     else:
-        scale_arg, zero_arg = scale, zero
+        scale_arg, zero_arg = store.hold(scale), store.hold(zero)
     return mb.constexpr_affine_dequantize(
-        quantized_data=codes.data, zero_point=zero_arg, scale=scale_arg, axis=np.int32(0), name=name,
+        quantized_data=store.hold(codes.data), zero_point=zero_arg, scale=scale_arg, axis=np.int32(0), name=name,
     )
 
 
@@ -95,19 +99,20 @@ def pack_bits(indices: np.ndarray, bits: int) -> np.ndarray:
     return np.packbits(bitstream, bitorder="little")
 
 
-def palette_op(codes: PaletteCodes, target: Target, name: str) -> Any:
+def palette_op(codes: PaletteCodes, target: Target, name: str, store: CodeStore) -> Any:
+    """The constexpr op of LUT codes; large index tensors are held by `store`."""
     from coremltools.converters.mil import Builder as mb
 
     bits = codes.scheme.bits
     shape = codes.indices.shape
     if target >= Target.IOS18:
         lut_shape = [codes.lut.shape[0]] + [1] * (len(shape) - 1) + [1 << bits, 1]
-        indices = codes.indices.astype(_sub_byte(f"uint{bits}")) if bits != 8 else codes.indices
-        return mb.constexpr_lut_to_dense(indices=indices, lut=codes.lut.reshape(lut_shape), name=name)
+        indices = store.hold(codes.indices, _sub_byte(f"uint{bits}") if bits != 8 else None)
+        return mb.constexpr_lut_to_dense(indices=indices, lut=store.hold(codes.lut.reshape(lut_shape)), name=name)
     if codes.lut.shape[0] != 1:
         raise CompressionError(f"weight LUT of {codes.lut.shape[0]} groups has no {target.label} form")
     return mb.constexpr_lut_to_dense(
-        lut=codes.lut.reshape(-1), indices=pack_bits(codes.indices, bits),
+        lut=codes.lut.reshape(-1), indices=store.hold(pack_bits(codes.indices, bits)),
         shape=np.asarray(shape, dtype=np.uint32), name=name,
     )
 

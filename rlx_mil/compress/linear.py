@@ -188,14 +188,20 @@ def quantize_linear(
             if offset is not None:
                 assert z is not None
                 offset[r0:r0 + step] = z
-        q = np.rint(slab / s[..., None])
+        sq_norm += float(np.sum(np.square(slab, dtype=np.float64)))
+        # One float64 working array, updated in place (a slab's temporaries dominate the
+        # encoder's memory): q = clip(rint(w / s) + z), then the error of s * (q - z).
+        q = np.divide(slab, s[..., None])
+        np.rint(q, out=q)
         if z is not None:
             q += z[..., None]
-        q = np.clip(q, qmin, qmax)
-        back = (q - (0.0 if z is None else z[..., None])) * s[..., None]
-        sq_error += float(np.sum(np.square(back - slab, dtype=np.float64)))
-        sq_norm += float(np.sum(np.square(slab, dtype=np.float64)))
-        data[r0:r0 + step] = q.reshape(q.shape[0], width).astype(data.dtype)
+        np.clip(q, qmin, qmax, out=q)
+        data[r0:r0 + step] = q.reshape(q.shape[0], width)
+        if z is not None:
+            q -= z[..., None]
+        q *= s[..., None]
+        q -= slab
+        sq_error += float(np.sum(np.square(q, out=q)))
 
     tshape = _table_shape(shape, table_rows, blocks)
     return LinearCodes(

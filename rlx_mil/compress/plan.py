@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.compress.code_store import CodeStore
 from rlx_mil.compress.emit import check_target, compressed_bytes, linear_op, palette_op
 from rlx_mil.compress.linear import LinearCodes, block_count, quantize_linear
 from rlx_mil.compress.palette import PaletteCodes, group_rows, palettize
@@ -141,6 +142,8 @@ class WeightCompressor:
                 self.schemes[name] = scheme
         self._done: dict[tuple[str, str], Any] = {}
         self.weights: list[WeightReport] = []
+        # Large codes live in a temporary file while the program (and the model) holds them.
+        self.store = CodeStore()
 
     def _choose(self, name: str, role: str) -> tuple[Scheme | None, str]:
         for rule in self.config.rules:
@@ -199,7 +202,7 @@ class WeightCompressor:
         check_target(scheme, self.target, name)
         codes = encode(storage, scheme, self.precision, name)
         build = linear_op if isinstance(codes, LinearCodes) else palette_op
-        var = build(codes, self.target, op_name())  # type: ignore[arg-type]
+        var = build(codes, self.target, op_name(), self.store)  # type: ignore[arg-type]
         param_shape = storage.shape[::-1] if param_layout == "kn" else storage.shape
         self.weights.append(WeightReport(
             name=name, role=self.roles.get(name, "weight"), scheme=scheme.label, layout=param_layout,

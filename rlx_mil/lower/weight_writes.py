@@ -5,7 +5,9 @@ the array, then a view of them) and every fp32 const through `val.flatten()`: fo
 model that is seconds of copying and, for the largest weight, twice its size in transient
 memory. A C-contiguous array's flat view holds exactly those bytes, so while `direct_weight_writes`
 is active the fp16/fp32 consts are handed to the blob writer as that view; every other value
-goes through coremltools' own function unchanged.
+goes through coremltools' own function unchanged. Consts held by a
+`rlx_mil.compress.code_store.CodeStore` drop their mapped pages once written, so serialising a
+model does not bring its spilled codes back into the process's memory.
 
 coremltools then builds the package from a temporary weights folder by copying that folder in
 (`ModelPackage.addItem`): the whole weight file written a second time. While
@@ -28,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.compress.code_store import release_pages
+
 #: The manifest description coremltools gives the weights folder of an ML Program package.
 WEIGHTS_ITEM_DESCRIPTION = "CoreML Model Weights"
 
@@ -37,6 +41,12 @@ def _writer(original: Any) -> Any:
 
     def write(output_var: Any, blob_writer: Any) -> Any:
         val = output_var.val
+        try:
+            return _write(output_var, val, blob_writer)
+        finally:
+            release_pages(val)
+
+    def _write(output_var: Any, val: Any, blob_writer: Any) -> Any:
         if isinstance(val, np.ndarray) and val.flags.c_contiguous:
             if output_var.dtype == types.fp16 and val.dtype == np.float16:
                 return blob_writer.write_fp16_data(val.reshape(-1).view(np.uint16))
