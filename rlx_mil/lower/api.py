@@ -17,7 +17,12 @@ from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lower.context import LowerOptions
 from rlx_mil.lower.kv_cache import LLM_METADATA_KEY, KVCachePlan, bind_cache_lengths, plan_kv_cache
-from rlx_mil.lower.pipeline import FP16_UNSAFE_PASSES, default_pass_pipeline, rlx_pass_pipeline
+from rlx_mil.lower.pipeline import (
+    FP16_UNSAFE_PASSES,
+    default_pass_pipeline,
+    rlx_pass_pipeline,
+    validation_once_per_pipeline,
+)
 from rlx_mil.lower.program import LoweredProgram, lower_graph, require_graph
 from rlx_mil.lower.saving import save_package
 from rlx_mil.lower.target import Precision, Target
@@ -200,7 +205,7 @@ def convert(
         graph = graph.bind(dims)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
     compressor = _compressor(compress, graph, tgt, prec)
-    with objects_frozen(), direct_weight_writes():
+    with objects_frozen(), direct_weight_writes(), validation_once_per_pipeline():
         lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
         if pass_pipeline is None:
             pass_pipeline = rlx_pass_pipeline(prec, lowered.program)

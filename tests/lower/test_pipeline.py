@@ -131,3 +131,56 @@ def test_trimmed_pipeline_gives_the_default_hugging_face_decoder(name: str, tmp_
         assert not needs_reduce_transposes(rlx_mil.lower(graph, params, target="iOS18"))
     trimmed, default = _both(graph, dict(params), "iOS18", "fp16", "auto")
     assert trimmed == default
+
+
+def _small_graph() -> Graph:
+    g = Graph("validate_once")
+    x = g.input("x", [2, 8])
+    g.set_outputs([g.relu(g.matmul(x, g.param("w", [8, 8])), name="y")])
+    return g
+
+
+def test_each_pipeline_validates_its_program_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipelineManager
+    from coremltools.converters.mil.mil.program import Program
+
+    pipelines: list[int] = []
+    validations: list[bool] = []  # each validation of a program, with its essential-scope check
+    real_apply, real_validate = PassPipelineManager.apply_pipeline, Program.validate
+
+    def counting_apply(prog: object, pipeline: object) -> None:
+        pipelines.append(len(pipeline.passes))  # type: ignore[attr-defined]
+        real_apply(prog, pipeline)
+
+    def counting_validate(self: Program, check_essential_scope: bool = False) -> None:
+        validations.append(check_essential_scope)
+        real_validate(self, check_essential_scope=check_essential_scope)
+
+    monkeypatch.setattr(PassPipelineManager, "apply_pipeline", staticmethod(counting_apply))
+    monkeypatch.setattr(Program, "validate", counting_validate)
+    w = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    rlx_mil.convert(_small_graph(), {"w": w})
+    assert len(pipelines) == 3 and max(pipelines) > 50  # frontend, main (most passes), backend
+    # One per pipeline (dead-code elimination runs in the last two: their essential-scope
+    # check), then the two of coremltools' serialiser; not one before and one after each pass.
+    assert validations == [False, True, True, True, True]
+    monkeypatch.setattr(PassPipelineManager, "apply_pipeline", staticmethod(real_apply))
+    rlx_mil.convert(_small_graph(), {"w": w})
+    assert PassPipelineManager.apply_pipeline is real_apply  # restored after each conversion
+
+
+def test_a_pass_that_breaks_the_program_is_still_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+
+    last = type(PASS_REGISTRY[rlx_passes()[-1]])  # no later pass can repair the damage
+    real = last.apply
+
+    def corrupting(self: object, prog: object) -> None:
+        real(self, prog)
+        ops = list(prog.functions["main"].operations)  # type: ignore[attr-defined]
+        ops[0].outputs[0]._child_ops.append(ops[-1])  # a use the consumer does not have
+
+    monkeypatch.setattr(last, "apply", corrupting)
+    w = np.zeros((8, 8), np.float32)
+    with pytest.raises(rlx_mil.errors.ConversionError, match="should be consumed by op"):
+        rlx_mil.convert(_small_graph(), {"w": w})
