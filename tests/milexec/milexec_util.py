@@ -60,9 +60,12 @@ def converted(
     import coremltools as ct
 
     from rlx_mil.lower.api import objects_frozen
+    from rlx_mil.lower.pipeline import validation_once_per_pipeline
 
     package = tmp_path / f"{name}.mlpackage"
-    with objects_frozen():  # keeps ct.convert's closing gc.collect() to the conversion's objects
+    # as rlx_mil.convert: ct.convert's closing gc.collect() sees only the conversion's objects,
+    # and the program is validated per pipeline rather than after every pass
+    with objects_frozen(), validation_once_per_pipeline():
         model = ct.convert(
             program,
             convert_to="mlprogram",
