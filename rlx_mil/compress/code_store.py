@@ -196,8 +196,11 @@ class CodeStore:
         self._write(array.reshape(-1).view(np.uint8).data, self._segment_start + start)
         self._segment_used = _round_up(start + nbytes, _ALIGN)
         view = np.ndarray(array.shape, dtype=dtype, buffer=self._segment, offset=start).view(SpilledArray)
-        view._region = _Region(self._segment, start, nbytes, view.ctypes.data)
-        view._region.release()  # nothing was read through the mapping yet; keep it that way
+        region = view._region = _Region(self._segment, start, nbytes, view.ctypes.data)
+        region.release()  # nothing was read through the mapping yet; keep it that way
+        # A const a pass drops (a duplicate const_deduplication compared in full) is never
+        # written: its pages go when its last view does.
+        weakref.finalize(view, region.release)
         self.spilled_bytes += nbytes
         return view
 
