@@ -14,7 +14,8 @@ Each `check_conversion` call converts up to 8 models, so hypothesis example coun
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -71,16 +72,33 @@ def verify(
     if not chosen:
         # No rule for some op: convert anyway so the UnsupportedOpError names it.
         chosen = list(Target)
-    report = check_conversion(
-        graph, params or {}, inputs, targets=chosen, precisions=PRECISIONS,
-        tolerances=tolerances, attention=attention, roundtrip=True,
-    )
+    with packages_not_synced():
+        report = check_conversion(
+            graph, params or {}, inputs, targets=chosen, precisions=PRECISIONS,
+            tolerances=tolerances, attention=attention, roundtrip=True,
+        )
     outputs = len(output_names(graph))
     expected = len(chosen) * len(PRECISIONS) * outputs * ENGINES_ON_LINUX
     assert len(report.checks) >= expected, (
         f"only {len(report.checks)} comparisons made, expected {expected}: {report.summary()}"
     )
     return report
+
+
+@contextmanager
+def packages_not_synced() -> Iterator[None]:
+    """`rlx_mil.save` without its fsyncs: the round trip reads each package back from a
+    temporary folder deleted right after, so its durability on disk is never in question
+    (tests/lower/test_save.py checks the fsyncs), and on a busy disk they cost more than the
+    save itself (8 saves per `verify`)."""
+    from rlx_mil.lower import saving
+
+    real = saving._fsync_path
+    saving._fsync_path = lambda path: None
+    try:
+        yield
+    finally:
+        saving._fsync_path = real
 
 
 def fp16_tolerance(atol: float, rtol: float) -> dict[Precision, Tolerance]:
