@@ -9,6 +9,13 @@ goes through coremltools' own function unchanged. Consts held by a
 `rlx_mil.compress.code_store.CodeStore` drop their mapped pages once written, so serialising a
 model does not bring its spilled codes back into the process's memory.
 
+Once a large fp16/fp32 const is in the weight file, its array is handed over to the file: the
+const's value becomes a read-only map of the bytes just written (the blob's metadata read back
+and checked first), and the array itself is freed. The file's page-cache pages then reuse the
+memory the arrays leave, instead of the conversion needing the weights twice over (the
+program's arrays plus the file being written) when the last weight is written; the values stay
+readable, from the file.
+
 coremltools then builds the package from a temporary weights folder by copying that folder in
 (`ModelPackage.addItem`): the whole weight file written a second time. While
 `direct_weight_writes` is active the package is built around an empty weights folder (so its
@@ -49,13 +56,66 @@ def _writer(original: Any) -> Any:
     def _write(output_var: Any, val: Any, blob_writer: Any) -> Any:
         if isinstance(val, np.ndarray) and val.flags.c_contiguous:
             if output_var.dtype == types.fp16 and val.dtype == np.float16:
-                return blob_writer.write_fp16_data(val.reshape(-1).view(np.uint16))
+                offset = blob_writer.write_fp16_data(val.reshape(-1).view(np.uint16))
+                _hand_over_to_file(output_var, val, blob_writer, offset)
+                return offset
             if output_var.dtype == types.fp32 and val.dtype == np.float32:
-                return blob_writer.write_float_data(val.reshape(-1))
+                offset = blob_writer.write_float_data(val.reshape(-1))
+                _hand_over_to_file(output_var, val, blob_writer, offset)
+                return offset
         return original(output_var, blob_writer)
 
     write.rlx_mil_direct = True  # type: ignore[attr-defined]
     return write
+
+
+#: Consts smaller than this keep their arrays (a map costs a page-rounded region and a mapping).
+HAND_OVER_MIN_BYTES = 1 << 20
+#: MIL blob storage: each blob's metadata starts with this sentinel, then the data type (u32),
+#: the data's size in bytes (u64) and the data's offset in the file (u64).
+_BLOB_SENTINEL = 0xDEADBEEF
+_BLOB_METADATA = np.dtype([("sentinel", "<u4"), ("dtype", "<u4"), ("size", "<u8"), ("offset", "<u8")])
+#: The weight file each blob writer of the running conversion writes (by the writer's id).
+_writer_paths: dict[int, str] = {}
+
+
+def _recording_blob_writer(real: Any) -> Any:
+    def make(path: str) -> Any:
+        writer = real(path)
+        # Every writer the serialiser uses is made here, so the entry for its id is its own.
+        _writer_paths[id(writer)] = path
+        return writer
+
+    return make
+
+
+def _hand_over_to_file(output_var: Any, val: np.ndarray, blob_writer: Any, metadata_offset: int) -> None:
+    """Point a const at the bytes `blob_writer` just wrote for `val` (see the module doc).
+    Anything unexpected (an unknown writer, metadata that does not describe `val`, a file not
+    yet holding the data) leaves the const as it is."""
+    op = output_var.op
+    path = _writer_paths.get(id(blob_writer))
+    if path is None or val.nbytes < HAND_OVER_MIN_BYTES or op is None or op.op_type != "const":
+        return
+    try:
+        with open(path, "rb") as stream:
+            raw = os.pread(stream.fileno(), _BLOB_METADATA.itemsize, int(metadata_offset))
+            size = os.fstat(stream.fileno()).st_size
+    except OSError:
+        return
+    if len(raw) != _BLOB_METADATA.itemsize:
+        return
+    meta = np.frombuffer(raw, dtype=_BLOB_METADATA)[0]
+    start, nbytes = int(meta["offset"]), int(meta["size"])
+    if int(meta["sentinel"]) != _BLOB_SENTINEL or nbytes != val.nbytes or start + nbytes > size:
+        return
+    try:
+        view = np.memmap(path, dtype=val.dtype, mode="r", offset=start, shape=val.shape)
+    except (OSError, ValueError):
+        return
+    for holder in (op.val, output_var):  # the const's value input and its output
+        if holder._sym_val is not None and holder._sym_val.val is val:
+            holder._sym_val.val = view
 
 
 def package_weights_folder(package: Path) -> Path | None:
@@ -101,11 +161,17 @@ def direct_weight_writes() -> Iterator[None]:
     if getattr(original, "rlx_mil_direct", False):  # a conversion already installed it
         yield
         return
-    original_create = ct_model._create_mlpackage
+    from coremltools.converters.mil.backend.mil import load
+
+    original_create, original_blob_writer = ct_model._create_mlpackage, load.BlobWriter
     helper._get_offset_by_writing_data = _writer(original)
     ct_model._create_mlpackage = _package_creator(original_create)
+    if original_blob_writer is not None:
+        load.BlobWriter = _recording_blob_writer(original_blob_writer)
     try:
         yield
     finally:
         helper._get_offset_by_writing_data = original
         ct_model._create_mlpackage = original_create
+        load.BlobWriter = original_blob_writer
+        _writer_paths.clear()

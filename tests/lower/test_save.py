@@ -267,3 +267,30 @@ def test_save_copies_where_links_are_refused(tmp_path: Path, monkeypatch: pytest
     assert _weight_file(copied).stat().st_nlink == 1
     assert _weight_file(copied).read_bytes() == _weight_file(linked).read_bytes()
     assert _digest(copied) == _digest(linked)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_large_consts_are_handed_over_to_the_weight_file(precision: str) -> None:
+    """Once written, a large weight's const reads its value from the weight file (a read-only
+    map) and the array is freed; small consts keep theirs; the package and the program agree."""
+    width = 1024
+    w = np.random.default_rng(5).standard_normal((width, width)).astype(np.float32)
+    g = Graph("hand_over")
+    x = g.input("x", [2, width])
+    g.set_outputs([g.add(g.matmul(x, g.param("w", [width, width])), g.param("b", [width]), name="y")])
+    b = np.arange(width, dtype=np.float32)
+    model = rlx_mil.convert(g, {"w": w, "b": b}, precision=precision)
+    dtype = np.float16 if precision == "fp16" else np.float32
+    consts = {tuple(op.outputs[0].shape): op for op in model._mil_program.functions["main"].operations if op.op_type == "const"}
+    weight = consts[(width, width)]
+    for holder in (weight.outputs[0], weight.val):
+        assert isinstance(holder.val, np.memmap) and not holder.val.flags.writeable
+    held = np.asarray(weight.outputs[0].val)
+    assert held.dtype == dtype
+    assert np.array_equal(held, w.T.astype(dtype)) or np.array_equal(held, w.astype(dtype))  # `linear` or `matmul` layout
+    bias = consts[(width,)].outputs[0].val
+    assert not isinstance(bias, np.memmap)  # 2-4 KB: kept in memory
+    xs = np.random.default_rng(6).standard_normal((2, width)).astype(np.float32)
+    got = rlx_mil.milexec.run(model.package_path, {"x": xs})["y"]
+    tol = 5e-2 if precision == "fp16" else 1e-3
+    np.testing.assert_allclose(got, xs @ w + b, rtol=tol, atol=tol * 10)
