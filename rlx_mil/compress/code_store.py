@@ -38,6 +38,7 @@ import os
 import tempfile
 import warnings
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,20 +173,39 @@ class CodeStore:
         """`array` as `dtype` (same item size: a sub-byte coremltools dtype over int8/uint8
         codes), from the file when it is large, else `array.astype(dtype)` in memory."""
         dtype = np.dtype(array.dtype if dtype is None else dtype)
-        if not self.enabled or array.nbytes < self.min_bytes or dtype.itemsize != array.dtype.itemsize:
+        if dtype.itemsize != array.dtype.itemsize:
+            return array.astype(dtype)
+        if isinstance(array, SpilledArray) and array.base is not None:  # already in the file (a writer's result)
+            return array.view(dtype)
+        if not self.enabled or array.nbytes < self.min_bytes:
             return array.astype(dtype)
         try:
             return self._spill(np.ascontiguousarray(array), dtype)
         except OSError as err:
-            self.why_in_memory = f"writing {self.directory} failed ({err})"
-            warnings.warn(
-                f"rlx_mil: compressed weights stay in memory: {self.why_in_memory}; set TMPDIR to a directory with"
-                " free space to keep them on disk during conversion", RuntimeWarning, stacklevel=2,
-            )
+            self._fail(err)
             return array.astype(dtype)
 
-    def _spill(self, array: np.ndarray, dtype: np.dtype[Any]) -> SpilledArray:
-        nbytes = array.nbytes
+    def _fail(self, err: OSError) -> None:
+        self.why_in_memory = f"writing {self.directory} failed ({err})"
+        warnings.warn(
+            f"rlx_mil: compressed weights stay in memory: {self.why_in_memory}; set TMPDIR to a directory with"
+            " free space to keep them on disk during conversion", RuntimeWarning, stacklevel=3,
+        )
+
+    def writer(self, shape: tuple[int, ...], dtype: Any) -> CodeWriter:
+        """Where an encoder puts a code tensor of `shape` rows by rows: the file when the
+        tensor is large (it is then never whole in memory), else an in-memory array."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self.enabled and nbytes >= self.min_bytes and shape:
+            try:
+                return _FileWriter(self, shape, dtype, self._reserve(nbytes))
+            except OSError as err:
+                self._fail(err)
+        return CodeWriter(shape, dtype)
+
+    def _reserve(self, nbytes: int) -> tuple[mmap.mmap, int, int]:
+        """(segment, offset in it, offset in the file) of `nbytes` new page-aligned bytes."""
         if self._file is None:
             self._file = tempfile.TemporaryFile(dir=self.directory)
             weakref.finalize(self, self._file.close)  # a store dropped unclosed closes quietly
@@ -193,15 +213,23 @@ class CodeStore:
             self._new_segment(nbytes)
         assert self._segment is not None
         start = self._segment_used
-        self._write(array.reshape(-1).view(np.uint8).data, self._segment_start + start)
         self._segment_used = _round_up(start + nbytes, _ALIGN)
-        view = np.ndarray(array.shape, dtype=dtype, buffer=self._segment, offset=start).view(SpilledArray)
-        region = view._region = _Region(self._segment, start, nbytes, view.ctypes.data)
+        return self._segment, start, self._segment_start + start
+
+    def _spill(self, array: np.ndarray, dtype: np.dtype[Any]) -> SpilledArray:
+        segment, start, file_offset = self._reserve(array.nbytes)
+        self._write(array.reshape(-1).view(np.uint8).data, file_offset)
+        self.spilled_bytes += array.nbytes
+        return self._view(segment, start, array.shape, dtype)
+
+    def _view(self, segment: mmap.mmap, start: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> SpilledArray:
+        view = np.ndarray(shape, dtype=dtype, buffer=segment, offset=start).view(SpilledArray)
+        nbytes = view.nbytes
+        region = view._region = _Region(segment, start, nbytes, view.ctypes.data)
         region.release()  # nothing was read through the mapping yet; keep it that way
         # A const a pass drops (a duplicate const_deduplication compared in full) is never
         # written: its pages go when its last view does.
         weakref.finalize(view, region.release)
-        self.spilled_bytes += nbytes
         return view
 
     def _new_segment(self, nbytes: int) -> None:
@@ -225,3 +253,63 @@ class CodeStore:
             self._file.close()
             self._file = None
         self._segment = None
+
+
+class CodeWriter:
+    """An encoder's output for one code tensor, filled a block of rows at a time (in memory)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+        self.shape = shape
+        self.dtype = dtype
+        self._data: np.ndarray | None = np.empty(shape, dtype)
+
+    def put(self, row: int, rows: np.ndarray) -> None:
+        """Rows `row`, `row + 1`, ... of the tensor (axis 0), cast to its dtype."""
+        assert self._data is not None
+        self._data[row:row + rows.shape[0]] = rows
+
+    def result(self) -> np.ndarray:
+        assert self._data is not None
+        return self._data
+
+
+class _FileWriter(CodeWriter):
+    """Rows go to the store's file as they come; the result is the file's view of them."""
+
+    def __init__(self, store: CodeStore, shape: tuple[int, ...], dtype: np.dtype[Any],
+                 place: tuple[mmap.mmap, int, int]) -> None:
+        self.shape, self.dtype = shape, dtype
+        self._data = None
+        self._store = store
+        self._segment, self._start, self._file_offset = place
+        self._row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        self._rows_done = 0
+
+    def put(self, row: int, rows: np.ndarray) -> None:
+        if self._data is not None:  # writing failed earlier: in memory from then on (or done)
+            super().put(row, rows)
+            return
+        chunk = np.ascontiguousarray(rows, dtype=self.dtype)
+        try:
+            self._store._write(chunk.reshape(-1).view(np.uint8).data, self._file_offset + row * self._row_bytes)
+        except OSError as err:
+            self._store._fail(err)
+            self._data = np.empty(self.shape, self.dtype)  # rows written so far come back from the file
+            self._data[:self._rows_done] = self._view()[:self._rows_done]
+            super().put(row, rows)
+            return
+        self._rows_done = max(self._rows_done, row + rows.shape[0])
+
+    def _view(self) -> SpilledArray:
+        return self._store._view(self._segment, self._start, self.shape, self.dtype)
+
+    def result(self) -> np.ndarray:
+        if self._data is None:
+            self._data = self._view()
+            self._store.spilled_bytes += self._data.nbytes
+        return self._data
+
+
+#: Makes the writer of a code tensor from its (shape, dtype): `CodeWriter` (in memory) or
+#: `CodeStore.writer`.
+WriterFactory = Callable[[tuple[int, ...], np.dtype[Any]], CodeWriter]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlx_mil.compress.code_store import CodeWriter, WriterFactory
 from rlx_mil.compress.schemes import PER_BLOCK, PER_TENSOR, LinearScheme
 from rlx_mil.errors import CompressionError
 
@@ -147,16 +148,18 @@ def code_dtype(scheme: LinearScheme) -> type[np.integer]:
 
 
 def quantize_linear(
-    weight: np.ndarray, scheme: LinearScheme, store: type[np.floating], name: str = "weight"
+    weight: np.ndarray, scheme: LinearScheme, store: type[np.floating], name: str = "weight",
+    code_writer: WriterFactory = CodeWriter,
 ) -> LinearCodes:
     """Quantize `weight` (storage layout: output channels on axis 0; any float dtype, bfloat16
-    included) slab by slab. `store` is the dtype the scales are kept in (the program float)."""
+    included) slab by slab. `store` is the dtype the scales are kept in (the program float);
+    the codes go to `code_writer` a slab at a time (`CodeStore.writer`: straight to a file)."""
     shape = tuple(int(d) for d in weight.shape)
     rows = rows_view(weight)
     channels, width = rows.shape
     blocks = block_count(scheme, shape, name)
     qmin, qmax = scheme.quant_range
-    data = np.empty((channels, width), dtype=code_dtype(scheme))
+    data = code_writer((channels, width), np.dtype(code_dtype(scheme)))
     table_rows = 1 if scheme.granularity == PER_TENSOR else channels
     scale = np.empty((table_rows, blocks), dtype=np.float64)
     offset = None if not scheme.has_offset else np.empty((table_rows, blocks), dtype=np.float64)
@@ -196,7 +199,7 @@ def quantize_linear(
         if z is not None:
             q += z[..., None]
         np.clip(q, qmin, qmax, out=q)
-        data[r0:r0 + step] = q.reshape(q.shape[0], width)
+        data.put(r0, q.reshape(q.shape[0], width))
         if z is not None:
             q -= z[..., None]
         q *= s[..., None]
@@ -205,7 +208,7 @@ def quantize_linear(
 
     tshape = _table_shape(shape, table_rows, blocks)
     return LinearCodes(
-        data=data.reshape(shape),
+        data=data.result().reshape(shape),
         scale=scale.astype(store).reshape(tshape),
         offset=None if offset is None else offset.astype(code_dtype(scheme)).reshape(tshape),
         scheme=scheme,

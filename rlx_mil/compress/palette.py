@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlx_mil.compress.code_store import CodeWriter, WriterFactory
 from rlx_mil.compress.linear import SLAB_ELEMENTS, finite_slab, rows_view
 from rlx_mil.compress.schemes import PER_GROUPED_CHANNEL, PaletteScheme
 from rlx_mil.errors import CompressionError
@@ -141,15 +142,19 @@ def group_rows(scheme: PaletteScheme, shape: tuple[int, ...], name: str) -> int:
     return scheme.group_size
 
 
-def palettize(weight: np.ndarray, scheme: PaletteScheme, store: type[np.floating], name: str = "weight") -> PaletteCodes:
+def palettize(
+    weight: np.ndarray, scheme: PaletteScheme, store: type[np.floating], name: str = "weight",
+    code_writer: WriterFactory = CodeWriter,
+) -> PaletteCodes:
     """Fit one LUT per group of output channels (axis 0 of the storage layout) and index every
-    element. The LUT is rounded to `store` before indexing, so indices fit the stored table."""
+    element. The LUT is rounded to `store` before indexing, so indices fit the stored table;
+    the indices go to `code_writer` a slab at a time."""
     shape = tuple(int(d) for d in weight.shape)
     rows = rows_view(weight)
     channels, width = rows.shape
     per_group = group_rows(scheme, shape, name)
     k = 1 << scheme.bits
-    indices = np.empty((channels, width), dtype=np.uint8)
+    indices = code_writer((channels, width), np.dtype(np.uint8))
     luts = np.empty((channels // per_group, k), dtype=store)
     step = max(1, SLAB_ELEMENTS // max(width, 1))
     sq_error = sq_norm = 0.0
@@ -164,10 +169,10 @@ def palettize(weight: np.ndarray, scheme: PaletteScheme, store: type[np.floating
         for r0 in range(0, block.shape[0], step):
             slab = np.asarray(block[r0:r0 + step], dtype=np.float32)
             idx = nearest_index(slab, lut)
-            indices[g0 + r0:g0 + r0 + slab.shape[0]] = idx
+            indices.put(g0 + r0, idx)
             sq_error += float(np.sum(np.square(lut64[idx] - slab)))
             sq_norm += float(np.sum(np.square(slab, dtype=np.float64)))
-    return PaletteCodes(indices.reshape(shape), luts, scheme, sq_error, sq_norm)
+    return PaletteCodes(indices.result().reshape(shape), luts, scheme, sq_error, sq_norm)
 
 
 def check_palette_bits(bits: int, allowed: tuple[int, ...], name: str, target: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.compress.code_store import CodeStore
+from rlx_mil.compress.code_store import CodeStore, CodeWriter, WriterFactory
 from rlx_mil.compress.emit import check_target, compressed_bytes, linear_op, palette_op
 from rlx_mil.compress.linear import LinearCodes, block_count, quantize_linear
 from rlx_mil.compress.palette import PaletteCodes, group_rows, palettize
@@ -200,7 +200,7 @@ class WeightCompressor:
         if key in self._done:
             return self._done[key]
         check_target(scheme, self.target, name)
-        codes = encode(storage, scheme, self.precision, name)
+        codes = encode(storage, scheme, self.precision, name, self.store.writer)
         build = linear_op if isinstance(codes, LinearCodes) else palette_op
         var = build(codes, self.target, op_name(), self.store)  # type: ignore[arg-type]
         param_shape = storage.shape[::-1] if param_layout == "kn" else storage.shape
@@ -222,10 +222,12 @@ class WeightCompressor:
         )
 
 
-def encode(storage: np.ndarray, scheme: Scheme, precision: Precision, name: str) -> LinearCodes | PaletteCodes:
+def encode(
+    storage: np.ndarray, scheme: Scheme, precision: Precision, name: str, code_writer: WriterFactory = CodeWriter,
+) -> LinearCodes | PaletteCodes:
     if isinstance(scheme, LinearScheme):
-        return quantize_linear(storage, scheme, store_dtype(precision), name)
-    return palettize(storage, scheme, store_dtype(precision), name)
+        return quantize_linear(storage, scheme, store_dtype(precision), name, code_writer)
+    return palettize(storage, scheme, store_dtype(precision), name, code_writer)
 
 
 class DequantizedParams(Mapping[str, np.ndarray]):

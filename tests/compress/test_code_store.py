@@ -109,6 +109,38 @@ def test_release_drops_the_pages_a_read_brought_in() -> None:
     assert int(keep.sum()) == 1 << 20
 
 
+def test_writers_put_rows_in_the_file_or_in_memory_and_survive_a_failing_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    codes = np.random.default_rng(2).integers(-8, 8, (64, 300)).astype(np.float64)  # as the encoder has them
+    store = CodeStore(min_bytes=8192)
+    small, large = store.writer((8, 300), np.dtype(np.int8)), store.writer((64, 300), np.dtype(np.int8))
+    for writer, rows in ((small, codes[:8]), (large, codes)):
+        for r0 in range(0, rows.shape[0], 5):
+            writer.put(r0, rows[r0:r0 + 5])
+    assert type(small.result()) is np.ndarray and isinstance(large.result(), SpilledArray)
+    np.testing.assert_array_equal(large.result(), codes.astype(np.int8))
+    np.testing.assert_array_equal(small.result(), codes[:8].astype(np.int8))
+    held = store.hold(large.result(), _int4())  # a writer's result is taken as it is, not copied
+    assert isinstance(held, SpilledArray) and held.dtype.metadata == _int4().metadata
+    assert np.shares_memory(held, large.result()) and store.spilled_bytes == codes.size
+
+    writes = [0]
+    original = code_store.os.pwrite
+
+    def fail_third(fd: int, data: object, offset: int) -> int:
+        writes[0] += 1
+        if writes[0] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(fd, data, offset)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(code_store.os, "pwrite", fail_third)
+    writer = store.writer((64, 300), np.dtype(np.int8))
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        for r0 in range(0, 64, 16):
+            writer.put(r0, codes[r0:r0 + 16])
+    assert type(writer.result()) is np.ndarray and not store.enabled
+    np.testing.assert_array_equal(writer.result(), codes.astype(np.int8))
+
+
 def test_memory_filesystem_full_disk_and_missing_madvise_keep_codes_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     codes = np.ones((64, 64), np.int8)
     monkeypatch.setattr(code_store, "filesystem_type", lambda path: "tmpfs")
