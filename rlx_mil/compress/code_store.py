@@ -36,9 +36,11 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
+import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +119,11 @@ class SpilledArray(np.ndarray):
             region.release()
 
     def flatten(self, order: Any = "C") -> np.ndarray:
-        """A flat copy in memory (a plain ndarray); the mapped pages are dropped afterwards."""
+        """A flat copy in memory (a plain ndarray); the mapped pages are dropped afterwards.
+        Inside `writing_without_copies` (the serialiser's hook, which drops the pages once the
+        const is written), a flat plain view of the file instead."""
+        if getattr(_WRITING, "depth", 0) and order in ("C", "K", "A") and self.flags.c_contiguous:
+            return self.view(np.ndarray).reshape(-1)
         flat = np.ndarray.flatten(self.view(np.ndarray), order)
         self.release_pages()
         return flat
@@ -139,10 +145,25 @@ class SpilledArray(np.ndarray):
         return np.ndarray.__reduce__(np.array(self.view(np.ndarray)))
 
 
+_WRITING = threading.local()  # .depth: inside writing_without_copies on this thread
+
+
 def release_pages(value: Any) -> None:
     """`SpilledArray.release_pages` for a value that may be one."""
     if isinstance(value, SpilledArray):
         value.release_pages()
+
+
+@contextmanager
+def writing_without_copies(value: Any) -> Iterator[None]:
+    """While a blob writer reads `value`: its `flatten()` is a view of the file (no copy of the
+    codes in memory); its pages are dropped when the block ends."""
+    _WRITING.depth = getattr(_WRITING, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _WRITING.depth -= 1
+        release_pages(value)
 
 
 class CodeStore:

@@ -6,8 +6,9 @@ model that is seconds of copying and, for the largest weight, twice its size in 
 memory. A C-contiguous array's flat view holds exactly those bytes, so while `direct_weight_writes`
 is active the fp16/fp32 consts are handed to the blob writer as that view; every other value
 goes through coremltools' own function unchanged. Consts held by a
-`rlx_mil.compress.code_store.CodeStore` drop their mapped pages once written, so serialising a
-model does not bring its spilled codes back into the process's memory.
+`rlx_mil.compress.code_store.CodeStore` are handed to the blob writer as views of their file
+(coremltools' `flatten()` would copy them) and drop their mapped pages once written, so
+serialising a model does not bring its spilled codes back into the process's memory.
 
 Once a large fp16/fp32 const is in the weight file, its array is handed over to the file: the
 const's value becomes a read-only map of the bytes just written (the blob's metadata read back
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.compress.code_store import release_pages
+from rlx_mil.compress.code_store import writing_without_copies
 
 #: The manifest description coremltools gives the weights folder of an ML Program package.
 WEIGHTS_ITEM_DESCRIPTION = "CoreML Model Weights"
@@ -48,10 +49,8 @@ def _writer(original: Any) -> Any:
 
     def write(output_var: Any, blob_writer: Any) -> Any:
         val = output_var.val
-        try:
+        with writing_without_copies(val):
             return _write(output_var, val, blob_writer)
-        finally:
-            release_pages(val)
 
     def _write(output_var: Any, val: Any, blob_writer: Any) -> Any:
         if isinstance(val, np.ndarray) and val.flags.c_contiguous:

@@ -18,7 +18,7 @@ import pytest
 
 import rlx_mil
 import rlx_mil.compress.code_store as code_store
-from rlx_mil.compress.code_store import CodeStore, SpilledArray, filesystem_type
+from rlx_mil.compress.code_store import CodeStore, SpilledArray, filesystem_type, writing_without_copies
 from tests.compress.helpers import convert_and_verify
 from tests.compress.tiny_lm import TinyLM, tiny_lm, tiny_lm_inputs, tiny_lm_params
 
@@ -98,6 +98,13 @@ def test_release_drops_the_pages_a_read_brought_in() -> None:
     assert _status_bytes("RssFile") - before < 16 << 20
     assert held.flatten().size == 96 << 20  # flatten releases too
     assert _status_bytes("RssFile") - before < 16 << 20
+    with writing_without_copies(held):  # the serialiser's hook: flatten is a view, released after
+        flat = held.flatten()
+        assert type(flat) is np.ndarray and np.shares_memory(flat, held)
+        assert int(flat[::4096].astype(np.int64).sum()) >= 0
+        assert _status_bytes("RssFile") - before > 64 << 20
+    assert _status_bytes("RssFile") - before < 16 << 20
+    del flat
     # An array dropped after a full read (a duplicate const a pass removed) takes its pages
     # along, though the mapping lives on for the store's other arrays.
     keep = store.hold(np.ones(1 << 20, np.uint8))
