@@ -10,15 +10,18 @@ mapping of that file instead, so the codes sit in the page cache, not in process
 * the file is `tempfile.TemporaryFile` in `tempfile.gettempdir()` (honours TMPDIR): O_TMPFILE or
   unlinked at once, so nothing is left behind even on a crash. It lives while a mapping does:
   the mappings belong to the views the program's consts hold, i.e. to the converted model.
-* bytes go in with `pwrite` (page cache, never mapped writable); the file is mapped in segments
-  of `SEGMENT_BYTES`, so a model needs a handful of mappings (and file descriptors), not one per
-  weight.
+* bytes go in with `pwrite` (page cache, never mapped writable): whole arrays (`hold`) or, from
+  the encoders, a slab of rows at a time (`writer`), so a large weight's codes are never whole in
+  memory. The file is mapped in segments of `SEGMENT_BYTES`, so a model needs a handful of
+  mappings (and file descriptors), not one per weight.
 * pages a read faults in count in the process's RSS for as long as they stay mapped, so reading
   every const at serialisation would bring the codes back into RSS. `SpilledArray.flatten()`
   (what coremltools' serialiser calls on each const) returns a plain copy and drops the view's
   pages from the mapping (`madvise(MADV_DONTNEED)`: safe on a shared file mapping, the data stays
-  in the file and a later read faults it in again); `rlx_mil.lower.weight_writes` also drops them
-  after writing each const, whichever way coremltools read it.
+  in the file and a later read faults it in again). Inside rlx_mil's blob-writer hook
+  (`rlx_mil.lower.weight_writes`, `writing_without_copies`) it is a plain view of the file
+  instead, and the pages are dropped once the const is written, whichever way coremltools read
+  it; a spilled array that is dropped (a duplicate a pass removed) drops its pages too.
 * comparing a spilled array with itself (coremltools' check that value inference did not change
   a const) does not read it.
 * tensors below `SPILL_MIN_BYTES` stay in memory (their bytes are noise; the view and its
