@@ -20,6 +20,7 @@ from rlx_mil.lower.kv_cache import LLM_METADATA_KEY, KVCachePlan, bind_cache_len
 from rlx_mil.lower.pipeline import (
     FP16_UNSAFE_PASSES,
     default_pass_pipeline,
+    nonreplaceable_marks_only_with_constexprs,
     rlx_pass_pipeline,
     validation_once_per_pipeline,
 )
@@ -205,7 +206,7 @@ def convert(
         graph = graph.bind(dims)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
     compressor = _compressor(compress, graph, tgt, prec)
-    with objects_frozen(), direct_weight_writes(), validation_once_per_pipeline():
+    with objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(), nonreplaceable_marks_only_with_constexprs():
         lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
         if pass_pipeline is None:
             pass_pipeline = rlx_pass_pipeline(prec, lowered.program)

@@ -178,6 +178,53 @@ def validation_once_per_pipeline() -> Iterator[None]:
         PassPipelineManager.apply_pipeline = staticmethod(original)
 
 
+def _holds_nonreplaceable_marks(block: Any) -> bool:
+    """Whether some op of `block` (nested blocks included) is a constexpr op, the only kind
+    of var Core ML marks non-replaceable, or some var still carries such a mark."""
+    for op in block.operations:
+        if op.op_type.startswith("constexpr_"):
+            return True
+        if any(_holds_nonreplaceable_marks(inner) for inner in op.blocks):
+            return True
+        if op.outputs and any(out.nonreplaceable_vars_upstream for out in op.outputs):
+            return True
+    return False
+
+
+@contextmanager
+def nonreplaceable_marks_only_with_constexprs() -> Iterator[None]:
+    """While active, a block skips recomputing its vars' non-replaceable marks when leaving
+    its context (as every graph pass and every op building makes it) unless it holds a
+    constexpr op or a mark.
+
+    Core ML marks each var with the constexpr vars it depends on (a pass may not replace a var
+    by one that loses them). The recomputation resets and unions a set per var of the whole
+    block each time: about a quarter of a conversion of a 100-op program. Without a constexpr
+    op and without an old mark, every set it would compute is empty, which is what each var
+    already holds; programs with compressed weights recompute as before.
+    """
+    from coremltools.converters.mil.mil.block import Block
+
+    original = Block.__dict__["_propagate_nonreplaceable_vars"]
+    if getattr(original, "rlx_mil_skips", False):  # a conversion already installed it
+        yield
+        return
+
+    def propagate_where_needed(self: Any) -> None:
+        outermost = self  # a nested block's vars may depend on constexprs outside it
+        while outermost.outer_op is not None:
+            outermost = outermost.outer_op.enclosing_block
+        if _holds_nonreplaceable_marks(outermost):
+            original(self)
+
+    propagate_where_needed.rlx_mil_skips = True  # type: ignore[attr-defined]
+    Block._propagate_nonreplaceable_vars = propagate_where_needed
+    try:
+        yield
+    finally:
+        Block._propagate_nonreplaceable_vars = original
+
+
 # ---------------------------------------------------------------------------------- structure
 
 

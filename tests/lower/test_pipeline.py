@@ -8,6 +8,7 @@ in both precisions, the converted program must be the one Core ML's default pipe
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -184,3 +185,38 @@ def test_a_pass_that_breaks_the_program_is_still_caught(monkeypatch: pytest.Monk
     w = np.zeros((8, 8), np.float32)
     with pytest.raises(rlx_mil.errors.ConversionError, match="should be consumed by op"):
         rlx_mil.convert(_small_graph(), {"w": w})
+
+
+def _iOS18_cases() -> list[str]:
+    return [name for name, target, precision, attention in _convertible_cases() if (target, precision) == ("iOS18", "fp16")]
+
+
+@pytest.mark.parametrize("name", _iOS18_cases())
+def test_skipped_nonreplaceable_marks_give_the_same_program(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks without constexpr ops skip recomputing Core ML's non-replaceable marks
+    (`nonreplaceable_marks_only_with_constexprs`): the passes, which consult those marks, make
+    the same program as with the recomputation on every block exit."""
+    from contextlib import nullcontext
+
+    graph = CATALOGUE[name]()
+    _, params = random_leaves(graph)
+    skipping = program_structure(rlx_mil.convert(graph, params, target="iOS18", precision="fp16")._mil_program)
+    api = sys.modules["rlx_mil.lower.api"]  # `rlx_mil.lower` is also the name of a function
+    monkeypatch.setattr(api, "nonreplaceable_marks_only_with_constexprs", nullcontext)
+    always = program_structure(rlx_mil.convert(graph, params, target="iOS18", precision="fp16")._mil_program)
+    assert skipping == always
+
+
+def test_nonreplaceable_marks_are_still_computed_for_constexpr_weights() -> None:
+    """A compressed weight is a constexpr op: its consumers carry its mark as Core ML makes it."""
+    g = Graph("compressed")
+    x = g.input("x", [2, 64])
+    g.set_outputs([g.relu(g.matmul(x, g.param("w", [64, 64])), name="y")])
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    program = rlx_mil.convert(g, {"w": w}, precision="fp16", compress="int8")._mil_program
+    ops = program.functions["main"].operations
+    constexprs = [op for op in ops if op.op_type.startswith("constexpr_")]
+    assert constexprs
+    marked = [op for op in ops if not op.op_type.startswith("constexpr_") and op.outputs
+              and any(out.nonreplaceable_vars_upstream for out in op.outputs)]
+    assert marked, "no op downstream of the constexpr weight carries its non-replaceable mark"
