@@ -197,12 +197,14 @@ class _Builder(WeightGraph):
             k = self.linear(hn, f"{p}.self_attn.k_proj", hkv * d, e, s.qkv_bias)
             v = self.linear(hn, f"{p}.self_attn.v_proj", hkv * d, e, s.qkv_bias)
         b, n = o.batch_size, o.seq_len
-        q = self.split_heads(q, b, n, h, d, f"{p}.self_attn.q")
-        k = self.split_heads(k, b, n, hkv, d, f"{p}.self_attn.k")
+        # The q/k norms (over head_dim) go before the head-major transpose, where HF applies
+        # them: a transpose feeding the norm would make Core ML's costly `reduce_transposes`
+        # pass run for the whole program (most of a 28-layer Qwen3's pass time).
+        q_norm = (lambda t: self.rms_norm(t, f"{p}.self_attn.q_norm", d)) if s.qk_norm else None
+        k_norm = (lambda t: self.rms_norm(t, f"{p}.self_attn.k_norm", d)) if s.qk_norm else None
+        q = self.split_heads(q, b, n, h, d, f"{p}.self_attn.q", q_norm)
+        k = self.split_heads(k, b, n, hkv, d, f"{p}.self_attn.k", k_norm)
         v = self.split_heads(v, b, n, hkv, d, f"{p}.self_attn.v")
-        if s.qk_norm:  # over head_dim, so the head-major layout is equivalent
-            q = self.rms_norm(q, f"{p}.self_attn.q_norm", d)
-            k = self.rms_norm(k, f"{p}.self_attn.k_norm", d)
         rotate = self.rope_by_rows if per_batch_rows else self.rope
         q = rotate(q, cos, sin, f"{p}.self_attn.q")
         k = rotate(k, cos, sin, f"{p}.self_attn.k")

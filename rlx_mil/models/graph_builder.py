@@ -3,6 +3,8 @@ constants, and linear layers on Hugging Face `[out, in]` weights."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from rlx_mil.ir import Graph
@@ -43,9 +45,13 @@ class WeightGraph:
             y = self.g.add(y, self.weight(f"{module}.bias", (out_features,)), name=f"{module}.add_bias")
         return y
 
-    def split_heads(self, x: int, batch: int, seq: int, heads: int, head_dim: int, module: str) -> int:
-        """`[B, S, heads * D]` -> `[B, heads, S, D]`."""
+    def split_heads(self, x: int, batch: int, seq: int, heads: int, head_dim: int, module: str,
+                    per_head: Callable[[int], int] | None = None) -> int:
+        """`[B, S, heads * D]` -> `[B, heads, S, D]`; `per_head` (an op over D, e.g. a per-head
+        norm) applies to the `[B, S, heads, D]` rows before the transpose."""
         x = self.g.reshape(x, [batch, seq, heads, head_dim], name=f"{module}.split_heads")
+        if per_head is not None:
+            x = per_head(x)
         return self.g.transpose(x, [0, 2, 1, 3], name=f"{module}.head_major")
 
     def merge_heads(self, x: int, batch: int, seq: int, width: int, module: str) -> int:
