@@ -8,6 +8,7 @@ scales, biases) are protected; other float weights of rank >= 2 are ordinary wei
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -20,7 +21,7 @@ from rlx_mil.compress.linear import LinearCodes, block_count, quantize_linear
 from rlx_mil.compress.palette import PaletteCodes, group_rows, palettize
 from rlx_mil.compress.report import CompressionReport, WeightReport
 from rlx_mil.compress.schemes import CompressionConfig, LinearScheme, Scheme, parse_scheme
-from rlx_mil.errors import CompressionError
+from rlx_mil.errors import CompressionError, InvalidOptionError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Param
 from rlx_mil.lower.context import WeightSource
@@ -122,6 +123,23 @@ def store_dtype(precision: Precision) -> type[np.floating[Any]]:
     return np.float16 if precision is Precision.FP16 else np.float32
 
 
+def unmatched_rules(config: CompressionConfig, roles: Mapping[str, str], graph_name: str) -> None:
+    """Refuse rules that match no weight of the graph: a mistyped key (`lm_haed=none`) or
+    pattern would otherwise be ignored without a word. The message names every such rule."""
+    dead = [rule for rule in config.rules if not any(rule.matches(name) for name in roles)]
+    if not dead:
+        return
+    problems = []
+    for rule in dead:
+        hint = difflib.get_close_matches(rule.pattern.lower(), ["embeddings", "lm_head", "min_size", "default"], n=1)
+        near = difflib.get_close_matches(rule.pattern, list(roles), n=1, cutoff=0.8)
+        extra = f" (did you mean the option {hint[0]!r}?)" if hint else (f" (did you mean {near[0]!r}?)" if near else "")
+        problems.append(f"rule {rule.label!r} matches no weight{extra}")
+    raise InvalidOptionError(
+        f"compression rules match no weight of graph {graph_name!r} ({len(roles)} weights):\n  - " + "\n  - ".join(problems)
+    )
+
+
 class WeightCompressor:
     """Compresses each selected float weight when the lowering turns it into a constant."""
 
@@ -134,6 +152,7 @@ class WeightCompressor:
         self.sizes = {n.op.name: n.shape.sizes() for n in graph if isinstance(n.op, Param)}
         self.schemes: dict[str, Scheme] = {}
         self.kept: dict[str, str] = {}
+        unmatched_rules(config, self.roles, graph.name)
         for name, role in self.roles.items():
             scheme, why = self._choose(name, role)
             if scheme is None:

@@ -145,6 +145,29 @@ _NONE_WORDS = frozenset({"none", "fp16", "float", "off"})
 _LINEAR_BASES = {"int8": (8, True), "uint8": (8, False), "int4": (4, True), "uint4": (4, False)}
 
 
+class _Modifiers:
+    """The modifiers of one scheme text, one per kind (symmetry, granularity): a second one of
+    the same kind that says otherwise (`int8-tensor-channel`, `int8-sym-asym`) is refused, not
+    resolved by order."""
+
+    def __init__(self, text: str, base: str) -> None:
+        self.text = text
+        self.base = base
+        self.values: dict[str, tuple[str, Any]] = {}
+
+    def set(self, kind: str, word: str, value: Any) -> None:
+        prev = self.values.get(kind)
+        if prev is not None and prev[1] != value:
+            raise InvalidOptionError(
+                f"compression scheme {self.text!r}: modifiers {prev[0]!r} and {word!r} contradict each other"
+                f" (one {kind} per scheme)"
+            )
+        self.values[kind] = (word, value)
+
+    def get(self, kind: str, default: Any) -> Any:
+        return self.values[kind][1] if kind in self.values else default
+
+
 def parse_scheme(text: str) -> Scheme | None:
     """A scheme from its text form (see the module doc); None for ``none``."""
     if not isinstance(text, str) or not text.strip():
@@ -155,36 +178,35 @@ def parse_scheme(text: str) -> Scheme | None:
         return None
     if base in _LINEAR_BASES:
         bits, signed = _LINEAR_BASES[base]
-        symmetric = True
-        granularity = PER_BLOCK if bits == 4 else PER_CHANNEL
-        block = DEFAULT_BLOCK_SIZE
+        chosen = _Modifiers(text, base)
         for mod in mods:
             if mod in ("sym", "symmetric"):
-                symmetric = True
+                chosen.set("symmetry", mod, True)
             elif mod in ("asym", "asymmetric", "linear"):
-                symmetric = False
+                chosen.set("symmetry", mod, False)
             elif mod in ("tensor", "pertensor"):
-                granularity = PER_TENSOR
+                chosen.set("granularity", mod, (PER_TENSOR, DEFAULT_BLOCK_SIZE))
             elif mod in ("channel", "perchannel"):
-                granularity = PER_CHANNEL
+                chosen.set("granularity", mod, (PER_CHANNEL, DEFAULT_BLOCK_SIZE))
             elif m := re.fullmatch(r"(?:block|b)(\d*)", mod):
-                granularity = PER_BLOCK
-                block = int(m.group(1)) if m.group(1) else DEFAULT_BLOCK_SIZE
+                chosen.set("granularity", mod, (PER_BLOCK, int(m.group(1)) if m.group(1) else DEFAULT_BLOCK_SIZE))
             else:
                 raise InvalidOptionError(f"compression scheme {text!r}: unknown modifier {mod!r} for {base}"
                                          " (sym, asym, tensor, channel, block, blockN)")
+        symmetric = chosen.get("symmetry", True)
+        granularity, block = chosen.get("granularity", (PER_BLOCK if bits == 4 else PER_CHANNEL, DEFAULT_BLOCK_SIZE))
         return LinearScheme(bits=bits, signed=signed, symmetric=symmetric, granularity=granularity, block_size=block)
     if m := re.fullmatch(r"lut(\d)", base):
-        granularity, group = PER_TENSOR, DEFAULT_GROUP_SIZE
+        chosen = _Modifiers(text, base)
         for mod in mods:
             if mod in ("tensor", "pertensor"):
-                granularity = PER_TENSOR
+                chosen.set("granularity", mod, (PER_TENSOR, DEFAULT_GROUP_SIZE))
             elif g := re.fullmatch(r"(?:group|g)(\d*)", mod):
-                granularity = PER_GROUPED_CHANNEL
-                group = int(g.group(1)) if g.group(1) else DEFAULT_GROUP_SIZE
+                chosen.set("granularity", mod, (PER_GROUPED_CHANNEL, int(g.group(1)) if g.group(1) else DEFAULT_GROUP_SIZE))
             else:
                 raise InvalidOptionError(f"compression scheme {text!r}: unknown modifier {mod!r} for {base}"
                                          " (tensor, group, groupN)")
+        granularity, group = chosen.get("granularity", (PER_TENSOR, DEFAULT_GROUP_SIZE))
         return PaletteScheme(bits=int(m.group(1)), granularity=granularity, group_size=group)
     raise InvalidOptionError(
         f"unknown compression scheme {text!r}: expected int8, uint8, int4, uint4, lut1..lut8 (lut5/lut7 do not"
