@@ -5,7 +5,7 @@ For each compute-unit setting (CPU_ONLY, CPU_AND_GPU, CPU_AND_NE, ALL):
   * attention variants at S=128/1024 (fused `scaled_dot_product_attention` vs decomposed):
     prediction latency, median and p90 over --runs after --warmup;
   * the 16-layer decoder (prefill latency) and, from a random Llama checkpoint, a stateful
-    package (prefill bucket + decode, `rlx_mil.llm_package`): prefill latency and decode tokens/s;
+    package (prefill bucket + decode, `rlx_mil.llm.package`): prefill latency and decode tokens/s;
   * where the OS offers MLComputePlan (macOS 14.4+, coremltools' `MLComputePlan`), the device
     each op is placed on, counted per device.
 Results print as a Markdown table and go to --json as JSON lines.
@@ -143,7 +143,7 @@ def main() -> int:
     from bench_models import DECODER16, attention_graph
 
     import rlx_mil
-    from rlx_mil.llm_package import convert_llm_checkpoint
+    from rlx_mil.llm.package import convert_llm_checkpoint
     from rlx_mil.models.random_checkpoint import write_random_checkpoint
     from rlx_mil.models.transformer import example_inputs, llama_decoder, random_params
 

@@ -45,8 +45,8 @@ def child(args: argparse.Namespace) -> None:
     _quiet()
     import rlx_mil
     from rlx_mil.compress import report_of
+    from rlx_mil.coreml.package_info import package_info
     from rlx_mil.models.pretrained import from_pretrained
-    from rlx_mil.package_info import package_info
 
     graph, params = from_pretrained(args.checkpoint, seq_len=args.seq)
     scheme = None if args.scheme == "fp16" else args.scheme

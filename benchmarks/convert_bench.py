@@ -123,8 +123,9 @@ def package_bytes(path: Path) -> int:
 
 
 def _rlx_worker(case: str, data: Path, out: Path) -> dict[str, Any]:
-    import rlx_mil
     from rlx_mil.lower import api
+
+    import rlx_mil
 
     timer = PassTimer()
     lowering = [0.0]

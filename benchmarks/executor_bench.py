@@ -66,7 +66,7 @@ def decode_case(runs: int, work: Path) -> dict[str, Any]:
     from apple_latency import TINY_LLAMA
 
     from rlx_mil.generate import Session
-    from rlx_mil.llm_package import convert_llm_checkpoint
+    from rlx_mil.llm.package import convert_llm_checkpoint
     from rlx_mil.models.random_checkpoint import write_random_checkpoint
 
     checkpoint = write_random_checkpoint(work / "llama", TINY_LLAMA, dtype="bfloat16")

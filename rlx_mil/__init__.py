@@ -13,19 +13,16 @@ if _logging.getLogger("coremltools").level == _logging.NOTSET:
 
 from rlx_mil import errors
 from rlx_mil.ir import DType, Graph, MaskKind, QuantScheme, Shape
-
-__version__ = "0.1.0"
+from rlx_mil.version import __version__
 
 __all__ = [
     "DType", "Graph", "MaskKind", "QuantScheme", "Shape", "__version__", "convert", "convert_buckets",
     "convert_functions", "errors", "lower", "save",
 ]
 
-# `rlx_mil.lower` is both the lowering package and the public function: importing the API
-# here binds the name to the function (the package stays importable as `rlx_mil.lower.*`).
-# coremltools itself is only imported on first conversion.
-from rlx_mil.lower.api import convert, lower, save
-from rlx_mil.lower.multifunction import convert_buckets, convert_functions
+# coremltools itself is only imported on first conversion. (`rlx_mil.lower` is the public
+# function; the lowering stage is the package `rlx_mil.lowering`.)
+from rlx_mil.api import convert, convert_buckets, convert_functions, lower, save
 
 _SUBMODULES = ("reference", "milexec", "testing", "weights", "models", "generate")
 

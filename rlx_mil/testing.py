@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.target import Precision, Target
+from rlx_mil.lowering.target import Precision, Target
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def compare(got: np.ndarray, want: np.ndarray, tol: Tolerance) -> tuple[bool, fl
 def supported_targets(graph: Graph) -> list[Target]:
     """Targets for which every op of `graph` has a lowering rule."""
     from rlx_mil.ir.ops import Constant, Input, Param
-    from rlx_mil.lower.registry import registered_rules
+    from rlx_mil.lowering.registry import registered_rules
 
     rules = registered_rules()
     minimum = Target.IOS15
@@ -134,7 +134,7 @@ def supported_targets(graph: Graph) -> list[Target]:
 def _coreml_outputs(model_path: Path, inputs: Mapping[str, np.ndarray], compute_units: str) -> dict[str, np.ndarray]:
     import coremltools as ct
 
-    from rlx_mil.runner import predict_coreml
+    from rlx_mil.llm.runner import predict_coreml
 
     model = ct.models.MLModel(str(model_path), compute_units=getattr(ct.ComputeUnit, compute_units))
     return predict_coreml(model, inputs)
@@ -155,9 +155,9 @@ def check_conversion(
     raise_on_failure: bool = True,
 ) -> CheckReport:
     """Compare reference vs converted model for every target x precision; see module doc."""
-    import rlx_mil
     from rlx_mil import milexec, reference
-    from rlx_mil.runner import coreml_available
+    from rlx_mil.api import convert, save
+    from rlx_mil.llm.runner import coreml_available
 
     params = dict(params or {})
     tols = dict(DEFAULT_TOLERANCES)
@@ -181,12 +181,12 @@ def check_conversion(
         for prec_like in precisions:
             precision = Precision.parse(prec_like)
             tol = tols[precision]
-            model = rlx_mil.convert(graph, params, target=target, precision=precision, attention=attention)
+            model = convert(graph, params, target=target, precision=precision, attention=attention)
             tmp = Path(tempfile.mkdtemp(prefix="rlx_mil_check_"))
             try:
                 record(target, precision, "milexec", milexec.run(model, inputs), tol)
                 if roundtrip or use_coreml:
-                    path = rlx_mil.save(model, tmp / "model.mlpackage")
+                    path = save(model, tmp / "model.mlpackage")
                     if roundtrip:
                         record(target, precision, "milexec(saved)", milexec.run(path, inputs), tol)
                     if use_coreml:

@@ -1,7 +1,7 @@
 """Shared test set-up: quiet coremltools, hypothesis profiles, the shared/ fixtures path.
 
 No collector set-up: `rlx_mil.convert` keeps the objects alive before a conversion out of
-coremltools' closing gc.collect() itself (`rlx_mil.lower.api.objects_frozen`). Freezing the
+coremltools' closing gc.collect() itself (`rlx_mil.api.objects_frozen`). Freezing the
 heap around every test as well would make each conversion slower, not faster:
 `gc.get_freeze_count()`, which that check calls, walks every frozen object (~45 ms a
 conversion with the test session's heap frozen)."""

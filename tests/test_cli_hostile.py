@@ -108,12 +108,12 @@ def test_demo_sizes_are_held_to_the_graph_limits(tmp_path: Path, capsys: pytest.
 def test_unexpected_exceptions_are_one_line_with_their_own_code(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rlx_mil.package_info
+    import rlx_mil.coreml.package_info
 
     def broken(path: object) -> None:
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(rlx_mil.package_info, "package_info", broken)
+    monkeypatch.setattr(rlx_mil.coreml.package_info, "package_info", broken)
     monkeypatch.delenv("RLX_MIL_TRACEBACK", raising=False)
     assert main(["inspect", str(tmp_path)]) == EXIT_INTERNAL
     err = capsys.readouterr().err

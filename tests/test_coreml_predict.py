@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from graph_data import leaf_values
 
+from rlx_mil.llm.runner import coreml_available
 from rlx_mil.models.transformer import DecoderConfig, example_inputs, llama_decoder, random_params
-from rlx_mil.runner import coreml_available
 from rlx_mil.testing import check_conversion
 
 pytestmark = pytest.mark.skipif(

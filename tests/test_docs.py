@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlx_mil.lower.coverage import DOC_PATH, coverage_markdown
+from rlx_mil.lowering.coverage import DOC_PATH, coverage_markdown
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_op_coverage_doc_is_generated_from_the_registry() -> None:
     doc = REPO_ROOT / DOC_PATH
-    assert doc.is_file(), "docs/op-coverage.md is missing: run python -m rlx_mil.lower.coverage --write"
+    assert doc.is_file(), "docs/op-coverage.md is missing: run python -m rlx_mil.lowering.coverage --write"
     assert doc.read_text() == coverage_markdown(), (
-        "docs/op-coverage.md is stale: run python -m rlx_mil.lower.coverage --write"
+        "docs/op-coverage.md is stale: run python -m rlx_mil.lowering.coverage --write"
     )
 
 

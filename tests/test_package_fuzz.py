@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 
 from rlx_mil import milexec
 from rlx_mil.cli import EXIT_ERROR, EXIT_OK, main
+from rlx_mil.coreml.package_info import package_info
 from rlx_mil.errors import RlxMilError, SpecialFileError
 from rlx_mil.generate import Session
 from rlx_mil.models import from_pretrained
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 from rlx_mil.models.verify import verify_package
-from rlx_mil.package_info import package_info
 
 CONFIG = {**TINY_CONFIGS["qwen3"], "num_hidden_layers": 1}
 SEQ = 4

@@ -21,7 +21,7 @@ import rlx_mil
 from rlx_mil import milexec, reference
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.target import Precision
+from rlx_mil.lowering.target import Precision
 from rlx_mil.testing import DEFAULT_TOLERANCES, compare
 
 FLOATS = (DType.F32, DType.F16, DType.BF16)

@@ -3,14 +3,13 @@
 Every IR op has a shape rule, a builder method, a JSON form, a reference kernel, a lowering
 rule (or a declared reason why it has none), a catalogue case and a coverage row; its rule and
 kernel live in the modules named after its family; and every MIL op its lowering emits has a
-milexec kernel. The package has no import cycles, and the family modules stay small.
+milexec kernel. (The package's import structure is checked by tests/test_layering.py.)
 """
 
 from __future__ import annotations
 
-import ast
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,14 @@ import pytest
 from catalogue import CATALOGUE, FAMILY_CASES, random_leaves
 
 import rlx_mil
+from rlx_mil.api import lower_with_names
 from rlx_mil.errors import UnsupportedOpError
 from rlx_mil.ir import infer
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import FAMILIES, OP_TYPES, Constant, Input, Op, Param, family_of
 from rlx_mil.ir.serde.forms import OP_FORMS
-from rlx_mil.lower.api import lower_with_names
-from rlx_mil.lower.coverage import coverage_markdown
-from rlx_mil.lower.registry import registered_rules, unsupported_ops
+from rlx_mil.lowering.coverage import coverage_markdown
+from rlx_mil.lowering.registry import registered_rules, unsupported_ops
 from rlx_mil.milexec import kernels as _kernels  # noqa: F401  (registers every milexec kernel)
 from rlx_mil.milexec.registry import KERNELS
 from rlx_mil.reference import registry as reference_registry
@@ -39,9 +38,6 @@ NO_REFERENCE_KERNEL = {Input: "fed by the evaluator", Param: "bound by the evalu
 LOWERED_BY_DRIVER = (Input, Param, Constant)
 #: Op families with no lowering-rule module (the driver lowers their ops).
 DRIVER_FAMILIES = {"leaf"}
-#: Folders whose modules are op families, and the limit on their size.
-FAMILY_FOLDERS = ("ir", "ir/ops", "ir/serde", "reference", "milexec/kernels", "lower", "lower/rules")
-MAX_LINES = 600
 
 
 def _op_params() -> list[Any]:
@@ -89,7 +85,7 @@ def test_op_has_lowering_rule_or_a_reason(op_type: type[Op]) -> None:
         assert op_type in reference_registry.registered_op_types(), f"{op_type.type_name} lowers but has no reference"
         info = rules[op_type]
         assert info.family == family_of(op_type)
-        assert info.rule.__module__ == f"rlx_mil.lower.rules.{family_of(op_type)}"
+        assert info.rule.__module__ == f"rlx_mil.lowering.rules.{family_of(op_type)}"
     else:
         assert unsupported[op_type].strip(), f"{op_type.type_name}: the reason it is unsupported is empty"
 
@@ -99,7 +95,7 @@ def test_every_family_has_modules_in_each_registry() -> None:
     for family, module in FAMILIES.items():
         assert family in FAMILY_CASES, f"no catalogue module tests/catalogue/{family}.py"
         if family not in DRIVER_FAMILIES:
-            assert (PACKAGE_ROOT / "lower" / "rules" / f"{family}.py").is_file(), family
+            assert (PACKAGE_ROOT / "lowering" / "rules" / f"{family}.py").is_file(), family
         if not all(op in unsupported for op in module.OPS):
             assert (PACKAGE_ROOT / "reference" / f"{family}.py").is_file(), family
 
@@ -168,102 +164,3 @@ def test_executor_runs_every_mil_op_the_lowering_emits(case: str) -> None:
             lowered = lower_with_names(graph, params, target=target, precision=precision)
             missing = sorted({t for t in _mil_op_types(lowered.program) if t != "const" and t not in KERNELS})
             assert not missing, f"{case} on {target.label} {precision}: no milexec kernel for {missing}"
-
-
-# ------------------------------------------------------------------------------ module structure
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _is_type_checking_block(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
-
-
-def _imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[str]:
-    """Modules `module` imports at run time (function-level imports included)."""
-    stack: list[ast.AST] = [tree]
-    while stack:
-        node = stack.pop()
-        if _is_type_checking_block(node):
-            continue
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = module.split(".")
-                anchor = anchor if is_package else anchor[:-1]
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, *([base] if base else [])])
-            yield base
-            yield from (f"{base}.{alias.name}" for alias in node.names)
-        stack.extend(ast.iter_child_nodes(node))
-
-
-def _import_graph() -> dict[str, set[str]]:
-    paths = {_module_name(p): p for p in PACKAGE_ROOT.rglob("*.py")}
-    edges: dict[str, set[str]] = {}
-    for module, path in paths.items():
-        targets = _imports(ast.parse(path.read_text()), module, path.name == "__init__.py")
-        # A package's own __init__ running before its submodules is not an edge of a cycle.
-        edges[module] = {t for t in targets if t in paths and t != module and not module.startswith(t + ".")}
-    return edges
-
-
-def _cycles(edges: dict[str, set[str]]) -> list[Sequence[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    found: list[Sequence[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in edges[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return found
-
-
-def test_ir_and_lowering_have_no_import_cycles() -> None:
-    edges = _import_graph()
-    assert "rlx_mil.ir.json_io" in edges and "rlx_mil.lower.program" in edges
-    cycles = [c for c in _cycles(edges) if any(m.startswith(("rlx_mil.ir", "rlx_mil.lower")) for m in c)]
-    assert not cycles, f"import cycles: {cycles}"
-
-
-def test_the_cycle_check_finds_a_cycle() -> None:
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
-
-
-@pytest.mark.parametrize("folder", FAMILY_FOLDERS)
-def test_family_modules_stay_small(folder: str) -> None:
-    too_long = {
-        p.name: n for p in (PACKAGE_ROOT / folder).glob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
-    assert not too_long, f"files over {MAX_LINES} lines in rlx_mil/{folder}: {too_long}"

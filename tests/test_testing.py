@@ -9,7 +9,7 @@ import pytest
 
 from rlx_mil.ir import ops
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.target import Target
+from rlx_mil.lowering.target import Target
 from rlx_mil.testing import ConversionMismatch, Tolerance, check_conversion, compare, supported_targets
 
 TOL = Tolerance(1e-3, 1e-3)
@@ -57,7 +57,7 @@ def test_harness_passes_a_correct_conversion_on_every_target() -> None:
 
 
 def test_harness_fails_a_wrong_lowering(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlx_mil.lower import registry
+    from rlx_mil.lowering import registry
 
     rules = registry.registered_rules()
     original = rules[ops.Activation]

@@ -11,7 +11,7 @@ from graph_data import leaf_values
 
 from rlx_mil.errors import UnsupportedOpError
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.target import Precision, Target
+from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.testing import Tolerance, check_conversion, supported_targets
 
 FIXTURES = upstream_fixture_paths()

@@ -19,7 +19,7 @@ mapping of that file instead, so the codes sit in the page cache, not in process
   (what coremltools' serialiser calls on each const) returns a plain copy and drops the view's
   pages from the mapping (`madvise(MADV_DONTNEED)`: safe on a shared file mapping, the data stays
   in the file and a later read faults it in again). Inside rlx_mil's blob-writer hook
-  (`rlx_mil.lower.weight_writes`, `writing_without_copies`) it is a plain view of the file
+  (`rlx_mil.coreml.weight_writes`, `writing_without_copies`) it is a plain view of the file
   instead, and the pages are dropped once the const is written, whichever way coremltools read
   it; a spilled array that is dropped (a duplicate a pass removed) drops its pages too.
 * comparing a spilled array with itself (coremltools' check that value inference did not change

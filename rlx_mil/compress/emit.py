@@ -25,7 +25,7 @@ from rlx_mil.compress.schemes import (
     Scheme,
 )
 from rlx_mil.errors import CompressionError
-from rlx_mil.lower.target import Target
+from rlx_mil.lowering.target import Target
 
 IOS16_PALETTE_BITS = (1, 2, 4, 6, 8)
 

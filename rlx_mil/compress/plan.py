@@ -24,8 +24,8 @@ from rlx_mil.compress.schemes import CompressionConfig, LinearScheme, Scheme, pa
 from rlx_mil.errors import CompressionError, InvalidOptionError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Param
-from rlx_mil.lower.context import WeightSource
-from rlx_mil.lower.target import Precision, Target
+from rlx_mil.lowering.context import WeightSource
+from rlx_mil.lowering.target import Precision, Target
 
 PROTECTED_ROLES = frozenset({"norm", "rope", "vector", "integer"})
 _NORM_OPS = frozenset({"LayerNorm", "RmsNorm", "GroupNorm", "FusedResidualLN", "FusedResidualRmsNorm"})

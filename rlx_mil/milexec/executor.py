@@ -17,9 +17,10 @@ import numpy as np
 
 from rlx_mil.errors import MilExecError
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS
+from rlx_mil.mil_walk import iter_ops, oversized_outputs
 from rlx_mil.milexec.crosscheck import CrossChecker, Tolerance
 from rlx_mil.milexec.loader import IONames, ResolvedSource, resolve_source
-from rlx_mil.milexec.registry import KERNELS, OpContext, declared_dtype, iter_ops, oversized_outputs
+from rlx_mil.milexec.registry import KERNELS, OpContext, declared_dtype
 from rlx_mil.values import BFLOAT16, numeric_kind
 
 if TYPE_CHECKING:

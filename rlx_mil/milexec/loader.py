@@ -14,7 +14,7 @@ import numpy as np
 
 from rlx_mil.errors import MilExecError
 from rlx_mil.fileio import check_package_tree, nesting_depth
-from rlx_mil.milexec.registry import iter_ops
+from rlx_mil.mil_walk import iter_ops
 from rlx_mil.naming import IO_NAMES_METADATA_KEY
 
 

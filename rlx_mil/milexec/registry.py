@@ -9,7 +9,7 @@ kernel, rounds each result to the dtype the program declares for that output.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -174,25 +174,3 @@ def declared_dtype(var: Var) -> np.dtype | None:
         return None
     return dtype
 
-
-def iter_ops(block: Block) -> Iterator[Operation]:
-    """Every op of `block` and of its nested blocks, depth first."""
-    for op in block.operations:
-        yield op
-        for inner in op.blocks:
-            yield from iter_ops(inner)
-
-
-def oversized_outputs(block: Block, limit: int) -> Iterator[tuple[Operation, Var, int]]:
-    """(op, output var, element count) for every statically shaped output of an op in `block`
-    (nested blocks included) holding more than `limit` elements."""
-    for op in iter_ops(block):
-        for var in op.outputs:
-            shape = getattr(var, "shape", None)
-            if not shape or not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
-                continue
-            count = 1
-            for dim in shape:
-                count *= int(dim)
-            if count > limit:
-                yield op, var, count

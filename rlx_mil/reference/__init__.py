@@ -2,8 +2,10 @@
 
 `evaluate(graph, inputs, params)` runs a graph; `kernel_for(op)` gives the kernel of one op
 (`kernel(op, input_arrays, declared_shape) -> ndarray`). The array-level functions
-(`attention`, `attention_backward`, `rope`, `layer_norm`, `conv`, `pool`, `dequant_matmul`...)
-are reusable on their own.
+(`attention_backward`, `layer_norm`, `pool`, `dequant_matmul`..., and in their family modules
+`reference.attention.attention`, `reference.rope.rope`, `reference.conv.conv`,
+`reference.reduce.reduce`) are reusable on their own. A family's module is never shadowed by
+a function of the same name.
 
 Choices where the spec leaves room (each documented at its kernel):
 
@@ -21,11 +23,14 @@ Choices where the spec leaves room (each documented at its kernel):
 * GGUF: Q4_0, Q8_0 and every K-quant (Q2_K..Q6_K, Q8_K) decode.
 """
 
-from rlx_mil.reference.attention import FILL, attention, attention_backward
-from rlx_mil.reference.conv import conv, pool
+import importlib as _importlib
+
+from rlx_mil.ir.ops import FAMILIES as _FAMILIES
+from rlx_mil.reference.attention import FILL, attention_backward
+from rlx_mil.reference.conv import pool
 from rlx_mil.reference.elementwise import activation, binary
-from rlx_mil.reference.evaluate import evaluate, evaluate_all
 from rlx_mil.reference.fused import attention_block, swiglu, transformer_layer
+from rlx_mil.reference.interpreter import evaluate, evaluate_all
 from rlx_mil.reference.linalg import matmul
 from rlx_mil.reference.norm import group_norm, layer_norm, rms_norm
 from rlx_mil.reference.quant import (
@@ -38,7 +43,7 @@ from rlx_mil.reference.quant import (
     quantize,
     unpack_nibbles,
 )
-from rlx_mil.reference.reduce import cumsum, reduce, softmax, top_k_indices
+from rlx_mil.reference.reduce import cumsum, softmax, top_k_indices
 from rlx_mil.reference.registry import (
     Kernel,
     kernel_for,
@@ -47,19 +52,22 @@ from rlx_mil.reference.registry import (
     round_to_bf16,
     to_dtype,
 )
-from rlx_mil.reference.rope import rope
 from rlx_mil.reference.shape import gather_indices
 from rlx_mil.reference.special import erf
+
+#: The reference kernel modules, one per IR op family (the IR's own list); importing them
+#: registers their kernels. `integer` and `special` are shared math, not families.
+KERNEL_MODULES = tuple(f"rlx_mil.reference.{family}" for family in _FAMILIES)
+for _module in KERNEL_MODULES:
+    _importlib.import_module(_module)
 
 __all__ = [
     "FILL",
     "Kernel",
     "activation",
-    "attention",
     "attention_backward",
     "attention_block",
     "binary",
-    "conv",
     "cumsum",
     "decode_e4m3",
     "decode_e5m2",
@@ -77,11 +85,9 @@ __all__ = [
     "matmul",
     "pool",
     "quantize",
-    "reduce",
     "reference_kernel",
     "registered_op_types",
     "rms_norm",
-    "rope",
     "round_to_bf16",
     "softmax",
     "swiglu",

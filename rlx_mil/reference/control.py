@@ -13,17 +13,14 @@ from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import ElementwiseRegion, If, Scan, While
 from rlx_mil.ir.regions import expand_region
 from rlx_mil.ir.shape import Shape, Static
+from rlx_mil.reference import registry
 from rlx_mil.reference.registry import finish, reference_kernel
 
 
 def run_body(body: object, args: Sequence[np.ndarray]) -> list[np.ndarray]:
-    # The evaluator runs the body's nodes through these same kernels (bodies nest), so it is
-    # imported where it is used.
-    from rlx_mil.reference.evaluate import evaluate_body
-
     if not isinstance(body, Graph):
         raise EvaluationError(f"a body must be an rlx_mil Graph, got {type(body).__name__}")
-    return evaluate_body(body, args)
+    return registry.run_body(body, args)
 
 
 def _as_shape(value: np.ndarray, like: np.ndarray) -> np.ndarray:

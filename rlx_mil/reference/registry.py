@@ -20,6 +20,7 @@ import numpy as np
 
 from rlx_mil.errors import AttributeValueError, ShapeError, UnsupportedOpError
 from rlx_mil.ir.dtype import DType
+from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Op
 from rlx_mil.ir.shape import Shape, Static
 
@@ -27,6 +28,23 @@ OpT = TypeVar("OpT", bound=Op)
 Kernel = Callable[[Op, Sequence[np.ndarray], Shape], np.ndarray]
 
 _KERNELS: dict[type[Op], Kernel] = {}
+
+#: Runs a control-flow body (its Input nodes bound positionally) through these kernels; the
+#: interpreter installs it, so the control kernels need not import the interpreter (bodies nest,
+#: which makes the two depend on each other at run time, not at import time).
+BodyRunner = Callable[[Graph, Sequence[np.ndarray]], list[np.ndarray]]
+_BODY_RUNNER: list[BodyRunner] = []
+
+
+def install_body_runner(runner: BodyRunner) -> None:
+    _BODY_RUNNER[:] = [runner]
+
+
+def run_body(body: Graph, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The outputs of a control-flow body evaluated on `args` (see `install_body_runner`)."""
+    if not _BODY_RUNNER:
+        raise UnsupportedOpError("no body runner is installed: import rlx_mil.reference to evaluate bodies")
+    return _BODY_RUNNER[0](body, args)
 
 
 def reference_kernel(op_type: type[OpT]) -> Callable[

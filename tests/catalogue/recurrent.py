@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.sequence_loop import UNROLL_MAX_STEPS
+from rlx_mil.lowering.rules.sequence_loop import UNROLL_MAX_STEPS
 
 
 def _gated_delta_net() -> Graph:

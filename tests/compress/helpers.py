@@ -14,7 +14,7 @@ import rlx_mil
 from rlx_mil import milexec, reference
 from rlx_mil.compress import CompressionReport, dequantized_params, report_of
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.target import Precision
+from rlx_mil.lowering.target import Precision
 from rlx_mil.testing import DEFAULT_TOLERANCES, compare
 
 

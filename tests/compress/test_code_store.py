@@ -221,7 +221,7 @@ def test_the_file_lives_as_long_as_the_model_and_leaves_nothing_behind(tmp_path:
     held = [f for f in _open_files() - before if f.startswith(str(tmp_path))]
     assert held and all(f.endswith("(deleted)") for f in held)  # unnamed: nothing to litter
     assert [p.suffix for p in tmp_path.iterdir()] == [".mlpackage"]  # coremltools' own temporary package
-    from rlx_mil.lower.api import release
+    from rlx_mil.api import release
 
     release(model)  # its temporary package
     del model

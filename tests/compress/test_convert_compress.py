@@ -75,7 +75,7 @@ def test_palettized_schemes(spec: str, target: str, precision: str) -> None:
 
 
 def test_package_bytes_shrink_and_report_is_in_metadata(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from rlx_mil.package_info import package_info
+    from rlx_mil.coreml.package_info import package_info
 
     plain = rlx_mil.save(rlx_mil.convert(GRAPH, PARAMS), tmp_path / "fp16.mlpackage")
     packed = rlx_mil.save(rlx_mil.convert(GRAPH, PARAMS, compress="int4"), tmp_path / "int4.mlpackage")

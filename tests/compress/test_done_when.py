@@ -13,10 +13,10 @@ import pytest
 import rlx_mil
 from rlx_mil import milexec, reference
 from rlx_mil.compress import dequantized_params, report_of
-from rlx_mil.lower.target import Precision
+from rlx_mil.coreml.package_info import package_info
+from rlx_mil.lowering.target import Precision
 from rlx_mil.models.pretrained import from_pretrained
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
-from rlx_mil.package_info import package_info
 from rlx_mil.testing import DEFAULT_TOLERANCES, compare
 
 CONFIG = {**TINY_CONFIGS["llama"], "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256,

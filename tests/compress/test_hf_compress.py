@@ -47,7 +47,7 @@ def test_stateful_package_compresses_shared_weights_once(tmp_path: Path, capsys:
     """Prefill and decode functions carry the same compressed weights once; --verify generates
     the reference's greedy tokens computed with the dequantized weights."""
     from rlx_mil.compress import report_of
-    from rlx_mil.package_info import package_info
+    from rlx_mil.coreml.package_info import package_info
 
     folder = write_random_checkpoint(tmp_path / "qwen3", TINY_CONFIGS["qwen3"], dtype="bfloat16")
     packed = tmp_path / "int4.mlpackage"

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.target import Precision, Target
+from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.naming import output_names
 from rlx_mil.testing import CheckReport, Tolerance, check_conversion, supported_targets
 
@@ -91,7 +91,7 @@ def packages_not_synced() -> Iterator[None]:
     temporary folder deleted right after, so its durability on disk is never in question
     (tests/lower/test_save.py checks the fsyncs), and on a busy disk they cost more than the
     save itself (8 saves per `verify`)."""
-    from rlx_mil.lower import saving
+    from rlx_mil.coreml import saving
 
     real = saving._fsync_path
     saving._fsync_path = lambda path: None

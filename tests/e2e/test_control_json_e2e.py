@@ -13,7 +13,7 @@ from rlx_mil.errors import AttributeValueError, GraphFormatError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.json_io import JsonLimits, graph_from_json
 from rlx_mil.ir.ops.control import MAX_SUBGRAPH_DEPTH
-from rlx_mil.lower.target import Target
+from rlx_mil.lowering.target import Target
 from rlx_mil.reference import evaluate
 
 _STATIC4 = {"dims": [{"Static": 4}], "dtype": "F32"}

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from e2e.factory import Feeds, e2e_settings, normal, rng_for, seeds, weight_kinds
 from rlx_mil import reference
+from rlx_mil.api import convert
 from rlx_mil.errors import UnsupportedOpError
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.api import convert
-from rlx_mil.lower.target import Target
+from rlx_mil.lowering.target import Target
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from e2e.factory import (
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import ActivationKind, BinaryOp, CmpOp
-from rlx_mil.lower.target import Precision
+from rlx_mil.lowering.target import Precision
 from rlx_mil.testing import Tolerance
 
 POSITIVE_DOMAIN = (ActivationKind.LOG, ActivationKind.SQRT, ActivationKind.RSQRT)

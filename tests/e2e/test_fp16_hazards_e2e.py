@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from e2e.factory import Feeds, e2e_settings, integers, normal, rng_for, seeds, signed, uniform
 from rlx_mil import reference
 from rlx_mil.ir.ops import MaskKind
-from rlx_mil.lower.target import Target
+from rlx_mil.lowering.target import Target
 from rlx_mil.testing import CheckReport
 
 HIDDEN = 1024
@@ -154,5 +154,5 @@ def test_fully_masked_row_is_the_mean_of_v() -> None:
     """Pins what the previous test compares against: the reference's uniform average."""
     rng = rng_for(6)
     q, k, v = normal(rng, (1, 2, 4)), normal(rng, (1, 3, 4)), normal(rng, (1, 3, 4))
-    out = reference.attention(q, k, v, np.zeros((1, 3), np.float32), num_heads=1, head_dim=4, mask_kind=MaskKind.CUSTOM)
+    out = reference.attention.attention(q, k, v, np.zeros((1, 3), np.float32), num_heads=1, head_dim=4, mask_kind=MaskKind.CUSTOM)
     np.testing.assert_allclose(out, np.broadcast_to(v.mean(axis=1, keepdims=True), out.shape), rtol=1e-5, atol=1e-6)

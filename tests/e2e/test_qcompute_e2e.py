@@ -19,7 +19,7 @@ from rlx_mil import reference
 from rlx_mil.errors import ArityError, AttributeValueError, DTypeError, ShapeError
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.target import Precision
+from rlx_mil.lowering.target import Precision
 from rlx_mil.testing import Tolerance
 
 ONE_STEP = {Precision.FP32: Tolerance(0.0, 0.0), Precision.FP16: Tolerance(1.0, 0.0)}

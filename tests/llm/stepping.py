@@ -13,7 +13,7 @@ import numpy as np
 
 import rlx_mil
 from rlx_mil import milexec, reference
-from rlx_mil.lower.kv_cache import NeuralEngineWarning
+from rlx_mil.lowering.state.kv_cache import NeuralEngineWarning
 
 from .decode_graphs import TinyLM, decode_graph
 

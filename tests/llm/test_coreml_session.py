@@ -11,8 +11,8 @@ import pytest
 
 import rlx_mil
 from rlx_mil.generate import Session
-from rlx_mil.lower.kv_cache import NeuralEngineWarning
-from rlx_mil.runner import coreml_available
+from rlx_mil.llm.runner import coreml_available
+from rlx_mil.lowering.state.kv_cache import NeuralEngineWarning
 
 from .decode_graphs import TinyLM, decode_graph, tiny_params
 

@@ -10,7 +10,7 @@ import pytest
 from rlx_mil.cli import main
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.generate import Session
-from rlx_mil.llm_package import prefill_buckets, reference_greedy
+from rlx_mil.llm.package import prefill_buckets, reference_greedy
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 
 
@@ -70,7 +70,7 @@ def test_batch_of_two_shares_one_write_position(qwen3: Path) -> None:
 
     import rlx_mil
     from rlx_mil import milexec, reference
-    from rlx_mil.lower.kv_cache import NeuralEngineWarning
+    from rlx_mil.lowering.state.kv_cache import NeuralEngineWarning
     from rlx_mil.models.pretrained import from_pretrained
 
     tokens = np.array([[3, 14, 15, 92, 65, 35], [8, 9, 7, 9, 3, 2]], np.int32)

@@ -14,7 +14,7 @@ import pytest
 import rlx_mil
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.generate import GenerationError, Session, pick_token
-from rlx_mil.lower.kv_cache import NeuralEngineWarning
+from rlx_mil.lowering.state.kv_cache import NeuralEngineWarning
 
 from .decode_graphs import TinyLM, decode_graph, tiny_params
 from .stepping import full_sequence_logits

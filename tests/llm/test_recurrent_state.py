@@ -15,7 +15,7 @@ import rlx_mil
 from rlx_mil import milexec, reference
 from rlx_mil.errors import GraphError, InvalidOptionError
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.kv_cache import LLM_METADATA_KEY
+from rlx_mil.lowering.state.kv_cache import LLM_METADATA_KEY
 
 STEPS = 4
 #: Core ML states are fp16: the carried value is rounded to fp16 between calls.
@@ -115,7 +115,7 @@ def _hybrid_step_graph(past: int | None) -> Graph:
     return g
 
 
-@pytest.mark.filterwarnings("ignore::rlx_mil.lower.kv_cache.NeuralEngineWarning")  # head_dim 4
+@pytest.mark.filterwarnings("ignore::rlx_mil.lowering.state.kv_cache.NeuralEngineWarning")  # head_dim 4
 def test_hybrid_block_keeps_kv_cache_and_recurrent_state_in_one_mechanism() -> None:
     rng = rng_for(12)
     model = rlx_mil.convert(_hybrid_step_graph(1), {}, precision="fp32", kv_cache="auto", max_context=32)

@@ -9,7 +9,7 @@ import pytest
 
 from rlx_mil.errors import GraphError, InvalidOptionError, UnsupportedOpError
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.kv_cache import NeuralEngineWarning, find_cache_pairs
+from rlx_mil.lowering.state.kv_cache import NeuralEngineWarning, find_cache_pairs
 
 from .decode_graphs import TinyLM, decode_graph, tiny_params
 from .stepping import convert_stateful
@@ -180,7 +180,7 @@ def test_dynamic_past_length_needs_no_binding() -> None:
 
 
 def test_inspect_lists_the_states_of_a_single_function_model() -> None:
-    from rlx_mil.package_info import package_info
+    from rlx_mil.coreml.package_info import package_info
 
     model = convert_stateful(decode_graph(C, 1, 2), PARAMS, max_context=64)
     text = package_info(model).to_text()

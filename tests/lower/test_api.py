@@ -11,7 +11,7 @@ import pytest
 import rlx_mil
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.target import Precision, Target
+from rlx_mil.lowering.target import Precision, Target
 
 
 def _graph() -> Graph:

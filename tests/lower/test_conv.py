@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Pool, ReduceOp
-from rlx_mil.reference.evaluate import evaluate
+from rlx_mil.reference.interpreter import evaluate
 
 from .conftest import (
     PRECISIONS,
@@ -286,7 +286,7 @@ def test_pool_matches_reference(kind: ReduceOp, spatial: int, data: st.DataObjec
 
 
 def test_pool_rule_is_registered_for_every_kind() -> None:
-    from rlx_mil.lower.registry import registered_rules
+    from rlx_mil.lowering.registry import registered_rules
 
     info = registered_rules()[Pool]
     assert info.family == "conv"

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import rlx_mil
+from rlx_mil.api import objects_frozen
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.api import objects_frozen
-from rlx_mil.lower.context import program_array
+from rlx_mil.lowering.context import program_array
 from rlx_mil.models.transformer import DecoderConfig, llama_decoder, random_params
 
 CONFIG = DecoderConfig(hidden=64, heads=4, kv_heads=2, intermediate=128, layers=3, seq=16)

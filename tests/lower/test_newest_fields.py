@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from rlx_mil import MaskKind
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import RopeStyle
-from rlx_mil.reference import attention, rope
+from rlx_mil.reference.attention import attention
+from rlx_mil.reference.rope import rope
 from rlx_mil.testing import check_conversion
 
 

@@ -9,11 +9,11 @@ import pytest
 from catalogue import CATALOGUE, all_op_type_names, covered_op_types, random_leaves
 
 import rlx_mil
+from rlx_mil.api import lower_with_names
+from rlx_mil.coreml.package_info import SPEC_VERSION_TARGETS
 from rlx_mil.errors import UnsupportedOpError
-from rlx_mil.lower.api import lower_with_names
-from rlx_mil.lower.registry import unsupported_ops
-from rlx_mil.lower.target import Target
-from rlx_mil.package_info import SPEC_VERSION_TARGETS
+from rlx_mil.lowering.registry import unsupported_ops
+from rlx_mil.lowering.target import Target
 from rlx_mil.testing import supported_targets
 
 

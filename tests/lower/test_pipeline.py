@@ -1,7 +1,7 @@
 """rlx_mil's trimmed Core ML pass pipeline gives the same program as the default pipeline.
 
 `rlx_mil.convert` runs only the passes that can change a program its rules emit
-(`rlx_mil.lower.pipeline.RLX_PASSES`); on every catalogue graph, on every target family and
+(`rlx_mil.coreml.pipeline.RLX_PASSES`); on every catalogue graph, on every target family and
 in both precisions, the converted program must be the one Core ML's default pipeline makes
 (same ops computing the same values from the same inputs; names and op order aside).
 """
@@ -16,15 +16,15 @@ import pytest
 from catalogue import CATALOGUE, random_leaves
 
 import rlx_mil
-from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.pipeline import (
+from rlx_mil.coreml.pipeline import (
     default_pass_pipeline,
     needs_reduce_transposes,
     program_structure,
     rlx_passes,
 )
-from rlx_mil.lower.registry import unsupported_ops
-from rlx_mil.lower.target import Precision, Target
+from rlx_mil.ir.graph import Graph
+from rlx_mil.lowering.registry import unsupported_ops
+from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.models.transformer import DecoderConfig, llama_decoder, random_params
 from rlx_mil.testing import supported_targets
 
@@ -201,7 +201,7 @@ def test_skipped_nonreplaceable_marks_give_the_same_program(name: str, monkeypat
     graph = CATALOGUE[name]()
     _, params = random_leaves(graph)
     skipping = program_structure(rlx_mil.convert(graph, params, target="iOS18", precision="fp16")._mil_program)
-    api = sys.modules["rlx_mil.lower.api"]  # `rlx_mil.lower` is also the name of a function
+    api = sys.modules["rlx_mil.api"]  # `rlx_mil.lower` is also the name of a function
     monkeypatch.setattr(api, "nonreplaceable_marks_only_with_constexprs", nullcontext)
     always = program_structure(rlx_mil.convert(graph, params, target="iOS18", precision="fp16")._mil_program)
     assert skipping == always

@@ -22,7 +22,7 @@ from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import QuantKind, QuantScheme
 from rlx_mil.ir.ops.quant import GGUF_BLOCKS
-from rlx_mil.reference.evaluate import evaluate
+from rlx_mil.reference.interpreter import evaluate
 from rlx_mil.reference.quant import GGUF_FORMATS, gguf_dequantize
 
 from .conftest import convert_and_cleanup, emitted_ops, ops_outside_opset, run_model
@@ -666,7 +666,7 @@ def test_upstream_quant_fixture_converts_and_matches_reference(upstream_json_dir
 
 def test_rule_notes_document_every_target() -> None:
     from rlx_mil.ir import ops
-    from rlx_mil.lower.registry import registered_rules
+    from rlx_mil.lowering.registry import registered_rules
 
     notes = registered_rules()[ops.DequantMatMul].notes
     for word in ("iOS18", "iOS16/17", "iOS15", "constexpr_blockwise_shift_scale", "constexpr_affine_dequantize",

@@ -18,6 +18,9 @@ import numpy as np
 import pytest
 
 import rlx_mil
+from rlx_mil.api import release
+from rlx_mil.coreml import saving
+from rlx_mil.coreml.weight_writes import package_weights_folder
 from rlx_mil.errors import (
     ConversionError,
     ExistingFileError,
@@ -26,9 +29,6 @@ from rlx_mil.errors import (
     RlxMilError,
 )
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower import saving
-from rlx_mil.lower.api import release
-from rlx_mil.lower.weight_writes import package_weights_folder
 
 
 def _graph(width: int = 4) -> Graph:

@@ -228,8 +228,8 @@ def test_zero_length_narrow_is_unsupported() -> None:
 
 
 def test_rules_are_registered_with_notes() -> None:
-    from rlx_mil.lower.registry import registered_rules
-    from rlx_mil.lower.target import Target
+    from rlx_mil.lowering.registry import registered_rules
+    from rlx_mil.lowering.target import Target
 
     rules = registered_rules()
     families = {"elementwise": (ops.Activation, ops.Cast, ops.Binary, ops.Compare, ops.Where),

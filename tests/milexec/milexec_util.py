@@ -59,8 +59,8 @@ def converted(
     """ct.convert `program` into tmp_path/<name>.mlpackage; removes the package afterwards."""
     import coremltools as ct
 
-    from rlx_mil.lower.api import objects_frozen
-    from rlx_mil.lower.pipeline import validation_once_per_pipeline
+    from rlx_mil.api import objects_frozen
+    from rlx_mil.coreml.pipeline import validation_once_per_pipeline
 
     package = tmp_path / f"{name}.mlpackage"
     # as rlx_mil.convert: ct.convert's closing gc.collect() sees only the conversion's objects,

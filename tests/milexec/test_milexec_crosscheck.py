@@ -9,7 +9,8 @@ from milexec_util import build_function
 
 from rlx_mil import milexec
 from rlx_mil.errors import MilExecError
-from rlx_mil.milexec.registry import KERNELS, OpContext, iter_ops
+from rlx_mil.mil_walk import iter_ops
+from rlx_mil.milexec.registry import KERNELS, OpContext
 
 DTYPES = [np.dtype(np.float32), np.dtype(np.float16)]
 

@@ -13,7 +13,7 @@ import pytest
 from models.hf_numpy import FORWARDS
 from rlx_mil import reference
 from rlx_mil.errors import InvalidOptionError
-from rlx_mil.lower.target import Precision
+from rlx_mil.lowering.target import Precision
 from rlx_mil.models import from_pretrained
 from rlx_mil.models.checkpoint import Checkpoint
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint

@@ -13,7 +13,7 @@ from safetensors.numpy import load_file, save_file
 from models.hf_numpy import bert_forward, mean_pool
 from rlx_mil import reference
 from rlx_mil.errors import UnsupportedConfigError
-from rlx_mil.lower.target import Precision
+from rlx_mil.lowering.target import Precision
 from rlx_mil.models import from_pretrained
 from rlx_mil.models.checkpoint import SINGLE_FILE, Checkpoint
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint

@@ -10,7 +10,7 @@ from e2e.factory import fp16_tolerance, verify
 
 from models.hybrid import HybridBuilder, HybridConfig, hybrid_params
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lower.target import Target
+from rlx_mil.lowering.target import Target
 from rlx_mil.reference import evaluate
 
 #: A few layers of fp16 rounding: logits of O(1) agree to ~1e-2.

@@ -13,7 +13,7 @@ import pytest
 import rlx_mil
 from models.hf_numpy import FORWARDS
 from rlx_mil import milexec
-from rlx_mil.lower.kv_cache import NeuralEngineWarning
+from rlx_mil.lowering.state.kv_cache import NeuralEngineWarning
 from rlx_mil.models import from_pretrained
 from rlx_mil.models.checkpoint import Checkpoint
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint

@@ -14,7 +14,8 @@ from refgraph import run_kernel, shape
 from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir import DType, Graph, MaskKind
 from rlx_mil.ir.ops import Attention, AttentionBackward, AttentionBwdWrt, Input
-from rlx_mil.reference import attention, evaluate
+from rlx_mil.reference import evaluate
+from rlx_mil.reference.attention import attention
 
 LAYOUTS = ("bhsd", "bshd", "bsx", "sx")
 

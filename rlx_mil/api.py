@@ -1,0 +1,368 @@
+"""Public conversion API: `lower`, `convert`, `save`, and `convert_functions` / `convert_buckets`
+(several graphs as the functions of one package sharing the weights)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import sys
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rlx_mil.coreml.multifunction import add_function, function_workspace, join_functions
+from rlx_mil.coreml.pipeline import (
+    FP16_UNSAFE_PASSES,
+    default_pass_pipeline,
+    nonreplaceable_marks_only_with_constexprs,
+    rlx_pass_pipeline,
+    validation_once_per_pipeline,
+)
+from rlx_mil.coreml.saving import save_package
+from rlx_mil.coreml.weight_writes import direct_weight_writes
+from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
+from rlx_mil.ir.graph import Graph
+from rlx_mil.lowering.context import LowerOptions
+from rlx_mil.lowering.program import LoweredProgram, lower_graph, require_graph
+from rlx_mil.lowering.state.kv_cache import LLM_METADATA_KEY, KVCachePlan, bind_cache_lengths, plan_kv_cache
+from rlx_mil.lowering.target import Precision, Target
+from rlx_mil.naming import IO_NAMES_METADATA_KEY, mil_identifier
+
+__all__ = [
+    "FP16_UNSAFE_PASSES", "PER_FUNCTION_OPTIONS", "convert", "convert_buckets", "convert_functions",
+    "default_pass_pipeline", "lower", "lower_with_names", "release", "release_when_collected", "save",
+]
+
+ATTENTION_MODES = ("auto", "fused", "decomposed")
+COMPUTE_UNITS = ("ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE")
+
+
+def _options(attention: str, compressor: Any = None) -> LowerOptions:
+    if attention not in ATTENTION_MODES:
+        raise InvalidOptionError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+    return LowerOptions(attention=attention, compressor=compressor)
+
+
+def _compressor(compress: Any, graph: Graph, target: Target, precision: Precision) -> Any:
+    """The weight compressor for `compress` (None: float weights); shape/target problems are
+    raised here, before any weight is read."""
+    if compress is None:
+        return None
+    from rlx_mil.compress import WeightCompressor, parse_compress
+
+    config = parse_compress(compress)
+    if config is None:
+        return None
+    compressor = WeightCompressor(config, graph, target, precision)
+    compressor.check()
+    return compressor
+
+
+def lower_with_names(
+    graph: Graph,
+    params: Mapping[str, Any] | None = None,
+    *,
+    target: str | Target = "iOS18",
+    precision: str | Precision = "fp16",
+    attention: str = "auto",
+    dims: Mapping[int, int] | None = None,
+    kv_cache: KVCacheOption = None,
+    max_context: int | None = None,
+    cache_layout: str = "stacked",
+    compress: Any = None,
+) -> LoweredProgram:
+    """Like `lower`, also returning the model-interface name maps."""
+    graph = require_graph(graph)
+    if dims is not None:
+        graph = graph.bind(dims)
+    tgt, prec = Target.parse(target), Precision.parse(precision)
+    graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
+    return lower_graph(
+        graph, params, target=tgt, precision=prec, options=_options(attention, _compressor(compress, graph, tgt, prec)),
+        kv_cache=plan,
+    )
+
+
+KVCacheOption = str | bool | Mapping[str, str] | None
+
+
+def _kv_plan(
+    graph: Graph, kv_cache: KVCacheOption, max_context: int | None, cache_layout: str, target: Target
+) -> tuple[Graph, KVCachePlan | None]:
+    """The graph to lower (dynamic cache lengths bound) and its stateful plan, if any."""
+    if kv_cache is None or kv_cache is False:
+        if max_context is not None:
+            raise InvalidOptionError("max_context is the capacity of a stateful KV cache; it needs kv_cache=")
+        return graph, None
+    graph = bind_cache_lengths(graph, kv_cache)
+    return graph, plan_kv_cache(graph, kv_cache, max_context=max_context, layout=cache_layout, target=target)
+
+
+def lower(
+    graph: Graph,
+    params: Mapping[str, Any] | None = None,
+    *,
+    target: str | Target = "iOS18",
+    precision: str | Precision = "fp16",
+    attention: str = "auto",
+    dims: Mapping[int, int] | None = None,
+    kv_cache: KVCacheOption = None,
+    max_context: int | None = None,
+    cache_layout: str = "stacked",
+    compress: Any = None,
+) -> Any:
+    """Build the coremltools MIL `Program` for `graph` (before Core ML's passes), for inspection.
+
+    `dims` binds dynamic dims (`{symbol: size}`) for graphs that have them; `kv_cache`,
+    `max_context`, `cache_layout` and `compress` are as for `convert`.
+    """
+    return lower_with_names(
+        graph, params, target=target, precision=precision, attention=attention, dims=dims,
+        kv_cache=kv_cache, max_context=max_context, cache_layout=cache_layout, compress=compress,
+    ).program
+
+
+@contextmanager
+def objects_frozen() -> Iterator[None]:
+    """Python's collector ignores the objects that exist on entry (gc.freeze): coremltools ends
+    every conversion with a full gc.collect(), which otherwise rescans every object of the
+    process (~1.3 s with coremltools and NumPy loaded) to free only the conversion's garbage."""
+    if gc.get_freeze_count():  # the caller froze objects itself: leave that alone
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _ct_convert(lowered: LoweredProgram, graph: Graph, tgt: Target, prec: Precision, compute_units: str, pass_pipeline: Any) -> Any:
+    import coremltools as ct
+
+    try:
+        model = ct.convert(
+            lowered.program,
+            convert_to="mlprogram",
+            minimum_deployment_target=tgt.ct_target,
+            compute_precision=prec.ct_precision,
+            compute_units=getattr(ct.ComputeUnit, compute_units),
+            skip_model_load=sys.platform != "darwin",
+            pass_pipeline=pass_pipeline,
+        )
+    except RlxMilError:
+        raise
+    except Exception as err:
+        raise ConversionError(f"coremltools failed to convert graph {graph.name!r}: {type(err).__name__}: {err}") from err
+    return model
+
+
+def convert(
+    graph: Graph,
+    params: Mapping[str, Any] | None = None,
+    *,
+    target: str | Target = "iOS18",
+    precision: str | Precision = "fp16",
+    compute_units: str = "ALL",
+    attention: str = "auto",
+    pass_pipeline: Any = None,
+    dims: Mapping[int, int] | None = None,
+    kv_cache: KVCacheOption = None,
+    max_context: int | None = None,
+    cache_layout: str = "stacked",
+    compress: Any = None,
+) -> Any:
+    """Convert `graph` with `params` (name -> ndarray) into a `ct.models.MLModel`.
+
+    Inputs keep their Input names and outputs the keys `rlx_mil.reference.evaluate` returns
+    (as Core ML-legal identifiers; the original names are in the model metadata). Callers pass
+    and get float32 arrays whatever the compute precision. `dims` binds dynamic dims
+    (`{symbol: size}`); a graph with unbound dynamic dims is a typed error.
+
+    `kv_cache` ("auto", or `{past_input_name: cache_output_name}`) makes a stateful model
+    (iOS18): the caches of a decode graph in upstream's form become fp16 Core ML states of
+    `max_context` slots (`cache_layout` "stacked" or "per_layer"), written at the new input
+    `cache_position: int32[1]`. Carried recurrent states (GatedDeltaNet `carry_state`, RNN
+    `carry`), otherwise the extra outputs `<input>_out`, become Core ML states too. See
+    docs/llm.md for the contract.
+
+    `compress` compresses weights while they are lowered, one at a time from the given arrays:
+    a preset ("int8", "int4", "lut4", ...), a per-weight config string or mapping, or an
+    `rlx_mil.compress.CompressionConfig` (see docs/compression.md). The model then carries a
+    `rlx_mil.compress.CompressionReport` (`rlx_mil.compress.report_of(model)`, also in its
+    metadata), and `rlx_mil.compress.dequantized_params` gives the weights it computes with.
+    `pass_pipeline` defaults to the Core ML passes that can change an rlx_mil program
+    (`rlx_mil.coreml.pipeline`); `default_pass_pipeline(precision)` is Core ML's full one.
+    """
+
+    graph = require_graph(graph)
+    tgt = Target.parse(target)
+    prec = Precision.parse(precision)
+    if compute_units not in COMPUTE_UNITS:
+        raise InvalidOptionError(f"compute_units must be one of {COMPUTE_UNITS}, got {compute_units!r}")
+    if dims is not None:
+        graph = graph.bind(dims)
+    graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
+    compressor = _compressor(compress, graph, tgt, prec)
+    with objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(), nonreplaceable_marks_only_with_constexprs():
+        lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
+        if pass_pipeline is None:
+            pass_pipeline = rlx_pass_pipeline(prec, lowered.program)
+        model = _ct_convert(lowered, graph, tgt, prec, compute_units, pass_pipeline)
+    meta = model.user_defined_metadata
+    meta[IO_NAMES_METADATA_KEY] = json.dumps({"inputs": lowered.inputs, "outputs": lowered.outputs})
+    meta["rlx_mil.graph"] = graph.name
+    meta["rlx_mil.target"] = tgt.label
+    meta["rlx_mil.precision"] = prec.value
+    if plan is not None:
+        meta[LLM_METADATA_KEY] = json.dumps(plan.describe())
+    from rlx_mil.version import __version__
+
+    meta["rlx_mil.version"] = __version__
+    if compressor is not None:
+        from rlx_mil.compress.report import METADATA_KEY
+
+        meta[METADATA_KEY] = compressor.report().to_json()
+    release_when_collected(model)
+    return model
+
+
+def release_when_collected(model: Any) -> None:
+    """Delete the temporary package coremltools wrote for `model` when `model` is garbage
+    collected (coremltools itself deletes them only when the process exits)."""
+    package = getattr(model, "package_path", None)
+    if package and getattr(model, "is_temp_package", False):
+        weakref.finalize(model, shutil.rmtree, package, ignore_errors=True)
+
+
+def release(model: Any) -> None:
+    """Delete `model`'s temporary package now; the model cannot be saved or run afterwards."""
+    package = getattr(model, "package_path", None)
+    if package and getattr(model, "is_temp_package", False):
+        shutil.rmtree(package, ignore_errors=True)
+
+
+def save(model: Any, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+    """Write `model` to `path` (.mlpackage) atomically: staged beside `path`, synced to disk,
+    then swapped into place, so a failure or crash leaves the old package (or none) and
+    never a half-written one. Errors are typed (FileAccessError subclasses also derive from
+    the matching OSError: `except FileExistsError` works); see `rlx_mil.coreml.saving`."""
+    if not callable(getattr(model, "save", None)):
+        raise InvalidOptionError(f"save takes the MLModel that rlx_mil.convert returns, got {type(model).__name__}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidOptionError(f"path must be a str or os.PathLike ending in .mlpackage, got {path!r}")
+    dest = Path(path)
+    if dest.suffix != ".mlpackage":
+        raise InvalidOptionError(f"a Core ML ML Program is saved as a .mlpackage folder, got {str(dest)!r}")
+    return save_package(model, dest, overwrite=overwrite)
+
+
+#: Options one function may set for itself; the rest are shared by the whole package.
+PER_FUNCTION_OPTIONS = frozenset({"dims", "kv_cache", "attention", "max_context"})
+
+FunctionSpec = Graph | tuple[Graph, Mapping[str, Any]]
+
+def _split(name: str, spec: Any) -> tuple[Graph, dict[str, Any]]:
+    if isinstance(spec, Graph):
+        return spec, {}
+    if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], Graph) and isinstance(spec[1], Mapping):
+        unknown = set(spec[1]) - PER_FUNCTION_OPTIONS
+        if unknown:
+            raise InvalidOptionError(
+                f"function {name!r}: unknown per-function options {sorted(unknown)} (allowed: {sorted(PER_FUNCTION_OPTIONS)})"
+            )
+        return spec[0], dict(spec[1])
+    raise InvalidOptionError(f"function {name!r} must be a Graph or (Graph, {{option: value}}), got {type(spec).__name__}")
+
+
+def convert_functions(
+    functions: Mapping[str, FunctionSpec],
+    params: Mapping[str, Any] | None = None,
+    *,
+    default_function: str | None = None,
+    path: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    **options: Any,
+) -> Any:
+    """Convert each `{function_name: graph or (graph, options)}` and join them into one
+    multifunction `.mlpackage`; returns its `ct.models.MLModel` (not loaded for prediction).
+
+    `options` are `rlx_mil.convert`'s keyword arguments (target, precision, kv_cache,
+    max_context, cache_layout, ...), shared by every function; a function's own mapping may
+    override `dims`, `kv_cache`, `attention` and `max_context`. `default_function` (default:
+    "decode" if present, else the first) is what Core ML runs when no function is named.
+    `path` also saves the package there (atomically, see `rlx_mil.save`).
+    """
+    if not isinstance(functions, Mapping) or not functions:
+        raise InvalidOptionError("functions must map at least one function name to a graph")
+    specs = {}
+    for name, spec in functions.items():
+        if not isinstance(name, str) or mil_identifier(name) != name:
+            raise InvalidOptionError(f"function name {name!r} must be an identifier ([A-Za-z_][A-Za-z0-9_]*)")
+        specs[name] = _split(name, spec)
+    if default_function is None:
+        default_function = "decode" if "decode" in specs else next(iter(specs))
+    if default_function not in specs:
+        raise InvalidOptionError(f"default_function {default_function!r} is not one of the functions {sorted(specs)}")
+    bad = {"dims", "path"} & set(options)
+    if bad:
+        raise InvalidOptionError(f"{sorted(bad)} are per-function options here; give them with each graph")
+
+    import coremltools as ct
+
+    work = function_workspace()
+    descriptor = ct.utils.MultiFunctionDescriptor()
+    metas = {}
+    for name, (graph, own) in specs.items():
+        model = convert(graph, params, **{**options, **own})
+        metas[name] = add_function(work, descriptor, name, model)
+        del model
+    model = join_functions(work, descriptor, metas, default_function)
+    if path is not None:
+        save(model, path, overwrite=overwrite)
+    return model
+
+
+def convert_buckets(
+    graph: Graph,
+    params: Mapping[str, Any] | None = None,
+    *,
+    symbol: int,
+    sizes: Sequence[int],
+    name: str | None = None,
+    default_function: str | None = None,
+    path: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    **options: Any,
+) -> Any:
+    """A graph with the dynamic dim `symbol` as one package with a static function per size
+    (sequence-length buckets: the Neural-Engine-friendly alternative to flexible shapes).
+
+    Functions are named `name.format(n=size)`: by default `prefill_{n}` for stateful packages
+    (`kv_cache=`; size 1 becomes `decode`) and `seq_{n}` otherwise. Other arguments as for
+    `convert_functions`.
+    """
+    if symbol not in graph.dynamic_symbols():
+        raise InvalidOptionError(
+            f"graph {graph.name!r} has no dynamic dim ?{symbol} (its dynamic dims: {sorted(graph.dynamic_symbols())})"
+        )
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or not sizes:
+        raise InvalidOptionError(f"sizes must be a non-empty list of ints >= 1, got {sizes!r}")
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise InvalidOptionError(f"bucket sizes must be ints >= 1, got {size!r}")
+    if len(set(sizes)) != len(sizes):
+        raise InvalidOptionError(f"bucket sizes repeat: {list(sizes)}")
+    stateful = options.get("kv_cache") not in (None, False)
+    pattern = name if name is not None else ("prefill_{n}" if stateful else "seq_{n}")
+    functions: dict[str, FunctionSpec] = {}
+    for size in sorted(sizes):
+        label = "decode" if stateful and size == 1 and name is None else pattern.format(n=size)
+        functions[label] = (graph, {"dims": {symbol: size}})
+    return convert_functions(
+        functions, params, default_function=default_function, path=path, overwrite=overwrite, **options
+    )

@@ -1,0 +1,76 @@
+"""`rlx-mil demo`: a tiny random checkpoint in the Hugging Face layout, converted the way
+`rlx-mil convert-hf` converts one, then checked through the NumPy MIL executor."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rlx_mil.models.random_checkpoint import TINY_CONFIGS
+
+DEMO_FAMILIES = tuple(TINY_CONFIGS)
+
+
+def demo_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The tiny config of `args.family` with the demo's sizes."""
+    from rlx_mil.models.transformer import DecoderConfig
+
+    # Same size rules (and messages) as the example decoder; checked before anything is written.
+    DecoderConfig(hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads, intermediate=2 * args.hidden,
+                  layers=args.layers, seq=args.seq)
+    config = dict(TINY_CONFIGS[args.family])
+    config.update(hidden_size=args.hidden, num_attention_heads=args.heads, intermediate_size=2 * args.hidden,
+                  num_hidden_layers=args.layers, vocab_size=256)
+    if args.family == "bert":
+        config["max_position_embeddings"] = max(64, args.seq)
+    else:
+        config.update(num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads,
+                      max_position_embeddings=max(256, args.seq))
+    if args.family == "gemma2":
+        config["query_pre_attn_scalar"] = args.hidden // args.heads
+    return config
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.models.convert_hf import convert_checkpoint
+    from rlx_mil.models.random_checkpoint import write_random_checkpoint
+    from rlx_mil.models.verify import example_inputs, verify_package
+    from rlx_mil.progress import Progress, running_under_ci
+
+    config = demo_config(args)
+    keep = args.checkpoint is not None
+    folder = Path(args.checkpoint) if keep else Path(tempfile.mkdtemp(prefix="rlx_mil_demo_")) / f"tiny-{args.family}"
+    progress = Progress(enabled=not (args.quiet or running_under_ci()))
+    try:
+        t0 = time.perf_counter()
+        write_random_checkpoint(folder, config, seed=0)
+        print(f"rlx_mil demo: random {args.family} checkpoint ({config['num_hidden_layers']} layers, hidden "
+              f"{config['hidden_size']}, {config['num_attention_heads']} heads) written to {folder} "
+              f"in {time.perf_counter() - t0:.2f} s")
+        t1 = time.perf_counter()
+        graph, params, path = convert_checkpoint(
+            folder, args.output, build={"seq_len": args.seq}, progress=progress, overwrite=True,
+            convert={"target": args.target, "precision": args.precision, "compute_units": args.compute_units,
+                     "attention": args.attention},
+        )
+        print(f"  graph:   {len(graph)} IR nodes; converted and saved in {time.perf_counter() - t1:.2f} s "
+              f"[{args.target}, {args.precision}]")
+        print(package_info(path).to_text())
+        if args.verify:
+            vocab = int(config["vocab_size"])
+            t2 = time.perf_counter()
+            checks = verify_package(graph, params, path, example_inputs(graph, vocab, seed=1), args.precision)
+            print(f"  executor ran the saved package in {time.perf_counter() - t2:.2f} s")
+            for check in checks:
+                print(check.to_text())
+            if not all(c.ok for c in checks):
+                return 1
+    finally:
+        if not keep:
+            shutil.rmtree(folder.parent, ignore_errors=True)
+    return 0

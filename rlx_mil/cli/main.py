@@ -1,0 +1,280 @@
+"""`rlx-mil`: convert, inspect and run Core ML packages from RLX graphs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import RlxMilError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlx-mil", description="Convert RLX IR graphs into Core ML ML Programs (.mlpackage)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def conversion_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--target", default="iOS18", choices=["iOS15", "iOS16", "iOS17", "iOS18"])
+        p.add_argument("--precision", default="fp16", choices=["fp16", "fp32"])
+        p.add_argument("--compute-units", default="ALL", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"])
+        p.add_argument("--attention", default="auto", choices=["auto", "fused", "decomposed"])
+
+    def compression_flags(p: argparse.ArgumentParser, check: bool = True) -> None:
+        p.add_argument("--compress", metavar="SPEC",
+                       help="compress weights while converting: a preset (int8, int4, uint8, uint4, lut2..lut8) or"
+                       " a per-weight config such as 'lut4;embeddings=int8;lm_head=lut6;re:v_proj=int8;min_size=4096'"
+                       " (see docs/compression.md)")
+        if not check:
+            return
+        p.add_argument("--compress-check", type=Path, metavar="INPUTS.npz",
+                       help="with --compress: also convert without compression and record the output error on these"
+                       " inputs in the package's compression report")
+
+    conv = sub.add_parser("convert", help="convert a graph (upstream RLX JSON) plus weights to .mlpackage")
+    conv.add_argument("graph", type=Path, help="graph JSON as serialised by upstream RLX or rlx_mil")
+    conv.add_argument("--params", type=Path, help="weights: .npz or .safetensors")
+    conv.add_argument("-o", "--output", type=Path, required=True, help="output .mlpackage path")
+    conv.add_argument("--overwrite", action="store_true", help="replace an existing package")
+    conv.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
+                      help="bind a dynamic dim symbol (e.g. 1=128 for SEQ); repeatable")
+    conversion_flags(conv)
+    compression_flags(conv)
+
+    hf = sub.add_parser("convert-hf", help="convert a Hugging Face checkpoint folder to .mlpackage")
+    _convert_hf_arguments(hf)
+    conversion_flags(hf)
+    compression_flags(hf, check=False)
+
+    insp = sub.add_parser("inspect", help="summarise a .mlpackage (IO, op histogram, weights, target) or a graph JSON")
+    insp.add_argument("package", type=Path, help="a .mlpackage folder, or a graph .json (inputs, params, op histogram)")
+    insp.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    run = sub.add_parser("run", help="run a .mlpackage (Core ML on macOS, the NumPy MIL executor elsewhere)")
+    run.add_argument("package", type=Path)
+    run.add_argument("--inputs", type=Path, required=True, help=".npz of inputs keyed by input name")
+    run.add_argument("-o", "--output", type=Path, help="write outputs to this .npz")
+    run.add_argument("--engine", choices=["auto", "coreml", "milexec"], default="auto")
+
+    gen = sub.add_parser("generate", help="generate token ids with a stateful LLM package (docs/llm.md)")
+    gen.add_argument("package", type=Path)
+    gen.add_argument("--prompt-ids", required=True, metavar="ID,ID,...", help="comma-separated prompt token ids")
+    gen.add_argument("-n", "--max-new-tokens", type=int, default=16, help="tokens to generate (default 16)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens (with --temperature)")
+    gen.add_argument("--seed", type=int, help="random seed for sampling")
+    gen.add_argument("--engine", choices=["auto", "coreml", "milexec"], default="auto")
+
+    demo = sub.add_parser("demo", help="write a tiny random Hugging Face checkpoint, convert it, verify the package")
+    demo.add_argument("-o", "--output", type=Path, default=Path("rlx_mil_demo.mlpackage"),
+                      help="package to write (replaced if it exists)")
+    demo.add_argument("--family", default="llama", choices=_demo_families(), help="architecture of the checkpoint")
+    demo.add_argument("--checkpoint", type=Path, metavar="DIR", help="keep the random checkpoint in DIR")
+    demo.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    demo.add_argument("--layers", type=int, default=2)
+    demo.add_argument("--hidden", type=int, default=256)
+    demo.add_argument("--heads", type=int, default=8)
+    demo.add_argument("--kv-heads", type=int, default=2)
+    demo.add_argument("--seq", type=int, default=64)
+    demo.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                      help="check the package's numbers against the NumPy reference")
+    conversion_flags(demo)
+    return parser
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from rlx_mil.api import convert, save
+    from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.ir.graph import Graph
+    from rlx_mil.weights import load_params
+
+    graph = Graph.from_json_file(args.graph)
+    params = load_params(args.params) if args.params else {}
+    if args.output.exists() and not args.overwrite:
+        raise RlxMilError(f"{args.output} exists; pass --overwrite to replace it")
+    dims: dict[int, int] = {}
+    for item in args.dim:
+        symbol, _, size = item.partition("=")
+        if not (symbol.strip().isdigit() and size.strip().isdigit()):
+            raise RlxMilError(f"--dim takes SYMBOL=SIZE with non-negative integers, got {item!r}")
+        dims[int(symbol)] = int(size)
+    check_inputs = _compress_check_inputs(args)
+    start = time.perf_counter()
+    options: dict[str, Any] = {
+        "target": args.target, "precision": args.precision, "compute_units": args.compute_units,
+        "attention": args.attention, "dims": dims or None,
+    }
+    model = convert(graph, params, compress=args.compress, **options)
+    if check_inputs is not None:
+        from rlx_mil.compress import measure_output_error
+
+        measure_output_error(model, convert(graph, params, **options), check_inputs)
+    save(model, args.output, overwrite=args.overwrite)
+    info = package_info(args.output)
+    print(f"wrote {args.output} ({info.num_ops} ops, {info.package_bytes} bytes) in {time.perf_counter() - start:.2f} s")
+    _print_compression(model)
+    return EXIT_OK
+
+
+def _convert_hf_arguments(p: argparse.ArgumentParser) -> None:
+    from rlx_mil.cli.convert_hf import add_arguments
+
+    add_arguments(p)
+
+
+def _demo_families() -> tuple[str, ...]:
+    from rlx_mil.cli.demo import DEMO_FAMILIES
+
+    return DEMO_FAMILIES
+
+
+def _convert_hf(args: argparse.Namespace) -> int:
+    from rlx_mil.cli.convert_hf import run
+
+    return run(args)
+
+
+def _compress_check_inputs(args: argparse.Namespace) -> dict[str, np.ndarray] | None:
+    """The --compress-check inputs (read before converting, so a bad file fails early)."""
+    path = getattr(args, "compress_check", None)
+    if path is None:
+        return None
+    if not getattr(args, "compress", None):
+        raise RlxMilError("--compress-check needs --compress")
+    return _load_npz(path)
+
+
+def _print_compression(model: Any) -> None:
+    from rlx_mil.compress import report_of
+
+    report = report_of(model)
+    if report is None:
+        return
+    ratio = report.bytes_after / report.bytes_before if report.bytes_before else 1.0
+    print(f"compressed {len(report.weights)} weights ({report.config}): {report.bytes_before} -> {report.bytes_after}"
+          f" bytes ({ratio:.3f}x)")
+    for out, err in (report.output_error or {}).items():
+        print(f"  output {out}: max |error| {err['max_abs']:.3g}, relative L2 {err['relative_l2']:.3g} vs uncompressed")
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    from rlx_mil.weights import open_arrays
+
+    with open_arrays(path, "inputs file") as archive:
+        return dict(archive.items())
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from rlx_mil.coreml.package_info import package_info
+
+    if args.package.suffix == ".json" or args.package.is_file():
+        from rlx_mil.cli.graph_info import graph_info
+
+        summary = graph_info(args.package)
+        print(summary.to_json() if args.json else summary.to_text())
+        return EXIT_OK
+
+    info = package_info(args.package)
+    print(info.to_json() if args.json else info.to_text())
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rlx_mil.llm.runner import run_package
+    from rlx_mil.weights import open_arrays
+
+    with open_arrays(args.inputs, "inputs file") as archive:
+        inputs = dict(archive.items())
+    outputs, engine = run_package(args.package, inputs, engine=args.engine)
+    print(f"engine: {engine}")
+    for name, value in outputs.items():
+        flat = value.astype(np.float64).ravel()
+        stats = f"min {flat.min():.4g} max {flat.max():.4g} mean {flat.mean():.4g}" if flat.size else "empty"
+        print(f"  {name}: {value.dtype}{list(value.shape)} {stats}")
+    if args.output:
+        np.savez(args.output, **outputs)  # type: ignore[arg-type]
+        print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from rlx_mil.llm.generate import Session
+
+    try:
+        prompt = [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise RlxMilError(f"--prompt-ids takes comma-separated integers, got {args.prompt_ids!r}") from None
+    session = Session(args.package, engine=args.engine)
+    start = time.perf_counter()
+    tokens = session.generate(
+        prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed
+    )
+    seconds = time.perf_counter() - start
+    print(f"engine: {session.engine}")
+    print(",".join(str(t) for t in tokens))
+    rate = f" ({len(tokens) / seconds:.1f} tokens/s)" if seconds > 0 and tokens else ""
+    print(f"{len(prompt)} prompt + {len(tokens)} new tokens in {seconds:.2f} s{rate}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from rlx_mil.cli.demo import run_demo
+
+    return run_demo(args)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _os_error_line(err: OSError) -> str:
+    if err.strerror and err.filename is not None:
+        return f"{err.filename}: {err.strerror}"
+    return _one_line(err)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; every failure ends in one `rlx-mil CMD: error: ...` line on stderr.
+
+    Exit codes: 0 success, 1 a rlx_mil error or an OS failure (bad input, missing file, full
+    disk...), 2 a usage error (argparse), 130 interrupted, 70 an internal error: a bug, whose
+    traceback RLX_MIL_TRACEBACK=1 prints. Subcommands set `handler` with `set_defaults` (or
+    appear in the table below) and inherit all of this.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    handlers: dict[str, Any] = {
+        "convert": _convert, "convert-hf": _convert_hf, "inspect": _inspect, "run": _run, "demo": _demo,
+        "generate": _generate,
+    }
+    handler = getattr(args, "handler", None) or handlers[args.command]
+    where = f"rlx-mil {args.command}"
+    try:
+        return int(handler(args))
+    except RlxMilError as err:
+        print(f"{where}: error: {_one_line(err)}", file=sys.stderr)
+    except OSError as err:
+        print(f"{where}: error: {_os_error_line(err)}", file=sys.stderr)
+    except MemoryError:
+        print(f"{where}: error: out of memory", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{where}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # a bug: say so in one line, the traceback on request
+        if os.environ.get("RLX_MIL_TRACEBACK"):
+            traceback.print_exc()
+        print(f"{where}: internal error (please report it; RLX_MIL_TRACEBACK=1 shows where):"
+              f" {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
+        return EXIT_INTERNAL
+    return EXIT_ERROR
+

@@ -1,0 +1,273 @@
+"""Token generation with a stateful LLM package (see docs/llm.md for the package contract).
+
+`Session(package)` opens a package made by `rlx_mil.convert(..., kv_cache=)` or
+`rlx_mil.convert_functions(...)`, keeps its KV-cache state and the write position, and runs
+prompts and decode steps through Core ML (`make_state` / `predict(..., state=)`, macOS 15+) or,
+anywhere else, through the MIL executor (`rlx_mil.milexec`), which runs the converted program
+itself. A prompt is fed in chunks whose lengths are the package's functions (prefill buckets,
+largest first). A tail that fits no bucket goes through the decode function one token at a
+time, or, when the masks are causal and it is longer than two tokens, through the smallest
+larger bucket padded at the end, followed by one decode call for the last token's logits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import InvalidOptionError, RlxMilError
+from rlx_mil.fileio import check_package_tree
+from rlx_mil.lowering.state.kv_cache import LLM_METADATA_KEY, POSITION_INPUT
+from rlx_mil.milexec.executor import PrecisionModel
+from rlx_mil.naming import IO_NAMES_METADATA_KEY
+
+ENGINES = ("auto", "coreml", "milexec")
+
+
+class GenerationError(RlxMilError):
+    """A generation request the package cannot serve (context full, bad token ids...)."""
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    """One function of the package as the session calls it."""
+
+    name: str | None  # None: the single function of a one-function package
+    query_len: int
+    inputs: frozenset[str]
+    logits: str
+    vocab: int
+
+
+def _features(spec: Any, function: str | None) -> tuple[Any, Any]:
+    if function is None:
+        return spec.description.input, spec.description.output
+    for desc in spec.description.functions:
+        if desc.name == function:
+            return desc.input, desc.output
+    raise GenerationError(f"the package has no function {function!r}")
+
+
+class Session:
+    """Greedy (or sampled) generation over a stateful package; see the module docstring."""
+
+    def __init__(
+        self,
+        package: str | os.PathLike[str] | Any,
+        *,
+        engine: str = "auto",
+        precision_model: PrecisionModel = "declared",
+        compute_units: str = "ALL",
+    ) -> None:
+        import coremltools as ct
+
+        if engine not in ENGINES:
+            raise InvalidOptionError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if isinstance(package, (str, os.PathLike)):
+            if not os.path.isdir(package):
+                raise GenerationError(f"no model package at {package}")
+            path = str(check_package_tree(package))
+        else:
+            path = str(getattr(package, "package_path", "") or "")
+            if not path:
+                raise InvalidOptionError(f"Session takes a .mlpackage path or a converted MLModel, got {type(package).__name__}")
+        self.path = path
+        try:
+            handle = ct.models.MLModel(path, skip_model_load=True)
+        except Exception as err:
+            raise GenerationError(f"cannot open {path} as a Core ML model: {err}") from err
+        meta = dict(handle.user_defined_metadata)
+        if LLM_METADATA_KEY not in meta:
+            raise GenerationError(
+                f"{path} is not a stateful LLM package (no '{LLM_METADATA_KEY}' metadata); convert the decode"
+                " graph with kv_cache= (docs/llm.md)"
+            )
+        # The contract is the package's own metadata, but a package is user input: any malformed
+        # part of it is one typed error, never a raw KeyError/TypeError from deep inside.
+        try:
+            self.contract: dict[str, Any] = json.loads(meta[LLM_METADATA_KEY])
+            self.max_context = int(self.contract["max_context"])
+            self._mask_kinds = {str(k) for k in self.contract.get("mask_kinds", ["None"])}
+            spec = handle.get_spec()
+            listed = self.contract.get("functions")
+            lengths: dict[str | None, int] = (
+                {name: int(f["query_len"]) for name, f in listed.items()} if listed else {None: int(self.contract["query_len"])}
+            )
+            io_tables = json.loads(meta["rlx_mil.functions"])["io_names"] if "rlx_mil.functions" in meta else {}
+            self.functions: list[FunctionInfo] = []
+            self._io_names: dict[str | None, Any] = {}
+            for name, query_len in lengths.items():
+                inputs, outputs = _features(spec, name)
+                out_names = [o.name for o in outputs]
+                logits = "logits" if "logits" in out_names else out_names[0]
+                vocab = int(list(next(o for o in outputs if o.name == logits).type.multiArrayType.shape)[-1])
+                self.functions.append(FunctionInfo(name, query_len, frozenset(i.name for i in inputs), logits, vocab))
+                self._io_names[name] = io_tables.get(name) if name is not None else json.loads(meta.get(IO_NAMES_METADATA_KEY, "{}"))
+        except (ValueError, KeyError, TypeError, AttributeError, StopIteration, IndexError, RecursionError) as err:
+            raise GenerationError(
+                f"{path}: its LLM metadata is malformed ({type(err).__name__}: {err}); re-convert the package"
+            ) from None
+        self.functions.sort(key=lambda f: -f.query_len)
+        if min(f.query_len for f in self.functions) != 1:
+            raise GenerationError(f"{path} has no decode function (one taking a single token); functions: {lengths}")
+        self.vocab = self.functions[0].vocab
+        self.engine = ("coreml" if sys.platform == "darwin" else "milexec") if engine == "auto" else engine
+        self.precision_model = precision_model
+        if self.engine == "coreml":
+            units = getattr(ct.ComputeUnit, compute_units, None)
+            if units is None:
+                raise InvalidOptionError(f"unknown compute_units {compute_units!r}")
+            self._models = {
+                f.name: ct.models.MLModel(path, compute_units=units, function_name=f.name) for f in self.functions
+            }
+        else:
+            from rlx_mil.milexec import load_program
+
+            self._program = load_program(path)
+        self.reset()
+
+    # -- state -----------------------------------------------------------------------------------
+    @property
+    def position(self) -> int:
+        """Tokens in the cache: the slot the next token is written to."""
+        return self._position
+
+    def reset(self) -> None:
+        """Forget every token: a fresh (zeroed) cache state."""
+        self._position = 0
+        #: (function, tokens) of every call since the reset, for inspection.
+        self.calls: list[tuple[str, int]] = []
+        if self.engine == "coreml":
+            any_model = next(iter(self._models.values()))
+            self._state = any_model.make_state()
+        else:
+            self._states: dict[str, np.ndarray] = {}
+
+    # -- calls -----------------------------------------------------------------------------------
+    def _feeds(self, fn: FunctionInfo, tokens: Sequence[int]) -> dict[str, np.ndarray]:
+        n, pos = len(tokens), self._position
+        feeds = {"input_ids": np.asarray([tokens], np.int32), POSITION_INPUT: np.array([pos], np.int32)}
+        if "position_ids" in fn.inputs:
+            feeds["position_ids"] = np.arange(pos, pos + n, dtype=np.int32)[None, :]
+        if "attention_mask" in fn.inputs:
+            # One key-padding flag per cache slot; slots not written yet are hidden by the model.
+            feeds["attention_mask"] = np.ones((1, self.max_context), np.float32)
+        unknown = fn.inputs - set(feeds)
+        if unknown:
+            raise GenerationError(f"function {fn.name or 'main'!r} takes inputs {sorted(unknown)} that a Session cannot fill")
+        return feeds
+
+    def _call(self, fn: FunctionInfo, tokens: Sequence[int]) -> np.ndarray:
+        feeds = self._feeds(fn, tokens)
+        if self.engine == "coreml":
+            out = self._models[fn.name].predict(feeds, state=self._state)
+        else:
+            from rlx_mil import milexec
+
+            out = milexec.run(
+                self._program, feeds, function_name=fn.name, states=self._states,
+                precision_model=self.precision_model, io_names=self._io_names.get(fn.name) or None,
+            )
+        self._position += len(tokens)
+        self.calls.append((fn.name or "main", len(tokens)))
+        key = fn.logits
+        if self.engine != "coreml":
+            key = (self._io_names.get(fn.name) or {}).get("outputs", {}).get(key, key)
+        logits = np.asarray(out[key], dtype=np.float32)
+        return logits.reshape(-1, logits.shape[-1])[-1]
+
+    def feed(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Write `token_ids` into the cache; return the logits `[vocab]` after the last one."""
+        tokens = [self._token(t) for t in token_ids]
+        if not tokens:
+            raise GenerationError("feed needs at least one token id")
+        if self._position + len(tokens) > self.max_context:
+            raise GenerationError(
+                f"the cache holds {self.max_context} tokens: {self._position} are in it and {len(tokens)} more"
+                " do not fit (reset() the session, or convert with a larger max_context)"
+            )
+        logits: np.ndarray | None = None
+        at = 0
+        while at < len(tokens):
+            rest = len(tokens) - at
+            fn = next(f for f in self.functions if f.query_len <= rest)
+            padded = self._padded_bucket(rest) if fn.query_len == 1 and rest > 2 else None
+            if padded is not None:
+                # The tail fits no bucket exactly: run it padded with copies of its last token
+                # (causal masks keep the pads out of the real tokens' rows), then rewrite the
+                # last real token with the decode function to get its logits. The pads' slots
+                # lie beyond the position and are overwritten by the next tokens.
+                self._call(padded, tokens[at:] + [tokens[-1]] * (padded.query_len - rest))
+                self._position -= padded.query_len - rest + 1
+                logits = self._call(self.functions[-1], tokens[-1:])
+                break
+            logits = self._call(fn, tokens[at:at + fn.query_len])
+            at += fn.query_len
+        assert logits is not None
+        return logits
+
+    def _padded_bucket(self, rest: int) -> FunctionInfo | None:
+        """The smallest prefill bucket that holds `rest` tokens and fits in the cache, when the
+        package's masks let a padded call leave the real tokens unchanged (causal ones)."""
+        if not self._mask_kinds <= {"Causal", "SlidingWindow"}:
+            return None
+        fits = [
+            f for f in self.functions
+            if f.query_len > rest and self._position + f.query_len <= self.max_context
+        ]
+        return min(fits, key=lambda f: f.query_len) if fits else None
+
+    def _token(self, token: Any) -> int:
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= int(token) < self.vocab:
+            raise GenerationError(f"token ids must be ints in [0, {self.vocab}), got {token!r}")
+        return int(token)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop_ids: Sequence[int] = (),
+    ) -> list[int]:
+        """Feed the prompt, then pick `max_new_tokens` tokens one at a time (greedy when
+        `temperature` is 0; otherwise sampled from softmax(logits / temperature), over the
+        `top_k` best when set). Stops early after a token in `stop_ids`. Returns the new ids."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise InvalidOptionError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if not temperature >= 0:
+            raise InvalidOptionError(f"temperature must be >= 0, got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise InvalidOptionError(f"top_k must be an int >= 1, got {top_k!r}")
+        rng = np.random.default_rng(seed)
+        logits = self.feed(prompt_ids)
+        out: list[int] = []
+        for step in range(max_new_tokens):
+            token = pick_token(logits, temperature, top_k, rng)
+            out.append(token)
+            if token in stop_ids or step == max_new_tokens - 1:
+                break
+            logits = self.feed([token])
+        return out
+
+
+def pick_token(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> int:
+    """Greedy argmax at temperature 0, else a sample from the (top-k) tempered softmax."""
+    scores = np.asarray(logits, np.float64).reshape(-1)
+    if temperature == 0:
+        return int(np.argmax(scores))
+    if top_k is not None and top_k < scores.size:
+        cutoff = np.partition(scores, -top_k)[-top_k]
+        scores = np.where(scores >= cutoff, scores, -np.inf)
+    scaled = (scores - np.max(scores)) / temperature
+    probs = np.exp(scaled)
+    probs /= probs.sum()
+    return int(rng.choice(scores.size, p=probs))

@@ -1,0 +1,95 @@
+"""A Hugging Face decoder checkpoint -> one deployable stateful package (docs/llm.md):
+prefill buckets and decode as functions sharing the weights and the KV-cache state.
+
+Every function is the checkpoint's decode graph (upstream's decode form) built for its number
+of new tokens, with RoPE tables of `max_context` rows so that all functions share them; the
+stateful conversion then turns the past K/V inputs into the state.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlx_mil.errors import InvalidOptionError
+
+
+def prefill_buckets(text: str | Sequence[int] | None, max_context: int) -> list[int]:
+    """Parse `--prefill 64,512` (or a list) into sorted distinct bucket lengths, each in
+    [2, max_context - 1] (one token is the decode function's job)."""
+    if text is None or text == "":
+        return []
+    if isinstance(text, str):
+        try:
+            items = [int(t) for t in text.replace(" ", "").split(",") if t]
+        except ValueError:
+            raise InvalidOptionError(f"--prefill takes comma-separated token counts, got {text!r}") from None
+    else:
+        items = list(text)
+    for n in items:
+        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n < max_context:
+            raise InvalidOptionError(f"a prefill bucket must be an int in [2, max_context - 1 = {max_context - 1}], got {n!r}")
+    return sorted(set(items))
+
+
+def convert_llm_checkpoint(
+    model_dir: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    max_context: int,
+    prefill: str | Sequence[int] | None = (),
+    overwrite: bool = False,
+    attention_mask: bool = False,
+    **convert_options: Any,
+) -> Any:
+    """Build decode (and `prefill_<n>`) graphs from the checkpoint and convert them into one
+    stateful multifunction package (`rlx_mil.convert_functions`); returns its MLModel and
+    writes it to `output` when given. `convert_options` are `rlx_mil.convert`'s (target,
+    precision, compute_units, attention, cache_layout)."""
+    from rlx_mil.api import convert_functions
+    from rlx_mil.models.pretrained import from_pretrained
+
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
+        raise InvalidOptionError(f"max_context must be an int >= 2, got {max_context!r}")
+    buckets = prefill_buckets(prefill, max_context)
+    if attention_mask and buckets:
+        raise InvalidOptionError("a key-padding attention_mask is only built for the one-token decode graph; drop the prefill buckets")
+
+    def graph(new_tokens: int) -> Any:
+        return from_pretrained(
+            model_dir, "decode", seq_len=new_tokens, cache_len=1, max_positions=max_context, last_logits=True,
+            attention_mask=attention_mask and new_tokens == 1,
+        )
+
+    decode, params = graph(1)
+    functions: dict[str, Any] = {f"prefill_{n}": graph(n)[0] for n in buckets}
+    functions["decode"] = decode
+    return convert_functions(
+        functions, params, kv_cache="auto", max_context=max_context, default_function="decode",
+        path=None if output is None else Path(output), overwrite=overwrite, **convert_options,
+    )
+
+
+def reference_greedy(
+    model_dir: str | os.PathLike[str], prompt: Sequence[int], steps: int, compression: Any = None
+) -> list[int]:
+    """Greedy tokens of the checkpoint's plain (stateless) graph run by the NumPy reference over
+    the whole sequence at every step: what a stateful package must reproduce. `compression`
+    (the package's `CompressionReport`) makes the reference use the dequantized weights."""
+    import numpy as np
+
+    from rlx_mil.models.pretrained import from_pretrained
+    from rlx_mil.reference import evaluate
+
+    tokens = list(prompt)
+    for _ in range(steps):
+        graph, params = from_pretrained(model_dir, "prefill", seq_len=len(tokens), last_logits=True)
+        if compression is not None:
+            from rlx_mil.compress import dequantized_params
+
+            params = dequantized_params(params, compression)
+        logits = evaluate(graph, {"input_ids": np.asarray([tokens], np.int32)}, params)["logits"]
+        tokens.append(int(np.argmax(logits.reshape(-1, logits.shape[-1])[-1])))
+    return tokens[len(prompt):]

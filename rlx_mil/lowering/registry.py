@@ -1,0 +1,98 @@
+"""The lowering-rule table: one rule per IR op type.
+
+A rule takes the op and a `LowerContext` and returns the MIL var holding the node's value.
+Rules live in modules by op family (`rlx_mil.lowering.rules.*`); importing `rlx_mil.lowering.rules`
+registers them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from rlx_mil.errors import UnsupportedOpError
+from rlx_mil.ir.graph import Graph, Node
+from rlx_mil.ir.ops import Op
+from rlx_mil.lowering.target import Target
+
+if TYPE_CHECKING:
+    from rlx_mil.lowering.context import LowerContext
+
+OpT = TypeVar("OpT", bound=Op)
+LoweringRule = Callable[[Any, "LowerContext"], Any]
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    op_type: type[Op]
+    rule: LoweringRule
+    family: str
+    min_target: Target
+    #: One line for docs/op-coverage.md: which MIL ops it emits, per-target differences and
+    #: the attribute combinations it rejects.
+    notes: str
+
+
+_RULES: dict[type[Op], RuleInfo] = {}
+
+#: Layouts a Param may arrive in besides its declared shape. Rule modules register hooks
+#: (graph, param node, array) -> bool that accept an array as given because the consuming rule
+#: decodes it, e.g. 4-bit weight codes packed two per byte behind a logical [K, N] Param.
+PARAM_LAYOUT_HOOKS: list[Callable[[Graph, Node, np.ndarray], bool]] = []
+
+
+def lowering(
+    op_type: type[OpT], *, family: str, min_target: Target = Target.IOS15, notes: str = ""
+) -> Callable[[Callable[[OpT, LowerContext], Any]], Callable[[OpT, LowerContext], Any]]:
+    """Register the lowering rule of `op_type` (one per op type)."""
+
+    def register(fn: Callable[[OpT, LowerContext], Any]) -> Callable[[OpT, LowerContext], Any]:
+        if op_type in _RULES:
+            raise RuntimeError(f"duplicate lowering rule for {op_type.type_name}")
+        _RULES[op_type] = RuleInfo(op_type, fn, family, min_target, notes)
+        return fn
+
+    return register
+
+
+#: Ops that deliberately have no lowering rule, with the reason (shown in docs/op-coverage.md
+#: and in the UnsupportedOpError conversion raises).
+_UNSUPPORTED: dict[type[Op], str] = {}
+
+
+def declare_unsupported(op_type: type[Op], because: str) -> None:
+    """Record that `op_type` does not lower to Core ML, and why (e.g. "no MIL op or short
+    composition reproduces upstream's random stream")."""
+    if op_type in _RULES or op_type in _UNSUPPORTED:
+        raise RuntimeError(f"{op_type.type_name} already has a lowering rule or an unsupported entry")
+    _UNSUPPORTED[op_type] = because
+
+
+def unsupported_ops() -> dict[type[Op], str]:
+    """Ops declared unsupported, with their reasons."""
+    return dict(_UNSUPPORTED)
+
+
+def registered_rules() -> dict[type[Op], RuleInfo]:
+    """Every registered rule (`rlx_mil.lowering.program` imports the rule modules, so all are
+    registered once `rlx_mil` is imported)."""
+    return dict(_RULES)
+
+
+def rule_for(op: Op, target: Target, *, node: int | None = None, name: str | None = None) -> RuleInfo:
+    info = _RULES.get(type(op))
+    if info is None:
+        because = _UNSUPPORTED.get(type(op))
+        reason = f": {because}" if because else ""
+        raise UnsupportedOpError(
+            f"node %{node}{f' {name!r}' if name else ''}: no Core ML lowering for op {op.type_name}{reason}"
+        )
+    if target < info.min_target:
+        raise UnsupportedOpError(
+            f"node %{node}{f' {name!r}' if name else ''}: op {op.type_name} needs target"
+            f" {info.min_target.label} or newer (asked for {target.label})"
+        )
+    return info
