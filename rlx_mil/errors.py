@@ -146,6 +146,16 @@ class WeightsFormatError(RlxMilError):
     """A weights (or array container) file is unreadable, truncated, hostile or inconsistent."""
 
 
+class GGUFFormatError(WeightsFormatError):
+    """A GGUF file is truncated, hostile or inconsistent (tensor data past the end, a shape that
+    does not fit its type, an unknown type, counts the file cannot hold); `tensor` names the
+    tensor at fault when there is one."""
+
+    def __init__(self, message: str, *, tensor: str | None = None) -> None:
+        self.tensor = tensor
+        super().__init__(message)
+
+
 class UnknownTensorError(RlxMilError, KeyError):
     """A tensor name that a weights file does not hold (also a KeyError, as Mappings raise)."""
 

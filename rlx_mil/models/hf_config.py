@@ -37,6 +37,9 @@ class RopeSpec:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    #: Per-frequency divisors (GGUF's `rope_freqs` tensor, how llama.cpp stores Llama 3.1's
+    #: scaling): frequency i is `theta ** (-2i / rotary_dim) / freq_factors[i]`.
+    freq_factors: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

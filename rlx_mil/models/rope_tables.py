@@ -12,6 +12,8 @@ from rlx_mil.models.hf_config import RopeSpec
 def inverse_frequencies(rope: RopeSpec) -> np.ndarray:
     """`[rotary_dim / 2]` angular frequencies (float64), after rope_scaling."""
     inv = rope.theta ** (-np.arange(0, rope.rotary_dim, 2, dtype=np.float64) / rope.rotary_dim)
+    if rope.freq_factors is not None:
+        inv = inv / np.asarray(rope.freq_factors, np.float64)
     if rope.scaling == "linear":
         return inv / rope.factor
     if rope.scaling == "llama3":

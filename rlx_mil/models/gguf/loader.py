@@ -1,0 +1,48 @@
+"""`from_gguf`: a llama.cpp GGUF file -> (RLX graph, params), like `from_pretrained`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from rlx_mil.ir import Graph
+from rlx_mil.models.gguf.metadata import PERMUTED_QK, architecture, decoder_spec
+from rlx_mil.models.gguf.reader import GGUFFile
+from rlx_mil.models.gguf.tensors import DENSE_TYPES, GGUFParams, check_types, tensor_map
+
+#: Tensor types `from_gguf` reads.
+SUPPORTED_TYPES = frozenset(DENSE_TYPES)
+
+
+def from_gguf(
+    path: str | os.PathLike[str],
+    variant: str = "prefill",
+    *,
+    seq_len: int | None = None,
+    cache_len: int | None = None,
+    batch_size: int = 1,
+    last_logits: bool = False,
+    kv_outputs: bool = False,
+    position_ids: bool = False,
+    max_positions: int | None = None,
+    attention_mask: bool = False,
+) -> tuple[Graph, Mapping[str, np.ndarray]]:
+    """Build the RLX graph of the GGUF file `path` and its params (the options are
+    `from_pretrained`'s). The metadata becomes the same model description a Hugging Face
+    config gives, the tensors take the builders' Hugging Face names; every tensor's name,
+    shape and type is checked against the architecture before any data is read."""
+    from rlx_mil.models.pretrained import build
+
+    file = GGUFFile(path)
+    spec = decoder_spec(file)
+    graph, expected, computed = build(
+        spec, variant=variant, seq_len=seq_len, cache_len=cache_len, batch_size=batch_size, last_logits=last_logits,
+        kv_outputs=kv_outputs, position_ids=position_ids, max_positions=max_positions, attention_mask=attention_mask,
+        name=file.path.stem or None,
+    )
+    permuted = architecture(file) in PERMUTED_QK
+    names = tensor_map(file, spec, expected, permuted)
+    check_types(file, names, SUPPORTED_TYPES)
+    return graph, GGUFParams(file, names, spec, permuted, computed)

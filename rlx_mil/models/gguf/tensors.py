@@ -1,0 +1,185 @@
+"""GGUF tensor names (`token_embd`, `blk.N.attn_q`, `ffn_gate`, `output_norm`, `output`, ...)
+-> the Hugging Face names the builders declare, and the params mapping that reads them.
+
+llama.cpp's converter permutes the rows of Llama's Q and K projections (weights and biases)
+for its interleaved RoPE mode; `undo_qk_permutation` gives the rows back in Hugging Face's
+half-split order (a row reorder, so quantized rows move as whole blocks). A missing `output`
+tensor means the LM head is the token embedding (tied).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import CheckpointError, UnsupportedConfigError
+from rlx_mil.models.gguf.reader import GGUFFile, GGUFTensor
+from rlx_mil.models.hf_config import DecoderSpec
+
+#: Float types read as they are stored (BF16 as `ml_dtypes.bfloat16`).
+DENSE_TYPES = ("F32", "F16", "BF16")
+#: Tensors the metadata mapping consumes (not weights of the graph).
+CONSUMED = frozenset({"rope_freqs.weight"})
+
+_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LAYER = {
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_qkv": "self_attn.qkv_proj",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+#: Gemma 2's sandwich norms: llama.cpp's ffn_norm is the pre-feed-forward norm there.
+_GEMMA2_LAYER = {
+    "ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_BLOCK = re.compile(r"blk\.(\d+)\.([a-z_0-9]+)\.(weight|bias)")
+
+
+def hf_name(name: str, spec: DecoderSpec) -> str | None:
+    """The Hugging Face name of GGUF tensor `name` (None when it has none)."""
+    m = _BLOCK.fullmatch(name)
+    if m is None:
+        base, _, kind = name.rpartition(".")
+        target = _GLOBAL.get(base)
+        return None if target is None or kind not in ("weight", "bias") else f"{target}.{kind}"
+    layer, part, kind = m.groups()
+    table = {**_LAYER, **_GEMMA2_LAYER} if spec.family == "gemma2" else _LAYER
+    if spec.fused_gate_up and part == "ffn_up":
+        return f"model.layers.{layer}.mlp.gate_up_proj.{kind}"
+    target = table.get(part)
+    return None if target is None else f"model.layers.{layer}.{target}.{kind}"
+
+
+def qk_heads(hf: str, spec: DecoderSpec) -> int | None:
+    """Heads of the permuted rows when `hf` is a Llama q/k projection (None otherwise)."""
+    if hf.endswith((".q_proj.weight", ".q_proj.bias")):
+        return spec.num_heads
+    if hf.endswith((".k_proj.weight", ".k_proj.bias")):
+        return spec.num_kv_heads
+    return None
+
+
+def undo_qk_permutation(rows: int, heads: int) -> np.ndarray:
+    """Row order turning llama.cpp's permuted Q/K rows back into Hugging Face's: llama.cpp
+    stores HF row `h*D + i*D/2 + j` (half i, pair j) at `h*D + 2j + i`."""
+    d = rows // heads
+    order = np.arange(rows).reshape(heads, d // 2, 2).swapaxes(1, 2).reshape(rows)
+    return order
+
+
+def tensor_map(file: GGUFFile, spec: DecoderSpec, expected: Mapping[str, tuple[int, ...]], permuted: bool) -> dict[str, str]:
+    """HF name -> GGUF name for every tensor the graph reads; every missing, unexpected or
+    mis-shaped tensor listed in one `CheckpointError`."""
+    problems: list[str] = []
+    found: dict[str, str] = {}
+    for name, t in file.tensors.items():
+        if name in CONSUMED:
+            continue
+        hf = hf_name(name, spec)
+        if hf is None or hf not in expected:
+            problems.append(f"unexpected tensor {name!r} ({t.type_name} {list(t.shape)})")
+            continue
+        found[hf] = name
+        if t.shape != tuple(expected[hf]):
+            problems.append(f"tensor {name!r}: shape {list(t.shape)}, expected {list(expected[hf])}")
+        if permuted and (heads := qk_heads(hf, spec)) is not None and t.shape[0] % (2 * heads):
+            problems.append(f"tensor {name!r}: {t.shape[0]} rows are not {heads} heads of even width")
+    for hf, shape in expected.items():
+        if hf not in found:
+            problems.append(f"missing tensor for {hf!r} (shape {list(shape)})")
+    if problems:
+        raise CheckpointError(f"{file.path}: the tensors do not match the {spec.family} architecture in its metadata", problems)
+    return found
+
+
+def check_types(file: GGUFFile, names: Mapping[str, str], supported: frozenset[str]) -> None:
+    """Every tensor of a type this conversion holds; others refused by name."""
+    bad = [f"tensor {g!r}: type {file.tensors[g].type_name}" for g in names.values() if file.tensors[g].type_name not in supported]
+    if bad:
+        raise UnsupportedConfigError(
+            f"{file.path}: tensor types rlx_mil does not read (supported: {', '.join(sorted(supported))}):\n  - " + "\n  - ".join(bad),
+            field="tensor type", value=sorted({file.tensors[g].type_name for g in names.values()} - supported),
+        )
+
+
+def dense_array(t: GGUFTensor) -> np.ndarray:
+    """An F32/F16/BF16 tensor's values as stored (a view of the file's map)."""
+    if t.type_name == "BF16":
+        import ml_dtypes
+
+        return t.raw.view(ml_dtypes.bfloat16).reshape(t.shape)
+    return t.raw.reshape(t.shape)
+
+
+class GGUFParams(Mapping[str, np.ndarray]):
+    """The params of a graph built from a GGUF file, under the builders' Hugging Face names:
+    dense tensors as stored (a view of the map; Llama Q/K rows re-ordered), quantized ones
+    dequantized exactly (float32) when read — the reference's view of the file — and the
+    RoPE tables the builder computes. Conversion never reads the quantized ones this way: it
+    takes their blocks as compressed weights (see `compression`)."""
+
+    def __init__(self, file: GGUFFile, names: Mapping[str, str], spec: DecoderSpec, permuted: bool,
+                 computed: Mapping[str, np.ndarray]) -> None:
+        self.file = file
+        self.names = dict(names)
+        self.spec = spec
+        self.permuted = permuted
+        self._computed = dict(computed)
+
+    def gguf_tensor(self, name: str) -> GGUFTensor:
+        return self.file.tensors[self.names[name]]
+
+    def row_order(self, name: str) -> np.ndarray | None:
+        """The row re-ordering applied to tensor `name` (None: as stored)."""
+        heads = qk_heads(name, self.spec) if self.permuted else None
+        return None if heads is None else undo_qk_permutation(self.gguf_tensor(name).shape[0], heads)
+
+    def raw_rows(self, name: str) -> np.ndarray:
+        """The stored bytes of tensor `name` as [rows, bytes per row], rows in HF order."""
+        t = self.gguf_tensor(name)
+        raw = t.raw.reshape(t.shape[0] if len(t.shape) > 1 else 1, -1)
+        order = self.row_order(name)
+        return raw if order is None else raw[order]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._computed:
+            return self._computed[name]
+        if name not in self.names:
+            raise KeyError(name)
+        t = self.gguf_tensor(name)
+        if t.type_name in DENSE_TYPES:
+            value = dense_array(t)
+        else:
+            from gguf.constants import GGMLQuantizationType
+            from gguf.quants import dequantize
+
+            value = dequantize(t.raw, GGMLQuantizationType[t.type_name]).reshape(t.shape).astype(np.float32, copy=False)
+        order = self.row_order(name)
+        return value if order is None else value[order]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.names
+        yield from self._computed
+
+    def __len__(self) -> int:
+        return len(self.names) + len(self._computed)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._computed or name in self.names
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        if name in self._computed:
+            return tuple(self._computed[name].shape)
+        return self.gguf_tensor(name).shape
+
+    def dtype_of(self, name: str) -> np.dtype[Any]:
+        if name in self._computed:
+            return self._computed[name].dtype
+        t = self.gguf_tensor(name)
+        if t.type_name in DENSE_TYPES:
+            return dense_array(t).dtype
+        return np.dtype(np.float32)

@@ -1,0 +1,160 @@
+"""Tiny GGUF files written the way llama.cpp's `convert_hf_to_gguf.py` writes them, from a
+Hugging Face config and weights: metadata under `<arch>.*`, tensors under llama.cpp names,
+Llama's Q/K rows permuted for llama.cpp's interleaved RoPE, Gemma's norms stored as `1 + w`,
+Llama 3.1 scaling as a `rope_freqs` tensor, no `output` tensor when the embeddings are tied.
+
+`write_gguf` also returns the weights as the file holds them, back in Hugging Face terms
+(each tensor dequantized by the `gguf` package, un-permuted, Gemma norms less 1): what an
+independent forward of "the same file's dequantized weights" reads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from models.gguf.kquants import encode
+
+ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "phi3": "phi3"}
+
+_LAYER = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.qkv_proj": "attn_qkv",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate_up_proj": "ffn_up",
+}
+_GEMMA2 = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+           "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def gguf_name(hf: str, model_type: str) -> str:
+    if hf == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf == "model.norm.weight":
+        return "output_norm.weight"
+    if hf == "lm_head.weight":
+        return "output.weight"
+    parts = hf.split(".")
+    layer, module, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
+    table = {**_LAYER, **_GEMMA2} if model_type == "gemma2" else _LAYER
+    return f"blk.{layer}.{table[module]}.{kind}"
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's `LlamaModel.permute` (rows of each head: halves interleaved)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _rope_freqs(cfg: Mapping[str, Any], head_dim: int) -> np.ndarray:
+    """convert_hf_to_gguf's Llama 3 `rope_freqs`: one divisor per frequency."""
+    s = cfg["rope_scaling"]
+    factor, low, high, old = s["factor"], s["low_freq_factor"], s["high_freq_factor"], s["original_max_position_embeddings"]
+    freqs = 1.0 / cfg.get("rope_theta", 10000.0) ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
+
+
+def _store(writer: Any, name: str, value: np.ndarray, type_name: str) -> np.ndarray:
+    """Write `value` as `type_name`; return what the file holds, dequantized (float64)."""
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize, quantize
+
+    qtype = T[type_name]
+    if type_name == "F32":
+        data = np.ascontiguousarray(value, np.float32)
+        writer.add_tensor(name, data)
+        return data.astype(np.float64)
+    if type_name == "F16":
+        data = np.ascontiguousarray(value, np.float16)
+        writer.add_tensor(name, data)
+        return data.astype(np.float64)
+    try:
+        packed = quantize(np.ascontiguousarray(value, np.float32), qtype)
+    except NotImplementedError:
+        packed = encode(np.ascontiguousarray(value, np.float32), type_name)
+    writer.add_tensor(name, packed, raw_dtype=qtype)
+    return dequantize(packed, qtype).reshape(value.shape).astype(np.float64)
+
+
+def write_gguf(
+    path: str | Path, cfg: Mapping[str, Any], weights: Mapping[str, np.ndarray],
+    types: Callable[[str, tuple[int, ...]], str] = lambda name, shape: "F32",
+    tokenizer: Callable[[Any], None] | None = None,
+) -> dict[str, np.ndarray]:
+    """Write the GGUF file of HF `cfg` + `weights`; `types(gguf_name, shape)` picks each
+    tensor's type (1-D tensors are always F32, as llama.cpp keeps them). Returns the file's
+    dequantized weights under their HF names."""
+    import gguf
+
+    model_type = cfg["model_type"]
+    arch = ARCH[model_type]
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads", heads)
+    head_dim = cfg.get("head_dim", hidden // heads)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny")
+    w.add_context_length(cfg.get("max_position_embeddings", 2048))
+    w.add_embedding_length(hidden)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+    w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    w.add_rope_dimension_count(head_dim)
+    if "head_dim" in cfg:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if cfg.get("sliding_window") and model_type in ("mistral", "gemma2", "phi3"):
+        w.add_sliding_window(cfg["sliding_window"])
+    if model_type == "gemma2":
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    scaling = cfg.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(scaling["factor"])
+    if tokenizer is not None:
+        tokenizer(w)
+    held: dict[str, np.ndarray] = {}
+    if kind == "llama3":
+        w.add_tensor("rope_freqs.weight", _rope_freqs(cfg, head_dim))
+    for hf, value in weights.items():
+        if hf == "lm_head.weight" and cfg.get("tie_word_embeddings", model_type == "gemma2"):
+            continue
+        arr = np.asarray(value, np.float32)
+        name = gguf_name(hf, model_type)
+        heads_of = {"attn_q": heads, "attn_k": kv_heads}.get(name.split(".")[-2]) if arch == "llama" else None
+        if heads_of is not None:
+            arr = permute(arr, heads_of)
+        if model_type == "gemma2" and hf.endswith("norm.weight"):
+            arr = arr + 1.0  # llama.cpp stores Gemma's norms as applied
+        stored = _store(w, name, arr, "F32" if arr.ndim == 1 else types(name, arr.shape))
+        if heads_of is not None:
+            stored = unpermute(stored, heads_of)
+        if model_type == "gemma2" and hf.endswith("norm.weight"):
+            stored = stored - 1.0
+        held[hf] = stored
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held
