@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from rlx_mil.compress import WeightCompressor, parse_compress, parse_scheme
 from rlx_mil.compress.schemes import PER_BLOCK, PER_CHANNEL, PER_TENSOR, LinearScheme
 from rlx_mil.errors import InvalidOptionError, RlxMilError
-from rlx_mil.lower.target import Precision, Target
+from rlx_mil.lowering.target import Precision, Target
 
 from .tiny_lm import tiny_lm
 
