@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.errors import CheckpointError, UnknownTensorError
+from rlx_mil.errors import CheckpointError, InvalidOptionError, UnknownTensorError
 from rlx_mil.models.hf_config import read_config, read_json_file
 from rlx_mil.weights import LazyTensors, TensorHeader, open_safetensors
 
@@ -35,10 +35,30 @@ def _present(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
 
+#: Bytes compared per step when a tensor is stored twice (bounded temporaries).
+_COMPARE_CHUNK = 16 * 2**20
+
+
+def _copies_differ(first: LazyTensors, second: LazyTensors, name: str) -> str:
+    """Why two stored copies of tensor `name` are not the same tensor ("" when they are):
+    headers first, then the bytes, a chunk at a time (NaNs compare by their bits)."""
+    a, b = first.header(name), second.header(name)
+    if (a.format_dtype, a.shape) != (b.format_dtype, b.shape):
+        return f"with different dtype/shape ({a.format_dtype} {list(a.shape)} vs {b.format_dtype} {list(b.shape)})"
+    x = np.ascontiguousarray(first[name]).reshape(-1).view(np.uint8)
+    y = np.ascontiguousarray(second[name]).reshape(-1).view(np.uint8)
+    for start in range(0, x.size, _COMPARE_CHUNK):
+        if not np.array_equal(x[start:start + _COMPARE_CHUNK], y[start:start + _COMPARE_CHUNK]):
+            return "with different values (which copy is meant is not knowable)"
+    return ""
+
+
 class Checkpoint(Mapping[str, np.ndarray]):
     """A checkpoint folder's tensors by their stored names; each read on access."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
+        if not isinstance(directory, (str, os.PathLike)):
+            raise InvalidOptionError(f"a checkpoint folder is a path (str or os.PathLike), got {type(directory).__name__}")
         self.directory = Path(directory)
         if not self.directory.is_dir():
             raise CheckpointError(f"{self.directory}: not a checkpoint folder (expected config.json and *.safetensors in it)")
@@ -82,6 +102,11 @@ class Checkpoint(Mapping[str, np.ndarray]):
             for name in shard:
                 if name not in weight_map:
                     problems.append(f"tensor {name!r}: in {file} but not listed in {INDEX_FILE}")
+                elif weight_map[name] != file and name in self._where:
+                    why = _copies_differ(self._where[name], shard, name)
+                    if why:
+                        problems.append(f"tensor {name!r}: in {weight_map[name]} (where {INDEX_FILE} places it) and"
+                                        f" in {file}, {why}")
         if problems:
             raise CheckpointError(f"{index}: the sharded checkpoint is inconsistent", problems)
 

@@ -49,8 +49,12 @@ class EncoderOptions:
 def sentence_transformers_pipeline(directory: Path) -> tuple[str | None, bool]:
     """(pooling, normalize) from a sentence-transformers `modules.json` (None, False without one)."""
     modules_file = directory / "modules.json"
-    if not modules_file.is_file():
+    if not modules_file.is_symlink() and not modules_file.exists():
         return None, False
+    # Present in any form: a dangling link, a folder or a FIFO is a broken pipeline, not an
+    # absent one (treating it as absent would silently drop the pooling and normalisation).
+    if modules_file.is_symlink() and not modules_file.exists():
+        raise CheckpointError(f"{modules_file}: a link to a missing file; the sentence-transformers pipeline cannot be read")
     modules = read_json_file(modules_file, MAX_CONFIG_BYTES)
     try:
         kinds = {str(m["type"]).rsplit(".", 1)[-1]: str(m.get("path", "")) for m in modules}
@@ -58,7 +62,10 @@ def sentence_transformers_pipeline(directory: Path) -> tuple[str | None, bool]:
         raise CheckpointError(f"{modules_file}: not a sentence-transformers module list ({err})") from None
     pooling: str | None = None
     if "Pooling" in kinds:
-        config_file = directory / kinds["Pooling"] / "config.json"
+        folder = Path(kinds["Pooling"])
+        if folder.is_absolute() or ".." in folder.parts:
+            raise CheckpointError(f"{modules_file}: the Pooling module's path {kinds['Pooling']!r} leaves the checkpoint folder")
+        config_file = directory / folder / "config.json"
         config = read_json_file(config_file, MAX_CONFIG_BYTES)
         if not isinstance(config, dict):
             raise CheckpointError(f"{config_file}: unreadable pooling config (not a JSON object)")

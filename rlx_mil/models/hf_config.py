@@ -182,7 +182,7 @@ class _Fields:
 
     def choice(self, field: str, default: str | None, allowed: Mapping[str, str]) -> str:
         value = self.config.get(field, default)
-        if value not in allowed:
+        if not isinstance(value, str) or value not in allowed:
             raise self.refuse(field, value, f"implemented values are {sorted(allowed)}")
         return allowed[value]
 

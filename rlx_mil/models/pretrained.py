@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
+from rlx_mil.models.budget import check_build_cost, check_sizes_against_checkpoint
 from rlx_mil.models.checkpoint import Checkpoint, ModelParams, pattern_matcher
 from rlx_mil.models.decoder import DecoderOptions, build_decoder
 from rlx_mil.models.hf_config import DecoderSpec, EncoderSpec, ModelSpec, model_spec
@@ -39,9 +40,13 @@ def build(
     normalize: bool = False,
     token_type_ids: bool = False,
     name: str | None = None,
+    source: str = "config.json",
+    precheck: Callable[[], None] | None = None,
 ) -> tuple[Graph, dict[str, tuple[int, ...]], dict[str, np.ndarray]]:
     """The graph of `spec`, the checkpoint tensors it reads (name -> shape) and the arrays
-    the builder computes (RoPE tables)."""
+    the builder computes (RoPE tables). What building would allocate is estimated first and
+    refused above `budget.MAX_BUILD_BYTES` (InvalidOptionError naming `source`); a costly
+    build runs `precheck` (the config's sizes against the checkpoint's headers) first."""
     if isinstance(spec, EncoderSpec):
         from rlx_mil.models.encoder import EncoderOptions, build_encoder
 
@@ -49,6 +54,8 @@ def build(
             raise InvalidOptionError(f"{ARCHITECTURE_NAMES[spec.family]} is an encoder: it has no decode variant, KV cache or logits")
         encoder_options = EncoderOptions(seq_len=128 if seq_len is None else seq_len, batch_size=batch_size,
                                  pooling=pooling, normalize=normalize, token_type_ids=token_type_ids)
+        encoder_options.validate(spec)
+        check_build_cost(spec, source, precheck, seq_len=encoder_options.seq_len, batch_size=batch_size)
         return build_encoder(spec, encoder_options, name)
     if pooling is not None or normalize or token_type_ids:
         raise InvalidOptionError("pooling, normalize and token_type_ids apply to encoders (BERT / MiniLM) only")
@@ -61,6 +68,8 @@ def build(
         last_logits=last_logits, kv_outputs=kv_outputs, position_ids=position_ids, max_positions=max_positions,
         attention_mask=attention_mask,
     )
+    options.validate(spec)
+    check_build_cost(spec, source, precheck, table_rows=options.table_rows)
     return build_decoder(spec, options, name)
 
 
@@ -112,7 +121,12 @@ def from_pretrained(
     anything is read; every mismatch is listed in one `CheckpointError`.
     """
     checkpoint = Checkpoint(path)
-    spec = model_spec(checkpoint.config, source=str(checkpoint.directory / "config.json"))
+    source = str(checkpoint.directory / "config.json")
+    spec = model_spec(checkpoint.config, source=source)
+    prefix = _stored_prefix(spec, checkpoint)
+
+    def precheck() -> None:
+        check_sizes_against_checkpoint(spec, list(checkpoint), checkpoint.shape_of, source, prefix)
     if isinstance(spec, EncoderSpec):
         from rlx_mil.models.encoder import sentence_transformers_pipeline
 
@@ -125,9 +139,9 @@ def from_pretrained(
     graph, expected, computed = build(
         spec, variant=variant, seq_len=seq_len, cache_len=cache_len, batch_size=batch_size,
         last_logits=last_logits, kv_outputs=kv_outputs, position_ids=position_ids, max_positions=max_positions,
-        attention_mask=attention_mask, pooling=pooling, normalize=normalize, token_type_ids=token_type_ids, name=checkpoint.directory.name or None,
+        attention_mask=attention_mask, pooling=pooling, normalize=normalize, token_type_ids=token_type_ids,
+        name=checkpoint.directory.name or None, source=source, precheck=precheck,
     )
-    prefix = _stored_prefix(spec, checkpoint)
     checkpoint.check({prefix + k: v for k, v in expected.items()}, ARCHITECTURE_NAMES[spec.family], _ignorable_prefixed(spec, prefix))
     return graph, ModelParams(checkpoint, tuple(expected), computed, stored_prefix=prefix)
 
