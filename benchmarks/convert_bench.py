@@ -123,9 +123,8 @@ def package_bytes(path: Path) -> int:
 
 
 def _rlx_worker(case: str, data: Path, out: Path) -> dict[str, Any]:
-    from rlx_mil.lower import api
-
     import rlx_mil
+    from rlx_mil import api
 
     timer = PassTimer()
     lowering = [0.0]

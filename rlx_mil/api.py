@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import os
 import shutil
 import sys
@@ -14,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rlx_mil.coreml import metadata
 from rlx_mil.coreml.multifunction import add_function, function_workspace, join_functions
 from rlx_mil.coreml.pipeline import (
     FP16_UNSAFE_PASSES,
@@ -28,9 +28,10 @@ from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lowering.context import LowerOptions
 from rlx_mil.lowering.program import LoweredProgram, lower_graph, require_graph
-from rlx_mil.lowering.state.kv_cache import LLM_METADATA_KEY, KVCachePlan, bind_cache_lengths, plan_kv_cache
+from rlx_mil.lowering.state.kv_cache import KVCachePlan, bind_cache_lengths, plan_kv_cache
 from rlx_mil.lowering.target import Precision, Target
-from rlx_mil.naming import IO_NAMES_METADATA_KEY, mil_identifier
+from rlx_mil.naming import mil_identifier
+from rlx_mil.version import __version__
 
 __all__ = [
     "FP16_UNSAFE_PASSES", "PER_FUNCTION_OPTIONS", "convert", "convert_buckets", "convert_functions",
@@ -214,19 +215,15 @@ def convert(
             pass_pipeline = rlx_pass_pipeline(prec, lowered.program)
         model = _ct_convert(lowered, graph, tgt, prec, compute_units, pass_pipeline)
     meta = model.user_defined_metadata
-    meta[IO_NAMES_METADATA_KEY] = json.dumps({"inputs": lowered.inputs, "outputs": lowered.outputs})
-    meta["rlx_mil.graph"] = graph.name
-    meta["rlx_mil.target"] = tgt.label
-    meta["rlx_mil.precision"] = prec.value
+    metadata.write_io_names(meta, lowered.inputs, lowered.outputs)
+    meta[metadata.GRAPH] = graph.name
+    meta[metadata.TARGET] = tgt.label
+    meta[metadata.PRECISION] = prec.value
     if plan is not None:
-        meta[LLM_METADATA_KEY] = json.dumps(plan.describe())
-    from rlx_mil.version import __version__
-
-    meta["rlx_mil.version"] = __version__
+        metadata.LLMContract.from_dict(plan.describe()).write(meta)
+    meta[metadata.VERSION] = __version__
     if compressor is not None:
-        from rlx_mil.compress.report import METADATA_KEY
-
-        meta[METADATA_KEY] = compressor.report().to_json()
+        meta[metadata.COMPRESSION] = compressor.report().to_json()
     release_when_collected(model)
     return model
 

@@ -17,9 +17,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlx_mil.coreml.metadata import (
+    PER_FUNCTION_KEYS,
+    PREFIX,
+    FunctionTable,
+    LLMContract,
+    read_io_names,
+    write_io_names,
+)
 from rlx_mil.errors import InvalidOptionError
-from rlx_mil.lowering.state.kv_cache import LLM_METADATA_KEY
-from rlx_mil.naming import IO_NAMES_METADATA_KEY
 
 _TEMP_DIRS: list[str] = []
 
@@ -55,18 +61,19 @@ def join_functions(work: Path, descriptor: Any, metas: Mapping[str, Mapping[str,
     `ct.models.MLModel` (not loaded for prediction)."""
     import coremltools as ct
 
-    contracts: dict[str, Any] = {}
-    io_names: dict[str, Any] = {}
+    contracts: dict[str, LLMContract] = {}
+    io_names: dict[str, dict[str, dict[str, str]]] = {}
     common: dict[str, str] = {}
     for name, meta in metas.items():
-        io_names[name] = json.loads(meta[IO_NAMES_METADATA_KEY])
-        if LLM_METADATA_KEY in meta:
-            contracts[name] = json.loads(meta[LLM_METADATA_KEY])
-        common = {k: v for k, v in meta.items() if k.startswith("rlx_mil.") and k not in (IO_NAMES_METADATA_KEY, LLM_METADATA_KEY)}
+        io_names[name] = read_io_names(meta)
+        contract = LLMContract.read(meta)
+        if contract is not None:
+            contracts[name] = contract
+        common = {k: v for k, v in meta.items() if k.startswith(PREFIX) and k not in PER_FUNCTION_KEYS}
     if contracts and len(contracts) != len(metas):
         stateless = sorted(set(metas) - set(contracts))
         raise InvalidOptionError(f"functions {stateless} have no KV cache while the others do; one package shares one state")
-    states = {name: c["states"] for name, c in contracts.items()}
+    states = {name: c.states for name, c in contracts.items()}
     if len({json.dumps(s, sort_keys=True) for s in states.values()}) > 1:
         raise InvalidOptionError(f"the functions declare different states, which one package cannot share: {states}")
     descriptor.default_function_name = default_function
@@ -79,14 +86,11 @@ def join_functions(work: Path, descriptor: Any, metas: Mapping[str, Mapping[str,
     meta = model.user_defined_metadata
     for key, value in common.items():
         meta[key] = value
-    meta[IO_NAMES_METADATA_KEY] = json.dumps(io_names[default_function])
-    meta["rlx_mil.functions"] = json.dumps({"default": default_function, "io_names": io_names})
+    write_io_names(meta, **io_names[default_function])
+    FunctionTable(default_function, io_names).write(meta)
     if contracts:
-        meta[LLM_METADATA_KEY] = json.dumps({
-            **{k: v for k, v in contracts[default_function].items() if k != "query_len"},
-            "default_function": default_function,
-            "functions": {name: {"query_len": c["query_len"]} for name, c in contracts.items()},
-        })
+        lengths = {name: c.query_lengths()[None] for name, c in contracts.items()}
+        contracts[default_function].joined(default_function, lengths).write(meta)
     # Write the metadata into the package itself, so every reader of it sees the contract.
     final = work / "functions.mlpackage"
     model.save(str(final))

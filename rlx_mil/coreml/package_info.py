@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlx_mil.coreml.metadata import GRAPH, LLM, LLMContract, PackageMetadataError
 from rlx_mil.errors import RlxMilError
 from rlx_mil.fileio import check_package_tree
 
@@ -48,7 +49,7 @@ class PackageInfo:
 
     def to_text(self) -> str:
         lines = [f"package:  {self.path or '(in memory)'}", f"target:   {self.target} (spec version {self.spec_version})"]
-        graph = self.metadata.get("rlx_mil.graph")
+        graph = self.metadata.get(GRAPH)
         if graph:
             lines.append(f"graph:    {graph} (precision {self.metadata.get('rlx_mil.precision', '?')})")
         lines.append("inputs:")
@@ -82,18 +83,17 @@ class PackageInfo:
                     text = ", ".join(f"{t.name} {t.dtype}{t.shape}" for t in parts[kind])
                     if text:
                         lines.append(f"    {kind + ':':<9}{text}")
-        llm = self.metadata.get("rlx_mil.llm")
-        if llm:
-            try:
-                contract = json.loads(llm)
+        try:
+            contract = LLMContract.read(self.metadata)
+            if contract is not None:
                 lines.append(
-                    f"kv cache: {contract['layout']}, {contract['layers']} layers, max_context {contract['max_context']},"
-                    f" write position input {contract['cache_position']!r}"
+                    f"kv cache: {contract.layout}, {contract.layers} layers, max_context {contract.max_context},"
+                    f" write position input {contract.cache_position!r}"
                 )
-                lines += [f"  note: {n}" for n in contract.get("neural_engine_notes", [])]
-            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
-                # inspect describes what is there; a damaged contract is part of that description
-                lines.append(f"kv cache: the 'rlx_mil.llm' metadata is malformed ({type(err).__name__}: {err})")
+                lines += [f"  note: {n}" for n in contract.neural_engine_notes]
+        except PackageMetadataError as err:
+            # inspect describes what is there; a damaged contract is part of that description
+            lines.append(f"kv cache: the {LLM!r} metadata is malformed ({err})")
         return lines
 
     def to_json(self) -> str:

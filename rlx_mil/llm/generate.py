@@ -12,7 +12,6 @@ larger bucket padded at the end, followed by one decode call for the last token'
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -21,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.coreml import metadata
+from rlx_mil.coreml.metadata import FunctionTable, LLMContract, PackageMetadataError, read_io_names
 from rlx_mil.errors import InvalidOptionError, RlxMilError
 from rlx_mil.fileio import check_package_tree
-from rlx_mil.lowering.state.kv_cache import LLM_METADATA_KEY, POSITION_INPUT
+from rlx_mil.lowering.state.kv_cache import POSITION_INPUT
 from rlx_mil.milexec.executor import PrecisionModel
-from rlx_mil.naming import IO_NAMES_METADATA_KEY
 
 ENGINES = ("auto", "coreml", "milexec")
 
@@ -83,23 +83,24 @@ class Session:
         except Exception as err:
             raise GenerationError(f"cannot open {path} as a Core ML model: {err}") from err
         meta = dict(handle.user_defined_metadata)
-        if LLM_METADATA_KEY not in meta:
-            raise GenerationError(
-                f"{path} is not a stateful LLM package (no '{LLM_METADATA_KEY}' metadata); convert the decode"
-                " graph with kv_cache= (docs/llm.md)"
-            )
         # The contract is the package's own metadata, but a package is user input: any malformed
         # part of it is one typed error, never a raw KeyError/TypeError from deep inside.
         try:
-            self.contract: dict[str, Any] = json.loads(meta[LLM_METADATA_KEY])
-            self.max_context = int(self.contract["max_context"])
-            self._mask_kinds = {str(k) for k in self.contract.get("mask_kinds", ["None"])}
+            contract = LLMContract.read(meta)
+            if contract is None:
+                raise GenerationError(
+                    f"{path} is not a stateful LLM package (no '{metadata.LLM}' metadata); convert the decode"
+                    " graph with kv_cache= (docs/llm.md)"
+                )
+            if contract.max_context is None:
+                raise PackageMetadataError(f"metadata {metadata.LLM!r} has no max_context")
+            self.contract = contract
+            self.max_context = contract.max_context
+            self._mask_kinds = set(contract.mask_kinds)
             spec = handle.get_spec()
-            listed = self.contract.get("functions")
-            lengths: dict[str | None, int] = (
-                {name: int(f["query_len"]) for name, f in listed.items()} if listed else {None: int(self.contract["query_len"])}
-            )
-            io_tables = json.loads(meta["rlx_mil.functions"])["io_names"] if "rlx_mil.functions" in meta else {}
+            lengths = contract.query_lengths()
+            table = FunctionTable.read(meta)
+            io_tables = table.io_names if table is not None else {}
             self.functions: list[FunctionInfo] = []
             self._io_names: dict[str | None, Any] = {}
             for name, query_len in lengths.items():
@@ -108,7 +109,9 @@ class Session:
                 logits = "logits" if "logits" in out_names else out_names[0]
                 vocab = int(list(next(o for o in outputs if o.name == logits).type.multiArrayType.shape)[-1])
                 self.functions.append(FunctionInfo(name, query_len, frozenset(i.name for i in inputs), logits, vocab))
-                self._io_names[name] = io_tables.get(name) if name is not None else json.loads(meta.get(IO_NAMES_METADATA_KEY, "{}"))
+                self._io_names[name] = io_tables.get(name) if name is not None else read_io_names(meta)
+        except PackageMetadataError as err:
+            raise GenerationError(f"{path}: its LLM metadata is malformed ({err}); re-convert the package") from None
         except (ValueError, KeyError, TypeError, AttributeError, StopIteration, IndexError, RecursionError) as err:
             raise GenerationError(
                 f"{path}: its LLM metadata is malformed ({type(err).__name__}: {err}); re-convert the package"

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rlx_mil.lower import sequence_loop
 
 import rlx_mil
 from e2e.factory import Feeds, e2e_settings, rng_for, seeds, verify
 from rlx_mil import milexec, reference
 from rlx_mil.errors import UnsupportedOpError
 from rlx_mil.ir.graph import Graph
+from rlx_mil.lowering.rules import sequence_loop
 
 
 @contextmanager

@@ -37,7 +37,7 @@ def test_one_command_package_generates_the_reference_tokens(
     assert "functions: 3 (default decode)" in shown
     assert "states:  key_cache fp16[2, 1, 2, 32, 16], value_cache fp16[2, 1, 2, 32, 16]" in shown
     contract = session.contract
-    assert contract["max_context"] == 32 and contract["mask_kinds"] == ["Causal"]
+    assert contract.max_context == 32 and contract.mask_kinds == ["Causal"]
 
 
 def test_fp16_package_stays_close_to_the_reference(qwen3: Path, tmp_path: Path) -> None:

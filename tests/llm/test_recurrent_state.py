@@ -13,9 +13,9 @@ from e2e.test_rnn_e2e import rnn_graph, rnn_loop, rnn_values
 
 import rlx_mil
 from rlx_mil import milexec, reference
+from rlx_mil.coreml.metadata import LLM as LLM_METADATA_KEY
 from rlx_mil.errors import GraphError, InvalidOptionError
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lowering.state.kv_cache import LLM_METADATA_KEY
 
 STEPS = 4
 #: Core ML states are fp16: the carried value is rounded to fp16 between calls.

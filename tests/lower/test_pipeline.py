@@ -201,7 +201,7 @@ def test_skipped_nonreplaceable_marks_give_the_same_program(name: str, monkeypat
     graph = CATALOGUE[name]()
     _, params = random_leaves(graph)
     skipping = program_structure(rlx_mil.convert(graph, params, target="iOS18", precision="fp16")._mil_program)
-    api = sys.modules["rlx_mil.api"]  # `rlx_mil.lower` is also the name of a function
+    api = sys.modules["rlx_mil.api"]
     monkeypatch.setattr(api, "nonreplaceable_marks_only_with_constexprs", nullcontext)
     always = program_structure(rlx_mil.convert(graph, params, target="iOS18", precision="fp16")._mil_program)
     assert skipping == always

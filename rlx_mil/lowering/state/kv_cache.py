@@ -44,8 +44,6 @@ from rlx_mil.lowering.state.recurrent_state import (
 from rlx_mil.lowering.target import Target
 from rlx_mil.naming import output_names
 
-#: user_defined_metadata key holding the stateful package contract (KVCachePlan.describe).
-LLM_METADATA_KEY = "rlx_mil.llm"
 #: Name of the write-position input of a stateful model.
 POSITION_INPUT = "cache_position"
 #: Stacked state names (layout="stacked").
