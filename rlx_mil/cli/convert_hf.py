@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
@@ -45,6 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", action="store_true",
                    help="run the package through the NumPy MIL executor and compare with the reference")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output (also off when CI is set)")
+    p.add_argument("--author", help="Core ML model author (default: the model card's, or the owner in config.json's"
+                   " _name_or_path)")
+    p.add_argument("--license", help="Core ML model license (default: the model card's)")
+    p.add_argument("--description", help="Core ML short description (default: the model's name and architecture)")
+    p.add_argument("--model-version", metavar="VERSION", help="Core ML model version string (default: the model card's)")
     add_stateful_arguments(p)
 
 
@@ -61,8 +69,41 @@ def build_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def convert_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """`rlx_mil.convert` keyword arguments from the parsed flags."""
-    return {"target": args.target, "precision": args.precision, "compute_units": args.compute_units,
-            "attention": args.attention, "compress": getattr(args, "compress", None)}
+    return {"target": args.target, "precision": args.precision, "attention": args.attention,
+            "compress": getattr(args, "compress", None)}
+
+
+def description_overrides(args: argparse.Namespace) -> dict[str, str | None]:
+    """The Core ML model-description fields given on the command line."""
+    return {"author": getattr(args, "author", None), "license": getattr(args, "license", None),
+            "short_description": getattr(args, "description", None), "version": getattr(args, "model_version", None)}
+
+
+def compress_check_inputs(args: argparse.Namespace) -> dict[str, np.ndarray] | None:
+    """The --compress-check inputs (read before converting, so a bad file fails early)."""
+    path = getattr(args, "compress_check", None)
+    if path is None:
+        return None
+    if not getattr(args, "compress", None):
+        raise InvalidOptionError("--compress-check needs --compress")
+    from rlx_mil.weights import open_arrays
+
+    with open_arrays(path, "inputs file") as archive:
+        return dict(archive.items())
+
+
+def print_compression(metadata: Mapping[str, str]) -> None:
+    """The compression summary lines of a package's metadata (nothing when uncompressed)."""
+    from rlx_mil.compress import report_of
+
+    report = report_of(dict(metadata))
+    if report is None:
+        return
+    ratio = report.bytes_after / report.bytes_before if report.bytes_before else 1.0
+    print(f"compressed {len(report.weights)} weights ({report.config}): {report.bytes_before} -> {report.bytes_after}"
+          f" bytes ({ratio:.3f}x)")
+    for out, err in (report.output_error or {}).items():
+        print(f"  output {out}: max |error| {err['max_abs']:.3g}, relative L2 {err['relative_l2']:.3g} vs uncompressed")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,16 +111,24 @@ def run(args: argparse.Namespace) -> int:
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.models.verify import example_inputs, verify_package
 
+    check_inputs = compress_check_inputs(args)
     if args.stateful:
+        if check_inputs is not None:
+            raise InvalidOptionError(
+                "--compress-check takes inputs of one stateless call; for a --stateful package compare the"
+                " compressed and uncompressed packages with `rlx-mil eval PACKAGE --text FILE --reference MODEL_DIR`"
+            )
         return run_stateful(args, convert_kwargs(args))
     progress = Progress(enabled=not (args.quiet or running_under_ci()))
     start = time.perf_counter()
     graph, params, path = convert_checkpoint(
         args.model_dir, args.output, build=build_kwargs(args), convert=convert_kwargs(args),
         progress=progress, overwrite=args.overwrite, save_graph=args.save_graph,
+        description=description_overrides(args), check_inputs=check_inputs,
     )
     info = package_info(path)
     print(f"wrote {path} ({info.num_ops} ops, {human_bytes(info.package_bytes)}) in {time.perf_counter() - start:.1f} s")
+    print_compression(info.metadata)
     if args.verify:
         vocab = _vocab_size(graph)
         if getattr(args, "compress", None):
@@ -141,7 +190,7 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> i
     convert_llm_checkpoint(
         args.model_dir, args.output, max_context=args.max_context, prefill=args.prefill,
         overwrite=args.overwrite, cache_layout=args.cache_layout, attention_mask=args.attention_mask,
-        **convert_options,
+        description=description_overrides(args), **convert_options,
     )
     info = package_info(args.output)
     names = ", ".join(info.functions)

@@ -55,8 +55,7 @@ def run_demo(args: argparse.Namespace) -> int:
         t1 = time.perf_counter()
         graph, params, path = convert_checkpoint(
             folder, args.output, build={"seq_len": args.seq}, progress=progress, overwrite=True,
-            convert={"target": args.target, "precision": args.precision, "compute_units": args.compute_units,
-                     "attention": args.attention},
+            convert={"target": args.target, "precision": args.precision, "attention": args.attention},
         )
         print(f"  graph:   {len(graph)} IR nodes; converted and saved in {time.perf_counter() - t1:.2f} s "
               f"[{args.target}, {args.precision}]")

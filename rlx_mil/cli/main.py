@@ -18,25 +18,35 @@ from rlx_mil.errors import RlxMilError
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
 
+def _version() -> str:
+    from rlx_mil import __version__
+
+    return __version__
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlx-mil", description="Convert RLX IR graphs into Core ML ML Programs (.mlpackage)."
     )
+    parser.add_argument("--version", action="version", version=f"rlx-mil {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def load_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--engine", choices=["auto", "coreml", "milexec"], default="auto",
+                       help="Core ML (macOS) or the NumPy MIL executor; auto: Core ML where it runs")
+        p.add_argument("--compute-units", default="ALL", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"],
+                       help="where Core ML runs the model (macOS; not stored in a package)")
 
     def conversion_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--target", default="iOS18", choices=["iOS15", "iOS16", "iOS17", "iOS18"])
         p.add_argument("--precision", default="fp16", choices=["fp16", "fp32"])
-        p.add_argument("--compute-units", default="ALL", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"])
         p.add_argument("--attention", default="auto", choices=["auto", "fused", "decomposed"])
 
-    def compression_flags(p: argparse.ArgumentParser, check: bool = True) -> None:
+    def compression_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--compress", metavar="SPEC",
                        help="compress weights while converting: a preset (int8, int4, uint8, uint4, lut2..lut8) or"
                        " a per-weight config such as 'lut4;embeddings=int8;lm_head=lut6;re:v_proj=int8;min_size=4096'"
                        " (see docs/compression.md)")
-        if not check:
-            return
         p.add_argument("--compress-check", type=Path, metavar="INPUTS.npz",
                        help="with --compress: also convert without compression and record the output error on these"
                        " inputs in the package's compression report")
@@ -54,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     hf = sub.add_parser("convert-hf", help="convert a Hugging Face checkpoint folder to .mlpackage")
     _convert_hf_arguments(hf)
     conversion_flags(hf)
-    compression_flags(hf, check=False)
+    compression_flags(hf)
 
     insp = sub.add_parser("inspect", help="summarise a .mlpackage (IO, op histogram, weights, target) or a graph JSON")
     insp.add_argument("package", type=Path, help="a .mlpackage folder, or a graph .json (inputs, params, op histogram)")
@@ -64,16 +74,36 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("package", type=Path)
     run.add_argument("--inputs", type=Path, required=True, help=".npz of inputs keyed by input name")
     run.add_argument("-o", "--output", type=Path, help="write outputs to this .npz")
-    run.add_argument("--engine", choices=["auto", "coreml", "milexec"], default="auto")
+    run.add_argument("--function", metavar="NAME", help="the function to run of a multifunction package"
+                     " (default: its default function)")
+    load_flags(run)
 
-    gen = sub.add_parser("generate", help="generate token ids with a stateful LLM package (docs/llm.md)")
+    gen = sub.add_parser("generate", help="generate text (or token ids) with a stateful LLM package (docs/llm.md)")
     gen.add_argument("package", type=Path)
-    gen.add_argument("--prompt-ids", required=True, metavar="ID,ID,...", help="comma-separated prompt token ids")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", metavar="TEXT", help="the prompt text (the package's tokenizer encodes it);"
+                        " the generated text streams to stdout")
+    prompt.add_argument("--prompt-ids", metavar="ID,ID,...", help="comma-separated prompt token ids")
+    gen.add_argument("--chat", action="store_true", help="--prompt is a user message rendered by the chat template")
+    gen.add_argument("--system", metavar="TEXT", help="with --chat: a system message before the prompt")
     gen.add_argument("-n", "--max-new-tokens", type=int, default=16, help="tokens to generate (default 16)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
     gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens (with --temperature)")
+    gen.add_argument("--top-p", type=float, help="sample in the nucleus of probability P (with --temperature)")
     gen.add_argument("--seed", type=int, help="random seed for sampling")
-    gen.add_argument("--engine", choices=["auto", "coreml", "milexec"], default="auto")
+    gen.add_argument("-q", "--quiet", action="store_true", help="no progress or speed lines on stderr")
+    load_flags(gen)
+
+    ev = sub.add_parser("eval", help="perplexity of a text under a stateful LLM package, optionally against a reference")
+    ev.add_argument("package", type=Path)
+    ev.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text file to score")
+    ev.add_argument("--reference", type=Path, metavar="MODEL_DIR_OR_PACKAGE",
+                    help="a Hugging Face checkpoint folder (NumPy reference, float32) or another package: also"
+                    " report the mean KL divergence, top-1 agreement and perplexity ratio")
+    ev.add_argument("--max-tokens", type=int, metavar="N", help="score only the first N tokens of the text")
+    ev.add_argument("--json", action="store_true", help="print JSON instead of text")
+    ev.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    load_flags(ev)
 
     demo = sub.add_parser("demo", help="write a tiny random Hugging Face checkpoint, convert it, verify the package")
     demo.add_argument("-o", "--output", type=Path, default=Path("rlx_mil_demo.mlpackage"),
@@ -108,11 +138,12 @@ def _convert(args: argparse.Namespace) -> int:
         if not (symbol.strip().isdigit() and size.strip().isdigit()):
             raise RlxMilError(f"--dim takes SYMBOL=SIZE with non-negative integers, got {item!r}")
         dims[int(symbol)] = int(size)
-    check_inputs = _compress_check_inputs(args)
+    from rlx_mil.cli.convert_hf import compress_check_inputs
+
+    check_inputs = compress_check_inputs(args)
     start = time.perf_counter()
     options: dict[str, Any] = {
-        "target": args.target, "precision": args.precision, "compute_units": args.compute_units,
-        "attention": args.attention, "dims": dims or None,
+        "target": args.target, "precision": args.precision, "attention": args.attention, "dims": dims or None,
     }
     model = convert(graph, params, compress=args.compress, **options)
     if check_inputs is not None:
@@ -122,7 +153,9 @@ def _convert(args: argparse.Namespace) -> int:
     save(model, args.output, overwrite=args.overwrite)
     info = package_info(args.output)
     print(f"wrote {args.output} ({info.num_ops} ops, {info.package_bytes} bytes) in {time.perf_counter() - start:.2f} s")
-    _print_compression(model)
+    from rlx_mil.cli.convert_hf import print_compression
+
+    print_compression(model.user_defined_metadata)
     return EXIT_OK
 
 
@@ -142,29 +175,6 @@ def _convert_hf(args: argparse.Namespace) -> int:
     from rlx_mil.cli.convert_hf import run
 
     return run(args)
-
-
-def _compress_check_inputs(args: argparse.Namespace) -> dict[str, np.ndarray] | None:
-    """The --compress-check inputs (read before converting, so a bad file fails early)."""
-    path = getattr(args, "compress_check", None)
-    if path is None:
-        return None
-    if not getattr(args, "compress", None):
-        raise RlxMilError("--compress-check needs --compress")
-    return _load_npz(path)
-
-
-def _print_compression(model: Any) -> None:
-    from rlx_mil.compress import report_of
-
-    report = report_of(model)
-    if report is None:
-        return
-    ratio = report.bytes_after / report.bytes_before if report.bytes_before else 1.0
-    print(f"compressed {len(report.weights)} weights ({report.config}): {report.bytes_before} -> {report.bytes_after}"
-          f" bytes ({ratio:.3f}x)")
-    for out, err in (report.output_error or {}).items():
-        print(f"  output {out}: max |error| {err['max_abs']:.3g}, relative L2 {err['relative_l2']:.3g} vs uncompressed")
 
 
 def _load_npz(path: Path) -> dict[str, np.ndarray]:
@@ -195,7 +205,9 @@ def _run(args: argparse.Namespace) -> int:
 
     with open_arrays(args.inputs, "inputs file") as archive:
         inputs = dict(archive.items())
-    outputs, engine = run_package(args.package, inputs, engine=args.engine)
+    outputs, engine = run_package(
+        args.package, inputs, engine=args.engine, function_name=args.function, compute_units=args.compute_units
+    )
     print(f"engine: {engine}")
     for name, value in outputs.items():
         flat = value.astype(np.float64).ravel()
@@ -210,20 +222,80 @@ def _run(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from rlx_mil.llm.generate import Session
 
+    if args.prompt is None:
+        if args.chat or args.system is not None:
+            raise RlxMilError("--chat and --system need --prompt TEXT")
+        return _generate_ids(args)
+    if args.system is not None and not args.chat:
+        raise RlxMilError("--system needs --chat")
+    session = Session(args.package, engine=args.engine, compute_units=args.compute_units)
+    tokenizer = session.tokenizer  # fails early, before any output, on a package without one
+    if args.chat and not tokenizer.has_chat_template:
+        raise RlxMilError(f"{args.package}: its tokenizer has no chat template; drop --chat")
+    progress = _progress(args)
+    progress.note(f"engine: {session.engine}")
+    pieces = session.stream_text(
+        args.prompt, args.max_new_tokens, chat=args.chat, system=args.system, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+    )
+    first = True
+    for piece in pieces:
+        if first:
+            progress.note(f"prompt: {session.stats.prompt_tokens} tokens in {session.stats.prompt_seconds:.2f} s")
+            first = False
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    progress.note(session.stats.to_text())
+    return EXIT_OK
+
+
+def _generate_ids(args: argparse.Namespace) -> int:
+    from rlx_mil.llm.generate import Session
+
     try:
         prompt = [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t]
     except ValueError:
         raise RlxMilError(f"--prompt-ids takes comma-separated integers, got {args.prompt_ids!r}") from None
-    session = Session(args.package, engine=args.engine)
-    start = time.perf_counter()
+    session = Session(args.package, engine=args.engine, compute_units=args.compute_units)
     tokens = session.generate(
-        prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed
+        prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
     )
-    seconds = time.perf_counter() - start
     print(f"engine: {session.engine}")
     print(",".join(str(t) for t in tokens))
-    rate = f" ({len(tokens) / seconds:.1f} tokens/s)" if seconds > 0 and tokens else ""
-    print(f"{len(prompt)} prompt + {len(tokens)} new tokens in {seconds:.2f} s{rate}", file=sys.stderr)
+    if not args.quiet:
+        print(session.stats.to_text(), file=sys.stderr)
+    return EXIT_OK
+
+
+def _progress(args: argparse.Namespace) -> Any:
+    from rlx_mil.progress import Progress, running_under_ci
+
+    return Progress(enabled=not (getattr(args, "quiet", False) or running_under_ci()))
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rlx_mil.fileio import read_regular_file
+    from rlx_mil.llm.evaluate import evaluate_package
+
+    data = read_regular_file(args.text, 1 << 30, RlxMilError, "text file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RlxMilError(f"{args.text}: not UTF-8 text ({err})") from None
+    progress = _progress(args)
+
+    def start(total: int) -> Any:
+        progress.begin("scoring", total=total, unit=" tokens")
+        return progress.advance
+
+    result = evaluate_package(
+        args.package, text, reference=args.reference, max_tokens=args.max_tokens, engine=args.engine,
+        compute_units=args.compute_units, progress=start,
+    )
+    progress.end(f"{result.scored} tokens")
+    print(result.to_json() if args.json else result.to_text())
     return EXIT_OK
 
 
@@ -255,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handlers: dict[str, Any] = {
         "convert": _convert, "convert-hf": _convert_hf, "inspect": _inspect, "run": _run, "demo": _demo,
-        "generate": _generate,
+        "generate": _generate, "eval": _eval,
     }
     handler = getattr(args, "handler", None) or handlers[args.command]
     where = f"rlx-mil {args.command}"

@@ -42,6 +42,11 @@ class PackageInfo:
     #: Functions of a multifunction package: name -> {"inputs", "outputs", "states"}.
     functions: dict[str, dict[str, list[TensorInfo]]] = field(default_factory=dict)
     default_function: str | None = None
+    #: Core ML's model description: author, license, short_description, version (those set).
+    description: dict[str, str] = field(default_factory=dict)
+    #: Files of the package's `rlx_mil/tokenizer` item (tokenizer, chat template, generation config).
+    text_files: list[str] = field(default_factory=list)
+    text_folder: str | None = None
 
     @property
     def num_ops(self) -> int:
@@ -52,6 +57,7 @@ class PackageInfo:
         graph = self.metadata.get(GRAPH)
         if graph:
             lines.append(f"graph:    {graph} (precision {self.metadata.get('rlx_mil.precision', '?')})")
+        lines += [f"{name + ':':<9} {value}" for name, value in self.description.items()]
         lines.append("inputs:")
         lines += [f"  {t.name}: {t.dtype}{t.shape}" for t in self.inputs]
         lines.append("outputs:")
@@ -64,6 +70,8 @@ class PackageInfo:
         for op, n in sorted(self.op_histogram.items(), key=lambda kv: (-kv[1], kv[0])):
             if op != "const":
                 lines.append(f"  {op:<36} {n}")
+        if self.text_folder:
+            lines.append(f"text:     {self.text_folder}: {', '.join(self.text_files)}")
         lines.append(f"weights:  {_human(self.weight_bytes)}")
         lines.append(f"package:  {_human(self.package_bytes)}")
         from rlx_mil.compress.report import report_of
@@ -158,6 +166,10 @@ def package_info(model_or_path: Any) -> PackageInfo:
         for block in func.block_specializations.values():
             _count_ops(block, counts)
     weights_dir = Path(model.weights_dir) if getattr(model, "weights_dir", None) else None
+    from rlx_mil.llm.package_files import package_text_folder
+
+    text = package_text_folder(path) if path else None
+    meta = spec.description.metadata
     return PackageInfo(
         path=str(path) if path else None,
         target=SPEC_VERSION_TARGETS.get(spec.specificationVersion, f"spec{spec.specificationVersion}"),
@@ -174,4 +186,12 @@ def package_info(model_or_path: Any) -> PackageInfo:
             for f in spec.description.functions
         },
         default_function=spec.description.defaultFunctionName or None,
+        description={
+            name: str(getattr(meta, attr)) for name, attr in
+            (("author", "author"), ("license", "license"), ("short_description", "shortDescription"),
+             ("version", "versionString"))
+            if getattr(meta, attr)
+        },
+        text_files=sorted(p.name for p in text.iterdir() if p.is_file()) if text else [],
+        text_folder=str(text.relative_to(path)) if text and path else None,
     )

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from rlx_mil.errors import InvalidOptionError, RlxMilError
 from rlx_mil.fileio import check_package_tree
 from rlx_mil.lowering.state.kv_cache import POSITION_INPUT
 from rlx_mil.milexec.executor import PrecisionModel
+
+if TYPE_CHECKING:
+    from rlx_mil.llm.text import TextTokenizer
 
 ENGINES = ("auto", "coreml", "milexec")
 
@@ -122,6 +126,8 @@ class Session:
         self.vocab = self.functions[0].vocab
         self.engine = ("coreml" if sys.platform == "darwin" else "milexec") if engine == "auto" else engine
         self.precision_model = precision_model
+        self._tokenizer: TextTokenizer | None = None
+        self.stats = GenerationStats()
         if self.engine == "coreml":
             units = getattr(ct.ComputeUnit, compute_units, None)
             if units is None:
@@ -231,6 +237,43 @@ class Session:
             raise GenerationError(f"token ids must be ints in [0, {self.vocab}), got {token!r}")
         return int(token)
 
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop_ids: Sequence[int] = (),
+        until_full: bool = False,
+    ) -> Iterator[int]:
+        """`generate` as an iterator: each new id as soon as it is picked. `until_full` ends
+        the stream when the cache is full instead of raising. `self.stats` times the prompt
+        and the generated tokens."""
+        check_sampling(max_new_tokens, temperature, top_k, top_p)
+        rng = np.random.default_rng(seed)
+        stats = self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        start = time.perf_counter()
+        logits = self.feed(prompt_ids)
+        stats.prompt_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        for step in range(max_new_tokens):
+            token = pick_token(logits, temperature, top_k, rng, top_p)
+            stats.new_tokens += 1
+            stats.seconds = time.perf_counter() - start
+            yield token
+            if token in stop_ids:
+                stats.stopped = "stop token"
+                return
+            if step == max_new_tokens - 1:
+                return
+            if until_full and self._position >= self.max_context:
+                stats.stopped = "context full"
+                return
+            logits = self.feed([token])
+
     def generate(
         self,
         prompt_ids: Sequence[int],
@@ -238,39 +281,131 @@ class Session:
         *,
         temperature: float = 0.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         seed: int | None = None,
         stop_ids: Sequence[int] = (),
     ) -> list[int]:
         """Feed the prompt, then pick `max_new_tokens` tokens one at a time (greedy when
         `temperature` is 0; otherwise sampled from softmax(logits / temperature), over the
-        `top_k` best when set). Stops early after a token in `stop_ids`. Returns the new ids."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise InvalidOptionError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if not temperature >= 0:
-            raise InvalidOptionError(f"temperature must be >= 0, got {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-            raise InvalidOptionError(f"top_k must be an int >= 1, got {top_k!r}")
-        rng = np.random.default_rng(seed)
-        logits = self.feed(prompt_ids)
-        out: list[int] = []
-        for step in range(max_new_tokens):
-            token = pick_token(logits, temperature, top_k, rng)
-            out.append(token)
-            if token in stop_ids or step == max_new_tokens - 1:
-                break
-            logits = self.feed([token])
-        return out
+        `top_k` best and the `top_p` nucleus when set). Stops early after a token in
+        `stop_ids`. Returns the new ids."""
+        return list(self.stream(
+            prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            stop_ids=stop_ids,
+        ))
+
+    # -- text ------------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        """The package's tokenizer (its `rlx_mil/tokenizer` item); assign a
+        `rlx_mil.llm.text.TextTokenizer` to use another."""
+        if self._tokenizer is None:
+            from rlx_mil.llm.package_files import package_text_folder
+            from rlx_mil.llm.text import TextTokenizer
+
+            folder = package_text_folder(self.path)
+            if folder is None:
+                raise GenerationError(
+                    f"{self.path} carries no tokenizer (convert-hf stores the checkpoint's); assign"
+                    " session.tokenizer = TextTokenizer(CHECKPOINT_DIR) or use token ids"
+                )
+            self._tokenizer = TextTokenizer(folder)
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: TextTokenizer) -> None:
+        self._tokenizer = value
+
+    def stream_text(
+        self,
+        prompt: str,
+        max_new_tokens: int,
+        *,
+        chat: bool = False,
+        system: str | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> Iterator[str]:
+        """Generate from the text `prompt` (with `chat`, one user turn rendered by the chat
+        template, after a `system` turn when given) from a fresh cache; yield the generated
+        text piece by piece. Stops at the tokenizer's stop ids, after `max_new_tokens`, or
+        when the cache is full."""
+        tokenizer = self.tokenizer
+        prompt_ids = tokenizer.prompt_ids(prompt, chat=chat, system=system)
+        check_sampling(max_new_tokens, temperature, top_k, top_p)
+        self.reset()
+        ids = self.stream(
+            prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            stop_ids=tokenizer.stop_ids, until_full=True,
+        )
+        yield from tokenizer.stream_decode(ids)
+
+    def generate_text(
+        self,
+        prompt: str,
+        max_new_tokens: int,
+        *,
+        chat: bool = False,
+        system: str | None = None,
+        **sampling: Any,
+    ) -> str:
+        """`stream_text` joined: the generated text (`sampling`: temperature, top_k, top_p, seed)."""
+        return "".join(self.stream_text(prompt, max_new_tokens, chat=chat, system=system, **sampling))
 
 
-def pick_token(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> int:
-    """Greedy argmax at temperature 0, else a sample from the (top-k) tempered softmax."""
+@dataclass
+class GenerationStats:
+    """Counts and times of the last generation: prompt feeding and the new tokens."""
+
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    stopped: str = "max tokens"
+
+    def to_text(self) -> str:
+        def rate(n: int, t: float) -> str:
+            return f"{n / t:.1f} tok/s" if t > 0 and n else "- tok/s"
+
+        return (f"prompt: {self.prompt_tokens} tokens in {self.prompt_seconds:.2f} s"
+                f" ({rate(self.prompt_tokens, self.prompt_seconds)}); generation: {self.new_tokens} tokens in"
+                f" {self.seconds:.2f} s ({rate(self.new_tokens, self.seconds)}); stopped: {self.stopped}")
+
+
+def check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any) -> None:
+    """Typed errors for bad generation options."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise InvalidOptionError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise InvalidOptionError(f"temperature must be >= 0, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise InvalidOptionError(f"top_k must be an int >= 1, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise InvalidOptionError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+def pick_token(
+    logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator, top_p: float | None = None
+) -> int:
+    """Greedy argmax at temperature 0, else a sample from the tempered softmax restricted to
+    the `top_k` most likely tokens and then to the `top_p` nucleus (the fewest most likely
+    tokens whose probabilities sum to at least `top_p`), as transformers orders them."""
     scores = np.asarray(logits, np.float64).reshape(-1)
     if temperature == 0:
         return int(np.argmax(scores))
+    scores = scores / temperature
     if top_k is not None and top_k < scores.size:
         cutoff = np.partition(scores, -top_k)[-top_k]
         scores = np.where(scores >= cutoff, scores, -np.inf)
-    scaled = (scores - np.max(scores)) / temperature
-    probs = np.exp(scaled)
+    probs = np.exp(scores - np.max(scores))
     probs /= probs.sum()
+    if top_p is not None and top_p < 1:
+        order = np.argsort(-probs, kind="stable")
+        before = np.cumsum(probs[order]) - probs[order]  # mass of the more likely tokens
+        keep = np.zeros(probs.size, bool)
+        keep[order[before < top_p]] = True
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum()
     return int(rng.choice(scores.size, p=probs))

@@ -42,18 +42,26 @@ def convert_llm_checkpoint(
     prefill: str | Sequence[int] | None = (),
     overwrite: bool = False,
     attention_mask: bool = False,
+    description: dict[str, str | None] | None = None,
     **convert_options: Any,
 ) -> Any:
     """Build decode (and `prefill_<n>`) graphs from the checkpoint and convert them into one
     stateful multifunction package (`rlx_mil.convert_functions`); returns its MLModel and
     writes it to `output` when given. `convert_options` are `rlx_mil.convert`'s (target,
-    precision, compute_units, attention, cache_layout)."""
-    from rlx_mil.api import convert_functions
+    precision, compute_units, attention, cache_layout). The package carries the checkpoint's
+    tokenizer files and model description (`rlx_mil.llm.package_files`; `description`
+    overrides its fields)."""
+    from rlx_mil.api import convert_functions, save
+    from rlx_mil.llm.package_files import prepare_package
     from rlx_mil.models.pretrained import from_pretrained
 
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise InvalidOptionError(f"max_context must be an int >= 2, got {max_context!r}")
     buckets = prefill_buckets(prefill, max_context)
+    if output is not None:
+        from rlx_mil.models.convert_hf import check_output
+
+        check_output(Path(output), overwrite)
     if attention_mask and buckets:
         raise InvalidOptionError("a key-padding attention_mask is only built for the one-token decode graph; drop the prefill buckets")
 
@@ -66,10 +74,13 @@ def convert_llm_checkpoint(
     decode, params = graph(1)
     functions: dict[str, Any] = {f"prefill_{n}": graph(n)[0] for n in buckets}
     functions["decode"] = decode
-    return convert_functions(
-        functions, params, kv_cache="auto", max_context=max_context, default_function="decode",
-        path=None if output is None else Path(output), overwrite=overwrite, **convert_options,
+    model = convert_functions(
+        functions, params, kv_cache="auto", max_context=max_context, default_function="decode", **convert_options,
     )
+    prepare_package(model, model_dir, description)
+    if output is not None:
+        save(model, Path(output), overwrite=overwrite)
+    return model
 
 
 def reference_greedy(

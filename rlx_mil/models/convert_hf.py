@@ -33,8 +33,13 @@ def convert_checkpoint(
     progress: Progress,
     overwrite: bool = False,
     save_graph: Path | None = None,
+    description: Mapping[str, str | None] | None = None,
+    check_inputs: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[Graph, Mapping[str, Any], Path]:
     """from_pretrained -> rlx_mil.convert -> rlx_mil.save, each stage reported on `progress`.
+    The package carries the checkpoint's tokenizer files and model description
+    (`rlx_mil.llm.package_files`; `description` overrides its fields). With `check_inputs` and
+    compression, the uncompressed conversion's output error on them is recorded too.
     Returns the graph, its params and the package path."""
     from rlx_mil import api
     from rlx_mil.models.pretrained import from_pretrained
@@ -70,6 +75,19 @@ def convert_checkpoint(
     progress.end()
     with progress.coreml_passes():
         model = api.convert(graph, CountingParams(params, on_read), **convert)
+    if check_inputs is not None and convert.get("compress"):
+        from rlx_mil.compress import measure_output_error
+
+        progress.begin("converting without compression for --compress-check")
+        uncompressed = api.convert(graph, params, **{**convert, "compress": None})
+        progress.end()
+        progress.begin("measuring the compression's output error")
+        measure_output_error(model, uncompressed, check_inputs)
+        del uncompressed
+        progress.end()
+    from rlx_mil.llm.package_files import prepare_package
+
+    prepare_package(model, model_dir, description)
     progress.begin("writing the package")
     path = api.save(model, out, overwrite=overwrite)
     progress.end(str(path))

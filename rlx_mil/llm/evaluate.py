@@ -1,0 +1,193 @@
+"""Quality of a stateful LLM package on a text: perplexity, and against a reference the mean
+KL divergence, top-1 agreement and perplexity ratio (`rlx-mil eval`).
+
+The text is encoded with the package's tokenizer (special tokens as the tokenizer adds them,
+e.g. one BOS at the start) and cut into windows of the package's context (`max_context`
+tokens). Each window runs teacher-forced from an empty cache, one token per decode call; every
+token of a window but its first is predicted from the ones before it, so a text of `T` tokens
+in `W` windows scores `T - W` tokens. Perplexity is exp(mean negative log-likelihood) of the
+scored tokens. A reference (another package, or the checkpoint folder evaluated by the NumPy
+reference interpreter in float32) sees the same windows; per scored position `KL(reference ||
+package)` of the next-token distributions is averaged, top-1 agreement is the fraction of
+positions where both pick the same most likely token, and the ratio is package perplexity /
+reference perplexity (1.0: no loss).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import InvalidOptionError, RlxMilError
+
+#: (window ids) -> an iterator of next-token logits rows, one per predicted position.
+LogitSource = Callable[[Sequence[int]], Iterator[np.ndarray]]
+
+
+@dataclass
+class EvalResult:
+    """What `evaluate_text` measured (reference fields None without a reference)."""
+
+    tokens: int
+    scored: int
+    windows: int
+    window: int
+    perplexity: float
+    mean_nll: float
+    reference: str | None = None
+    reference_perplexity: float | None = None
+    perplexity_ratio: float | None = None
+    mean_kl: float | None = None
+    top1_agreement: float | None = None
+
+    def to_text(self) -> str:
+        lines = [
+            f"tokens:      {self.tokens} in {self.windows} window(s) of up to {self.window}; {self.scored} scored",
+            f"perplexity:  {self.perplexity:.4f} (mean NLL {self.mean_nll:.5f} nats)",
+        ]
+        if self.reference is not None:
+            lines += [
+                f"reference:   {self.reference}",
+                f"  perplexity {self.reference_perplexity:.4f}, ratio {self.perplexity_ratio:.5f}",
+                f"  mean KL(reference || package) {self.mean_kl:.6g} nats",
+                f"  top-1 agreement {self.top1_agreement:.4%}",
+            ]
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log softmax over the last axis, in float64."""
+    x = np.asarray(logits, np.float64)
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def windows(ids: Sequence[int], size: int) -> list[list[int]]:
+    """`ids` cut into consecutive windows of `size` tokens (a last window of one token, which
+    predicts nothing, is dropped)."""
+    if size < 2:
+        raise InvalidOptionError(f"a window holds at least 2 tokens, got {size}")
+    parts = [list(ids[i:i + size]) for i in range(0, len(ids), size)]
+    return [p for p in parts if len(p) >= 2]
+
+
+def session_logits(session: Any, progress: Callable[[], None] | None = None) -> LogitSource:
+    """Teacher-forced next-token logits of a `Session`: one decode call per token, from an
+    empty cache at the start of every window."""
+
+    def rows(window: Sequence[int]) -> Iterator[np.ndarray]:
+        session.reset()
+        for token in window[:-1]:
+            yield session.feed([token])
+            if progress is not None:
+                progress()
+
+    return rows
+
+
+def checkpoint_logits(model_dir: str | os.PathLike[str]) -> LogitSource:
+    """Next-token logits of the checkpoint's plain graph, run by the NumPy reference in float32
+    over each whole window (one graph per window length)."""
+    from rlx_mil.models.pretrained import from_pretrained
+    from rlx_mil.reference import evaluate
+
+    def rows(window: Sequence[int]) -> Iterator[np.ndarray]:
+        graph, params = from_pretrained(model_dir, "prefill", seq_len=len(window) - 1)
+        out = evaluate(graph, {"input_ids": np.asarray([window[:-1]], np.int32)}, params)
+        logits = np.asarray(out["logits"], np.float32)
+        yield from logits.reshape(-1, logits.shape[-1])
+
+    return rows
+
+
+def evaluate_text(
+    package_rows: LogitSource,
+    ids: Sequence[int],
+    window: int,
+    reference_rows: LogitSource | None = None,
+    reference: str | None = None,
+) -> EvalResult:
+    """Perplexity of `ids` under `package_rows` (and the comparison with `reference_rows`),
+    windowed to `window` tokens; see the module docstring."""
+    parts = windows(ids, window)
+    if not parts:
+        raise InvalidOptionError(f"the text has {len(ids)} token(s); perplexity needs at least 2")
+    nll = kl = 0.0
+    agree = scored = 0
+    ref_nll = 0.0
+    for part in parts:
+        targets = part[1:]
+        ref_iter = reference_rows(part) if reference_rows is not None else None
+        for i, row in enumerate(package_rows(part)):
+            logp = log_softmax(row.reshape(-1))
+            if not 0 <= targets[i] < logp.size:
+                raise RlxMilError(f"token id {targets[i]} is outside the package's vocabulary of {logp.size}")
+            nll -= float(logp[targets[i]])
+            scored += 1
+            if ref_iter is not None:
+                ref_row = next(ref_iter).reshape(-1)
+                if ref_row.size != logp.size:
+                    raise RlxMilError(f"the reference's vocabulary ({ref_row.size}) differs from the package's ({logp.size})")
+                logq = log_softmax(ref_row)
+                ref_nll -= float(logq[targets[i]])
+                kl += float(np.sum(np.exp(logq) * (logq - logp)))
+                agree += int(np.argmax(logq) == np.argmax(logp))
+    mean_nll = nll / scored
+    result = EvalResult(
+        tokens=len(ids), scored=scored, windows=len(parts), window=window, perplexity=math.exp(mean_nll),
+        mean_nll=mean_nll,
+    )
+    if reference_rows is not None:
+        result.reference = reference
+        result.reference_perplexity = math.exp(ref_nll / scored)
+        result.perplexity_ratio = result.perplexity / result.reference_perplexity
+        result.mean_kl = kl / scored
+        result.top1_agreement = agree / scored
+    return result
+
+
+def evaluate_package(
+    package: str | os.PathLike[str],
+    text: str,
+    *,
+    reference: str | os.PathLike[str] | None = None,
+    max_tokens: int | None = None,
+    engine: str = "auto",
+    compute_units: str = "ALL",
+    progress: Callable[[int], Callable[[], None]] | None = None,
+) -> EvalResult:
+    """`rlx-mil eval` from Python: perplexity of `text` under the package (its own tokenizer),
+    with `reference` (a package or a Hugging Face checkpoint folder) the comparison too. Only
+    the first `max_tokens` tokens are used when given. `progress(total)` returns the callback
+    called once per scored token."""
+    from rlx_mil.llm.generate import Session
+
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2):
+        raise InvalidOptionError(f"max_tokens must be an int >= 2, got {max_tokens!r}")
+    session = Session(package, engine=engine, compute_units=compute_units)
+    ids = session.tokenizer.encode(text)
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    window = session.max_context
+    ref_rows: LogitSource | None = None
+    if reference is not None:
+        ref = Path(reference)
+        if (ref / "config.json").is_file():
+            ref_rows = checkpoint_logits(ref)
+        else:
+            ref_session = Session(ref, engine=engine, compute_units=compute_units)
+            window = min(window, ref_session.max_context)
+            ref_rows = session_logits(ref_session)
+    total = sum(len(p) - 1 for p in windows(ids, window))
+    tick = progress(total) if progress is not None else None
+    return evaluate_text(session_logits(session, tick), ids, window, ref_rows, None if reference is None else str(reference))

@@ -1,0 +1,171 @@
+"""What an app needs beside the program, stored in the `.mlpackage` itself.
+
+`convert-hf` copies the checkpoint's text files (`rlx_mil.llm.text.TEXT_FILES`: tokenizer,
+tokenizer config, chat template, generation config, config) into the package as one
+*package item*: a folder registered in the package's `Manifest.json` (author `rlx_mil`, name
+`tokenizer`), at `Data/rlx_mil/tokenizer/`. Core ML loads the package as before (it reads
+only its own items), and the one folder is the whole model. It also fills Core ML's model
+description (`author`, `license`, `short_description`, `version`) from the checkpoint: the
+model card's front matter (`README.md`) and `config.json`, each overridable.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlx_mil.llm.text import TEXT_FILES, TokenizerError, read_json_file
+
+ITEM_AUTHOR = "rlx_mil"
+ITEM_NAME = "tokenizer"
+ITEM_DESCRIPTION = "Tokenizer, chat template and generation config of the source checkpoint"
+
+#: Core ML model-description fields set from the checkpoint.
+DESCRIPTION_FIELDS = ("author", "license", "short_description", "version")
+
+_MAX_CARD = 16 << 20
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """Core ML's model description fields (None: not known, left unset)."""
+
+    author: str | None = None
+    license: str | None = None
+    short_description: str | None = None
+    version: str | None = None
+
+    def merged(self, overrides: Mapping[str, str | None]) -> ModelDescription:
+        """These fields with every non-None override applied."""
+        values = {name: getattr(self, name) for name in DESCRIPTION_FIELDS}
+        values.update({k: v for k, v in overrides.items() if k in DESCRIPTION_FIELDS and v is not None})
+        return ModelDescription(**values)
+
+    def apply(self, model: Any) -> None:
+        """Set the known fields on an MLModel (saved with it)."""
+        for name in DESCRIPTION_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                setattr(model, name, value)
+
+
+def model_card(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The YAML front matter of the checkpoint's `README.md` (empty when absent or unreadable)."""
+    import yaml
+
+    from rlx_mil.fileio import read_regular_file
+
+    path = Path(model_dir) / "README.md"
+    if not path.is_file():
+        return {}
+    text = read_regular_file(path, _MAX_CARD, TokenizerError, "model card").decode("utf-8", "replace")
+    if not text.startswith("---"):
+        return {}
+    end = text.find("\n---", 3)
+    if end < 0:
+        return {}
+    try:
+        front = yaml.safe_load(text[3:end])
+    except yaml.YAMLError:
+        return {}  # a card is documentation: a broken one costs its fields, not the conversion
+    return front if isinstance(front, dict) else {}
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return ", ".join(value)
+    return None
+
+
+def describe_checkpoint(model_dir: str | os.PathLike[str], architecture: str | None = None) -> ModelDescription:
+    """Author, license, description and version of a checkpoint, from what it ships.
+
+    license: the card's `license` (`license_name` for `other`); author: the card's `author`,
+    else the owner in `_name_or_path` (`owner/name`); version: the card's `version`;
+    short_description: the card's `description`, else the model's name and architecture.
+    """
+    folder = Path(model_dir)
+    card = model_card(folder)
+    config = read_json_file(folder / "config.json", "config.json") if (folder / "config.json").is_file() else {}
+    license_ = _text(card.get("license"))
+    if license_ == "other" and _text(card.get("license_name")):
+        license_ = _text(card.get("license_name"))
+    source = _text(config.get("_name_or_path")) or _text(card.get("model_name")) or folder.resolve().name
+    author = _text(card.get("author"))
+    if author is None and "/" in source and not os.path.isabs(source):
+        author = source.split("/", 1)[0]
+    name = source.rsplit("/", 1)[-1]
+    kind = f" ({architecture})" if architecture else ""
+    description = _text(card.get("description")) or f"{name}{kind}, converted to Core ML by rlx_mil"
+    version = card.get("version")
+    return ModelDescription(
+        author=author, license=license_, short_description=description,
+        version=str(version) if isinstance(version, (str, int, float)) and str(version).strip() else None,
+    )
+
+
+def text_files(model_dir: str | os.PathLike[str]) -> list[Path]:
+    """The text files of `model_dir` a package should carry (regular files only)."""
+    folder = Path(model_dir)
+    return [folder / name for name in TEXT_FILES if (folder / name).is_file()]
+
+
+def add_text_files(model: Any, model_dir: str | os.PathLike[str]) -> list[str]:
+    """Copy the checkpoint's text files into the (not yet saved) package of `model` as the
+    `rlx_mil/tokenizer` item; `rlx_mil.save` then writes them with the package. Returns the
+    names copied (none: no item is added)."""
+    from coremltools.libmodelpackage import ModelPackage
+
+    files = text_files(model_dir)
+    package = getattr(model, "package_path", None)
+    if not files or not package:
+        return []
+    with tempfile.TemporaryDirectory(prefix="rlx_mil_text_") as work:
+        staged = Path(work) / ITEM_NAME
+        staged.mkdir()
+        for path in files:
+            shutil.copyfile(path, staged / path.name)
+        item = ModelPackage(str(package))
+        if item.findItemByNameAuthor(ITEM_NAME, ITEM_AUTHOR) is None:
+            item.addItem(str(staged), ITEM_NAME, ITEM_AUTHOR, ITEM_DESCRIPTION)
+        del item  # the manifest is written when the package object goes
+    return [p.name for p in files]
+
+
+def package_text_folder(package: str | os.PathLike[str]) -> Path | None:
+    """The folder of the package's `rlx_mil/tokenizer` item, or None when it has none."""
+    from coremltools.libmodelpackage import ModelPackage
+
+    root = Path(package)
+    if not (root / "Manifest.json").is_file():
+        return None
+    try:
+        info = ModelPackage(str(root)).findItemByNameAuthor(ITEM_NAME, ITEM_AUTHOR)
+    except Exception:  # a damaged manifest: the package has no usable item
+        return None
+    if info is None:
+        return None
+    folder = Path(info.path())
+    return folder if folder.is_dir() else None
+
+
+def prepare_package(
+    model: Any, model_dir: str | os.PathLike[str], overrides: Mapping[str, str | None] | None = None
+) -> list[str]:
+    """Before saving `model` converted from the checkpoint `model_dir`: set its model
+    description (the checkpoint's, with `overrides`) and add the text files item. Returns the
+    names of the files added."""
+    from rlx_mil.models.pretrained import ARCHITECTURE_NAMES
+
+    folder = Path(model_dir)
+    config = read_json_file(folder / "config.json", "config.json") if (folder / "config.json").is_file() else {}
+    architecture = ARCHITECTURE_NAMES.get(str(config.get("model_type")))
+    describe_checkpoint(folder, architecture).merged(overrides or {}).apply(model)
+    return add_text_files(model, folder)

@@ -1,0 +1,272 @@
+"""Text in, text out: a checkpoint's tokenizer, chat template and stop tokens.
+
+`TextTokenizer(folder)` reads what a Hugging Face checkpoint ships beside its weights (and
+what `convert-hf` stores inside a package, `rlx_mil.llm.package_files`):
+
+* `tokenizer.json`, run by the `tokenizers` library (encoding, decoding, streamed decoding);
+* the chat template: `chat_template.jinja`, else `chat_template` of `tokenizer_config.json`
+  (a string, or a list of named templates of which `default` is used), rendered by `jinja2` as
+  transformers' `apply_chat_template` renders it: a sandboxed immutable environment with
+  `trim_blocks` / `lstrip_blocks`, `raise_exception`, a non-escaping `tojson`, `strftime_now`,
+  the `loopcontrols` extension and `{% generation %}` blocks, the variables `messages`,
+  `tools`, `documents`, `add_generation_prompt` and the special tokens (`bos_token`,
+  `eos_token`, ...). The rendered text is encoded without adding special tokens (the template
+  writes them), as transformers does;
+* stop ids: `eos_token_id` of `generation_config.json`, else of `config.json` (an int or a
+  list), else the tokenizer's `eos_token`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rlx_mil.errors import RlxMilError
+from rlx_mil.fileio import read_regular_file
+
+#: The files of a checkpoint that text generation needs (besides the weights).
+TEXT_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "generation_config.json", "config.json",
+)
+
+#: Special-token attributes transformers passes to a chat template (when set).
+SPECIAL_TOKEN_NAMES = (
+    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+)
+
+_MAX_TEXT_FILE = 256 << 20  # tokenizer.json of a 256k-token vocabulary is ~20 MB
+
+
+class TokenizerError(RlxMilError):
+    """A tokenizer, chat template or generation config is missing, unreadable or fails to render."""
+
+
+def read_json_file(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from `path` (typed errors naming the file)."""
+    data = read_regular_file(path, _MAX_TEXT_FILE, TokenizerError, what)
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise TokenizerError(f"{path}: not a readable {what} ({type(err).__name__}: {err})") from None
+    if not isinstance(value, dict):
+        raise TokenizerError(f"{path}: a {what} must hold a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _optional_json(folder: Path, name: str) -> dict[str, Any]:
+    path = folder / name
+    return read_json_file(path, name) if path.exists() else {}
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json stores it: a string or an AddedToken object."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _id_list(value: Any) -> list[int] | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    return None
+
+
+def compile_chat_template(source: str, where: str = "chat template") -> Any:
+    """A jinja2 template compiled in the environment transformers' apply_chat_template uses."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(jinja2.ext.Extension):
+        """`{% generation %}...{% endgeneration %}` (assistant-mask markers): renders the body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return str(caller())
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format: str) -> str:
+        return datetime.now().strftime(format)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    try:
+        return env.from_string(source, globals={"raise_exception": raise_exception, "strftime_now": strftime_now})
+    except jinja2.TemplateError as err:
+        raise TokenizerError(f"{where}: not a valid jinja2 template ({type(err).__name__}: {err})") from None
+
+
+class TextTokenizer:
+    """The tokenizer, chat template and stop ids of a checkpoint (or package) folder."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        from tokenizers import Tokenizer
+
+        self.folder = Path(folder)
+        path = self.folder / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(f"{self.folder}: no tokenizer.json (text needs the checkpoint's fast tokenizer)")
+        data = read_regular_file(path, _MAX_TEXT_FILE, TokenizerError, "tokenizer.json")
+        try:
+            self._tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as err:  # the Rust side raises plain Exceptions for malformed files
+            raise TokenizerError(f"{path}: not a readable tokenizer ({type(err).__name__}: {err})") from None
+        self.config = _optional_json(self.folder, "tokenizer_config.json")
+        self.special_tokens = self._special_tokens(_optional_json(self.folder, "special_tokens_map.json"))
+        self.chat_template_source = self._chat_template_source()
+        self._template: Any = None
+        self.stop_ids = self._stop_ids()
+
+    # -- loading ---------------------------------------------------------------------------------
+    def _special_tokens(self, tokens_map: Mapping[str, Any]) -> dict[str, Any]:
+        """Special-token strings as transformers' special_tokens_map has them (config wins)."""
+        out: dict[str, Any] = {}
+        for source in (tokens_map, self.config):
+            for name in SPECIAL_TOKEN_NAMES:
+                text = _token_text(source.get(name))
+                if text is not None:
+                    out[name] = text
+            extra = source.get("additional_special_tokens")
+            if isinstance(extra, list):
+                texts = [t for t in (_token_text(v) for v in extra) if t is not None]
+                if texts:
+                    out["additional_special_tokens"] = texts
+        return out
+
+    def _chat_template_source(self) -> str | None:
+        jinja_file = self.folder / "chat_template.jinja"
+        if jinja_file.exists():
+            data = read_regular_file(jinja_file, _MAX_TEXT_FILE, TokenizerError, "chat template")
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise TokenizerError(f"{jinja_file}: not UTF-8 text ({err})") from None
+        template = self.config.get("chat_template")
+        if template is None or isinstance(template, str):
+            return template
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+            chosen = named.get("default")
+            if isinstance(chosen, str):
+                return chosen
+        raise TokenizerError(
+            f"{self.folder / 'tokenizer_config.json'}: chat_template must be a string or a list of named"
+            " templates with a 'default' one"
+        )
+
+    def _stop_ids(self) -> tuple[int, ...]:
+        for name in ("generation_config.json", "config.json"):
+            ids = _id_list(_optional_json(self.folder, name).get("eos_token_id"))
+            if ids is not None:
+                return tuple(ids)
+        eos = self.special_tokens.get("eos_token")
+        token = self._tokenizer.token_to_id(eos) if isinstance(eos, str) else None
+        return () if token is None else (int(token),)
+
+    # -- text <-> ids ----------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def token_id(self, token: str) -> int | None:
+        found = self._tokenizer.token_to_id(token)
+        return None if found is None else int(found)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text` (with the tokenizer's post-processor, e.g. a BOS, by default)."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"text to encode must be a str, got {type(text).__name__}")
+        return [int(i) for i in self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids]
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return str(self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens))
+
+    def stream_decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> Iterator[str]:
+        """Text pieces as `ids` arrive (a piece once its bytes form whole characters); at the
+        end, whatever bytes never completed a character, as `decode` renders them, so the
+        pieces join to `decode(ids)`."""
+        from tokenizers.decoders import DecodeStream
+
+        stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        seen: list[int] = []
+        emitted = 0
+        for token in ids:
+            seen.append(int(token))
+            piece = stream.step(self._tokenizer, int(token))
+            if piece:
+                emitted += len(piece)
+                yield piece
+        full = self.decode(seen, skip_special_tokens=skip_special_tokens)
+        if len(full) > emitted:
+            yield full[emitted:]
+
+    # -- chat ------------------------------------------------------------------------------------
+    @property
+    def has_chat_template(self) -> bool:
+        return self.chat_template_source is not None
+
+    def render_chat(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **variables: Any
+    ) -> str:
+        """`messages` ([{"role": ..., "content": ...}]) rendered by the chat template."""
+        import jinja2
+
+        if self.chat_template_source is None:
+            raise TokenizerError(
+                f"{self.folder}: the tokenizer has no chat template (no chat_template.jinja, no chat_template"
+                " in tokenizer_config.json); use a plain prompt"
+            )
+        if self._template is None:
+            self._template = compile_chat_template(self.chat_template_source, f"{self.folder}: chat template")
+        context = {**self.special_tokens, **variables}
+        try:
+            return str(self._template.render(
+                messages=[dict(m) for m in messages], tools=None, documents=None,
+                add_generation_prompt=add_generation_prompt, **context,
+            ))
+        except jinja2.TemplateError as err:
+            raise TokenizerError(f"{self.folder}: the chat template failed: {err}") from None
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **variables: Any
+    ) -> list[int]:
+        """Ids of the rendered chat (no special tokens added: the template writes them)."""
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, **variables)
+        return self.encode(text, add_special_tokens=False)
+
+    def prompt_ids(self, prompt: str, *, chat: bool = False, system: str | None = None) -> list[int]:
+        """A prompt's ids: plain text encoded as is, or with `chat` one user turn (after an
+        optional `system` turn) rendered by the chat template with the generation prompt."""
+        if not chat:
+            if system is not None:
+                raise TokenizerError("a system message needs chat=True (it is a turn of the chat template)")
+            return self.encode(prompt)
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+            {"role": "user", "content": prompt}
+        ]
+        return self.encode_chat(messages)

@@ -1,0 +1,209 @@
+"""A chat checkpoint -> one stateful package carrying its tokenizer, chat template, generation
+config and model description; text generation from the package folder alone; `rlx-mil eval`
+against a NumPy computation of the same perplexity, KL and top-1 agreement."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from models.hf_numpy import FORWARDS
+
+from rlx_mil.cli import main
+from rlx_mil.llm.evaluate import log_softmax
+from rlx_mil.llm.generate import Session
+from rlx_mil.llm.package import reference_greedy
+from rlx_mil.llm.text import TextTokenizer
+from rlx_mil.models.checkpoint import Checkpoint
+
+from .text_fixtures import chat_checkpoint
+
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return chat_checkpoint(tmp_path_factory.mktemp("hf") / "tiny-chat")
+
+
+@pytest.fixture(scope="module")
+def package(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("pkg") / "chat.mlpackage"
+    argv = ["convert-hf", str(checkpoint), "-o", str(out), "--stateful", "--max-context", "48", "--prefill", "8",
+            "--precision", "fp32", "-q", "--author", "Someone"]
+    assert main(argv) == 0
+    return out
+
+
+def test_the_package_carries_the_text_files_and_description(
+    package: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = package / "Data" / "rlx_mil" / "tokenizer"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    ]
+    manifest = json.loads((package / "Manifest.json").read_text())
+    assert any(e["path"] == "rlx_mil/tokenizer" and e["author"] == "rlx_mil" for e in manifest["itemInfoEntries"].values())
+    capsys.readouterr()
+    assert main(["inspect", str(package), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["description"] == {
+        "author": "Someone",  # the flag wins over the owner in _name_or_path ("acme")
+        "license": "apache-2.0", "version": "1.2",
+        "short_description": "tiny-chat (Qwen3), converted to Core ML by rlx_mil",
+    }
+    assert info["text_folder"] == "Data/rlx_mil/tokenizer" and "tokenizer.json" in info["text_files"]
+    assert main(["inspect", str(package)]) == 0
+    text = capsys.readouterr().out
+    assert "license:  apache-2.0" in text and "text:     Data/rlx_mil/tokenizer: config.json" in text
+
+
+def test_chat_generation_from_the_copied_folder_alone(
+    package: Path, checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    moved = tmp_path / "elsewhere" / "copy.mlpackage"
+    shutil.copytree(package, moved)
+    tok = TextTokenizer(checkpoint)
+    prompt = tok.encode_chat([{"role": "user", "content": QUESTION}])
+    want_ids = reference_greedy(checkpoint, prompt, 12)
+    stops = set(tok.stop_ids)
+    cut = next((i + 1 for i, t in enumerate(want_ids) if t in stops), len(want_ids))
+    want = tok.decode(want_ids[:cut])
+
+    session = Session(moved, precision_model="float32")
+    assert session.generate_text(QUESTION, 12, chat=True) == want
+    assert session.stats.new_tokens == cut and session.stats.prompt_tokens == len(prompt)
+    assert "".join(session.stream_text(QUESTION, 12, chat=True)) == want
+
+    capsys.readouterr()
+    argv = ["generate", str(moved), "--chat", "--prompt", QUESTION, "-n", "12", "--engine", "milexec"]
+    # The CLI runs the declared (fp32) precision model: same program, same greedy text here.
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out == want + "\n"
+    assert "tok/s" in err and "prompt:" in err
+
+
+def test_generation_stops_at_the_stop_ids(package: Path, checkpoint: Path, tmp_path: Path) -> None:
+    tok = TextTokenizer(checkpoint)
+    prompt = tok.encode("The capital")
+    ids = reference_greedy(checkpoint, prompt, 6)
+    # Make the last new distinct greedy token a stop token: generation ends right after it.
+    cut = max(ids.index(t) for t in ids) + 1
+    folder = tmp_path / "tok"
+    shutil.copytree(checkpoint, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": ids[cut - 1]}))
+    session = Session(package, precision_model="float32")
+    session.tokenizer = TextTokenizer(folder)
+    assert session.generate_text("The capital", 6) == tok.decode(ids[:cut])
+    assert session.stats.new_tokens == cut
+    assert session.stats.stopped == ("stop token" if cut < 6 or ids[-1] == ids[cut - 1] else "max tokens")
+
+
+def _numpy_scores(checkpoint: Path, ids: list[int], window: int, weights: object = None) -> list[np.ndarray]:
+    """Log-probabilities of every scored position, window by window, from the NumPy forward."""
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    rows = []
+    for start in range(0, len(ids), window):
+        part = ids[start:start + window]
+        if len(part) < 2:
+            continue
+        logits, _ = FORWARDS["qwen3"](weights or Checkpoint(checkpoint), cfg, np.asarray([part[:-1]]))
+        rows.append(log_softmax(logits[0]))
+    return rows
+
+
+def test_eval_perplexity_and_reference_metrics_match_numpy(
+    package: Path, checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text_file = tmp_path / "text.txt"
+    text_file.write_text("The capital of France is Paris. Hello, how are you? " * 4)
+    tok = TextTokenizer(checkpoint)
+    ids = tok.encode(text_file.read_text())[:60]
+    want_rows = _numpy_scores(checkpoint, ids, 48)
+    targets = [ids[s + 1:s + 48] for s in range(0, len(ids), 48) if len(ids[s:s + 48]) >= 2]
+    nll = -np.mean(np.concatenate([r[np.arange(len(t)), t] for r, t in zip(want_rows, targets, strict=True)]))
+
+    capsys.readouterr()
+    argv = ["eval", str(package), "--text", str(text_file), "--max-tokens", "60", "--json", "-q",
+            "--reference", str(checkpoint), "--engine", "milexec"]
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["tokens"] == 60 and got["windows"] == 2 and got["scored"] == 58
+    assert got["perplexity"] == pytest.approx(math.exp(nll), rel=1e-3)
+    assert got["reference_perplexity"] == pytest.approx(math.exp(nll), rel=1e-5)
+    assert got["mean_kl"] == pytest.approx(0.0, abs=1e-4)
+    assert got["top1_agreement"] == 1.0
+
+
+def test_eval_of_an_int4_package_matches_numpy_with_its_dequantized_weights(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlx_mil.compress import dequantized_params, report_of
+    from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.models.pretrained import from_pretrained
+
+    out = tmp_path / "int4.mlpackage"
+    argv = ["convert-hf", str(checkpoint), "-o", str(out), "--stateful", "--max-context", "32",
+            "--precision", "fp32", "--compress", "int4;min_size=1", "-q"]
+    assert main(argv) == 0
+    report = report_of(package_info(out).metadata)
+    assert report is not None and report.weights
+    _, params = from_pretrained(checkpoint, "prefill", seq_len=4)
+    text_file = tmp_path / "text.txt"
+    text_file.write_text("Hello, how are you? I am fine, thank you. The capital of France is Paris.")
+    ids = TextTokenizer(checkpoint).encode(text_file.read_text())[:40]
+    package_rows = _numpy_scores(checkpoint, ids, 32, dequantized_params(params, report))
+    reference_rows = _numpy_scores(checkpoint, ids, 32)
+    targets = [ids[s + 1:s + 32] for s in range(0, len(ids), 32) if len(ids[s:s + 32]) >= 2]
+    p, q = np.concatenate(package_rows), np.concatenate(reference_rows)
+    flat = np.concatenate(targets)
+    nll_p = -np.mean(p[np.arange(len(flat)), flat])
+    nll_q = -np.mean(q[np.arange(len(flat)), flat])
+    kl = np.mean(np.sum(np.exp(q) * (q - p), axis=-1))
+    top1 = np.mean(np.argmax(p, -1) == np.argmax(q, -1))
+    assert kl > 1e-4  # int4 moves the distributions measurably
+
+    capsys.readouterr()
+    assert main(["eval", str(out), "--text", str(text_file), "--max-tokens", "40", "--reference", str(checkpoint),
+                 "--json", "-q"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["scored"] == len(flat)
+    assert got["perplexity"] == pytest.approx(math.exp(nll_p), rel=1e-4)
+    assert got["reference_perplexity"] == pytest.approx(math.exp(nll_q), rel=1e-5)
+    assert got["perplexity_ratio"] == pytest.approx(math.exp(nll_p - nll_q), rel=1e-4)
+    assert got["mean_kl"] == pytest.approx(kl, rel=1e-3, abs=1e-6)
+    assert got["top1_agreement"] == pytest.approx(top1)
+    assert main(["eval", str(out), "--text", str(text_file), "--max-tokens", "40", "-q"]) == 0
+    assert "perplexity:" in capsys.readouterr().out
+
+
+def test_run_function_version_and_compute_units(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import rlx_mil
+
+    ids = [5, 9, 14, 2, 7, 11, 3, 8]
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, input_ids=np.asarray([ids], np.int32), position_ids=np.arange(8, dtype=np.int32)[None],
+             cache_position=np.zeros(1, np.int32))
+    out = tmp_path / "out.npz"
+    assert main(["run", str(package), "--inputs", str(inputs), "--function", "prefill_8", "-o", str(out),
+                 "--engine", "milexec"]) == 0
+    session = Session(package)
+    want = session.feed(ids)
+    assert session.calls == [("prefill_8", 8)]
+    with np.load(out) as got:
+        np.testing.assert_allclose(got["logits"].reshape(-1, want.size)[-1], want, rtol=1e-5, atol=1e-5)
+    assert main(["run", str(package), "--inputs", str(inputs), "--function", "nope"]) == 1
+    assert "no function 'nope' (functions: prefill_8, decode)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"rlx-mil {rlx_mil.__version__}"
+    # Core ML does not store compute units in a package: only commands that load a model take them.
+    for argv in (["convert-hf", "x", "-o", "y.mlpackage"], ["convert", "g.json", "-o", "y.mlpackage"], ["demo"]):
+        with pytest.raises(SystemExit):
+            main([*argv, "--compute-units", "CPU_ONLY"])
+        assert "unrecognized arguments: --compute-units" in capsys.readouterr().err
