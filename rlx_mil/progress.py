@@ -3,7 +3,7 @@ passes, package written.
 
 Each stage ends with one line on stderr (what it did, how long it took). On a terminal a tqdm
 bar shows the stage while it runs; coremltools' own pass-pipeline bar (switched off when
-rlx_mil is imported) is replaced by one that fits between those lines. `enabled=False`
+rlx_mil is imported) is replaced by one that fits between those lines (`rlx_mil.coreml.patches.passes_shown_on`). `enabled=False`
 (`--quiet`, or a CI environment) prints nothing.
 """
 
@@ -12,8 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
 import numpy as np
@@ -84,37 +83,6 @@ class Progress:
     def note(self, text: str) -> None:
         if self.enabled:
             print(text, file=self.stream, flush=True)
-
-    @contextmanager
-    def coreml_passes(self, after: str = "Core ML conversion") -> Iterator[None]:
-        """While active, each coremltools pass pipeline shows as a stage with a bar per pass;
-        the work between and after the pipelines (serialising the program) is the stage
-        `after`, shown when it takes a noticeable time."""
-        if not self.enabled:
-            yield
-            return
-        from coremltools.converters.mil.mil.passes import pass_pipeline
-
-        original = pass_pipeline.tqdm
-
-        def passes(iterable: Iterable[Any], desc: str = "", unit: str = "", **_: Any) -> Iterator[Any]:
-            items = list(iterable)
-            if not items:
-                yield from items
-                return
-            name = desc.replace("Running MIL ", "").replace(" pipeline", "") or "passes"
-            self.begin(f"Core ML passes ({name})", total=len(items), unit=" passes")
-            for item in items:
-                yield item
-                self.advance()
-            self.end(f"{len(items)} passes")
-            self.begin(after, min_seconds=0.1)
-
-        pass_pipeline.tqdm = passes
-        try:
-            yield
-        finally:
-            pass_pipeline.tqdm = original
 
 
 class CountingParams(Mapping[str, np.ndarray]):

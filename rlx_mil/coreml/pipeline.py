@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rlx_mil.coreml import patches
 from rlx_mil.lowering.target import Precision
 
 #: coremltools 9.0 passes that break programs built in fp16: `fuse_elementwise_to_batchnorm`
@@ -171,11 +172,11 @@ def validation_once_per_pipeline() -> Iterator[None]:
             prog.validate(check_essential_scope=DEAD_CODE_ELIMINATION in pass_pipeline.passes)
 
     apply_pipeline.rlx_mil_once = True  # type: ignore[attr-defined]
-    PassPipelineManager.apply_pipeline = staticmethod(apply_pipeline)
-    try:
+    with patches.replaced(
+        "coremltools.converters.mil.mil.passes.pass_pipeline:PassPipelineManager.apply_pipeline",
+        staticmethod(apply_pipeline),
+    ):
         yield
-    finally:
-        PassPipelineManager.apply_pipeline = staticmethod(original)
 
 
 def _holds_nonreplaceable_marks(block: Any) -> bool:
@@ -218,11 +219,10 @@ def nonreplaceable_marks_only_with_constexprs() -> Iterator[None]:
             original(self)
 
     propagate_where_needed.rlx_mil_skips = True  # type: ignore[attr-defined]
-    Block._propagate_nonreplaceable_vars = propagate_where_needed
-    try:
+    with patches.replaced(
+        "coremltools.converters.mil.mil.block:Block._propagate_nonreplaceable_vars", propagate_where_needed
+    ):
         yield
-    finally:
-        Block._propagate_nonreplaceable_vars = original
 
 
 # ---------------------------------------------------------------------------------- structure

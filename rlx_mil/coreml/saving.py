@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rlx_mil.coreml import patches
 from rlx_mil.coreml.weight_writes import package_weights_folder
 from rlx_mil.errors import (
     ConversionError,
@@ -208,11 +209,8 @@ def weights_linked_on_save(model: Any) -> Iterator[None]:
     if isinstance(real, _LinkingShutil):  # a save in progress installed it
         yield
         return
-    ct_model._shutil = _LinkingShutil(real, weights)
-    try:
+    with patches.replaced("coremltools.models.model:_shutil", _LinkingShutil(real, weights)):
         yield
-    finally:
-        ct_model._shutil = real
 
 
 def save_package(model: Any, dest: Path, *, overwrite: bool) -> Path:

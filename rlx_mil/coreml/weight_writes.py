@@ -32,13 +32,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rlx_mil.compress.code_store import writing_without_copies
+from rlx_mil.coreml import patches
 
 #: The manifest description coremltools gives the weights folder of an ML Program package.
 WEIGHTS_ITEM_DESCRIPTION = "CoreML Model Weights"
@@ -163,14 +164,15 @@ def direct_weight_writes() -> Iterator[None]:
     from coremltools.converters.mil.backend.mil import load
 
     original_create, original_blob_writer = ct_model._create_mlpackage, load.BlobWriter
-    helper._get_offset_by_writing_data = _writer(original)
-    ct_model._create_mlpackage = _package_creator(original_create)
-    if original_blob_writer is not None:
-        load.BlobWriter = _recording_blob_writer(original_blob_writer)
     try:
-        yield
+        with ExitStack() as stack:
+            stack.enter_context(patches.replaced(
+                "coremltools.converters.mil.backend.mil.helper:_get_offset_by_writing_data", _writer(original)))
+            stack.enter_context(patches.replaced(
+                "coremltools.models.model:_create_mlpackage", _package_creator(original_create)))
+            if original_blob_writer is not None:
+                stack.enter_context(patches.replaced(
+                    "coremltools.converters.mil.backend.mil.load:BlobWriter", _recording_blob_writer(original_blob_writer)))
+            yield
     finally:
-        helper._get_offset_by_writing_data = original
-        ct_model._create_mlpackage = original_create
-        load.BlobWriter = original_blob_writer
         _writer_paths.clear()

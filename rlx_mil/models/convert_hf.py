@@ -42,6 +42,7 @@ def convert_checkpoint(
     compression, the uncompressed conversion's output error on them is recorded too.
     Returns the graph, its params and the package path."""
     from rlx_mil import api
+    from rlx_mil.coreml.patches import passes_shown_on
     from rlx_mil.models.pretrained import from_pretrained
 
     out = Path(output)
@@ -73,7 +74,7 @@ def convert_checkpoint(
     import coremltools  # noqa: F401  (its import takes seconds; shown as its own stage)
 
     progress.end()
-    with progress.coreml_passes():
+    with passes_shown_on(progress):
         model = api.convert(graph, CountingParams(params, on_read), **convert)
     if check_inputs is not None and convert.get("compress"):
         from rlx_mil.compress import measure_output_error
