@@ -32,7 +32,7 @@ def _tree_bytes(path: Path) -> int:
 
 
 def _largest_tensor(config: dict[str, Any]) -> tuple[str, int]:
-    from rlx_mil.models.hf_config import model_spec
+    from rlx_mil.models.families import model_spec
     from rlx_mil.models.pretrained import build
 
     _, expected, _ = build(model_spec(config), seq_len=1)

@@ -3,7 +3,9 @@
 Weights are Params under their Hugging Face names, in their stored `[out, in]` layout: each
 linear layer is `MatMul(x, Transpose(W))`, which the lowering turns into Core ML `linear` on
 the weight as stored (no transposed copy). Attention runs head-major (`[B, H, S, D]`); RoPE
-uses cos/sin tables passed as the Params `rope.cos` / `rope.sin`.
+uses cos/sin tables passed as the Params `rope.cos` / `rope.sin` (a model whose layers have
+different RoPEs, like Gemma 3's local and global layers, has one pair per RoPE: `rope_1.cos`
+/ `rope_1.sin`, ... for the second and later).
 
 Variants:
 - prefill: `input_ids [B, S]` (and `position_ids [B, S]` when asked), causal attention,
@@ -27,10 +29,9 @@ from rlx_mil.errors import AmbiguousLayoutWarning, InvalidOptionError
 from rlx_mil.ir import Graph
 from rlx_mil.models.graph_builder import WeightGraph
 from rlx_mil.models.hf_config import DecoderSpec
-from rlx_mil.models.rope_tables import rope_tables
+from rlx_mil.models.rope import RopeSpec, rope_tables
 
 VARIANTS = ("prefill", "decode")
-ROPE_COS, ROPE_SIN = "rope.cos", "rope.sin"
 
 
 @dataclass(frozen=True)
@@ -102,16 +103,15 @@ class _Builder(WeightGraph):
             gamma = self.g.add(gamma, self.scalar(self.spec.norm_offset), name=f"{module}.scale")
         return self.g.rms_norm(x, gamma, self.zeros(width), eps=self.spec.rms_norm_eps, name=module)
 
-    def rope(self, x: int, cos: int, sin: int, module: str) -> int:
+    def rope(self, x: int, cos: int, sin: int, rotary_dim: int, module: str) -> int:
         """RoPE on `[B, H, S, D]` with table rows already matching the S positions."""
-        s = self.spec
-        return self.g.rope(x, cos, sin, s.head_dim, s.rope.rotary_dim, name=f"{module}.rope")
+        return self.g.rope(x, cos, sin, self.spec.head_dim, rotary_dim, name=f"{module}.rope")
 
-    def rope_by_rows(self, x: int, cos: int, sin: int, module: str) -> int:
+    def rope_by_rows(self, x: int, cos: int, sin: int, rotary_dim: int, module: str) -> int:
         """RoPE on `[B, H, S, D]` with per-batch rows `cos`/`sin` `[B, 1, S, D/2]` (ordinary
         element-wise ops: the Rope op's tables are shared by the whole batch)."""
         g, s = self.g, self.spec
-        half = s.rope.rotary_dim // 2
+        half = rotary_dim // 2
         if half < s.head_dim // 2:
             cos = g.narrow(cos, 3, 0, half, name=f"{module}.rope_cos_rot")
             sin = g.narrow(sin, 3, 0, half, name=f"{module}.rope_sin_rot")
@@ -134,28 +134,30 @@ class _Builder(WeightGraph):
         # Hugging Face's window W shows W keys including the query's own; the IR's w shows w + 1.
         return f"sliding:{window - 1}"
 
+    def tables(self, positions: int | None) -> dict[RopeSpec, tuple[int, int]]:
+        """(cos, sin) rows for the S positions of each distinct RoPE of the model."""
+        s, o, g = self.spec, self.options, self.g
+        b, n, half = o.batch_size, o.seq_len, s.head_dim // 2
+        out: dict[RopeSpec, tuple[int, int]] = {}
+        for rope, prefix in rope_names(s).items():
+            cos = g.param(f"{prefix}.cos", [o.table_rows, half])
+            sin = g.param(f"{prefix}.sin", [o.table_rows, half])
+            if positions is not None:
+                shape = [n, half] if b == 1 else [b, 1, n, half]
+                cos = g.reshape(g.gather(cos, positions, name=f"{prefix}.cos_rows"), shape, name=f"{prefix}.cos_table")
+                sin = g.reshape(g.gather(sin, positions, name=f"{prefix}.sin_rows"), shape, name=f"{prefix}.sin_table")
+            out[rope] = (cos, sin)
+        return out
+
     # ------------------------------------------------------------------ the model
     def build(self) -> Graph:
         s, o, g = self.spec, self.options, self.g
-        b, n, d = o.batch_size, o.seq_len, s.head_dim
+        b, n = o.batch_size, o.seq_len
         decode = o.variant == "decode"
         ids = g.input("input_ids", [b, n], "i32")
-        cos_table = g.param(ROPE_COS, [o.table_rows, d // 2])
-        sin_table = g.param(ROPE_SIN, [o.table_rows, d // 2])
-        per_batch_rows = False
-        if decode or o.position_ids:
-            positions = g.input("position_ids", [b, n], "i32")
-            cos = g.gather(cos_table, positions, name="rope.cos_rows")
-            sin = g.gather(sin_table, positions, name="rope.sin_rows")
-            if b == 1:
-                cos = g.reshape(cos, [n, d // 2], name="rope.cos_table")
-                sin = g.reshape(sin, [n, d // 2], name="rope.sin_table")
-            else:
-                per_batch_rows = True
-                cos = g.reshape(cos, [b, 1, n, d // 2], name="rope.cos_table")
-                sin = g.reshape(sin, [b, 1, n, d // 2], name="rope.sin_table")
-        else:
-            cos, sin = cos_table, sin_table
+        positions = g.input("position_ids", [b, n], "i32") if decode or o.position_ids else None
+        tables = self.tables(positions)
+        per_batch_rows = positions is not None and b > 1
 
         self.key_mask = g.input("attention_mask", [b, o.cache_len + n]) if o.attention_mask else None
         embed = self.weight("model.embed_tokens.weight", (s.vocab_size, s.hidden_size))
@@ -164,7 +166,8 @@ class _Builder(WeightGraph):
             x = g.mul(x, self.scalar(s.embed_scale), name="model.embed_scale")
         kv_outputs: list[int] = []
         for i in range(s.num_layers):
-            x, k, v = self.layer(x, i, cos, sin, per_batch_rows)
+            rope = s.rope_of(i)
+            x, k, v = self.layer(x, i, rope, tables[rope] if rope is not None else None, per_batch_rows)
             if decode or o.kv_outputs:
                 kv_outputs += [k, v]
         x = self.rms_norm(x, "model.norm", s.hidden_size)
@@ -175,6 +178,8 @@ class _Builder(WeightGraph):
             logits = g.matmul(x, head, name="lm_head")
         else:
             logits = self.linear(x, "lm_head", s.vocab_size, s.hidden_size, False)
+        if s.logits_scale is not None:
+            logits = g.mul(logits, self.scalar(s.logits_scale), name="logits_scale")
         if s.final_softcap is not None:
             capped = g.tanh(g.mul(logits, self.scalar(1.0 / s.final_softcap)), name="final_softcap.tanh")
             logits = g.mul(capped, self.scalar(s.final_softcap), name="final_softcap")
@@ -182,7 +187,8 @@ class _Builder(WeightGraph):
         g.set_outputs([logits, *kv_outputs])
         return g
 
-    def layer(self, x: int, i: int, cos: int, sin: int, per_batch_rows: bool) -> tuple[int, int, int]:
+    def layer(self, x: int, i: int, rope: RopeSpec | None, table: tuple[int, int] | None,
+              per_batch_rows: bool) -> tuple[int, int, int]:
         s, o, g = self.spec, self.options, self.g
         p = f"model.layers.{i}"
         e, h, hkv, d = s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim
@@ -205,9 +211,10 @@ class _Builder(WeightGraph):
         q = self.split_heads(q, b, n, h, d, f"{p}.self_attn.q", q_norm)
         k = self.split_heads(k, b, n, hkv, d, f"{p}.self_attn.k", k_norm)
         v = self.split_heads(v, b, n, hkv, d, f"{p}.self_attn.v")
-        rotate = self.rope_by_rows if per_batch_rows else self.rope
-        q = rotate(q, cos, sin, f"{p}.self_attn.q")
-        k = rotate(k, cos, sin, f"{p}.self_attn.k")
+        if rope is not None and table is not None:  # None: a layer without RoPE (NoPE)
+            rotate = self.rope_by_rows if per_batch_rows else self.rope
+            q = rotate(q, *table, rope.rotary_dim, f"{p}.self_attn.q")
+            k = rotate(k, *table, rope.rotary_dim, f"{p}.self_attn.k")
         if o.variant == "decode":
             past_k = g.input(f"past_k_{i}", [o.batch_size, hkv, o.cache_len, d])
             past_v = g.input(f"past_v_{i}", [o.batch_size, hkv, o.cache_len, d])
@@ -227,6 +234,8 @@ class _Builder(WeightGraph):
                                         name=f"{p}.self_attn.attention")
         attn = self.merge_heads(attn, b, n, h * d, f"{p}.self_attn")
         out = self.linear(attn, f"{p}.self_attn.o_proj", e, h * d, s.o_bias)
+        if s.residual_scale is not None:
+            out = g.mul(out, self.scalar(s.residual_scale), name=f"{p}.self_attn.residual_scale")
         if s.sandwich_norms:
             out = self.rms_norm(out, f"{p}.post_attention_layernorm", e)
             x = g.add(x, out, name=f"{p}.attn_residual")
@@ -237,6 +246,8 @@ class _Builder(WeightGraph):
         out = self.mlp(hn, f"{p}.mlp")
         if s.sandwich_norms:
             out = self.rms_norm(out, f"{p}.post_feedforward_layernorm", e)
+        if s.residual_scale is not None:
+            out = g.mul(out, self.scalar(s.residual_scale), name=f"{p}.mlp.residual_scale")
         x = g.add(x, out, name=f"{p}.mlp_residual")
         return x, k, v
 
@@ -260,5 +271,18 @@ def build_decoder(spec: DecoderSpec, options: DecoderOptions, name: str | None =
     options.validate(spec)
     builder = _Builder(spec, options, name or f"{spec.family}_{options.variant}")
     graph = builder.build()
-    cos, sin = rope_tables(spec.rope, spec.head_dim, options.table_rows)
-    return graph, builder.expected, {ROPE_COS: cos, ROPE_SIN: sin}
+    computed: dict[str, np.ndarray] = {}
+    for rope, prefix in rope_names(spec).items():
+        computed[f"{prefix}.cos"], computed[f"{prefix}.sin"] = rope_tables(rope, spec.head_dim, options.table_rows)
+    return graph, builder.expected, computed
+
+
+def rope_names(spec: DecoderSpec) -> dict[RopeSpec, str]:
+    """Each distinct RoPE of the model's layers, in layer order, with its params' name prefix:
+    `rope` for the first, `rope_1`, `rope_2`, ... for the others."""
+    ropes: list[RopeSpec] = []
+    for i in range(spec.num_layers):
+        rope = spec.rope_of(i)
+        if rope is not None and rope not in ropes:
+            ropes.append(rope)
+    return {rope: "rope" if k == 0 else f"rope_{k}" for k, rope in enumerate(ropes)}

@@ -13,15 +13,18 @@ from rlx_mil.ir import Graph
 from rlx_mil.models.budget import check_build_cost, check_sizes_against_checkpoint
 from rlx_mil.models.checkpoint import Checkpoint, ModelParams, pattern_matcher
 from rlx_mil.models.decoder import DecoderOptions, build_decoder
-from rlx_mil.models.hf_config import DecoderSpec, EncoderSpec, ModelSpec, model_spec
+from rlx_mil.models.families import model_spec
+from rlx_mil.models.hf_config import DecoderSpec, EncoderSpec, ModelSpec
 
 #: Stored tensors the decoders never read: rotary buffers older exports saved.
 _DECODER_BUFFERS = (r"model\.rotary_emb\.inv_freq", r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
-ARCHITECTURE_NAMES = {
-    "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "gemma2": "Gemma 2",
-    "phi3": "Phi-3", "bert": "BERT",
-}
+
+def architecture_name(spec: ModelSpec) -> str:
+    """How messages name the architecture of `spec` (its family record's name)."""
+    from rlx_mil.models.families import family
+
+    return family(spec.family).name
 
 
 def build(
@@ -51,7 +54,7 @@ def build(
         from rlx_mil.models.encoder import EncoderOptions, build_encoder
 
         if variant != "prefill" or cache_len is not None or last_logits or kv_outputs or position_ids or max_positions:
-            raise InvalidOptionError(f"{ARCHITECTURE_NAMES[spec.family]} is an encoder: it has no decode variant, KV cache or logits")
+            raise InvalidOptionError(f"{architecture_name(spec)} is an encoder: it has no decode variant, KV cache or logits")
         encoder_options = EncoderOptions(seq_len=128 if seq_len is None else seq_len, batch_size=batch_size,
                                  pooling=pooling, normalize=normalize, token_type_ids=token_type_ids)
         encoder_options.validate(spec)
@@ -142,7 +145,7 @@ def from_pretrained(
         attention_mask=attention_mask, pooling=pooling, normalize=normalize, token_type_ids=token_type_ids,
         name=checkpoint.directory.name or None, source=source, precheck=precheck,
     )
-    checkpoint.check({prefix + k: v for k, v in expected.items()}, ARCHITECTURE_NAMES[spec.family], _ignorable_prefixed(spec, prefix))
+    checkpoint.check({prefix + k: v for k, v in expected.items()}, architecture_name(spec), _ignorable_prefixed(spec, prefix))
     return graph, ModelParams(checkpoint, tuple(expected), computed, stored_prefix=prefix)
 
 

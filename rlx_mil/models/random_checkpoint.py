@@ -18,35 +18,11 @@ import numpy as np
 
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.models.checkpoint import INDEX_FILE, SINGLE_FILE
-from rlx_mil.models.hf_config import DecoderSpec, model_spec
+from rlx_mil.models.families import model_spec, tiny_configs
+from rlx_mil.models.hf_config import DecoderSpec
 
-_LLAMA_TINY: dict[str, Any] = {
-    "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
-}
-
-#: Tiny configs of every family, with the family's characteristic fields set.
-TINY_CONFIGS: dict[str, dict[str, Any]] = {
-    "llama": {**_LLAMA_TINY, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}},
-    "qwen2": {**_LLAMA_TINY, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
-              "tie_word_embeddings": True, "rope_theta": 1000000.0, "use_sliding_window": False},
-    "qwen3": {**_LLAMA_TINY, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 16,
-              "tie_word_embeddings": True, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6},
-    "mistral": {**_LLAMA_TINY, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 5},
-    "gemma2": {**_LLAMA_TINY, "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "head_dim": 16,
-               "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "rms_norm_eps": 1e-6,
-               "query_pre_attn_scalar": 24, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
-               "sliding_window": 4},
-    "phi3": {**_LLAMA_TINY, "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "num_key_value_heads": 4,
-             "sliding_window": 6, "rope_scaling": None},
-    "bert": {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": 96, "hidden_size": 32,
-             "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
-             "max_position_embeddings": 64, "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
-             "position_embedding_type": "absolute"},
-}
+#: Tiny configs of every family (from the family records), with the family's characteristic fields set.
+TINY_CONFIGS: dict[str, dict[str, Any]] = tiny_configs()
 
 #: Qwen3-0.6B's architecture (random weights): the benchmark's large case.
 QWEN3_0_6B: dict[str, Any] = {

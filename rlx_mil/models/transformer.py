@@ -13,6 +13,7 @@ from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Param
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS
+from rlx_mil.models.rope import plain_rope_tables as rope_tables
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,6 @@ class DecoderConfig:
                 f"{self.layers} layers of hidden {e} need {total} weights, more than the limit of"
                 f" {MAX_TENSOR_ELEMENTS} (all are allocated in memory)"
             )
-
-
-def rope_tables(seq: int, head_dim: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
-    """NeoX RoPE tables `[seq, head_dim/2]` (cos, sin) for positions 0..seq-1."""
-    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angles = np.arange(seq, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
 def llama_decoder(config: DecoderConfig = DecoderConfig(), name: str = "llama_decoder") -> Graph:

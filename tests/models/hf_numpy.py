@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from models.hf_rope_numpy import inv_freq, rope_dicts
+
 Weights = Mapping[str, np.ndarray]
 
 
@@ -43,31 +45,13 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
 
 
-def _inv_freq(cfg: Mapping[str, Any], head_dim: int) -> np.ndarray:
-    dim = int(head_dim * cfg.get("partial_rotary_factor", 1.0))
-    inv = 1.0 / cfg.get("rope_theta", 10000.0) ** (np.arange(0, dim, 2) / dim)
-    scaling = cfg.get("rope_scaling") or {}
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "linear":
-        return inv / scaling["factor"]
-    if kind == "llama3":  # transformers _compute_llama3_parameters
-        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
-        old = scaling["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv
-        out = np.where(wavelen > old / low, inv / factor, inv)
-        smooth = (old / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * out / factor + smooth * out
-        medium = ~(wavelen < old / high) & ~(wavelen > old / low)
-        return np.where(medium, smoothed, out)
-    return inv
-
-
-def _rotate(x: np.ndarray, positions: np.ndarray, inv: np.ndarray) -> np.ndarray:
-    """apply_rotary_pos_emb on `[B, H, T, D]`: rotate-half over the first 2*len(inv) dims."""
+def _rotate(x: np.ndarray, positions: np.ndarray, inv: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """apply_rotary_pos_emb on `[B, H, T, D]`: rotate-half over the first 2*len(inv) dims, cos
+    and sin multiplied by the RoPE's attention factor `scale`."""
     rot = 2 * len(inv)
     freqs = positions[:, None] * inv[None, :]
     emb = np.concatenate([freqs, freqs], axis=-1)
-    cos, sin = np.cos(emb), np.sin(emb)
+    cos, sin = np.cos(emb) * scale, np.sin(emb) * scale
     xr, xp = x[..., :rot], x[..., rot:]
     half = rot // 2
     rotated = np.concatenate([-xr[..., half:], xr[..., :half]], axis=-1)
@@ -110,13 +94,13 @@ def _merge(x: np.ndarray) -> np.ndarray:
 
 
 class _Geometry:
-    def __init__(self, cfg: Mapping[str, Any]) -> None:
+    def __init__(self, cfg: Mapping[str, Any], seq_len: int = 0) -> None:
         self.hidden = cfg["hidden_size"]
         self.heads = cfg["num_attention_heads"]
         self.kv_heads = cfg.get("num_key_value_heads") or self.heads
         self.head_dim = cfg.get("head_dim") or self.hidden // self.heads
         self.eps = cfg.get("rms_norm_eps", 1e-6)
-        self.inv = _inv_freq(cfg, self.head_dim)
+        self.inv, self.rope_scale = inv_freq(rope_dicts(cfg), cfg, self.head_dim, seq_len)
 
 
 def _logits(weights: Weights, cfg: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
@@ -134,7 +118,7 @@ def _self_attention(weights: Weights, h: np.ndarray, p: str, geo: _Geometry, pos
     if qk_norm:  # Qwen3Attention: q_norm / k_norm over head_dim, before RoPE
         q = _rms_norm(q, _w(weights, f"{p}.self_attn.q_norm.weight"), geo.eps)
         k = _rms_norm(k, _w(weights, f"{p}.self_attn.k_norm.weight"), geo.eps)
-    q, k = _rotate(q, pos, geo.inv), _rotate(k, pos, geo.inv)
+    q, k = _rotate(q, pos, geo.inv, geo.rope_scale), _rotate(k, pos, geo.inv, geo.rope_scale)
     a = _attend(q, k, v, geo.head_dim**-0.5 if scale is None else scale, window, softcap)
     return _linear(weights, _merge(a), f"{p}.self_attn.o_proj", o_bias), k, v
 
@@ -148,7 +132,7 @@ def _pre_norm_decoder(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray,
                       bias: bool = False, o_bias: bool = False, mlp_bias: bool = False,
                       qk_norm: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
     """The Llama layout: x += attn(rms(x)); x += swiglu(rms(x)); rms; LM head."""
-    geo = _Geometry(cfg)
+    geo = _Geometry(cfg, ids.shape[1])
     pos = np.arange(ids.shape[1], dtype=np.float64)
     x = _w(weights, "model.embed_tokens.weight")[ids]
     caches = []
@@ -191,16 +175,17 @@ def qwen3_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -> 
 
 def mistral_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """MistralForCausalLM: Llama layout, every layer attends within `sliding_window` keys."""
-    return _pre_norm_decoder(weights, cfg, ids, [cfg.get("sliding_window")] * cfg["num_hidden_layers"])
+    return _pre_norm_decoder(weights, cfg, ids, [cfg.get("sliding_window", 4096)] * cfg["num_hidden_layers"])
 
 
 def gemma2_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """Gemma2ForCausalLM: embeddings * sqrt(hidden), (1 + w) RMSNorm, sandwich norms around
     attention and MLP, GELU-tanh gate, query_pre_attn_scalar, attention and final soft-caps,
     sliding window on even layers."""
-    geo = _Geometry(cfg)
-    scale = cfg.get("query_pre_attn_scalar", geo.head_dim) ** -0.5
-    cap, final_cap = cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping")
+    geo = _Geometry(cfg, ids.shape[1])
+    # Gemma2Config's defaults: query_pre_attn_scalar 256, soft-caps 50 / 30, sliding_window 4096.
+    scale = cfg.get("query_pre_attn_scalar", 256) ** -0.5
+    cap, final_cap = cfg.get("attn_logit_softcapping", 50.0), cfg.get("final_logit_softcapping", 30.0)
 
     def norm(x: np.ndarray, name: str) -> np.ndarray:
         return _rms_norm(x, 1.0 + _w(weights, name), geo.eps)
@@ -210,7 +195,7 @@ def gemma2_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) ->
     caches = []
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}"
-        window = cfg.get("sliding_window") if i % 2 == 0 else None
+        window = cfg.get("sliding_window", 4096) if i % 2 == 0 else None
         h = norm(x, f"{p}.input_layernorm.weight")
         a, k, v = _self_attention(weights, h, p, geo, pos, scale=scale, window=window, softcap=cap)
         caches += [k, v]
@@ -228,7 +213,7 @@ def gemma2_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) ->
 def phi3_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """Phi3ForCausalLM: fused qkv_proj (q, k, v rows in that order) and gate_up_proj (gate
     rows first), sliding window."""
-    geo = _Geometry(cfg)
+    geo = _Geometry(cfg, ids.shape[1])
     window = cfg.get("sliding_window")
     inter = cfg["intermediate_size"]
     pos = np.arange(ids.shape[1], dtype=np.float64)
@@ -239,8 +224,9 @@ def phi3_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -> t
         p = f"model.layers.{i}"
         h = _rms_norm(x, _w(weights, f"{p}.input_layernorm.weight"), geo.eps)
         qkv = _linear(weights, h, f"{p}.self_attn.qkv_proj")
-        q = _rotate(_split(qkv[..., :q_width], geo.heads, geo.head_dim), pos, geo.inv)
-        k = _rotate(_split(qkv[..., q_width:q_width + kv_width], geo.kv_heads, geo.head_dim), pos, geo.inv)
+        q = _rotate(_split(qkv[..., :q_width], geo.heads, geo.head_dim), pos, geo.inv, geo.rope_scale)
+        k = _rotate(_split(qkv[..., q_width:q_width + kv_width], geo.kv_heads, geo.head_dim), pos, geo.inv,
+                    geo.rope_scale)
         v = _split(qkv[..., q_width + kv_width:], geo.kv_heads, geo.head_dim)
         caches += [k, v]
         x = x + _linear(weights, _merge(_attend(q, k, v, geo.head_dim**-0.5, window)), f"{p}.self_attn.o_proj")

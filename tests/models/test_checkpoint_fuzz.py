@@ -21,7 +21,7 @@ from rlx_mil.errors import CheckpointError, InvalidOptionError, RlxMilError
 from rlx_mil.models import from_pretrained
 from rlx_mil.models.budget import MAX_BUILD_BYTES, build_cost
 from rlx_mil.models.checkpoint import INDEX_FILE, SINGLE_FILE, Checkpoint
-from rlx_mil.models.hf_config import model_spec
+from rlx_mil.models.families import model_spec
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 
 CFG = TINY_CONFIGS["llama"]

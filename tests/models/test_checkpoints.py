@@ -291,7 +291,9 @@ def test_metadata_comes_from_headers(single: Path) -> None:
     ("edit", "field"),
     [
         ({"model_type": "gpt2"}, "model_type"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+        ({"rope_scaling": {"rope_type": "mrope", "factor": 4.0}}, "rope_scaling.rope_type"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "mrope_section": [2, 2]}}, "rope_parameters.mrope_section"),
+        ({"use_qk_clip": True}, "use_qk_clip"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "low_freq_factor"),  # incomplete llama3 block
         ({"hidden_act": "relu"}, "hidden_act"),
         ({"num_key_value_heads": 3}, "num_key_value_heads"),
