@@ -14,6 +14,10 @@ from pathlib import Path
 
 # Both must happen before coremltools is imported anywhere (its logger and tqdm bars).
 os.environ.setdefault("TQDM_DISABLE", "1")
+# Before NumPy loads: one OpenBLAS thread per test process. The suite runs one xdist worker per
+# core, and OpenBLAS threads that find their cores busy spin against each other (a 16-layer
+# decoder in the executor: 2.7 s alone, 30-45 s beside 5 busy processes, 8 s with one thread).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 logging.getLogger("coremltools").setLevel(logging.ERROR)
 
 import pytest  # noqa: E402
