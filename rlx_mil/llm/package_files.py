@@ -162,10 +162,14 @@ def prepare_package(
     """Before saving `model` converted from the checkpoint `model_dir`: set its model
     description (the checkpoint's, with `overrides`) and add the text files item. Returns the
     names of the files added."""
-    from rlx_mil.models.pretrained import ARCHITECTURE_NAMES
+    from rlx_mil.errors import UnsupportedConfigError
+    from rlx_mil.models.families import family_of_model_type
 
     folder = Path(model_dir)
     config = read_json_file(folder / "config.json", "config.json") if (folder / "config.json").is_file() else {}
-    architecture = ARCHITECTURE_NAMES.get(str(config.get("model_type")))
+    try:
+        architecture: str | None = family_of_model_type(config.get("model_type")).name
+    except UnsupportedConfigError:
+        architecture = None
     describe_checkpoint(folder, architecture).merged(overrides or {}).apply(model)
     return add_text_files(model, folder)
