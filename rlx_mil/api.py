@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import shutil
@@ -48,19 +49,26 @@ def _options(attention: str, compressor: Any = None) -> LowerOptions:
     return LowerOptions(attention=attention, compressor=compressor)
 
 
-def _compressor(compress: Any, graph: Graph, target: Target, precision: Precision) -> Any:
-    """The weight compressor for `compress` (None: float weights); shape/target problems are
-    raised here, before any weight is read."""
-    if compress is None:
-        return None
-    from rlx_mil.compress import WeightCompressor, parse_compress
+def _compressor(compress: Any, graph: Graph, target: Target, precision: Precision, params: Any = None) -> tuple[Any, Any]:
+    """The weight compressor for `compress` (None: float weights) and the params the lowering
+    reads; shape/target problems are raised here, before any weight is read. Weights that
+    `params` carries already quantized (a GGUF file's) keep their codes whatever `compress`
+    says of the others; the lowering then sees placeholders for them."""
+    from rlx_mil.compress.prequantized import PlaceholderParams, carried_weights
 
-    config = parse_compress(compress)
+    carried = carried_weights(params)
+    if compress is None and not carried:
+        return None, params
+    from rlx_mil.compress import CompressionConfig, WeightCompressor, parse_compress
+
+    config = parse_compress(compress) if compress is not None else None
+    if carried:
+        config = dataclasses.replace(config or CompressionConfig(), prequantized=carried)
     if config is None:
-        return None
+        return None, params
     compressor = WeightCompressor(config, graph, target, precision)
     compressor.check()
-    return compressor
+    return compressor, (PlaceholderParams(params, carried) if carried else params)
 
 
 def lower_with_names(
@@ -82,10 +90,8 @@ def lower_with_names(
         graph = graph.bind(dims)
     tgt, prec = Target.parse(target), Precision.parse(precision)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
-    return lower_graph(
-        graph, params, target=tgt, precision=prec, options=_options(attention, _compressor(compress, graph, tgt, prec)),
-        kv_cache=plan,
-    )
+    compressor, params = _compressor(compress, graph, tgt, prec, params)
+    return lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
 
 
 KVCacheOption = str | bool | Mapping[str, str] | None
@@ -208,7 +214,7 @@ def convert(
     if dims is not None:
         graph = graph.bind(dims)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
-    compressor = _compressor(compress, graph, tgt, prec)
+    compressor, params = _compressor(compress, graph, tgt, prec, params)
     with objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(), nonreplaceable_marks_only_with_constexprs():
         lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
         if pass_pipeline is None:

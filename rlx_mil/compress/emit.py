@@ -69,8 +69,8 @@ def linear_op(codes: LinearCodes, target: Target, name: str, store: CodeStore) -
     if target >= Target.IOS18:
         dtype = _sub_byte(scheme.dtype_name)
         kwargs: dict[str, Any] = {}
-        if codes.offset is not None:
-            kwargs["offset"] = store.hold(codes.offset, dtype)
+        if codes.offset is not None:  # integer offsets share the data's type; float ones the scale's
+            kwargs["offset"] = store.hold(codes.offset, dtype if codes.offset.dtype.kind in "iu" else None)
         return mb.constexpr_blockwise_shift_scale(
             data=store.hold(codes.data, dtype), scale=store.hold(codes.scale), name=name, **kwargs,
         )
@@ -127,6 +127,7 @@ def compressed_bytes(codes: LinearCodes | PaletteCodes) -> int:
         bits = codes.scheme.bits
         total = packed_bytes(codes.data.size, bits) + codes.scale.size * codes.scale.dtype.itemsize
         if codes.offset is not None:
-            total += packed_bytes(codes.offset.size, bits)
+            integer = codes.offset.dtype.kind in "iu"
+            total += packed_bytes(codes.offset.size, bits) if integer else codes.offset.size * codes.offset.dtype.itemsize
         return total
     return packed_bytes(codes.indices.size, codes.scheme.bits) + codes.lut.size * codes.lut.dtype.itemsize

@@ -44,6 +44,8 @@ class LinearCodes:
     scheme: LinearScheme
     sq_error: float
     sq_norm: float
+    #: Largest |decoded - source| when the codes came from an already quantized source.
+    max_error: float | None = None
 
     def dequantize(self) -> np.ndarray:
         """scale * (data - offset) in float32, exactly as the constexpr op decodes it."""

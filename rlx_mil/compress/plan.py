@@ -19,6 +19,13 @@ from rlx_mil.compress.code_store import CodeStore, CodeWriter, WriterFactory
 from rlx_mil.compress.emit import check_target, compressed_bytes, linear_op, palette_op
 from rlx_mil.compress.linear import LinearCodes, block_count, quantize_linear
 from rlx_mil.compress.palette import PaletteCodes, group_rows, palettize
+from rlx_mil.compress.prequantized import (
+    LutScaleCodes,
+    PrequantizedScheme,
+    carried_weights,
+    lut_scale_bytes,
+    lut_scale_op,
+)
 from rlx_mil.compress.report import CompressionReport, WeightReport
 from rlx_mil.compress.schemes import CompressionConfig, LinearScheme, Scheme, parse_scheme
 from rlx_mil.errors import CompressionError, InvalidOptionError
@@ -150,7 +157,7 @@ class WeightCompressor:
         self.precision = precision
         self.roles = param_roles(graph)
         self.sizes = {n.op.name: n.shape.sizes() for n in graph if isinstance(n.op, Param)}
-        self.schemes: dict[str, Scheme] = {}
+        self.schemes: dict[str, Scheme | PrequantizedScheme] = {}
         self.kept: dict[str, str] = {}
         unmatched_rules(config, self.roles, graph.name)
         for name, role in self.roles.items():
@@ -164,7 +171,10 @@ class WeightCompressor:
         # Large codes live in a temporary file while the program (and the model) holds them.
         self.store = CodeStore()
 
-    def _choose(self, name: str, role: str) -> tuple[Scheme | None, str]:
+    def _choose(self, name: str, role: str) -> tuple[Scheme | PrequantizedScheme | None, str]:
+        source = self.config.prequantized.get(name)
+        if source is not None:
+            return PrequantizedScheme(source.label), ""
         for rule in self.config.rules:
             if rule.matches(name):
                 return rule.scheme, f"rule {rule.label}"
@@ -184,7 +194,16 @@ class WeightCompressor:
             if self.roles.get(name) == "integer":
                 problems.append(f"weight {name!r} is not float; only float weights can be compressed")
                 continue
-            shape = storage_shape(self.sizes[name], _predicted_layout(self.graph, name, users))
+            layout = _predicted_layout(self.graph, name, users)
+            if isinstance(scheme, PrequantizedScheme):
+                if self.target < Target.IOS18:
+                    problems.append(f"weight {name!r}: {scheme.label} codes need iOS18's constexpr_blockwise_shift_scale /"
+                                    f" constexpr_lut_to_dense; {self.target.label} has no op that holds them (use iOS18)")
+                elif layout != "dense":
+                    problems.append(f"weight {name!r}: {scheme.label} codes are rows of the stored [out, in] weight; this graph"
+                                    " uses it as a [K, N] matrix")
+                continue
+            shape = storage_shape(self.sizes[name], layout)
             try:
                 check_target(scheme, self.target, name)
                 if isinstance(scheme, LinearScheme):
@@ -196,7 +215,7 @@ class WeightCompressor:
         if problems:
             raise CompressionError("cannot compress as asked for " + self.target.label + ":\n  - " + "\n  - ".join(problems))
 
-    def scheme_for(self, source: WeightSource | None) -> Scheme | None:
+    def scheme_for(self, source: WeightSource | None) -> Scheme | PrequantizedScheme | None:
         return None if source is None else self.schemes.get(source.name)
 
     def compress(
@@ -218,15 +237,26 @@ class WeightCompressor:
         key = (name, param_layout)
         if key in self._done:
             return self._done[key]
-        check_target(scheme, self.target, name)
-        codes = encode(storage, scheme, self.precision, name, self.store.writer)
-        build = linear_op if isinstance(codes, LinearCodes) else palette_op
-        var = build(codes, self.target, op_name(), self.store)  # type: ignore[arg-type]
+        if isinstance(scheme, PrequantizedScheme):
+            if param_layout != "dense":
+                raise CompressionError(f"weight {name!r}: {scheme.label} codes are rows of the stored weight, used here transposed")
+            codes: LinearCodes | PaletteCodes | LutScaleCodes = self.config.prequantized[name].encode(
+                store_dtype(self.precision), self.store.writer)
+        else:
+            check_target(scheme, self.target, name)
+            codes = encode(storage, scheme, self.precision, name, self.store.writer)
+        if isinstance(codes, LutScaleCodes):
+            var = lut_scale_op(codes, op_name(), self.store)
+            after = lut_scale_bytes(codes)
+        else:
+            build = linear_op if isinstance(codes, LinearCodes) else palette_op
+            var = build(codes, self.target, op_name(), self.store)  # type: ignore[arg-type]
+            after = compressed_bytes(codes)
         param_shape = storage.shape[::-1] if param_layout == "kn" else storage.shape
         self.weights.append(WeightReport(
             name=name, role=self.roles.get(name, "weight"), scheme=scheme.label, layout=param_layout,
             shape=[int(d) for d in param_shape], bytes_before=int(arr.size) * np.dtype(store_dtype(self.precision)).itemsize,
-            bytes_after=compressed_bytes(codes), relative_error=codes.relative_error,
+            bytes_after=after, relative_error=codes.relative_error, max_error=getattr(codes, "max_error", None),
         ))
         self._done[key] = var
         return var
@@ -256,6 +286,7 @@ class DequantizedParams(Mapping[str, np.ndarray]):
 
     def __init__(self, params: Mapping[str, Any], report: CompressionReport) -> None:
         self._params = params
+        self._prequantized = carried_weights(params)
         self._precision = Precision.parse(report.precision)
         self._entries: dict[str, WeightReport] = {}
         for w in report.weights:
@@ -269,6 +300,9 @@ class DequantizedParams(Mapping[str, np.ndarray]):
 
     def __getitem__(self, name: str) -> np.ndarray:
         entry = self._entries.get(name)
+        source = self._prequantized.get(name)
+        if entry is not None and source is not None and entry.scheme == source.label:
+            return source.encode(store_dtype(self._precision), CodeWriter).dequantize()
         value = self._params[name]
         if entry is None:
             return np.asarray(value) if not isinstance(value, np.ndarray) else value

@@ -23,6 +23,9 @@ class WeightReport:
     bytes_after: int
     #: ||W - dequantized W|| / ||W|| (Frobenius; absolute when W is all zeros).
     relative_error: float
+    #: max |W - dequantized W|, for weights whose source was already quantized (W: the source's
+    #: exact decode).
+    max_error: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -69,12 +72,15 @@ class CompressionReport:
                 f"  {len(self.weights)} weights: {_human(self.bytes_before)} -> {_human(self.bytes_after)} ({ratio:.3f}x)"
             )
             width = max(len(w.name) for w in self.weights)
-            lines.append(f"  {'weight':<{width}}  {'scheme':<20} {'before':>10} {'after':>10} {'rel.err':>9}")
+            with_max = any(w.max_error is not None for w in self.weights)
+            header = f"  {'weight':<{width}}  {'scheme':<20} {'before':>10} {'after':>10} {'rel.err':>9}"
+            lines.append(header + (f" {'max.err':>9}" if with_max else ""))
             for w in self.weights:
-                lines.append(
-                    f"  {w.name:<{width}}  {w.scheme:<20} {_human(w.bytes_before):>10} {_human(w.bytes_after):>10}"
-                    f" {w.relative_error:>9.2e}"
-                )
+                row = (f"  {w.name:<{width}}  {w.scheme:<20} {_human(w.bytes_before):>10} {_human(w.bytes_after):>10}"
+                       f" {w.relative_error:>9.2e}")
+                if with_max:
+                    row += f" {w.max_error:>9.2e}" if w.max_error is not None else f" {'-':>9}"
+                lines.append(row)
         if self.kept:
             lines.append(f"  kept in float: {len(self.kept)} ({', '.join(sorted(set(self.kept.values())))})")
         if self.output_error:

@@ -270,6 +270,9 @@ class CompressionConfig:
     lm_head: Any = SAME_AS_DEFAULT
     rules: tuple[Rule, ...] = field(default_factory=tuple)
     min_size: int = DEFAULT_MIN_SIZE
+    #: Param name -> a weight its source already quantized (`rlx_mil.compress.prequantized`):
+    #: its codes are kept as they are, whatever the other fields say.
+    prequantized: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0:
@@ -287,6 +290,9 @@ class CompressionConfig:
             parts.append(f"lm_head={_label(self.lm_head)}")
         parts += [f"{r.label}={_label(r.scheme)}" for r in self.rules]
         parts.append(f"min_size={self.min_size}")
+        if self.prequantized:
+            kinds = sorted({w.label for w in self.prequantized.values()})
+            parts.append(f"prequantized={len(self.prequantized)} weights ({', '.join(kinds)})")
         return ";".join(parts)
 
 

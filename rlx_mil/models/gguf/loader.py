@@ -8,12 +8,13 @@ from collections.abc import Mapping
 import numpy as np
 
 from rlx_mil.ir import Graph
+from rlx_mil.models.gguf.codes import FORMATS
 from rlx_mil.models.gguf.metadata import PERMUTED_QK, architecture, decoder_spec
 from rlx_mil.models.gguf.reader import GGUFFile
 from rlx_mil.models.gguf.tensors import DENSE_TYPES, GGUFParams, check_types, tensor_map
 
-#: Tensor types `from_gguf` reads.
-SUPPORTED_TYPES = frozenset(DENSE_TYPES)
+#: Tensor types `from_gguf` reads: dense ones as stored, quantized ones kept as their codes.
+SUPPORTED_TYPES = frozenset(DENSE_TYPES) | frozenset(FORMATS)
 
 
 def from_gguf(

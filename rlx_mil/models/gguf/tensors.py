@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.compress.code_store import WriterFactory
 from rlx_mil.errors import CheckpointError, UnsupportedConfigError
 from rlx_mil.models.gguf.reader import GGUFFile, GGUFTensor
 from rlx_mil.models.hf_config import DecoderSpec
@@ -145,6 +146,13 @@ class GGUFParams(Mapping[str, np.ndarray]):
         order = self.row_order(name)
         return raw if order is None else raw[order]
 
+    def prequantized_weights(self) -> dict[str, GGUFWeight]:
+        """The quantized tensors, kept as their codes by a conversion (see
+        `rlx_mil.compress.prequantized`)."""
+        from rlx_mil.models.gguf.codes import FORMATS
+
+        return {name: GGUFWeight(self, name) for name, g in self.names.items() if self.file.tensors[g].type_name in FORMATS}
+
     def __getitem__(self, name: str) -> np.ndarray:
         if name in self._computed:
             return self._computed[name]
@@ -183,3 +191,21 @@ class GGUFParams(Mapping[str, np.ndarray]):
         if t.type_name in DENSE_TYPES:
             return dense_array(t).dtype
         return np.dtype(np.float32)
+
+
+class GGUFWeight:
+    """A quantized GGUF tensor as a `rlx_mil.compress.prequantized.PrequantizedWeight`."""
+
+    def __init__(self, params: GGUFParams, name: str) -> None:
+        self.params = params
+        self.name = name
+        t = params.gguf_tensor(name)
+        self.type_name = t.type_name
+        self.label = f"gguf-{t.type_name}"
+        self.shape = t.shape
+
+    def encode(self, store: type[np.floating[Any]], code_writer: WriterFactory) -> Any:
+        from rlx_mil.models.gguf.codes import encode
+
+        rows, cols = self.shape
+        return encode(self.params.raw_rows(self.name), self.type_name, (rows, cols), store, code_writer)

@@ -1,0 +1,263 @@
+"""llama.cpp blocks -> the codes and block tables of Core ML's iOS18 constexpr ops, taken
+field by field from the blocks (the weight is never decoded to float on the way).
+
+Every format is `w = scale * q + bias` per block of one output row (bias absent for the
+symmetric ones) with the row's integer codes q as stored: `constexpr_blockwise_shift_scale`
+holds it as `scale * (q - offset)`:
+
+| type | data | block | scale | offset | exact? |
+|---|---|---|---|---|---|
+| Q8_0 | int8 q | 32 | d | - | yes |
+| Q4_0 | uint4 q | 32 | d | 8 | yes |
+| Q5_0 | int8 q - 16 | 32 | d | - | yes |
+| Q4_1 / Q5_1 | uint4 / uint8 q | 32 | d | -m / d (float) | the offset rounds to the program's float |
+| Q4_K / Q5_K | uint4 / uint8 q | 32 | d * sc | dmin * m / (d * sc) (float) | scale and offset round |
+| Q2_K | uint4 q (2-bit codes widened) | 16 | d * sc | dmin * m / (d * sc) (float) | scale and offset round |
+| Q3_K | int4 q - 4 * (high bit clear) | 16 | d * (sc - 32) | - | scale rounds |
+| Q6_K | int8 q - 32 | 16 | d * sc | - | scale rounds |
+| IQ4_NL | LUT of the 16 int8 code values + uint4 index | 32 | d | - | yes |
+| IQ4_XS | LUT + uint4 index | 32 | d * (ls - 32) | - | scale rounds |
+
+A sub-block whose scale is 0 (or rounds to 0) but whose min is not holds one value c: its
+codes become 0 with scale c and offset -1. The error of every weight — max |decoded -
+llama.cpp's decode| — is measured while its codes are made and reported per tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.compress.code_store import WriterFactory
+from rlx_mil.compress.linear import LinearCodes
+from rlx_mil.compress.prequantized import LutScaleCodes
+from rlx_mil.compress.schemes import PER_BLOCK, LinearScheme
+from rlx_mil.ir.ops import QuantKind
+from rlx_mil.reference.quant import (
+    GGUF_FORMATS,
+    IQ4_VALUES,
+    _bit_planes,
+    _f16,
+    _five_bit_codes,
+    _k_scale_min,
+    _nibble_pairs,
+)
+
+#: Elements decoded at a time.
+SLAB_ELEMENTS = 1 << 21
+
+
+@dataclass
+class Fields:
+    """One slab of rows: codes as stored (int16 [rows, K]), scale and bias [rows, K / block]
+    (float64; bias None for symmetric formats)."""
+
+    q: np.ndarray
+    scale: np.ndarray
+    bias: np.ndarray | None
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    return np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.int16)
+
+
+def _rows(values: np.ndarray, rows: int) -> np.ndarray:
+    return np.asarray(values, np.float64).reshape(rows, -1)
+
+
+def _q8_0(b: np.ndarray, rows: int) -> Fields:
+    return Fields(b[:, 2:34].view(np.int8).astype(np.int16).reshape(rows, -1), _rows(_f16(b, 0), rows), None)
+
+
+def _q4_0(b: np.ndarray, rows: int) -> Fields:
+    return Fields(_nibbles(b[:, 2:18]).reshape(rows, -1), _rows(_f16(b, 0), rows), None)
+
+
+def _q4_1(b: np.ndarray, rows: int) -> Fields:
+    return Fields(_nibbles(b[:, 4:20]).reshape(rows, -1), _rows(_f16(b, 0), rows), _rows(_f16(b, 2), rows))
+
+
+def _q5_0(b: np.ndarray, rows: int) -> Fields:
+    q = _five_bit_codes(b[:, 2:6], b[:, 6:22]).astype(np.int16) - 16
+    return Fields(q.reshape(rows, -1), _rows(_f16(b, 0), rows), None)
+
+
+def _q5_1(b: np.ndarray, rows: int) -> Fields:
+    q = _five_bit_codes(b[:, 4:8], b[:, 8:24]).astype(np.int16)
+    return Fields(q.reshape(rows, -1), _rows(_f16(b, 0), rows), _rows(_f16(b, 2), rows))
+
+
+def _q4_k(b: np.ndarray, rows: int) -> Fields:
+    d, dmin = _f16(b, 0).astype(np.float64), _f16(b, 2).astype(np.float64)
+    sc, mn = _k_scale_min(b[:, 4:16])
+    q = _nibble_pairs(b[:, 16:144], 32).astype(np.int16)
+    return Fields(q.reshape(rows, -1), _rows(d * sc, rows), _rows(-(dmin * mn), rows))
+
+
+def _q5_k(b: np.ndarray, rows: int) -> Fields:
+    d, dmin = _f16(b, 0).astype(np.float64), _f16(b, 2).astype(np.float64)
+    sc, mn = _k_scale_min(b[:, 4:16])
+    high = _bit_planes(b[:, 16:48], 1, 8, 32)
+    q = (_nibble_pairs(b[:, 48:176], 32).astype(np.int16) | (high.astype(np.int16) << 4))
+    return Fields(q.reshape(rows, -1), _rows(d * sc, rows), _rows(-(dmin * mn), rows))
+
+
+def _q6_k(b: np.ndarray, rows: int) -> Fields:
+    low = _nibble_pairs(b[:, 0:128], 64).astype(np.int16)
+    high = _bit_planes(b[:, 128:192], 2, 4, 32).astype(np.int16)
+    scales = b[:, 192:208].view(np.int8).astype(np.float64)
+    d = _f16(b, 208).astype(np.float64)
+    return Fields(((low | (high << 4)) - 32).reshape(rows, -1), _rows(d * scales, rows), None)
+
+
+def _q2_k(b: np.ndarray, rows: int) -> Fields:
+    scales = b[:, 0:16].astype(np.int32)
+    d, dmin = _f16(b, 80).astype(np.float64), _f16(b, 82).astype(np.float64)
+    q = _bit_planes(b[:, 16:80], 2, 4, 32).astype(np.int16)
+    return Fields(q.reshape(rows, -1), _rows(d * (scales & 0xF), rows), _rows(-(dmin * (scales >> 4)), rows))
+
+
+def _q3_k(b: np.ndarray, rows: int) -> Fields:
+    hmask, qs, packed = b[:, 0:32], b[:, 32:96], b[:, 96:108].astype(np.int32)
+    d = _f16(b, 108).astype(np.float64)
+    low = np.concatenate([packed[:, 0:8] & 0xF, packed[:, 0:8] >> 4], axis=1)
+    high = ((packed[:, None, 8:12] >> (2 * np.arange(4)).reshape(1, 4, 1)) & 3).reshape(-1, 16)
+    scales = ((low | (high << 4)) - 32).astype(np.float64)
+    q = _bit_planes(qs, 2, 4, 32) - 4 * (1 - _bit_planes(hmask, 1, 8, 32))
+    return Fields(q.astype(np.int16).reshape(rows, -1), _rows(d * scales, rows), None)
+
+
+def _iq4_nl(b: np.ndarray, rows: int) -> Fields:
+    return Fields(_nibbles(b[:, 2:18]).reshape(rows, -1), _rows(_f16(b, 0), rows), None)
+
+
+def _iq4_xs(b: np.ndarray, rows: int) -> Fields:
+    d = _f16(b, 0).astype(np.float64)
+    high = np.ascontiguousarray(b[:, 2:4]).view("<u2").astype(np.int32)
+    sub = np.arange(8)
+    low = (b[:, 4 + sub // 2].astype(np.int32) >> (4 * (sub % 2))) & 0xF
+    scales = (low | (((high >> (2 * sub)) & 3) << 4)) - 32
+    qs = b[:, 8:136].reshape(-1, 8, 16)
+    q = np.concatenate([qs & 0xF, qs >> 4], axis=2).astype(np.int16)
+    return Fields(q.reshape(rows, -1), _rows(d * scales, rows), None)
+
+
+@dataclass(frozen=True)
+class Format:
+    kind: QuantKind
+    decode: Callable[[np.ndarray, int], Fields]
+    #: Elements sharing one scale (and offset).
+    block: int
+    #: Code container: "int8", "uint8", "int4", "uint4"; "lut4": indices into IQ4_VALUES.
+    data: str
+    #: A constant integer offset (Q4_0's 8), else None.
+    int_offset: int | None = None
+    #: w = scale * q + bias: a float offset per block.
+    biased: bool = False
+
+
+FORMATS: dict[str, Format] = {
+    "Q8_0": Format(QuantKind.GGUF_Q8_0, _q8_0, 32, "int8"),
+    "Q4_0": Format(QuantKind.GGUF_Q4_0, _q4_0, 32, "uint4", int_offset=8),
+    "Q4_1": Format(QuantKind.GGUF_Q4_1, _q4_1, 32, "uint4", biased=True),
+    "Q5_0": Format(QuantKind.GGUF_Q5_0, _q5_0, 32, "int8"),
+    "Q5_1": Format(QuantKind.GGUF_Q5_1, _q5_1, 32, "uint8", biased=True),
+    "Q2_K": Format(QuantKind.GGUF_Q2K, _q2_k, 16, "uint4", biased=True),
+    "Q3_K": Format(QuantKind.GGUF_Q3K, _q3_k, 16, "int4"),
+    "Q4_K": Format(QuantKind.GGUF_Q4K, _q4_k, 32, "uint4", biased=True),
+    "Q5_K": Format(QuantKind.GGUF_Q5K, _q5_k, 32, "uint8", biased=True),
+    "Q6_K": Format(QuantKind.GGUF_Q6K, _q6_k, 16, "int8"),
+    "IQ4_NL": Format(QuantKind.GGUF_IQ4NL, _iq4_nl, 32, "lut4"),
+    "IQ4_XS": Format(QuantKind.GGUF_IQ4XS, _iq4_xs, 32, "lut4"),
+}
+#: Formats whose codes and tables are the file's exactly (in fp16 and fp32 programs).
+EXACT = frozenset({"Q8_0", "Q4_0", "Q5_0", "IQ4_NL"})
+
+
+def _scheme(fmt: Format) -> LinearScheme:
+    bits = 4 if fmt.data.endswith("4") else 8
+    signed = fmt.data.startswith("int")
+    return LinearScheme(bits=bits, signed=signed, symmetric=signed, granularity=PER_BLOCK, block_size=fmt.block)
+
+
+def _tables(fmt: Format, f: Fields, store: type[np.floating[Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Codes, scale and offset (float64) of one slab as the constexpr op holds them."""
+    scale = f.scale.astype(store).astype(np.float64)
+    if fmt.data == "lut4":  # no code book entry is 0: a zero scale stays 0
+        return f.q, scale, None
+    zero = scale == 0
+    offset: np.ndarray | None = None
+    fill = 0
+    if f.bias is not None:
+        constant = zero & (f.bias != 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            offset = np.where(zero, 0.0, -f.bias / np.where(zero, 1.0, scale))
+        # An offset beyond the program float's range (a tiny scale, a large min) cannot be held:
+        # the block is taken as its min, like a zero scale (the report shows the error).
+        constant |= ~np.isfinite(offset.astype(store))
+        zero |= constant
+        # A zero scale with a non-zero min: every element is the min c; codes 0, scale c, offset -1.
+        offset = np.where(constant, -1.0, offset)
+        scale = np.where(constant, f.bias.astype(store).astype(np.float64), np.where(zero, 1.0, scale))
+    else:
+        if fmt.int_offset is not None:
+            offset = np.full(scale.shape, float(fmt.int_offset))
+            fill = fmt.int_offset
+        scale = np.where(zero, 1.0, scale)
+    q = np.where(np.repeat(zero, fmt.block, axis=1), fill, f.q) if zero.any() else f.q
+    return q, scale, offset
+
+
+def encode(raw_rows: np.ndarray, type_name: str, shape: tuple[int, int], store: type[np.floating[Any]],
+           code_writer: WriterFactory) -> LinearCodes | LutScaleCodes:
+    """The codes of a `[N, K]` weight held as llama.cpp blocks of `type_name` (`raw_rows`:
+    `[N, row bytes]`), a slab of rows at a time, with its error against llama.cpp's decode."""
+    fmt = FORMATS[type_name]
+    n, k = shape
+    _, nbytes, exact_decode = GGUF_FORMATS[fmt.kind]
+    lut = fmt.data == "lut4"
+    scheme = _scheme(fmt)
+    container = np.uint8 if lut or not scheme.signed else np.int8
+    data = code_writer((n, k), np.dtype(container))
+    groups = k // fmt.block
+    scales = np.empty((n, groups), np.float64)
+    offsets = np.empty((n, groups), np.float64) if fmt.int_offset is not None or fmt.biased else None
+    sq_error = sq_norm = max_error = 0.0
+    step = max(1, SLAB_ELEMENTS // k)
+    for r0 in range(0, n, step):
+        rows = np.ascontiguousarray(raw_rows[r0:r0 + step])
+        count = rows.shape[0]
+        blocks = rows.reshape(-1, nbytes)
+        f = fmt.decode(blocks, count)
+        q, scale, offset = _tables(fmt, f, store)
+        stored_scale = scale.astype(store).astype(np.float32)
+        if lut:
+            values = IQ4_VALUES[q]
+        else:
+            values = q.astype(np.float32)
+            if offset is not None:
+                stored_offset = offset.astype(store).astype(np.float32) if fmt.int_offset is None else offset.astype(np.float32)
+                values = values - np.repeat(stored_offset, fmt.block, axis=1)
+                assert offsets is not None
+                offsets[r0:r0 + count] = offset
+        decoded = np.repeat(stored_scale, fmt.block, axis=1) * values
+        want = exact_decode(blocks).reshape(count, k)
+        diff = decoded.astype(np.float64) - want
+        sq_error += float(np.sum(diff * diff))
+        sq_norm += float(np.sum(np.square(want, dtype=np.float64)))
+        max_error = max(max_error, float(np.max(np.abs(diff))) if diff.size else 0.0)
+        data.put(r0, q.astype(container))
+        scales[r0:r0 + count] = scale
+    codes = data.result()
+    if lut:
+        return LutScaleCodes(indices=codes, lut=IQ4_VALUES.astype(np.int8), scale=scales.astype(store), bits=4,
+                             sq_error=sq_error, sq_norm=sq_norm, max_error=max_error)
+    offset_table = None
+    if offsets is not None:
+        offset_table = offsets.astype(container) if fmt.int_offset is not None else offsets.astype(store)
+    return LinearCodes(data=codes, scale=scales.astype(store), offset=offset_table, scheme=scheme,
+                       sq_error=sq_error, sq_norm=sq_norm, max_error=max_error)
+
