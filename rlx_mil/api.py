@@ -26,10 +26,11 @@ from rlx_mil.coreml.pipeline import (
 from rlx_mil.coreml.saving import save_package
 from rlx_mil.coreml.weight_writes import direct_weight_writes
 from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
+from rlx_mil.input_contract import encode_ranges, graph_input_ranges
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lowering.context import LowerOptions
 from rlx_mil.lowering.program import LoweredProgram, lower_graph, require_graph
-from rlx_mil.lowering.state.kv_cache import KVCachePlan, bind_cache_lengths, plan_kv_cache
+from rlx_mil.lowering.state.kv_cache import POSITION_INPUT, KVCachePlan, bind_cache_lengths, plan_kv_cache
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.naming import mil_identifier
 from rlx_mil.version import __version__
@@ -227,11 +228,24 @@ def convert(
     meta[metadata.PRECISION] = prec.value
     if plan is not None:
         metadata.LLMContract.from_dict(plan.describe()).write(meta)
+    ranges = _input_ranges(graph, lowered.inputs, plan)
+    if ranges:
+        meta[metadata.INPUT_RANGES] = encode_ranges({"main": ranges})
     meta[metadata.VERSION] = __version__
     if compressor is not None:
         meta[metadata.COMPRESSION] = compressor.report().to_json()
     release_when_collected(model)
     return model
+
+
+def _input_ranges(graph: Graph, mil_to_ir: Mapping[str, str], plan: KVCachePlan | None) -> dict[str, tuple[int, int]]:
+    """The value ranges the model declares (`rlx_mil.input_contract`), by interface name: Gather
+    indices within their table, a stateful model's `cache_position` within the cache."""
+    ir_to_mil = {ir: mil for mil, ir in mil_to_ir.items()}
+    ranges = {ir_to_mil[ir]: r for ir, r in graph_input_ranges(graph).items() if ir in ir_to_mil}
+    if plan is not None and plan.pairs:
+        ranges[POSITION_INPUT] = (0, plan.max_context - plan.query_len)
+    return ranges
 
 
 def release_when_collected(model: Any) -> None:

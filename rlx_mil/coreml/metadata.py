@@ -12,6 +12,7 @@ KeyError or TypeError from deep inside a reader.
 | `rlx_mil.llm` | the `LLMContract` of a stateful LLM package (docs/llm.md) |
 | `rlx_mil.functions` | `FunctionTable`: the default function and each function's IO names |
 | `rlx_mil.compression` | the `CompressionReport` (`rlx_mil.compress.report`) |
+| `rlx_mil.input_ranges` | `{function: {input: [min, max]}}`: value ranges of integer inputs (`rlx_mil.input_contract`) |
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from rlx_mil.compress.report import METADATA_KEY as COMPRESSION
 from rlx_mil.errors import RlxMilError
+from rlx_mil.input_contract import INPUT_RANGES_METADATA_KEY
 from rlx_mil.naming import IO_NAMES_METADATA_KEY as IO_NAMES
 
 #: Every key of rlx_mil's starts with this.
@@ -34,11 +36,12 @@ PRECISION = "rlx_mil.precision"
 VERSION = "rlx_mil.version"
 LLM = "rlx_mil.llm"
 FUNCTIONS = "rlx_mil.functions"
+INPUT_RANGES = INPUT_RANGES_METADATA_KEY
 
 #: Every key rlx_mil writes.
-KEYS = (IO_NAMES, GRAPH, TARGET, PRECISION, VERSION, LLM, FUNCTIONS, COMPRESSION)
+KEYS = (IO_NAMES, GRAPH, TARGET, PRECISION, VERSION, LLM, FUNCTIONS, COMPRESSION, INPUT_RANGES)
 #: Keys that describe one function and are merged per function when functions are joined.
-PER_FUNCTION_KEYS = (IO_NAMES, LLM)
+PER_FUNCTION_KEYS = (IO_NAMES, LLM, INPUT_RANGES)
 
 #: How deep a metadata JSON value may nest (a hostile package could nest it past the stack).
 MAX_DEPTH = 8

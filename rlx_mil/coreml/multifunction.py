@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from rlx_mil.coreml.metadata import (
+    INPUT_RANGES,
     PER_FUNCTION_KEYS,
     PREFIX,
     FunctionTable,
     LLMContract,
     read_io_names,
+    read_json,
     write_io_names,
 )
 from rlx_mil.errors import InvalidOptionError
@@ -64,11 +66,15 @@ def join_functions(work: Path, descriptor: Any, metas: Mapping[str, Mapping[str,
     contracts: dict[str, LLMContract] = {}
     io_names: dict[str, dict[str, dict[str, str]]] = {}
     common: dict[str, str] = {}
+    ranges: dict[str, Any] = {}
     for name, meta in metas.items():
         io_names[name] = read_io_names(meta)
         contract = LLMContract.read(meta)
         if contract is not None:
             contracts[name] = contract
+        own_ranges = read_json(meta, INPUT_RANGES)
+        if own_ranges is not None:
+            ranges[name] = own_ranges["main"]
         common = {k: v for k, v in meta.items() if k.startswith(PREFIX) and k not in PER_FUNCTION_KEYS}
     if contracts and len(contracts) != len(metas):
         stateless = sorted(set(metas) - set(contracts))
@@ -88,6 +94,8 @@ def join_functions(work: Path, descriptor: Any, metas: Mapping[str, Mapping[str,
         meta[key] = value
     write_io_names(meta, **io_names[default_function])
     FunctionTable(default_function, io_names).write(meta)
+    if ranges:
+        meta[INPUT_RANGES] = json.dumps(ranges, sort_keys=True)
     if contracts:
         lengths = {name: c.query_lengths()[None] for name, c in contracts.items()}
         contracts[default_function].joined(default_function, lengths).write(meta)

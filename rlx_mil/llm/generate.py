@@ -12,6 +12,7 @@ larger bucket padded at the end, followed by one decode call for the last token'
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -73,17 +74,28 @@ class Session:
 
         if engine not in ENGINES:
             raise InvalidOptionError(f"engine must be one of {ENGINES}, got {engine!r}")
+        from rlx_mil.llm.runner import coreml_available
+
+        if engine == "coreml" and not coreml_available():
+            raise InvalidOptionError(
+                f"engine 'coreml' needs macOS with the Core ML runtime (this is {sys.platform}); use engine 'milexec'"
+                " (or 'auto')"
+            )
+        in_memory = None
         if isinstance(package, (str, os.PathLike)):
             if not os.path.isdir(package):
                 raise GenerationError(f"no model package at {package}")
             path = str(check_package_tree(package))
         else:
             path = str(getattr(package, "package_path", "") or "")
-            if not path:
+            if not path or not callable(getattr(package, "get_spec", None)):
                 raise InvalidOptionError(f"Session takes a .mlpackage path or a converted MLModel, got {type(package).__name__}")
+            # The model as converted: its metadata and program are the object's own (the
+            # temporary package coremltools wrote predates rlx_mil's metadata).
+            in_memory = package
         self.path = path
         try:
-            handle = ct.models.MLModel(path, skip_model_load=True)
+            handle = in_memory if in_memory is not None else ct.models.MLModel(path, skip_model_load=True)
         except Exception as err:
             raise GenerationError(f"cannot open {path} as a Core ML model: {err}") from err
         meta = dict(handle.user_defined_metadata)
@@ -138,7 +150,8 @@ class Session:
         else:
             from rlx_mil.milexec import load_program
 
-            self._program = load_program(path)
+            program = getattr(in_memory, "_mil_program", None)
+            self._program = program if program is not None else load_program(path)
         self.reset()
 
     # -- state -----------------------------------------------------------------------------------
@@ -193,7 +206,7 @@ class Session:
 
     def feed(self, token_ids: Sequence[int]) -> np.ndarray:
         """Write `token_ids` into the cache; return the logits `[vocab]` after the last one."""
-        tokens = [self._token(t) for t in token_ids]
+        tokens = [self._token(t) for t in _token_list(token_ids, "token_ids")]
         if not tokens:
             raise GenerationError("feed needs at least one token id")
         if self._position + len(tokens) > self.max_context:
@@ -252,11 +265,13 @@ class Session:
         """`generate` as an iterator: each new id as soon as it is picked. `until_full` ends
         the stream when the cache is full instead of raising. `self.stats` times the prompt
         and the generated tokens."""
-        check_sampling(max_new_tokens, temperature, top_k, top_p)
+        check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
+        prompt = _token_list(prompt_ids, "prompt_ids")
+        stops = set(_token_list(stop_ids, "stop_ids"))
         rng = np.random.default_rng(seed)
-        stats = self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        stats = self.stats = GenerationStats(prompt_tokens=len(prompt))
         start = time.perf_counter()
-        logits = self.feed(prompt_ids)
+        logits = self.feed(prompt)
         stats.prompt_seconds = time.perf_counter() - start
         start = time.perf_counter()
         for step in range(max_new_tokens):
@@ -264,7 +279,7 @@ class Session:
             stats.new_tokens += 1
             stats.seconds = time.perf_counter() - start
             yield token
-            if token in stop_ids:
+            if token in stops:
                 stats.stopped = "stop token"
                 return
             if step == max_new_tokens - 1:
@@ -334,7 +349,7 @@ class Session:
         when the cache is full."""
         tokenizer = self.tokenizer
         prompt_ids = tokenizer.prompt_ids(prompt, chat=chat, system=system)
-        check_sampling(max_new_tokens, temperature, top_k, top_p)
+        check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
         self.reset()
         ids = self.stream(
             prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
@@ -374,16 +389,33 @@ class GenerationStats:
                 f" {self.seconds:.2f} s ({rate(self.new_tokens, self.seconds)}); stopped: {self.stopped}")
 
 
-def check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any) -> None:
-    """Typed errors for bad generation options."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _token_list(ids: Any, what: str) -> list[int]:
+    """`ids` as a list of ints (each range-checked where it is fed), or a typed error."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)):
+        raise InvalidOptionError(f"{what} must be a sequence of token ids (ints), got {type(ids).__name__}")
+    bad = [t for t in ids if not _is_int(t)]
+    if bad:
+        raise InvalidOptionError(f"{what} must hold ints only, got {bad[0]!r}")
+    return [int(t) for t in ids]
+
+
+def check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any, seed: Any = None) -> None:
+    """Typed errors for bad generation options (which would otherwise fail deep inside NumPy)."""
+    if not _is_int(max_new_tokens) or max_new_tokens < 0:
         raise InvalidOptionError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise InvalidOptionError(f"temperature must be >= 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise InvalidOptionError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if top_k is not None and (not _is_int(top_k) or top_k < 1):
         raise InvalidOptionError(f"top_k must be an int >= 1, got {top_k!r}")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
         raise InvalidOptionError(f"top_p must be in (0, 1], got {top_p!r}")
+    if seed is not None and (not _is_int(seed) or seed < 0):
+        raise InvalidOptionError(f"seed must be an int >= 0 (or None), got {seed!r}")
 
 
 def pick_token(
@@ -393,6 +425,8 @@ def pick_token(
     the `top_k` most likely tokens and then to the `top_p` nucleus (the fewest most likely
     tokens whose probabilities sum to at least `top_p`), as transformers orders them."""
     scores = np.asarray(logits, np.float64).reshape(-1)
+    if np.isnan(scores).any():
+        raise GenerationError(f"the model produced NaN logits ({int(np.isnan(scores).sum())} of {scores.size}); no token to pick")
     if temperature == 0:
         return int(np.argmax(scores))
     scores = scores / temperature

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from rlx_mil.errors import MilExecError
+from rlx_mil.input_contract import range_problem
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS
 from rlx_mil.mil_walk import iter_ops, oversized_outputs
 from rlx_mil.milexec.crosscheck import CrossChecker, Tolerance
@@ -108,7 +109,8 @@ class _Interpreter:
         function = resolved.function
         _require_kernels(function)
         _require_addressable(function)
-        feeds, state_feeds = _bind_inputs(function, inputs, states, resolved.io_names, self.precision)
+        feeds, state_feeds = _bind_inputs(function, inputs, states, resolved.io_names, self.precision,
+                                          resolved.input_ranges)
         try:
             for var, value in feeds:
                 self._bind(var, value)
@@ -290,6 +292,7 @@ def _bind_inputs(
     states: Mapping[str, np.ndarray] | None,
     io_names: IONames | None,
     precision: str,
+    ranges: Mapping[str, tuple[int, int]] | None = None,
 ) -> tuple[list[tuple[Any, np.ndarray]], list[tuple[Any, np.ndarray]]]:
     from coremltools.converters.mil.mil import types
 
@@ -332,6 +335,10 @@ def _bind_inputs(
             problem = _shape_problem(array.shape, tuple(var.shape), symbols, key)
         if problem is None:
             array, problem = _convert_input(array, var, precision)
+        if problem is None and ranges and mil in ranges:
+            # What the reference refuses (a token id of -1, a cache_position past the cache),
+            # Core ML would wrap around or write nowhere: the model declares the range.
+            problem = range_problem(array, ranges[mil])
         if problem is not None:
             problems.append(f"input '{key}': {problem}")
             continue

@@ -14,6 +14,7 @@ import numpy as np
 
 from rlx_mil.errors import MilExecError
 from rlx_mil.fileio import check_package_tree, nesting_depth
+from rlx_mil.input_contract import read_ranges
 from rlx_mil.mil_walk import iter_ops
 from rlx_mil.naming import IO_NAMES_METADATA_KEY
 
@@ -65,6 +66,8 @@ class ResolvedSource:
     function: Any  # coremltools Function
     function_name: str
     io_names: IONames | None
+    #: Declared value ranges of integer inputs by interface name (`rlx_mil.input_contract`).
+    input_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def load_program(path: str | os.PathLike[str]) -> Any:
@@ -158,4 +161,5 @@ def resolve_source(
         names = IONames.from_mapping(io_names)
     else:
         names = IONames.from_metadata(metadata)
-    return ResolvedSource(program=program, function=function, function_name=name, io_names=names)
+    return ResolvedSource(program=program, function=function, function_name=name, io_names=names,
+                          input_ranges=read_ranges(metadata, name))
