@@ -105,9 +105,3 @@ class CountingParams(Mapping[str, np.ndarray]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._params
-
-    def prequantized_weights(self) -> Mapping[str, Any]:
-        """The wrapped mapping's already quantized weights (see `rlx_mil.compress.prequantized`)."""
-        from rlx_mil.compress.prequantized import carried_weights
-
-        return carried_weights(self._params)

@@ -66,11 +66,6 @@ def _parser() -> argparse.ArgumentParser:
     conversion_flags(hf)
     compression_flags(hf)
 
-    gg = sub.add_parser("convert-gguf", help="convert a llama.cpp GGUF file to .mlpackage (its quantization kept)")
-    _convert_gguf_arguments(gg)
-    conversion_flags(gg)
-    compression_flags(gg)
-
     insp = sub.add_parser("inspect", help="summarise a .mlpackage (IO, op histogram, weights, target) or a graph JSON")
     insp.add_argument("package", type=Path, help="a .mlpackage folder, or a graph .json (inputs, params, op histogram)")
     insp.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -170,18 +165,6 @@ def _convert_hf_arguments(p: argparse.ArgumentParser) -> None:
     add_arguments(p)
 
 
-def _convert_gguf_arguments(p: argparse.ArgumentParser) -> None:
-    from rlx_mil.cli.convert_gguf import add_arguments
-
-    add_arguments(p)
-
-
-def _convert_gguf(args: argparse.Namespace) -> int:
-    from rlx_mil.cli.convert_gguf import run
-
-    return run(args)
-
-
 def _demo_families() -> tuple[str, ...]:
     from rlx_mil.cli.demo import DEMO_FAMILIES
 
@@ -250,22 +233,21 @@ def _generate(args: argparse.Namespace) -> int:
     if args.chat and not tokenizer.has_chat_template:
         raise RlxMilError(f"{args.package}: its tokenizer has no chat template; drop --chat")
     progress = _progress(args)
-    if not args.quiet:
-        print(f"engine: {session.engine}", file=sys.stderr, flush=True)
+    progress.note(f"engine: {session.engine}")
     pieces = session.stream_text(
         args.prompt, args.max_new_tokens, chat=args.chat, system=args.system, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed,
     )
-    progress.begin("reading the prompt")
+    first = True
     for piece in pieces:
-        progress.end(f"{session.stats.prompt_tokens} tokens")  # the first piece ends the stage
+        if first:
+            progress.note(f"prompt: {session.stats.prompt_tokens} tokens in {session.stats.prompt_seconds:.2f} s")
+            first = False
         sys.stdout.write(piece)
         sys.stdout.flush()
-    progress.end(f"{session.stats.prompt_tokens} tokens")
     sys.stdout.write("\n")
     sys.stdout.flush()
-    if not args.quiet:
-        print(session.stats.to_text(), file=sys.stderr)
+    progress.note(session.stats.to_text())
     return EXIT_OK
 
 
@@ -344,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     handlers: dict[str, Any] = {
-        "convert": _convert, "convert-hf": _convert_hf, "convert-gguf": _convert_gguf, "inspect": _inspect, "run": _run, "demo": _demo,
+        "convert": _convert, "convert-hf": _convert_hf, "inspect": _inspect, "run": _run, "demo": _demo,
         "generate": _generate, "eval": _eval,
     }
     handler = getattr(args, "handler", None) or handlers[args.command]
