@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlx_mil.coreml import metadata
 from rlx_mil.coreml.multifunction import add_function, function_workspace, join_functions
@@ -28,12 +28,17 @@ from rlx_mil.coreml.weight_writes import direct_weight_writes
 from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 from rlx_mil.input_contract import encode_ranges, graph_input_ranges
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lowering.context import LowerOptions
+from rlx_mil.lowering.context import Compressor, LowerOptions
 from rlx_mil.lowering.program import LoweredProgram, lower_graph, require_graph
 from rlx_mil.lowering.state.kv_cache import POSITION_INPUT, KVCachePlan, bind_cache_lengths, plan_kv_cache
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.naming import mil_identifier
 from rlx_mil.version import __version__
+
+if TYPE_CHECKING:
+    import coremltools as ct
+
+    from rlx_mil.compress import WeightCompressor
 
 __all__ = [
     "FP16_UNSAFE_PASSES", "PER_FUNCTION_OPTIONS", "convert", "convert_buckets", "convert_functions",
@@ -44,13 +49,13 @@ ATTENTION_MODES = ("auto", "fused", "decomposed")
 COMPUTE_UNITS = ("ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE")
 
 
-def _options(attention: str, compressor: Any = None) -> LowerOptions:
+def _options(attention: str, compressor: Compressor | None = None) -> LowerOptions:
     if attention not in ATTENTION_MODES:
         raise InvalidOptionError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
     return LowerOptions(attention=attention, compressor=compressor)
 
 
-def _compressor(compress: Any, graph: Graph, target: Target, precision: Precision, params: Any = None) -> tuple[Any, Any]:
+def _compressor(compress: Any, graph: Graph, target: Target, precision: Precision, params: Any = None) -> tuple[WeightCompressor | None, Any]:
     """The weight compressor for `compress` (None: float weights) and the params the lowering
     reads; shape/target problems are raised here, before any weight is read. Weights that
     `params` carries already quantized (a GGUF file's) keep their codes whatever `compress`
@@ -183,7 +188,7 @@ def convert(
     max_context: int | None = None,
     cache_layout: str = "stacked",
     compress: Any = None,
-) -> Any:
+) -> ct.models.MLModel:
     """Convert `graph` with `params` (name -> ndarray) into a `ct.models.MLModel`.
 
     Inputs keep their Input names and outputs the keys `rlx_mil.reference.evaluate` returns
@@ -263,7 +268,7 @@ def release(model: Any) -> None:
         shutil.rmtree(package, ignore_errors=True)
 
 
-def save(model: Any, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+def save(model: ct.models.MLModel, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
     """Write `model` to `path` (.mlpackage) atomically: staged beside `path`, synced to disk,
     then swapped into place, so a failure or crash leaves the old package (or none) and
     never a half-written one. Errors are typed (FileAccessError subclasses also derive from
@@ -304,7 +309,7 @@ def convert_functions(
     path: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
     **options: Any,
-) -> Any:
+) -> ct.models.MLModel:
     """Convert each `{function_name: graph or (graph, options)}` and join them into one
     multifunction `.mlpackage`; returns its `ct.models.MLModel` (not loaded for prediction).
 
@@ -355,7 +360,7 @@ def convert_buckets(
     path: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
     **options: Any,
-) -> Any:
+) -> ct.models.MLModel:
     """A graph with the dynamic dim `symbol` as one package with a static function per size
     (sequence-length buckets: the Neural-Engine-friendly alternative to flexible shapes).
 
