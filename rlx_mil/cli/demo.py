@@ -53,7 +53,7 @@ def _resized_lists(config: dict[str, Any], layers: int, head_dim: int) -> dict[s
 
 def run_demo(args: argparse.Namespace) -> int:
     from rlx_mil.coreml.package_info import package_info
-    from rlx_mil.models.convert_hf import convert_checkpoint
+    from rlx_mil.llm.convert_hf import convert_checkpoint
     from rlx_mil.models.random_checkpoint import write_random_checkpoint
     from rlx_mil.models.verify import example_inputs, verify_package
     from rlx_mil.progress import Progress, running_under_ci

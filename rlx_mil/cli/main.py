@@ -19,7 +19,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 
 
 
 def _version() -> str:
-    from rlx_mil import __version__
+    from rlx_mil.version import __version__
 
     return __version__
 

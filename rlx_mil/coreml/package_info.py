@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx_mil.coreml.metadata import GRAPH, LLM, LLMContract, PackageMetadataError
+from rlx_mil.coreml.package_items import TEXT_ITEM, item_folder
 from rlx_mil.errors import RlxMilError
 from rlx_mil.fileio import check_package_tree
 
@@ -166,9 +167,7 @@ def package_info(model_or_path: Any) -> PackageInfo:
         for block in func.block_specializations.values():
             _count_ops(block, counts)
     weights_dir = Path(model.weights_dir) if getattr(model, "weights_dir", None) else None
-    from rlx_mil.llm.package_files import package_text_folder
-
-    text = package_text_folder(path) if path else None
+    text = item_folder(path, TEXT_ITEM) if path else None
     meta = spec.description.metadata
     return PackageInfo(
         path=str(path) if path else None,
