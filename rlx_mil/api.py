@@ -19,6 +19,7 @@ from rlx_mil.coreml.multifunction import add_function, function_workspace, join_
 from rlx_mil.coreml.pipeline import (
     FP16_UNSAFE_PASSES,
     default_pass_pipeline,
+    fusion_patterns_built_once,
     nonreplaceable_marks_only_with_constexprs,
     rlx_pass_pipeline,
     validation_once_per_pipeline,
@@ -221,7 +222,10 @@ def convert(
         graph = graph.bind(dims)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
     compressor, params = _compressor(compress, graph, tgt, prec, params)
-    with objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(), nonreplaceable_marks_only_with_constexprs():
+    with (
+        objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(),
+        nonreplaceable_marks_only_with_constexprs(), fusion_patterns_built_once(),
+    ):
         lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
         if pass_pipeline is None:
             pass_pipeline = rlx_pass_pipeline(prec, lowered.program)
