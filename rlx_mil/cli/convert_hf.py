@@ -18,10 +18,9 @@ import numpy as np
 
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
-from rlx_mil.llm.convert_hf import VARIANTS, check_output, convert_checkpoint
 from rlx_mil.llm.package import convert_llm_checkpoint, reference_greedy
-from rlx_mil.progress import Progress, running_under_ci
-from rlx_mil.units import human_bytes
+from rlx_mil.models.convert_hf import VARIANTS, check_output, convert_checkpoint
+from rlx_mil.progress import Progress, human_bytes, running_under_ci
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -149,7 +148,8 @@ def _vocab_size(graph: Graph) -> int:
     from rlx_mil.ir import Param
 
     for node in graph:
-        if isinstance(node.op, Param) and node.op.name in ("model.embed_tokens.weight", "embeddings.word_embeddings.weight"):
+        if isinstance(node.op, Param) and node.op.name in (
+                "model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "embeddings.word_embeddings.weight"):
             return node.shape.sizes()[0]
     raise InvalidOptionError(f"graph {graph.name!r} has no token embedding to draw example ids for")
 

@@ -6,8 +6,9 @@ prompts and decode steps through Core ML (`make_state` / `predict(..., state=)`,
 anywhere else, through the MIL executor (`rlx_mil.milexec`), which runs the converted program
 itself. A prompt is fed in chunks whose lengths are the package's functions (prefill buckets,
 largest first). A tail that fits no bucket goes through the decode function one token at a
-time, or, when the masks are causal and it is longer than two tokens, through the smallest
-larger bucket padded at the end, followed by one decode call for the last token's logits.
+time, or, when the masks are causal, the model keeps no recurrent state and the tail is longer
+than two tokens, through the smallest larger bucket padded at the end, followed by one decode
+call for the last token's logits.
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ class Session:
             self.contract = contract
             self.max_context = contract.max_context
             self._mask_kinds = set(contract.mask_kinds)
+            #: Recurrent state (conv windows, gated delta-net): every token fed enters it.
+            self._recurrent = bool(contract.recurrent_states)
             spec = handle.get_spec()
             lengths = contract.query_lengths()
             table = FunctionTable.read(meta)
@@ -236,8 +239,9 @@ class Session:
 
     def _padded_bucket(self, rest: int) -> FunctionInfo | None:
         """The smallest prefill bucket that holds `rest` tokens and fits in the cache, when the
-        package's masks let a padded call leave the real tokens unchanged (causal ones)."""
-        if not self._mask_kinds <= {"Causal", "SlidingWindow"}:
+        package's masks let a padded call leave the real tokens unchanged (causal ones) and no
+        recurrent state would take the pads in."""
+        if self._recurrent or not self._mask_kinds <= {"Causal", "SlidingWindow"}:
             return None
         fits = [
             f for f in self.functions

@@ -479,7 +479,7 @@ def lower_graph(
         lowerer.run()
         lowerer._last_read = None  # the program holds what it needs: drop the last raw tensor read
         if stateful is not None:
-            stateful.write_recurrent(lowerer.published_states, names.fresh)
+            stateful.write_recurrent(lowerer.published_states, lowerer.var_of, names.fresh)
         var_of = lowerer.var_of
 
         outs = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -175,10 +176,21 @@ class Checkpoint(Mapping[str, np.ndarray]):
             raise CheckpointError(f"{self.directory}: the checkpoint does not match the {architecture} architecture in its config.json", problems)
 
 
+@dataclass(frozen=True)
+class DerivedTensor:
+    """A param made from stored tensors when it is read: mixture-of-experts weights stored one
+    tensor per expert become one `[E, K, N]` array (`make(sources)`, in the stored dtype)."""
+
+    sources: tuple[str, ...]
+    shape: tuple[int, ...]
+    make: Callable[[list[np.ndarray]], np.ndarray]
+
+
 class ModelParams(Mapping[str, np.ndarray]):
     """The params of one built graph: checkpoint tensors under their stored names (read on
-    access, stored dtype) plus arrays computed by the builder (RoPE tables). Param names are
-    the stored names less `stored_prefix` (BERT exports differ only by a `bert.` prefix)."""
+    access, stored dtype), arrays computed by the builder (RoPE tables) and tensors derived from
+    stored ones on access (`DerivedTensor`). Param names are the stored names less
+    `stored_prefix` (BERT exports differ only by a `bert.` prefix)."""
 
     def __init__(
         self,
@@ -186,10 +198,13 @@ class ModelParams(Mapping[str, np.ndarray]):
         names: tuple[str, ...],
         computed: Mapping[str, np.ndarray],
         stored_prefix: str = "",
+        derived: Mapping[str, DerivedTensor] | None = None,
     ) -> None:
         self._checkpoint = checkpoint
-        self._names = names
-        self._name_set = frozenset(names)
+        self._derived = dict(derived or {})
+        sources = {s for d in self._derived.values() for s in d.sources}
+        self._names = tuple(n for n in names if n not in sources)
+        self._name_set = frozenset(self._names)
         self._computed = dict(computed)
         self._prefix = stored_prefix
 
@@ -198,34 +213,47 @@ class ModelParams(Mapping[str, np.ndarray]):
             return self._computed[name]
         if name in self._name_set:
             return self._checkpoint[self._prefix + name]
+        derived = self._derived.get(name)
+        if derived is not None:
+            return derived.make([self._checkpoint[self._prefix + s] for s in derived.sources])
         raise KeyError(name)
 
     def __iter__(self) -> Iterator[str]:
         yield from self._names
+        yield from self._derived
         yield from self._computed
 
     def __len__(self) -> int:
-        return len(self._names) + len(self._computed)
+        return len(self._names) + len(self._derived) + len(self._computed)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._computed or name in self._name_set
+        return name in self._computed or name in self._name_set or name in self._derived
 
     # Metadata without reading data, so conversion can check every param before reading one.
     def shape_of(self, name: str) -> tuple[int, ...]:
         if name in self._computed:
             return tuple(self._computed[name].shape)
+        if name in self._derived:
+            return self._derived[name].shape
         return self._stored_meta(name, "shape_of")
 
     def dtype_of(self, name: str) -> np.dtype[Any]:
         if name in self._computed:
             return self._computed[name].dtype
+        if name in self._derived:
+            return self._stored_meta_of(self._derived[name].sources[0], "dtype_of")
         return self._stored_meta(name, "dtype_of")
 
     def _stored_meta(self, name: str, what: str) -> Any:
         if name not in self._name_set:
             raise KeyError(name)
+        return self._stored_meta_of(name, what)
+
+    def _stored_meta_of(self, name: str, what: str) -> Any:
         meta = getattr(self._checkpoint, what, None)
-        return meta(self._prefix + name) if meta is not None else getattr(np.asarray(self[name]), what[:-3])
+        if meta is not None:
+            return meta(self._prefix + name)
+        return getattr(np.asarray(self._checkpoint[self._prefix + name]), what[:-3])
 
 
 def pattern_matcher(*patterns: str) -> Callable[[str], bool]:

@@ -150,14 +150,20 @@ class _Builder(WeightGraph):
         return out
 
     # ------------------------------------------------------------------ the model
+    def token_inputs(self) -> tuple[int, dict[RopeSpec, tuple[int, int]], bool]:
+        """`input_ids`, the RoPE rows of its positions (`position_ids` in decode graphs or when
+        asked) and whether they are per batch row."""
+        o, g = self.options, self.g
+        b, n = o.batch_size, o.seq_len
+        ids = g.input("input_ids", [b, n], "i32")
+        positions = g.input("position_ids", [b, n], "i32") if o.variant == "decode" or o.position_ids else None
+        return ids, self.tables(positions), positions is not None and b > 1
+
     def build(self) -> Graph:
         s, o, g = self.spec, self.options, self.g
         b, n = o.batch_size, o.seq_len
         decode = o.variant == "decode"
-        ids = g.input("input_ids", [b, n], "i32")
-        positions = g.input("position_ids", [b, n], "i32") if decode or o.position_ids else None
-        tables = self.tables(positions)
-        per_batch_rows = positions is not None and b > 1
+        ids, tables, per_batch_rows = self.token_inputs()
 
         self.key_mask = g.input("attention_mask", [b, o.cache_len + n]) if o.attention_mask else None
         embed = self.weight("model.embed_tokens.weight", (s.vocab_size, s.hidden_size))

@@ -11,13 +11,14 @@ import numpy as np
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
 from rlx_mil.models.budget import check_build_cost, check_sizes_against_checkpoint
-from rlx_mil.models.checkpoint import Checkpoint, ModelParams, pattern_matcher
+from rlx_mil.models.checkpoint import Checkpoint, DerivedTensor, ModelParams, pattern_matcher
 from rlx_mil.models.decoder import DecoderOptions, build_decoder
 from rlx_mil.models.families import model_spec
 from rlx_mil.models.hf_config import DecoderSpec, EncoderSpec, ModelSpec
 
 #: Stored tensors the decoders never read: rotary buffers older exports saved.
 _DECODER_BUFFERS = (r"model\.rotary_emb\.inv_freq", r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+
 
 
 def architecture_name(spec: ModelSpec) -> str:
@@ -73,12 +74,15 @@ def build(
     )
     options.validate(spec)
     check_build_cost(spec, source, precheck, table_rows=options.table_rows)
+    own_builder = getattr(spec, "build_graph", None)
+    if own_builder is not None:  # the round-2 families (rlx_mil.models.moe, lfm2, qwen3_5)
+        return own_builder(options, name or f"{spec.family}_{options.variant}")
     return build_decoder(spec, options, name)
 
 
 def _ignorable(spec: ModelSpec) -> Any:
     if isinstance(spec, DecoderSpec):
-        patterns = list(_DECODER_BUFFERS)
+        patterns = list(_DECODER_BUFFERS) + list(getattr(spec, "ignored_tensors", ()))
         if spec.tie_word_embeddings:
             patterns.append(r"lm_head\.weight")  # some exports store the tied head too
         return pattern_matcher(*patterns)
@@ -126,6 +130,9 @@ def from_pretrained(
     checkpoint = Checkpoint(path)
     source = str(checkpoint.directory / "config.json")
     spec = model_spec(checkpoint.config, source=source)
+    adapt = getattr(spec, "for_checkpoint", None)
+    if adapt is not None:  # a family whose stored layout varies (fused or per-expert MoE weights)
+        spec = adapt(checkpoint)
     prefix = _stored_prefix(spec, checkpoint)
 
     def precheck() -> None:
@@ -146,7 +153,9 @@ def from_pretrained(
         name=checkpoint.directory.name or None, source=source, precheck=precheck,
     )
     checkpoint.check({prefix + k: v for k, v in expected.items()}, architecture_name(spec), _ignorable_prefixed(spec, prefix))
-    return graph, ModelParams(checkpoint, tuple(expected), computed, stored_prefix=prefix)
+    derived = {k: v for k, v in computed.items() if isinstance(v, DerivedTensor)}
+    arrays = {k: v for k, v in computed.items() if k not in derived}
+    return graph, ModelParams(checkpoint, tuple(expected), arrays, stored_prefix=prefix, derived=derived)
 
 
 def _stored_prefix(spec: ModelSpec, checkpoint: Checkpoint) -> str:

@@ -24,6 +24,37 @@ from rlx_mil.models.hf_config import DecoderSpec
 #: Tiny configs of every family (from the family records), with the family's characteristic fields set.
 TINY_CONFIGS: dict[str, dict[str, Any]] = tiny_configs()
 
+#: The mixture-of-experts and hybrid families.
+ROUND2_FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "lfm2", "qwen3_5", "qwen3_5_text")
+
+
+
+
+def resized_round2_config(family: str, *, hidden: int, heads: int, kv_heads: int, layers: int, vocab: int,
+                          max_positions: int) -> dict[str, Any]:
+    """The tiny config of a round-2 family with other sizes (the demo's): layer patterns
+    follow transformers' defaults (LFM2 attention on odd layers, Qwen3.5 every fourth)."""
+    import copy
+
+    config = copy.deepcopy(TINY_CONFIGS[family])
+    text = config["text_config"] if family == "qwen3_5" else config
+    text.update(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads, num_hidden_layers=layers,
+                vocab_size=vocab, max_position_embeddings=max_positions)
+    if "head_dim" in text:
+        text["head_dim"] = hidden // heads
+    if family in ("qwen3_moe", "qwen2_moe"):
+        text.update(intermediate_size=2 * hidden, moe_intermediate_size=hidden // 2)
+    elif family == "olmoe":
+        text["intermediate_size"] = hidden // 2
+    elif family == "lfm2":
+        text.update(intermediate_size=3 * hidden, layer_types=["full_attention" if i % 2 else "conv" for i in range(layers)])
+    elif family == "qwen3_5_text":
+        text["intermediate_size"] = 2 * hidden
+    else:
+        text.update(intermediate_size=2 * hidden,
+                    layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)])
+    return config
+
 #: Qwen3-0.6B's architecture (random weights): the benchmark's large case.
 QWEN3_0_6B: dict[str, Any] = {
     "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 1024,

@@ -36,7 +36,7 @@ def example_inputs(graph: Graph, vocab_size: int, seed: int = 0) -> dict[str, np
     continuing the KV cache, random caches, a padded attention mask for batches > 1."""
     rng = np.random.default_rng(seed)
     shapes = {n.op.name: n.shape.sizes() for n in graph if isinstance(n.op, Input)}
-    past = shapes["past_k_0"][2] if "past_k_0" in shapes else 0
+    past = next((shape[2] for name, shape in shapes.items() if name.startswith("past_k_")), 0)
     feeds: dict[str, np.ndarray] = {}
     for name, shape in shapes.items():
         if name == "input_ids":

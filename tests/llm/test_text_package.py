@@ -207,34 +207,3 @@ def test_run_function_version_and_compute_units(package: Path, tmp_path: Path, c
         with pytest.raises(SystemExit):
             main([*argv, "--compute-units", "CPU_ONLY"])
         assert "unrecognized arguments: --compute-units" in capsys.readouterr().err
-
-
-def test_an_encoder_package_carries_its_tokenizer_for_padded_batches(tmp_path: Path) -> None:
-    from models.hf_numpy import bert_forward, mean_pool
-    from models.test_encoders import sentence_transformers_folder
-
-    from rlx_mil.llm.package_files import package_text_folder
-    from rlx_mil.llm.runner import run_package
-    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
-
-    from .text_fixtures import write_wordpiece_tokenizer
-
-    cfg = TINY_CONFIGS["bert"]
-    folder = write_random_checkpoint(tmp_path / "minilm", cfg, seed=4)
-    write_wordpiece_tokenizer(folder, vocab_size=cfg["vocab_size"])
-    sentence_transformers_folder(folder)
-    out = tmp_path / "minilm.mlpackage"
-    assert main(["convert-hf", str(folder), "-o", str(out), "--seq-len", "12", "--batch-size", "2",
-                 "--precision", "fp32", "-q"]) == 0
-    text = package_text_folder(out)
-    assert text is not None
-    texts = ["hello paris", "how are you? i am fine, thank you."]
-    inputs = TextTokenizer(text).encode_batch(texts, 12)
-    assert inputs["attention_mask"][0].sum() < 12 and inputs["attention_mask"][1].sum() == 12  # padded, truncated
-    got, _ = run_package(out, {k: inputs[k] for k in ("input_ids", "attention_mask")}, engine="milexec")
-    tok = TextTokenizer(folder)
-    for row, sentence in enumerate(texts):
-        # Each sentence alone, unpadded (the second truncated as the tokenizer truncates it).
-        ids = np.asarray([tok.encode(sentence)[:11] + tok.encode(sentence)[-1:] if row else tok.encode(sentence)])
-        alone = mean_pool(bert_forward(Checkpoint(folder), cfg, ids, np.ones_like(ids)), np.ones_like(ids), True)
-        np.testing.assert_allclose(got["sentence_embedding"][row], alone[0], rtol=1e-4, atol=1e-5)

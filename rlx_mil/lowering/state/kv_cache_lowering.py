@@ -62,8 +62,8 @@ class KVCacheLowering:
     def read_recurrent(self, env: dict[int, Any], name: Any) -> None:
         read_states(self.plan.recurrent, self.state_vars, self.precision, env, name)
 
-    def write_recurrent(self, published: Mapping[tuple[int, int], Any], name: Any) -> None:
-        write_states(self.plan.recurrent, self.state_vars, self.precision, published, name)
+    def write_recurrent(self, published: Mapping[tuple[int, int], Any], var_of: Any, name: Any) -> None:
+        write_states(self.plan.recurrent, self.state_vars, self.precision, published, var_of, name)
 
     def overrides(self) -> dict[int, Any]:
         """Node id -> rule replacing the node's own lowering."""
