@@ -40,6 +40,8 @@ PATCHES: dict[str, str] = {
         "record the weight file's path to hand written weights over to it (coreml/weight_writes.py)",
     "coremltools.models.model:_shutil":
         "hard-link weight files while saving a package instead of copying them (coreml/saving.py)",
+    "coremltools.converters.mil.frontend.milproto.load:_load_value":
+        "map weight-file blobs instead of copying them, once for all functions (milexec/loader.py)",
     "coremltools.converters.mil.mil.passes.pass_pipeline:tqdm":
         "show each pass pipeline as a progress stage (coreml/patches.py: passes_shown_on)",
 }

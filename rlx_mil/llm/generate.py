@@ -29,6 +29,7 @@ from rlx_mil.errors import InvalidOptionError, RlxMilError
 from rlx_mil.fileio import check_package_tree
 from rlx_mil.lowering.state.kv_cache import POSITION_INPUT
 from rlx_mil.milexec.executor import PrecisionModel
+from rlx_mil.milexec.prepared import MEMORY_MODES, MemoryMode
 
 if TYPE_CHECKING:
     from rlx_mil.llm.text import TextTokenizer
@@ -70,11 +71,14 @@ class Session:
         engine: str = "auto",
         precision_model: PrecisionModel = "declared",
         compute_units: str = "ALL",
+        memory: MemoryMode = "auto",
     ) -> None:
         import coremltools as ct
 
         if engine not in ENGINES:
             raise InvalidOptionError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if memory not in MEMORY_MODES:
+            raise InvalidOptionError(f"memory must be one of {MEMORY_MODES}, got {memory!r}")
         from rlx_mil.llm.runner import coreml_available
 
         if engine == "coreml" and not coreml_available():
@@ -141,6 +145,8 @@ class Session:
         self.vocab = self.functions[0].vocab
         self.engine = ("coreml" if sys.platform == "darwin" else "milexec") if engine == "auto" else engine
         self.precision_model = precision_model
+        #: the executor's memory mode ("fast" or "lean"; see rlx_mil.milexec.prepared).
+        self.memory: str = memory
         self._tokenizer: TextTokenizer | None = None
         self.stats = GenerationStats()
         if self.engine == "coreml":
@@ -151,10 +157,13 @@ class Session:
                 f.name: ct.models.MLModel(path, compute_units=units, function_name=f.name) for f in self.functions
             }
         else:
-            from rlx_mil.milexec import load_program
+            from rlx_mil.milexec.prepared import prepare
 
+            # Prepared once: weights mapped from the package and, in "fast" memory, widened
+            # once; every call then runs the plan and writes the KV cache in place.
             program = getattr(in_memory, "_mil_program", None)
-            self._program = program if program is not None else load_program(path)
+            self._prepared = prepare(program if program is not None else path, memory=memory, precision_model=precision_model)
+            self.memory = self._prepared.memory
         self.reset()
 
     # -- state -----------------------------------------------------------------------------------
@@ -193,11 +202,8 @@ class Session:
         if self.engine == "coreml":
             out = self._models[fn.name].predict(feeds, state=self._state)
         else:
-            from rlx_mil import milexec
-
-            out = milexec.run(
-                self._program, feeds, function_name=fn.name, states=self._states,
-                precision_model=self.precision_model, io_names=self._io_names.get(fn.name) or None,
+            out = self._prepared.run(
+                feeds, function_name=fn.name, states=self._states, io_names=self._io_names.get(fn.name) or None
             )
         self._position += len(tokens)
         self.calls.append((fn.name or "main", len(tokens)))

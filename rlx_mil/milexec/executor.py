@@ -20,7 +20,8 @@ from rlx_mil.input_contract import range_problem
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS
 from rlx_mil.mil_walk import iter_ops, oversized_outputs
 from rlx_mil.milexec.crosscheck import CrossChecker, Tolerance
-from rlx_mil.milexec.loader import IONames, ResolvedSource, resolve_source
+from rlx_mil.milexec.loader import IONames, ResolvedSource, release, resolve_source
+from rlx_mil.milexec.plan import Plan, build_plan, root_key
 from rlx_mil.milexec.registry import KERNELS, OpContext, declared_dtype
 from rlx_mil.values import BFLOAT16, numeric_kind
 
@@ -78,19 +79,33 @@ def execute(
     if precision_model not in PRECISION_MODELS:
         raise MilExecError(f"unknown precision_model {precision_model!r}; use one of {PRECISION_MODELS}")
     resolved = resolve_source(source, function_name, io_names)
-    interpreter = _Interpreter(
-        precision_model,
-        CrossChecker(cross_check_tolerances) if cross_check else None,
-        keep_values,
-    )
+    checker = CrossChecker(cross_check_tolerances) if cross_check else None
+    # A run that keeps or cross-checks every value holds them all and writes nothing in place.
+    plan = None if keep_values or checker is not None else build_plan(resolved.function)
+    interpreter = _Interpreter(precision_model, checker, keep_values, plan)
     return interpreter.run(resolved, inputs, states)
 
 
 class _Interpreter:
-    def __init__(self, precision: str, checker: CrossChecker | None, keep_values: bool) -> None:
+    def __init__(
+        self,
+        precision: str,
+        checker: CrossChecker | None,
+        keep_values: bool,
+        plan: Plan | None = None,
+        *,
+        track_nonfinite: bool = True,
+        states_in_place: bool = False,
+    ) -> None:
         self.precision = precision
         self.checker = checker
         self.keep_values = keep_values
+        self.plan = plan
+        self.track_nonfinite = track_nonfinite
+        self.states_in_place = states_in_place
+        #: root_key -> number of live env values in that buffer (only with a plan).
+        self.roots: dict[int, int] = {}
+        self.meta = plan.meta if plan is not None else {}
         self.env: dict[int, Any] = {}
         self.finite: dict[int, bool] = {}
         self.state_values: dict[str, np.ndarray] = {}
@@ -109,8 +124,9 @@ class _Interpreter:
         function = resolved.function
         _require_kernels(function)
         _require_addressable(function)
-        feeds, state_feeds = _bind_inputs(function, inputs, states, resolved.io_names, self.precision,
-                                          resolved.input_ranges)
+        feeds, state_feeds = _bind_inputs(
+            function, inputs, states, resolved.io_names, self.precision, resolved.input_ranges, self.states_in_place
+        )
         try:
             for var, value in feeds:
                 self._bind(var, value)
@@ -151,15 +167,55 @@ class _Interpreter:
                 )
             for var, value in zip(block.inputs, block_inputs, strict=True):
                 self._bind(var, value)
+        plan = self.plan if block_inputs is None else None  # liveness covers the top-level block
         for op in block.operations:
-            if op.op_type != "const":
-                self._execute(op)
+            if op.op_type == "const" or (plan is not None and id(op) in plan.precomputed):
+                continue
+            self._execute(op)
+            if plan is not None:
+                for var in plan.free_after.get(id(op), ()):
+                    self._drop(var)
+                for weight in plan.release_after.get(id(op), ()):
+                    release(weight)
         return [self.lookup(var) for var in block.outputs]
+
+    def _store(self, var: Var, value: Any) -> None:
+        key = id(var)
+        if self.plan is not None:
+            if key in self.env:
+                self._drop(var)
+            if isinstance(value, np.ndarray):
+                root = root_key(value)
+                self.roots[root] = self.roots.get(root, 0) + 1
+        self.env[key] = value
+
+    def _drop(self, var: Var) -> None:
+        value = self.env.pop(id(var), None)
+        if isinstance(value, np.ndarray):
+            root = root_key(value)
+            left = self.roots.get(root, 0) - 1
+            if left > 0:
+                self.roots[root] = left
+            else:
+                self.roots.pop(root, None)
+
+    def donatable(self, op: Operation, var: Var) -> bool:
+        """May `op` write into `var`'s buffer? See `Plan` and `OpContext.donatable`."""
+        plan = self.plan
+        if plan is None or plan.last_user.get(id(var)) != id(op):
+            return False
+        value = self.env.get(id(var))
+        if not isinstance(value, np.ndarray) or not value.flags.writeable:
+            return False
+        root = root_key(value)
+        return root not in plan.pinned and self.roots.get(root) == 1
 
     def lookup(self, var: Var) -> Any:
         key = id(var)
         if key in self.env:
             return self.env[key]
+        if self.plan is not None and key in self.plan.consts:
+            return self.plan.consts[key]
         if key in self.state_names:
             return self.state_values[self.state_names[key]]
         producer = var.op
@@ -172,8 +228,9 @@ class _Interpreter:
 
     def _bind(self, var: Var, value: np.ndarray) -> None:
         stored = self._coerce(var, value, None)
-        self.env[id(var)] = stored
-        self.finite[id(var)] = _all_finite(stored)
+        self._store(var, stored)
+        if self.track_nonfinite:
+            self.finite[id(var)] = _all_finite(stored)
         if self.keep_values:
             self.values[var.name] = stored
         if self.checker is not None:
@@ -187,7 +244,10 @@ class _Interpreter:
                 f"no milexec kernel for op type '{op.op_type}' (op '{op.name}'); "
                 f"add one with @kernel({op.op_type!r}) in rlx_mil.milexec.kernels"
             )
-        ctx = OpContext(op, self.lookup, self.run_block, self.state_values)
+        ctx = OpContext(
+            op, self.lookup, self.run_block, self.state_values, self.donatable,
+            self.plan.shared_states if self.plan is not None else frozenset(),
+        )
         start = time.perf_counter()
         try:
             with np.errstate(all="ignore"):
@@ -213,9 +273,10 @@ class _Interpreter:
             self.checker.check(op, stored, self.lookup)
         outputs_finite = True
         for var, value in zip(op.outputs, stored, strict=True):
-            self.env[id(var)] = value
-            self.finite[id(var)] = finite = _all_finite(value)
-            outputs_finite = outputs_finite and finite
+            self._store(var, value)
+            if self.track_nonfinite:
+                self.finite[id(var)] = finite = _all_finite(value)
+                outputs_finite = outputs_finite and finite
             if self.keep_values:
                 self.values[var.name] = value
             if self.checker is not None:
@@ -232,7 +293,10 @@ class _Interpreter:
 
     def _coerce(self, var: Var, value: np.ndarray, op: Operation | None) -> np.ndarray:
         """Round `value` to `var`'s declared dtype (per the precision model), check its shape."""
-        dtype = declared_dtype(var)
+        meta = self.meta.get(id(var))
+        if meta is None:
+            meta = self.meta[id(var)] = (declared_dtype(var), tuple(var.shape))
+        dtype, declared = meta
         if dtype is None:
             return value
         if dtype == np.float16 and self.precision == "float32":
@@ -240,7 +304,6 @@ class _Interpreter:
         if value.dtype != dtype:
             with np.errstate(all="ignore"):
                 value = value.astype(dtype)
-        declared = tuple(var.shape)
         if value.shape != declared:
             if not declared and value.size == 1:
                 value = value.reshape(())
@@ -293,6 +356,7 @@ def _bind_inputs(
     io_names: IONames | None,
     precision: str,
     ranges: Mapping[str, tuple[int, int]] | None = None,
+    states_in_place: bool = False,
 ) -> tuple[list[tuple[Any, np.ndarray]], list[tuple[Any, np.ndarray]]]:
     from coremltools.converters.mil.mil import types
 
@@ -364,7 +428,9 @@ def _bind_inputs(
             if array.shape != shape:
                 problems.append(f"state '{name}': shape {array.shape}, expected {shape}")
                 continue
-            state_feeds.append((var, array.astype(dtype)))
+            in_place = (states_in_place and array.dtype == dtype and array.flags.writeable
+                        and array.flags.c_contiguous and isinstance(array, np.ndarray))
+            state_feeds.append((var, array if in_place else array.astype(dtype)))
         else:
             # A fresh Core ML state buffer: zeros.
             state_feeds.append((var, np.zeros(shape, dtype=dtype)))

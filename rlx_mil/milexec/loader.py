@@ -3,15 +3,20 @@ MIL Function plus the model's interface-name mapping."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
 import os
-from collections.abc import Mapping
+import struct
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rlx_mil.coreml.patches import replaced
 from rlx_mil.errors import MilExecError
 from rlx_mil.fileio import check_package_tree, nesting_depth
 from rlx_mil.input_contract import read_ranges
@@ -99,9 +104,10 @@ def _program_from_model(model: Any, where: Any) -> Any:
     if spec.WhichOneof("Type") != "mlProgram":
         raise MilExecError(f"{where} is not an ML Program (model type {spec.WhichOneof('Type')!r})")
     try:
-        program = milproto_load(
-            spec, specification_version=spec.specificationVersion, file_weights_dir=model.weights_dir
-        )
+        with _mapped_weights():
+            program = milproto_load(
+                spec, specification_version=spec.specificationVersion, file_weights_dir=model.weights_dir
+            )
     except Exception as exc:
         raise MilExecError(f"cannot load the MIL program of {where}: {exc}") from exc
     for function in program.functions.values():
@@ -112,6 +118,113 @@ def _program_from_model(model: Any, where: Any) -> Any:
     if default_name:
         program.default_function_name = default_name
     return program
+
+
+# -- weights read from a memory map of the weight file ----------------------------------------
+# coremltools' milproto loader reads every blob into a fresh array (fp16 twice over: a uint16
+# array, then a copy of its bytes), and each function of a multifunction package reads its own
+# copy of the weights it shares with the others. Mapped instead, a byte-aligned blob is a
+# read-only view of the file: loading costs no copy, the functions of a package share one copy
+# in the page cache, and a reader can drop a weight's pages once it has used it (`release`).
+
+#: MIL blob storage dtype codes (MILBlob StorageFormat) of the byte-aligned types mapped here.
+_BLOB_DTYPES = {1: np.float16, 2: np.float32, 3: np.uint8, 4: np.int8, 6: np.int16, 7: np.uint16}
+_BLOB_SENTINEL = 0xDEADBEEF
+_BLOB_METADATA = struct.Struct("<IIQQ")  # sentinel, dtype code, size in bytes, data offset
+_MAP_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _mapped_weights() -> Iterator[None]:
+    """Within the block, the milproto loader maps byte-aligned blobs instead of copying them."""
+    from coremltools.converters.mil.frontend.milproto import load as milproto
+
+    original = milproto._load_value
+    maps: dict[str, mmap.mmap | None] = {}
+    # The functions of a multifunction package name the same blobs: each is read once.
+    seen: dict[tuple[str, int, bytes], Any] = {}
+
+    def load_value(context: Any, value_spec: Any) -> Any:
+        if value_spec.WhichOneof("value") != "blobFileValue":
+            return original(context, value_spec)
+        blob = value_spec.blobFileValue
+        key = (blob.fileName, int(blob.offset), value_spec.type.SerializeToString())
+        if key not in seen:
+            seen[key] = mapped_value(context, value_spec)
+        return seen[key]
+
+    def mapped_value(context: Any, value_spec: Any) -> Any:
+        # What coremltools' _load_value does for a tensor held in the weight file, without its
+        # copies (frombuffer(...).astype and np.array(...).astype both copy).
+        if value_spec.type.WhichOneof("type") == "tensorType" and value_spec.WhichOneof("value") == "blobFileValue":
+            valuetype = milproto.proto_to_types(value_spec.type)
+            if milproto.types.is_tensor(valuetype) and not value_spec.docString:
+                blob = value_spec.blobFileValue
+                filename = os.path.join(context.weights_dir, blob.fileName.split("/")[-1])
+                value = _mapped_blob(maps, filename, int(blob.offset), valuetype.get_primitive())
+                shape = tuple(int(d) for d in valuetype.get_shape())
+                if value is not None and value.size == int(np.prod(shape, dtype=np.int64)):
+                    return value.reshape(shape)
+        return original(context, value_spec)
+
+    with _MAP_LOCK, replaced("coremltools.converters.mil.frontend.milproto.load:_load_value", load_value):
+        yield
+
+
+def _mapped_blob(maps: dict[str, mmap.mmap | None], filename: str, offset: int, dtype: Any) -> np.ndarray | None:
+    """The blob at `offset` of `filename` as a read-only array over a map of the file, or None
+    (not a byte-aligned type, or anything about the file or the blob unexpected: the loader
+    then reads it itself)."""
+    from coremltools.converters.mil.mil import types
+
+    wanted = {types.fp16: np.float16, types.fp32: np.float32, types.uint8: np.uint8, types.int8: np.int8,
+              types.int16: np.int16, types.uint16: np.uint16}.get(dtype)
+    if wanted is None:
+        return None
+    if filename not in maps:
+        try:
+            with open(filename, "rb") as f:
+                maps[filename] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            maps[filename] = None
+    mapped = maps[filename]
+    if mapped is None or offset < 0 or offset + _BLOB_METADATA.size > len(mapped):
+        return None
+    sentinel, code, size, data_offset = _BLOB_METADATA.unpack_from(mapped, offset)
+    itemsize = np.dtype(wanted).itemsize
+    if (sentinel != _BLOB_SENTINEL or _BLOB_DTYPES.get(code) is not wanted or size % itemsize
+            or data_offset % itemsize or data_offset + size > len(mapped)):
+        return None
+    return np.frombuffer(mapped, dtype=wanted, count=size // itemsize, offset=data_offset)
+
+
+def release(value: np.ndarray) -> None:
+    """Drop the resident pages of a mapped weight (a view made by `load_program`): the process
+    gives them back, the page cache keeps them, the next read maps them in again. No-op for
+    any other array."""
+    base = mapped_file(value)
+    if base is None or not value.size:
+        return
+    start = value.__array_interface__["data"][0] - _address(base)
+    stop = start + value.nbytes
+    page = mmap.PAGESIZE
+    first = (start // page) * page
+    with contextlib.suppress(OSError, ValueError):
+        base.madvise(mmap.MADV_DONTNEED, first, min(len(base), stop) - first)
+
+
+def mapped_file(value: np.ndarray) -> mmap.mmap | None:
+    """The open file map `value` is a view of, or None."""
+    base: Any = value
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return base if isinstance(base, mmap.mmap) and not base.closed else None
+
+
+def _address(mapped: mmap.mmap) -> int:
+    return int(np.frombuffer(mapped, np.uint8, count=1).__array_interface__["data"][0])
 
 
 def resolve_source(

@@ -25,6 +25,10 @@ Kernel = Callable[["OpContext"], KernelResult]
 #: op type -> kernel. Filled by the `kernel` decorator when `rlx_mil.milexec.kernels` is imported.
 KERNELS: dict[str, Kernel] = {}
 
+#: fp16 arrays at least this large are widened with `rlx_mil.milexec.fp16.widen` (same values,
+#: several times faster than NumPy's cast).
+WIDEN_FAST_MIN = 1 << 14
+
 _OPSET_OF_MODULE = re.compile(r"\.iOS(\d+)\.")
 
 
@@ -60,11 +64,16 @@ class OpContext:
         lookup: Callable[[Var], np.ndarray],
         run_block: BlockRunner,
         states: dict[str, np.ndarray],
+        donate: Callable[[Operation, Var], bool] | None = None,
+        shared_states: frozenset[str] = frozenset(),
     ) -> None:
         self.op = op
         self._lookup = lookup
         self.run_block = run_block
         self.states = states
+        self._donate = donate
+        #: States whose buffer `read_state` may hand out without a copy (see `Plan`).
+        self.shared_states = shared_states
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -101,6 +110,12 @@ class OpContext:
     def val(self, name: str) -> np.ndarray:
         """The input for computing: fp16 upcast to float32, other dtypes as stored."""
         return as_compute(self.raw(name))
+
+    def donatable(self, name: str) -> bool:
+        """True when the kernel may write its result into input `name`'s buffer: this op is
+        the input's last use and no other live value, const or caller array shares the buffer."""
+        var = self._var(name)
+        return self._donate is not None and var is not None and self._donate(self.op, var)
 
     def opt(self, name: str) -> np.ndarray | None:
         return self.val(name) if self.has(name) else None
@@ -148,6 +163,10 @@ class OpContext:
 def as_compute(value: np.ndarray) -> np.ndarray:
     """fp16 -> float32 (the precision every kernel computes in); anything else unchanged."""
     if isinstance(value, np.ndarray) and value.dtype == np.float16:
+        if value.size >= WIDEN_FAST_MIN:
+            from rlx_mil.milexec.fp16 import widen
+
+            return widen(value)
         return value.astype(np.float32)
     if isinstance(value, np.float16):
         return np.asarray(value, dtype=np.float32)

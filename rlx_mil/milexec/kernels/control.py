@@ -12,7 +12,9 @@ def read_state(ctx: OpContext) -> np.ndarray:
     name = ctx.op.inputs["input"].name
     if name not in ctx.states:
         raise ctx.error(f"state '{name}' has no value")
-    return ctx.states[name].copy()
+    # A state the function reads once and writes back is handed out as is (see Plan): writes
+    # into it in place only change what the function writes into the state anyway.
+    return ctx.states[name] if name in ctx.shared_states else ctx.states[name].copy()
 
 
 @kernel("coreml_update_state")
@@ -24,7 +26,11 @@ def coreml_update_state(ctx: OpContext) -> np.ndarray:
     value = ctx.raw("value")
     if value.shape != current.shape:
         raise ctx.error(f"value of shape {value.shape} written to state '{name}' of shape {current.shape}")
-    ctx.states[name] = value.astype(current.dtype, copy=True)
+    if value is not current:
+        if current.flags.writeable:
+            np.copyto(current, value, casting="unsafe")  # the state's own buffer, updated in place
+        else:
+            ctx.states[name] = value.astype(current.dtype, copy=True)
     return value
 
 

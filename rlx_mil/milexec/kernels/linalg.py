@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlx_mil.milexec.fp16 import widen_into
 from rlx_mil.milexec.registry import OpContext, kernel
+
+#: An fp16 weight of at least this many elements is widened a block of rows at a time into one
+#: cache-sized buffer (`_blocked_linear`) instead of into a float32 copy of the whole weight.
+BLOCKED_WEIGHT_MIN = 1 << 20
+_BLOCK_BYTES = 1 << 20
 
 
 def _float_or_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -18,15 +24,35 @@ def _float_or_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a.astype(np.int64), b.astype(np.int64))
 
 
+def _blocked_linear(flat: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """`flat @ weight.T` for a 2-D fp16 `weight`, widened a block of rows at a time: the same
+    float32 products of the same fp16 values, each output column from one block."""
+    rows, depth = weight.shape
+    step = max(1, _BLOCK_BYTES // (4 * depth))
+    out = np.empty((flat.shape[0], rows), np.float32)
+    block = np.empty((min(step, rows), depth), np.float32)
+    lhs = flat.astype(np.float32, copy=False)
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        part = block[: stop - start]
+        widen_into(weight[start:stop], part)
+        np.matmul(lhs, part.T, out=out[:, start:stop])
+    return out
+
+
 @kernel("linear")
 def linear(ctx: OpContext) -> np.ndarray:
     x = ctx.val("x")
-    weight = ctx.val("weight")
+    stored = ctx.raw("weight")
     flat = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
-    out = _float_or_int_matmul(flat, weight.T)
+    if stored.dtype == np.float16 and stored.ndim == 2 and stored.size >= BLOCKED_WEIGHT_MIN and x.dtype.kind == "f":
+        out = _blocked_linear(flat, stored)
+    else:
+        weight = ctx.val("weight")
+        out = _float_or_int_matmul(flat, weight.T)
     if ctx.has("bias"):
         out = out + ctx.val("bias")
-    return out.reshape((*x.shape[:-1], weight.shape[0]))
+    return out.reshape((*x.shape[:-1], stored.shape[0]))
 
 
 @kernel("matmul")

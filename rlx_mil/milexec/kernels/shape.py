@@ -112,7 +112,7 @@ def _index_slices(ctx: OpContext, rank: int) -> tuple[tuple[slice, ...], list[in
 
 @kernel("slice_by_index")
 def slice_by_index(ctx: OpContext) -> np.ndarray:
-    x = ctx.val("x")
+    x = ctx.raw("x")  # data movement: the stored values (a KV cache is not widened whole)
     slices, squeeze_axes = _index_slices(ctx, x.ndim)
     out = x[slices]
     return np.squeeze(out, axis=tuple(squeeze_axes)) if squeeze_axes else out
@@ -121,8 +121,10 @@ def slice_by_index(ctx: OpContext) -> np.ndarray:
 @kernel("slice_update")
 def slice_update(ctx: OpContext) -> np.ndarray:
     # In the stored dtype: a pure copy (no arithmetic), and a KV-cache state is not widened
-    # to float32 on every write.
-    x = ctx.raw("x").copy()
+    # to float32 on every write. At the input's last use its buffer takes the rows in place.
+    x = ctx.raw("x")
+    if not ctx.donatable("x"):
+        x = x.copy()
     slices, _ = _index_slices(ctx, x.ndim)
     target = x[slices]
     x[slices] = ctx.raw("update").reshape(target.shape)
@@ -384,7 +386,7 @@ def _checked_indices(ctx: OpContext, indices: np.ndarray, dim: int | np.ndarray,
 
 @kernel("gather")
 def gather(ctx: OpContext) -> np.ndarray:
-    x = ctx.val("x")
+    x = ctx.raw("x")  # data movement: an embedding table is not widened whole
     axis = int(ctx.param("axis", 0))
     if axis < 0:
         axis += x.ndim
