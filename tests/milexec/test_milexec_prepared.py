@@ -32,7 +32,8 @@ def test_blocked_linear_equals_the_whole_float32_product() -> None:
     for rows in (1, 5):
         x = rng.standard_normal((rows, 700)).astype(np.float32)
         want = x @ weight.astype(np.float32).T
-        np.testing.assert_allclose(_blocked_linear(x, weight), want, rtol=1e-6, atol=1e-6)
+        # The same products; BLAS may sum a block's columns in another order (float32 ulps).
+        np.testing.assert_allclose(_blocked_linear(x, weight), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
