@@ -137,6 +137,7 @@ def main() -> None:
     parser.add_argument("--max-context", type=int, default=128)
     parser.add_argument("--precisions", default="fp32,fp16")
     parser.add_argument("--eval", action="store_true", help="also rlx-mil eval fp16 and int4 packages against the checkpoint")
+    parser.add_argument("--eval-tokens", type=int, default=48, help="tokens of the text --eval scores (default 48)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -156,14 +157,18 @@ def main() -> None:
         text = args.work / "eval.txt"
         text.write_text(EVAL_TEXT)
         int4 = args.work / "smollm2-int4.mlpackage"
+        start = time.perf_counter()
         done = rlx("convert-hf", str(checkpoint), "-o", str(int4), "--stateful", "--max-context", str(args.max_context),
                    "--compress", "int4", "--overwrite", "-q")
         if done.returncode:
             sys.exit(f"convert-hf int4 failed: {done.stderr}")
+        results["int4_convert_seconds"] = time.perf_counter() - start
         fp16 = args.work / "smollm2-fp16.mlpackage"
+        if not fp16.exists():
+            run_precision(checkpoint, args.work, "fp16", args.prompt, 1, args.max_context)
         for package in (fp16, int4):
             ev = rlx("eval", str(package), "--text", str(text), "--reference", str(checkpoint), "--json", "-q",
-                     "--engine", "milexec")
+                     "--engine", "milexec", "--max-tokens", str(args.eval_tokens))
             if ev.returncode:
                 sys.exit(f"eval failed: {ev.stderr}")
             measured = json.loads(ev.stdout)

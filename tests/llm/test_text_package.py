@@ -207,3 +207,65 @@ def test_run_function_version_and_compute_units(package: Path, tmp_path: Path, c
         with pytest.raises(SystemExit):
             main([*argv, "--compute-units", "CPU_ONLY"])
         assert "unrecognized arguments: --compute-units" in capsys.readouterr().err
+
+
+def test_an_encoder_package_carries_its_tokenizer_for_padded_batches(tmp_path: Path) -> None:
+    from models.hf_numpy import bert_forward, mean_pool
+    from models.test_encoders import sentence_transformers_folder
+
+    from rlx_mil.llm.package_files import package_text_folder
+    from rlx_mil.llm.runner import run_package
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+    from .text_fixtures import write_wordpiece_tokenizer
+
+    cfg = TINY_CONFIGS["bert"]
+    folder = write_random_checkpoint(tmp_path / "minilm", cfg, seed=4)
+    write_wordpiece_tokenizer(folder, vocab_size=cfg["vocab_size"])
+    sentence_transformers_folder(folder)
+    out = tmp_path / "minilm.mlpackage"
+    assert main(["convert-hf", str(folder), "-o", str(out), "--seq-len", "12", "--batch-size", "2",
+                 "--precision", "fp32", "-q"]) == 0
+    text = package_text_folder(out)
+    assert text is not None
+    texts = ["hello paris", "how are you? i am fine, thank you."]
+    inputs = TextTokenizer(text).encode_batch(texts, 12)
+    assert inputs["attention_mask"][0].sum() < 12 and inputs["attention_mask"][1].sum() == 12  # padded, truncated
+    got, _ = run_package(out, {k: inputs[k] for k in ("input_ids", "attention_mask")}, engine="milexec")
+    tok = TextTokenizer(folder)
+    for row, sentence in enumerate(texts):
+        # Each sentence alone, unpadded (the second truncated as the tokenizer truncates it).
+        ids = np.asarray([tok.encode(sentence)[:11] + tok.encode(sentence)[-1:] if row else tok.encode(sentence)])
+        alone = mean_pool(bert_forward(Checkpoint(folder), cfg, ids, np.ones_like(ids)), np.ones_like(ids), True)
+        np.testing.assert_allclose(got["sentence_embedding"][row], alone[0], rtol=1e-4, atol=1e-5)
+
+
+def test_text_needs_a_tokenizer_and_a_template(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bare = tmp_path / "bare.mlpackage"
+    shutil.copytree(package, bare)
+    shutil.rmtree(bare / "Data" / "rlx_mil")
+    manifest = json.loads((bare / "Manifest.json").read_text())
+    manifest["itemInfoEntries"] = {k: v for k, v in manifest["itemInfoEntries"].items() if v["author"] != "rlx_mil"}
+    (bare / "Manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["generate", str(bare), "--prompt", "hi", "-n", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rlx-mil generate: error:") and "carries no tokenizer" in err and err.count("\n") == 1
+    assert main(["generate", str(package), "--prompt", "hi", "--system", "x"]) == 1
+    assert "--system needs --chat" in capsys.readouterr().err
+    assert main(["generate", str(package), "--prompt-ids", "1,2", "--chat"]) == 1
+    assert "need --prompt TEXT" in capsys.readouterr().err
+    assert main(["generate", str(package), "--prompt", "hi", "--top-p", "1.5", "--temperature", "1"]) == 1
+    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+    no_template = tmp_path / "nt"
+    shutil.copytree(package / "Data" / "rlx_mil" / "tokenizer", no_template)
+    config = json.loads((no_template / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (no_template / "tokenizer_config.json").write_text(json.dumps(config))
+    session = Session(package)
+    session.tokenizer = TextTokenizer(no_template)
+    from rlx_mil.llm.text import TokenizerError
+
+    with pytest.raises(TokenizerError, match="no chat template"):
+        session.generate_text("hi", 2, chat=True)
+    assert isinstance(session.generate_text("hi", 2), str)
