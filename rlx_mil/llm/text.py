@@ -25,6 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rlx_mil.errors import RlxMilError
 from rlx_mil.fileio import read_regular_file
 
@@ -202,6 +204,27 @@ class TextTokenizer:
         if not isinstance(text, str):
             raise TokenizerError(f"text to encode must be a str, got {type(text).__name__}")
         return [int(i) for i in self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids]
+
+    def encode_batch(self, texts: Sequence[str], length: int) -> dict[str, np.ndarray]:
+        """The inputs of an encoder package for `texts`: `input_ids`, `attention_mask` (1 =
+        token, 0 = padding) and `token_type_ids`, int32 `[len(texts), length]`, each text
+        encoded with its special tokens, truncated to `length` and padded with the pad token
+        (the tokenizer library's own padding and truncation)."""
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise TokenizerError(f"length must be an int >= 1, got {length!r}")
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise TokenizerError("encode_batch takes a sequence of str")
+        pad = self.special_tokens.get("pad_token")
+        pad_id = self.token_id(pad) if isinstance(pad, str) else None
+        tokenizer = self._tokenizer.from_str(self._tokenizer.to_str())  # padding is state: a copy
+        tokenizer.enable_truncation(max_length=length)
+        tokenizer.enable_padding(length=length, pad_id=pad_id or 0, pad_token=pad if pad_id is not None else "[PAD]")
+        rows = tokenizer.encode_batch(list(texts))
+        return {
+            "input_ids": np.asarray([r.ids for r in rows], np.int32).reshape(len(rows), length),
+            "attention_mask": np.asarray([r.attention_mask for r in rows], np.int32).reshape(len(rows), length),
+            "token_type_ids": np.asarray([r.type_ids for r in rows], np.int32).reshape(len(rows), length),
+        }
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return str(self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens))
