@@ -12,13 +12,14 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlx_mil.coreml import metadata
 from rlx_mil.coreml.multifunction import add_function, function_workspace, join_functions
 from rlx_mil.coreml.pipeline import (
     FP16_UNSAFE_PASSES,
     default_pass_pipeline,
+    fusion_patterns_built_once,
     nonreplaceable_marks_only_with_constexprs,
     rlx_pass_pipeline,
     validation_once_per_pipeline,
@@ -28,12 +29,17 @@ from rlx_mil.coreml.weight_writes import direct_weight_writes
 from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 from rlx_mil.input_contract import encode_ranges, graph_input_ranges
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lowering.context import LowerOptions
+from rlx_mil.lowering.context import Compressor, LowerOptions
 from rlx_mil.lowering.program import LoweredProgram, lower_graph, require_graph
 from rlx_mil.lowering.state.kv_cache import POSITION_INPUT, KVCachePlan, bind_cache_lengths, plan_kv_cache
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.naming import mil_identifier
 from rlx_mil.version import __version__
+
+if TYPE_CHECKING:
+    import coremltools as ct
+
+    from rlx_mil.compress import WeightCompressor
 
 __all__ = [
     "FP16_UNSAFE_PASSES", "PER_FUNCTION_OPTIONS", "convert", "convert_buckets", "convert_functions",
@@ -44,13 +50,13 @@ ATTENTION_MODES = ("auto", "fused", "decomposed")
 COMPUTE_UNITS = ("ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE")
 
 
-def _options(attention: str, compressor: Any = None) -> LowerOptions:
+def _options(attention: str, compressor: Compressor | None = None) -> LowerOptions:
     if attention not in ATTENTION_MODES:
         raise InvalidOptionError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
     return LowerOptions(attention=attention, compressor=compressor)
 
 
-def _compressor(compress: Any, graph: Graph, target: Target, precision: Precision, params: Any = None) -> tuple[Any, Any]:
+def _compressor(compress: Any, graph: Graph, target: Target, precision: Precision, params: Any = None) -> tuple[WeightCompressor | None, Any]:
     """The weight compressor for `compress` (None: float weights) and the params the lowering
     reads; shape/target problems are raised here, before any weight is read. Weights that
     `params` carries already quantized (a GGUF file's) keep their codes whatever `compress`
@@ -183,7 +189,7 @@ def convert(
     max_context: int | None = None,
     cache_layout: str = "stacked",
     compress: Any = None,
-) -> Any:
+) -> ct.models.MLModel:
     """Convert `graph` with `params` (name -> ndarray) into a `ct.models.MLModel`.
 
     Inputs keep their Input names and outputs the keys `rlx_mil.reference.evaluate` returns
@@ -216,7 +222,10 @@ def convert(
         graph = graph.bind(dims)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
     compressor, params = _compressor(compress, graph, tgt, prec, params)
-    with objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(), nonreplaceable_marks_only_with_constexprs():
+    with (
+        objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(),
+        nonreplaceable_marks_only_with_constexprs(), fusion_patterns_built_once(),
+    ):
         lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
         if pass_pipeline is None:
             pass_pipeline = rlx_pass_pipeline(prec, lowered.program)
@@ -263,7 +272,7 @@ def release(model: Any) -> None:
         shutil.rmtree(package, ignore_errors=True)
 
 
-def save(model: Any, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+def save(model: ct.models.MLModel, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
     """Write `model` to `path` (.mlpackage) atomically: staged beside `path`, synced to disk,
     then swapped into place, so a failure or crash leaves the old package (or none) and
     never a half-written one. Errors are typed (FileAccessError subclasses also derive from
@@ -304,7 +313,7 @@ def convert_functions(
     path: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
     **options: Any,
-) -> Any:
+) -> ct.models.MLModel:
     """Convert each `{function_name: graph or (graph, options)}` and join them into one
     multifunction `.mlpackage`; returns its `ct.models.MLModel` (not loaded for prediction).
 
@@ -355,7 +364,7 @@ def convert_buckets(
     path: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
     **options: Any,
-) -> Any:
+) -> ct.models.MLModel:
     """A graph with the dynamic dim `symbol` as one package with a static function per size
     (sequence-length buckets: the Neural-Engine-friendly alternative to flexible shapes).
 

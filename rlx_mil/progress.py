@@ -24,14 +24,6 @@ def running_under_ci() -> bool:
     return any(os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no") for name in _CI_VARIABLES)
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
-
-
 class Progress:
     """Stage lines and bars on `stream`; a no-op when disabled."""
 

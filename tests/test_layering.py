@@ -23,6 +23,7 @@ MAX_LINES = 600
 #: Shared modules with no rlx_mil imports beyond each other and the IR's data types; any
 #: stage may use them.
 SHARED = ("rlx_mil.errors", "rlx_mil.fileio", "rlx_mil.naming", "rlx_mil.values", "rlx_mil.progress", "rlx_mil.version",
+          "rlx_mil.units",
           "rlx_mil.mil_walk")
 
 #: stage -> the stages it must not import (besides `rlx_mil.cli`, which nothing imports).

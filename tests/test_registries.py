@@ -18,13 +18,12 @@ from catalogue import CATALOGUE, FAMILY_CASES, random_leaves
 
 import rlx_mil
 from rlx_mil.api import lower_with_names
-from rlx_mil.errors import UnsupportedOpError
 from rlx_mil.ir import infer
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import FAMILIES, OP_TYPES, Constant, Input, Op, Param, family_of
 from rlx_mil.ir.serde.forms import OP_FORMS
 from rlx_mil.lowering.coverage import coverage_markdown
-from rlx_mil.lowering.registry import registered_rules, unsupported_ops
+from rlx_mil.lowering.registry import registered_rules
 from rlx_mil.milexec import kernels as _kernels  # noqa: F401  (registers every milexec kernel)
 from rlx_mil.milexec.registry import KERNELS
 from rlx_mil.reference import registry as reference_registry
@@ -62,8 +61,6 @@ def test_op_has_shape_rule_and_json_form(op_type: type[Op]) -> None:
 def test_op_has_reference_kernel_in_its_family(op_type: type[Op]) -> None:
     if op_type in NO_REFERENCE_KERNEL:
         return
-    if op_type in unsupported_ops() and op_type not in reference_registry.registered_op_types():
-        return  # no rule yet; the reference comes with the rule (checked below once it exists)
     kernels = dict(zip(reference_registry.registered_op_types(), map(_kernel_of, reference_registry.registered_op_types()), strict=True))
     assert op_type in kernels, f"{op_type.type_name} has no reference kernel"
     assert kernels[op_type].__module__ == f"rlx_mil.reference.{family_of(op_type)}"
@@ -74,30 +71,23 @@ def _kernel_of(op_type: type[Op]) -> Any:
 
 
 @pytest.mark.parametrize("op_type", _op_params())
-def test_op_has_lowering_rule_or_a_reason(op_type: type[Op]) -> None:
+def test_op_has_a_lowering_rule(op_type: type[Op]) -> None:
     if op_type in LOWERED_BY_DRIVER:
         return
-    rules, unsupported = registered_rules(), unsupported_ops()
-    assert (op_type in rules) != (op_type in unsupported), (
-        f"{op_type.type_name} needs exactly one of a lowering rule or declare_unsupported(..., because)"
-    )
-    if op_type in rules:
-        assert op_type in reference_registry.registered_op_types(), f"{op_type.type_name} lowers but has no reference"
-        info = rules[op_type]
-        assert info.family == family_of(op_type)
-        assert info.rule.__module__ == f"rlx_mil.lowering.rules.{family_of(op_type)}"
-    else:
-        assert unsupported[op_type].strip(), f"{op_type.type_name}: the reason it is unsupported is empty"
+    rules = registered_rules()
+    assert op_type in rules, f"{op_type.type_name} has no lowering rule"
+    assert op_type in reference_registry.registered_op_types(), f"{op_type.type_name} lowers but has no reference"
+    info = rules[op_type]
+    assert info.family == family_of(op_type)
+    assert info.rule.__module__ == f"rlx_mil.lowering.rules.{family_of(op_type)}"
 
 
 def test_every_family_has_modules_in_each_registry() -> None:
-    unsupported = unsupported_ops()
-    for family, module in FAMILIES.items():
+    for family in FAMILIES:
         assert family in FAMILY_CASES, f"no catalogue module tests/catalogue/{family}.py"
         if family not in DRIVER_FAMILIES:
             assert (PACKAGE_ROOT / "lowering" / "rules" / f"{family}.py").is_file(), family
-        if not all(op in unsupported for op in module.OPS):
-            assert (PACKAGE_ROOT / "reference" / f"{family}.py").is_file(), family
+        assert (PACKAGE_ROOT / "reference" / f"{family}.py").is_file(), family
 
 
 def _builder_methods() -> set[str]:
@@ -151,12 +141,6 @@ def _mil_op_types(program: Any) -> Iterator[str]:
 def test_executor_runs_every_mil_op_the_lowering_emits(case: str) -> None:
     graph = CATALOGUE[case]()
     _, params = random_leaves(graph)
-    unsupported = [n.op.type_name for n in graph if type(n.op) in unsupported_ops()]
-    if unsupported:
-        # Ops without a rule fail conversion with a typed error naming the op, before coremltools.
-        with pytest.raises(UnsupportedOpError, match="|".join(unsupported)):
-            lower_with_names(graph, params, target="iOS18")
-        return
     targets = supported_targets(graph)
     assert targets, f"catalogue case {case} does not lower on any target"
     for target in targets:

@@ -18,9 +18,10 @@ import numpy as np
 
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
+from rlx_mil.llm.convert_hf import VARIANTS, check_output, convert_checkpoint
 from rlx_mil.llm.package import convert_llm_checkpoint, reference_greedy
-from rlx_mil.models.convert_hf import VARIANTS, check_output, convert_checkpoint
-from rlx_mil.progress import Progress, human_bytes, running_under_ci
+from rlx_mil.progress import Progress, running_under_ci
+from rlx_mil.units import human_bytes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import shutil
 import tempfile
 import time
@@ -25,7 +26,7 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
     if args.family in ROUND2_FAMILIES:
         return resized_round2_config(args.family, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
                                      layers=args.layers, vocab=256, max_positions=max(256, args.seq))
-    config = dict(TINY_CONFIGS[args.family])
+    config = copy.deepcopy(TINY_CONFIGS[args.family])
     config.update(hidden_size=args.hidden, num_attention_heads=args.heads, intermediate_size=2 * args.hidden,
                   num_hidden_layers=args.layers, vocab_size=256)
     if args.family == "bert":
@@ -33,14 +34,29 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
     else:
         config.update(num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads,
                       max_position_embeddings=max(256, args.seq))
-    if args.family == "gemma2":
+    if "query_pre_attn_scalar" in config:
         config["query_pre_attn_scalar"] = args.hidden // args.heads
+    return _resized_lists(config, args.layers, args.hidden // args.heads)
+
+
+def _resized_lists(config: dict[str, Any], layers: int, head_dim: int) -> dict[str, Any]:
+    """Per-layer lists repeated to `layers` entries, longrope factors spread over the rotated
+    frequencies of `head_dim`."""
+    for key in ("layer_types", "no_rope_layers"):
+        if isinstance(config.get(key), list):
+            config[key] = [config[key][i % len(config[key])] for i in range(layers)]
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, dict) and "short_factor" in scaling:
+        half = int(head_dim * config.get("partial_rotary_factor", 1.0)) // 2
+        for key in ("short_factor", "long_factor"):
+            old = scaling[key]
+            scaling[key] = [old[min(len(old) - 1, i * len(old) // half)] for i in range(half)]
     return config
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from rlx_mil.coreml.package_info import package_info
-    from rlx_mil.models.convert_hf import convert_checkpoint
+    from rlx_mil.llm.convert_hf import convert_checkpoint
     from rlx_mil.models.random_checkpoint import write_random_checkpoint
     from rlx_mil.models.verify import example_inputs, verify_package
     from rlx_mil.progress import Progress, running_under_ci

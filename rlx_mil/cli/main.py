@@ -19,7 +19,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 
 
 
 def _version() -> str:
-    from rlx_mil import __version__
+    from rlx_mil.version import __version__
 
     return __version__
 
@@ -233,22 +233,21 @@ def _generate(args: argparse.Namespace) -> int:
     if args.chat and not tokenizer.has_chat_template:
         raise RlxMilError(f"{args.package}: its tokenizer has no chat template; drop --chat")
     progress = _progress(args)
-    if not args.quiet:
-        print(f"engine: {session.engine}", file=sys.stderr, flush=True)
+    progress.note(f"engine: {session.engine}")
     pieces = session.stream_text(
         args.prompt, args.max_new_tokens, chat=args.chat, system=args.system, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed,
     )
-    progress.begin("reading the prompt")
+    first = True
     for piece in pieces:
-        progress.end(f"{session.stats.prompt_tokens} tokens")  # the first piece ends the stage
+        if first:
+            progress.note(f"prompt: {session.stats.prompt_tokens} tokens in {session.stats.prompt_seconds:.2f} s")
+            first = False
         sys.stdout.write(piece)
         sys.stdout.flush()
-    progress.end(f"{session.stats.prompt_tokens} tokens")
     sys.stdout.write("\n")
     sys.stdout.flush()
-    if not args.quiet:
-        print(session.stats.to_text(), file=sys.stderr)
+    progress.note(session.stats.to_text())
     return EXIT_OK
 
 

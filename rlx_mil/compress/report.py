@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rlx_mil.errors import RlxMilError
+from rlx_mil.units import human_bytes
 
 METADATA_KEY = "rlx_mil.compression"
 
@@ -69,14 +70,14 @@ class CompressionReport:
         if self.weights:
             ratio = self.bytes_after / self.bytes_before if self.bytes_before else 1.0
             lines.append(
-                f"  {len(self.weights)} weights: {_human(self.bytes_before)} -> {_human(self.bytes_after)} ({ratio:.3f}x)"
+                f"  {len(self.weights)} weights: {human_bytes(self.bytes_before)} -> {human_bytes(self.bytes_after)} ({ratio:.3f}x)"
             )
             width = max(len(w.name) for w in self.weights)
             with_max = any(w.max_error is not None for w in self.weights)
             header = f"  {'weight':<{width}}  {'scheme':<20} {'before':>10} {'after':>10} {'rel.err':>9}"
             lines.append(header + (f" {'max.err':>9}" if with_max else ""))
             for w in self.weights:
-                row = (f"  {w.name:<{width}}  {w.scheme:<20} {_human(w.bytes_before):>10} {_human(w.bytes_after):>10}"
+                row = (f"  {w.name:<{width}}  {w.scheme:<20} {human_bytes(w.bytes_before):>10} {human_bytes(w.bytes_after):>10}"
                        f" {w.relative_error:>9.2e}")
                 if with_max:
                     row += f" {w.max_error:>9.2e}" if w.max_error is not None else f" {'-':>9}"
@@ -98,15 +99,6 @@ class CompressionReport:
             "weights": len(self.weights), "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
             "output_error": self.output_error,
         }
-
-
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 def report_of(model_or_metadata: Any) -> CompressionReport | None:

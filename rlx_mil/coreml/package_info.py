@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from rlx_mil.coreml.metadata import GRAPH, LLM, LLMContract, PackageMetadataError
+from rlx_mil.coreml.package_items import TEXT_ITEM, item_folder
 from rlx_mil.errors import RlxMilError
 from rlx_mil.fileio import check_package_tree
+from rlx_mil.units import human_bytes
 
 #: Core ML specification version -> the deployment target that introduced it.
 SPEC_VERSION_TARGETS = {6: "iOS15", 7: "iOS16", 8: "iOS17", 9: "iOS18", 10: "iOS26"}
@@ -72,8 +74,8 @@ class PackageInfo:
                 lines.append(f"  {op:<36} {n}")
         if self.text_folder:
             lines.append(f"text:     {self.text_folder}: {', '.join(self.text_files)}")
-        lines.append(f"weights:  {_human(self.weight_bytes)}")
-        lines.append(f"package:  {_human(self.package_bytes)}")
+        lines.append(f"weights:  {human_bytes(self.weight_bytes)}")
+        lines.append(f"package:  {human_bytes(self.package_bytes)}")
         from rlx_mil.compress.report import report_of
 
         compression = report_of(self.metadata)
@@ -106,15 +108,6 @@ class PackageInfo:
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, default=lambda o: o.__dict__, indent=2)
-
-
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{n} B"
-        size /= 1024
-    return f"{n} B"
 
 
 def _tree_bytes(path: Path) -> int:
@@ -166,9 +159,7 @@ def package_info(model_or_path: Any) -> PackageInfo:
         for block in func.block_specializations.values():
             _count_ops(block, counts)
     weights_dir = Path(model.weights_dir) if getattr(model, "weights_dir", None) else None
-    from rlx_mil.llm.package_files import package_text_folder
-
-    text = package_text_folder(path) if path else None
+    text = item_folder(path, TEXT_ITEM) if path else None
     meta = spec.description.metadata
     return PackageInfo(
         path=str(path) if path else None,

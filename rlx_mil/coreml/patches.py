@@ -40,6 +40,14 @@ PATCHES: dict[str, str] = {
         "record the weight file's path to hand written weights over to it (coreml/weight_writes.py)",
     "coremltools.models.model:_shutil":
         "hard-link weight files while saving a package instead of copying them (coreml/saving.py)",
+    "coremltools.converters.mil.mil.passes.defs.optimize_activation:fuse_gelu_tanh_approximation.get_gelu_pattern1":
+        "build the activation fusions' pattern programs once per process, not on every run (coreml/pipeline.py)",
+    "coremltools.converters.mil.mil.passes.defs.optimize_activation:fuse_gelu_tanh_approximation.get_gelu_pattern2":
+        "build the activation fusions' pattern programs once per process, not on every run (coreml/pipeline.py)",
+    "coremltools.converters.mil.mil.passes.defs.optimize_activation:FusePreluPattern1.get_prelu_pattern":
+        "build the activation fusions' pattern programs once per process, not on every run (coreml/pipeline.py)",
+    "coremltools.converters.mil.mil.passes.defs.optimize_activation:FusePreluPattern2.get_prelu_pattern":
+        "build the activation fusions' pattern programs once per process, not on every run (coreml/pipeline.py)",
     "coremltools.converters.mil.frontend.milproto.load:_load_value":
         "map weight-file blobs instead of copying them, once for all functions (milexec/loader.py)",
     "coremltools.converters.mil.mil.passes.pass_pipeline:tqdm":

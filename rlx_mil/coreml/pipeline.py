@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from rlx_mil.coreml import patches
@@ -222,6 +222,41 @@ def nonreplaceable_marks_only_with_constexprs() -> Iterator[None]:
     with patches.replaced(
         "coremltools.converters.mil.mil.block:Block._propagate_nonreplaceable_vars", propagate_where_needed
     ):
+        yield
+
+
+#: The pattern programs coremltools' activation fusions (`fuse_gelu_tanh_approximation`,
+#: `fuse_prelu`) build with the MIL builder each time they run.
+FUSION_PATTERNS = tuple(
+    target for target in patches.PATCHES
+    if target.startswith("coremltools.converters.mil.mil.passes.defs.optimize_activation:")
+)
+_built_patterns: dict[str, Any] = {}
+
+
+def _built_once(target: str, build: Any) -> Any:
+    def pattern() -> Any:
+        if target not in _built_patterns:
+            _built_patterns[target] = build()
+        return _built_patterns[target]
+
+    pattern.rlx_mil_once = True  # type: ignore[attr-defined]
+    return pattern
+
+
+@contextmanager
+def fusion_patterns_built_once() -> Iterator[None]:
+    """While active, coremltools' gelu and prelu fusion passes match against pattern programs
+    built once per process instead of on every run.
+
+    Each of the four patterns is a small MIL program the pattern matcher only reads (coremltools'
+    own `register_generic_pass` reuses one program for every run the same way); building them
+    anew made up about a third of converting a 10-op program."""
+    with ExitStack() as stack:
+        for target in FUSION_PATTERNS:
+            build = patches.current(target).__func__
+            if not getattr(build, "rlx_mil_once", False):  # else a conversion already installed it
+                stack.enter_context(patches.replaced(target, staticmethod(_built_once(target, build))))
         yield
 
 

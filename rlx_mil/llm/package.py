@@ -59,7 +59,7 @@ def convert_llm_checkpoint(
         raise InvalidOptionError(f"max_context must be an int >= 2, got {max_context!r}")
     buckets = prefill_buckets(prefill, max_context)
     if output is not None:
-        from rlx_mil.models.convert_hf import check_output
+        from rlx_mil.llm.convert_hf import check_output
 
         check_output(Path(output), overwrite)
     if attention_mask and buckets:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlx_mil.coreml.package_items import TEXT_ITEM, add_item, item_folder
 from rlx_mil.llm.text import TEXT_FILES, TokenizerError, read_json_file
 
-ITEM_AUTHOR = "rlx_mil"
-ITEM_NAME = "tokenizer"
+ITEM_NAME = TEXT_ITEM
 ITEM_DESCRIPTION = "Tokenizer, chat template and generation config of the source checkpoint"
 
 #: Core ML model-description fields set from the checkpoint.
@@ -121,8 +121,6 @@ def add_text_files(model: Any, model_dir: str | os.PathLike[str]) -> list[str]:
     """Copy the checkpoint's text files into the (not yet saved) package of `model` as the
     `rlx_mil/tokenizer` item; `rlx_mil.save` then writes them with the package. Returns the
     names copied (none: no item is added)."""
-    from coremltools.libmodelpackage import ModelPackage
-
     files = text_files(model_dir)
     package = getattr(model, "package_path", None)
     if not files or not package:
@@ -132,28 +130,13 @@ def add_text_files(model: Any, model_dir: str | os.PathLike[str]) -> list[str]:
         staged.mkdir()
         for path in files:
             shutil.copyfile(path, staged / path.name)
-        item = ModelPackage(str(package))
-        if item.findItemByNameAuthor(ITEM_NAME, ITEM_AUTHOR) is None:
-            item.addItem(str(staged), ITEM_NAME, ITEM_AUTHOR, ITEM_DESCRIPTION)
-        del item  # the manifest is written when the package object goes
+        add_item(package, staged, ITEM_NAME, ITEM_DESCRIPTION)
     return [p.name for p in files]
 
 
 def package_text_folder(package: str | os.PathLike[str]) -> Path | None:
     """The folder of the package's `rlx_mil/tokenizer` item, or None when it has none."""
-    from coremltools.libmodelpackage import ModelPackage
-
-    root = Path(package)
-    if not (root / "Manifest.json").is_file():
-        return None
-    try:
-        info = ModelPackage(str(root)).findItemByNameAuthor(ITEM_NAME, ITEM_AUTHOR)
-    except Exception:  # a damaged manifest: the package has no usable item
-        return None
-    if info is None:
-        return None
-    folder = Path(info.path())
-    return folder if folder.is_dir() else None
+    return item_folder(package, ITEM_NAME)
 
 
 def prepare_package(

@@ -5,17 +5,61 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from rlx_mil.errors import ConversionError, PrecisionWarning, UnsupportedOpError
+from rlx_mil.errors import ConversionError, GraphError, PrecisionWarning, UnsupportedOpError
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import Op
 from rlx_mil.ir.shape import Shape
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.naming import generated_name, mil_identifier
+
+GraphErrorT = TypeVar("GraphErrorT", bound=GraphError)
+
+
+class Compressor(Protocol):
+    """What the lowering asks of weight compression: which weights it compresses, and the
+    constexpr var standing for one (the lowering never imports `rlx_mil.compress`)."""
+
+    def scheme_for(self, source: WeightSource | None) -> object | None:
+        """The scheme the Param `source` is compressed with, None where it stays float."""
+
+    def compress(
+        self, source: WeightSource, value: np.ndarray, *, layout: str, op_name: Callable[[], str]
+    ) -> Any | None:
+        """The MIL var decoding `value` (None where it stays float)."""
+
+
+class Lowerer(Protocol):
+    """What a `LowerContext` asks of the driver lowering its graph (`program.NodeLowerer`):
+    weights as shared consts, states, and lowerers for the subgraphs and bodies of a node."""
+
+    name_prefix: str
+    env: dict[int, Any]
+
+    @property
+    def shared(self) -> SharedValues: ...
+
+    def weight_source(self, node_id: int) -> WeightSource | None: ...
+
+    def value_key(self, node_id: int) -> Hashable | None: ...
+
+    def bind_outer_value(self, node_id: int, outer: Any, outer_id: int) -> None: ...
+
+    def program_const(self, node_id: int, float_dtype: type[np.floating[Any]], *, transpose: bool = False) -> Any: ...
+
+    def publish_state(self, node_id: int, operand: int, var: Any) -> None: ...
+
+    def nested(
+        self, subgraph: Graph, params: dict[str, np.ndarray], *, name_prefix: str, rounds_results: bool = False
+    ) -> Lowerer: ...
+
+    def run(self) -> None: ...
+
+    def var_of(self, node_id: int) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -25,8 +69,9 @@ class LowerOptions:
     #: "auto": the best form per target; "fused": force Core ML's fused
     #: scaled_dot_product_attention (an error where impossible); "decomposed": never fuse.
     attention: str = "auto"
-    #: Weight compression (an `rlx_mil.compress.WeightCompressor`), or None for float weights.
-    compressor: Any = field(default=None, compare=False)
+    #: Weight compression (`rlx_mil.compress.WeightCompressor` implements it), or None for
+    #: float weights.
+    compressor: Compressor | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -186,7 +231,7 @@ class LowerContext:
         names: NameAllocator,
         var_of: Callable[[int], Any],
         value_of: Callable[[int], np.ndarray | None],
-        lowerer: Any = None,
+        lowerer: Lowerer | None = None,
     ) -> None:
         self.graph = graph
         self.node = node
@@ -252,21 +297,26 @@ class LowerContext:
         conversion time or is compressed (see `compresses`)."""
         return None if self.compresses(i) else self.value(i)
 
+    def _driver(self, what: str) -> Lowerer:
+        if self._lowerer is None:
+            raise self.error(f"this context cannot {what} (it was built without a lowerer)")
+        return self._lowerer
+
     def weight(self, i: int, *, transpose: bool = False) -> Any:
         """The const op of input `i`'s known value (Param/Constant, with any unit leading dims
         dropped when `transpose`) as the program holds floats, fp16 or fp32; `transpose` swaps
         the axes of a matrix into the [N, K] layout of `linear`. Made once per conversion and
         shared by every node using it (a tied embedding and its transposed use included)."""
-        return self._lowerer.program_const(self.node.inputs[i], self.float_dtype, transpose=transpose)
+        return self._driver("hold weights").program_const(self.node.inputs[i], self.float_dtype, transpose=transpose)
 
     def value_key(self, i: int) -> Hashable | None:
         """What input `i`'s known value is shared under in this conversion (None at run time)."""
-        return self._lowerer.value_key(self.node.inputs[i])
+        return self._driver("share values").value_key(self.node.inputs[i])
 
     def shared_var(self, key: Hashable, make: Callable[[], Any]) -> Any:
         """The var `make()` builds, built once per conversion for each `key` (which must
         capture everything the var depends on) and reused by every node asking for it."""
-        return self._lowerer.shared.var(key, make)
+        return self._driver("share values").shared.var(key, make)
 
     def publish_state(self, operand: int, var: Any) -> None:
         """Hand over the final state this node writes back into its input `operand` (one of
@@ -368,6 +418,11 @@ class LowerContext:
     def unsupported(self, message: str) -> UnsupportedOpError:
         """An error naming this node and op, for a variant this target/option cannot express."""
         return UnsupportedOpError(f"node %{self.node.id} {self.base_name!r} ({self.op.type_name}): {message}")
+
+    def fail(self, error_type: type[GraphErrorT], message: str, operand: str | None = None) -> GraphErrorT:
+        """A typed graph error (`ShapeError`, `DTypeError`, `AttributeValueError`, ...) naming this
+        node, its op and name, and the operand at fault where one is given: `raise ctx.fail(...)`."""
+        return error_type(message, node=self.node.id, op=self.op.type_name, name=self.node.name, operand=operand)
 
     def error(self, message: str) -> ConversionError:
         return ConversionError(f"node %{self.node.id} {self.base_name!r} ({self.op.type_name}): {message}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlx_mil.ir.ops import OP_TYPES, Constant, Input, Param, family_of
-from rlx_mil.lowering.registry import registered_rules, unsupported_ops
+from rlx_mil.ir.ops import OP_TYPES, Constant, Input, Param
+from rlx_mil.lowering.registry import registered_rules
 from rlx_mil.lowering.rules.sequence_loop import recurrence_forms_markdown
 from rlx_mil.lowering.target import Target
 
@@ -64,7 +64,6 @@ pipeline fuzz over random builder graphs in the test suite checks the two agree)
 
 def coverage_markdown() -> str:
     rules = registered_rules()
-    unsupported = unsupported_ops()
     targets = list(Target)
     lines = [
         "# Op coverage",
@@ -84,12 +83,6 @@ def coverage_markdown() -> str:
             lines.append(f"| {name} | leaf | " + " | ".join(cells) + f" | {_LEAVES[op_type]} |")
             continue
         info = rules.get(op_type)
-        if info is None and op_type in unsupported:
-            missing.append(name)
-            because = " ".join(unsupported[op_type].split()).replace("|", "\\|")
-            cells = ["no"] * len(targets)
-            lines.append(f"| {name} | {family_of(op_type)} | " + " | ".join(cells) + f" | unsupported: {because} |")
-            continue
         if info is None:
             missing.append(name)
             cells = ["no"] * len(targets)

@@ -43,10 +43,6 @@ def kind_of(dtype: DType) -> str:
     return "int"
 
 
-def shape_error(ctx: LowerContext, message: str, operand: str | None = None) -> ShapeError:
-    """A ShapeError naming this node, its op and (optionally) the operand at fault."""
-    node = ctx.node
-    return ShapeError(message, node=node.id, op=ctx.op.type_name, name=node.name, operand=operand)
 
 
 def broadcast_sizes(ctx: LowerContext, names: tuple[str, ...]) -> tuple[int, ...]:
@@ -57,10 +53,10 @@ def broadcast_sizes(ctx: LowerContext, names: tuple[str, ...]) -> tuple[int, ...
         result = tuple(int(d) for d in np.broadcast_shapes(*shapes))
     except ValueError:
         listed = ", ".join(f"{n} {list(s)}" for n, s in zip(names, shapes, strict=True))
-        raise shape_error(ctx, f"operands do not broadcast: {listed}", names[-1]) from None
+        raise ctx.fail(ShapeError, f"operands do not broadcast: {listed}", names[-1]) from None
     declared = ctx.out_shape.sizes()
     if result != declared and not (result in ((), (1,)) and declared in ((), (1,))):
-        raise shape_error(ctx, f"operands broadcast to {list(result)}, but the node declares {list(declared)}")
+        raise ctx.fail(ShapeError, f"operands broadcast to {list(result)}, but the node declares {list(declared)}")
     return result
 
 

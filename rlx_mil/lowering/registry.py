@@ -58,24 +58,6 @@ def lowering(
     return register
 
 
-#: Ops that deliberately have no lowering rule, with the reason (shown in docs/op-coverage.md
-#: and in the UnsupportedOpError conversion raises).
-_UNSUPPORTED: dict[type[Op], str] = {}
-
-
-def declare_unsupported(op_type: type[Op], because: str) -> None:
-    """Record that `op_type` does not lower to Core ML, and why (e.g. "no MIL op or short
-    composition reproduces upstream's random stream")."""
-    if op_type in _RULES or op_type in _UNSUPPORTED:
-        raise RuntimeError(f"{op_type.type_name} already has a lowering rule or an unsupported entry")
-    _UNSUPPORTED[op_type] = because
-
-
-def unsupported_ops() -> dict[type[Op], str]:
-    """Ops declared unsupported, with their reasons."""
-    return dict(_UNSUPPORTED)
-
-
 def registered_rules() -> dict[type[Op], RuleInfo]:
     """Every registered rule (`rlx_mil.lowering.program` imports the rule modules, so all are
     registered once `rlx_mil` is imported)."""
@@ -85,11 +67,7 @@ def registered_rules() -> dict[type[Op], RuleInfo]:
 def rule_for(op: Op, target: Target, *, node: int | None = None, name: str | None = None) -> RuleInfo:
     info = _RULES.get(type(op))
     if info is None:
-        because = _UNSUPPORTED.get(type(op))
-        reason = f": {because}" if because else ""
-        raise UnsupportedOpError(
-            f"node %{node}{f' {name!r}' if name else ''}: no Core ML lowering for op {op.type_name}{reason}"
-        )
+        raise UnsupportedOpError(f"node %{node}{f' {name!r}' if name else ''}: no Core ML lowering for op {op.type_name}")
     if target < info.min_target:
         raise UnsupportedOpError(
             f"node %{node}{f' {name!r}' if name else ''}: op {op.type_name} needs target"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from rlx_mil.errors import CheckpointError, InvalidOptionError
 from rlx_mil.models.hf_config import DecoderSpec, EncoderSpec, ModelSpec
+from rlx_mil.units import human_bytes
 
 #: Below this, building costs less than reading the checkpoint's headers does to explain.
 CHEAP_BUILD_BYTES = 64 * 2**20
@@ -41,14 +42,6 @@ _DECODER_LAYER = re.compile(r"model\.(?:language_model\.)?layers\.(\d+)\.")  # Q
 _ENCODER_LAYER = re.compile(r"(?:bert\.)?encoder\.layer\.(\d+)\.")
 
 
-def human(nbytes: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if nbytes < 1024 or unit == "PiB":
-            return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    raise AssertionError("unreachable")
-
-
 @dataclass(frozen=True)
 class BuildCost:
     """What building a graph would allocate, by part (bytes)."""
@@ -60,7 +53,7 @@ class BuildCost:
         return sum(n for _, n in self.parts)
 
     def describe(self) -> str:
-        return "; ".join(f"{what}: {human(n)}" for what, n in sorted(self.parts, key=lambda p: -p[1]) if n)
+        return "; ".join(f"{what}: {human_bytes(n)}" for what, n in sorted(self.parts, key=lambda p: -p[1]) if n)
 
 
 def build_cost(spec: ModelSpec, *, table_rows: int = 0, seq_len: int = 1, batch_size: int = 1) -> BuildCost:
@@ -93,8 +86,8 @@ def check_build_cost(
         precheck()
     if cost.total > limit:
         raise InvalidOptionError(
-            f"{source}: building this {spec.family} graph would allocate about {human(cost.total)} before any weight"
-            f" is read ({cost.describe()}), more than the limit of {human(limit)}; check the config's sizes and the"
+            f"{source}: building this {spec.family} graph would allocate about {human_bytes(cost.total)} before any weight"
+            f" is read ({cost.describe()}), more than the limit of {human_bytes(limit)}; check the config's sizes and the"
             " requested positions (max_positions / --max-context)"
         )
 

@@ -154,14 +154,6 @@ def _gather(op: Gather, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
 _NP_PAD_MODES = {PadKind.REFLECT: "reflect", PadKind.REPLICATE: "edge", PadKind.CIRCULAR: "wrap"}
 
 
-def pad_source_indices(size: int, before: int, after: int, kind: PadKind) -> np.ndarray:
-    """For every output position along one axis, the input position it copies (np.pad's rule
-    for reflect / edge / wrap); -1 marks a constant-filled position."""
-    if kind is PadKind.CONSTANT:
-        return np.pad(np.arange(size, dtype=np.int64), (before, after), constant_values=-1)
-    return np.pad(np.arange(size, dtype=np.int64), (before, after), mode=_NP_PAD_MODES[kind])  # type: ignore[call-overload]
-
-
 @reference_kernel(Pad)
 def _pad(op: Pad, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
     """`np.pad` axis by axis (spec part 2, 3.4); the constant converts to the dtype with Cast semantics."""

@@ -37,9 +37,6 @@ __all__ = [
     "save_safetensors",
 ]
 
-FORMATS = (".npz", ".safetensors")
-
-
 def open_arrays(path: str | os.PathLike[str], what: str = "weights file") -> LazyTensors:
     """A lazy mapping of the arrays in a `.npz` or `.safetensors` file (chosen by suffix)."""
     p = Path(path)

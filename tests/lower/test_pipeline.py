@@ -23,7 +23,6 @@ from rlx_mil.coreml.pipeline import (
     rlx_passes,
 )
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lowering.registry import unsupported_ops
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.models.transformer import DecoderConfig, llama_decoder, random_params
 from rlx_mil.testing import supported_targets
@@ -49,12 +48,10 @@ def _both(graph: Graph, params: dict[str, np.ndarray], target: str, precision: s
 
 def _convertible_cases() -> list[tuple[str, str, str, str]]:
     """(case, target, precision, attention) for every catalogue graph that converts there (ops
-    declared unsupported, or needing a later target, raise before any pass runs)."""
+    needing a later target raise before any pass runs)."""
     cases = []
     for name in sorted(CATALOGUE):
         graph = CATALOGUE[name]()
-        if any(type(n.op) in unsupported_ops() for n in graph):
-            continue
         targets = supported_targets(graph)
         cases += [(name, *setting) for setting in SETTINGS if Target.parse(setting[0]) in targets]
     return cases

@@ -288,3 +288,12 @@ FORWARDS = {
     "llama": llama_forward, "qwen2": qwen2_forward, "qwen3": qwen3_forward, "mistral": mistral_forward,
     "gemma2": gemma2_forward, "phi3": phi3_forward,
 }
+
+
+def _more() -> None:
+    from models.hf_numpy_more import MORE_FORWARDS
+
+    FORWARDS.update(MORE_FORWARDS)
+
+
+_more()

@@ -104,7 +104,7 @@ def test_inspect_graph_json(folders: dict[str, Path], tmp_path: Path, capsys: py
     assert "rlx-mil inspect: error:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("family", ["qwen3", "bert", "qwen3_5"])
+@pytest.mark.parametrize("family", ["qwen3", "bert", "gemma3_text", "smollm3", "granite", "phi4_mini", "qwen3_5"])
 def test_demo_other_families(family: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "demo.mlpackage"
     keep = tmp_path / "ckpt"
@@ -112,6 +112,6 @@ def test_demo_other_families(family: str, tmp_path: Path, capsys: pytest.Capture
                  "--kv-heads", "2", "--seq", "8", "--checkpoint", str(keep), "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert (keep / "config.json").is_file() and (keep / "model.safetensors").is_file()
-    assert json.loads((keep / "config.json").read_text())["model_type"] == family  # qwen3_5: a Qwen3_5ForConditionalGeneration folder
+    assert json.loads((keep / "config.json").read_text())["model_type"] == TINY_CONFIGS[family]["model_type"]
     line = next(ln for ln in printed.splitlines() if "check " in ln)
     assert line.endswith(" ok")

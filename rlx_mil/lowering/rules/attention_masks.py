@@ -70,11 +70,6 @@ class Dims:
         return max(self.kv_len - self.q_len, 0)
 
 
-def node_error(ctx: LowerContext, err: GraphError) -> GraphError:
-    """`err` re-raised with the node, op and name of `ctx` filled in."""
-    return type(err)(
-        err.detail, node=ctx.node.id, op=ctx.op.type_name, name=ctx.node.name, operand=err.operand
-    )
 
 
 def attention_dims(ctx: LowerContext, num_heads: int, head_dim: int, v_head_dim: int | None = None) -> Dims:
@@ -89,7 +84,7 @@ def attention_dims(ctx: LowerContext, num_heads: int, head_dim: int, v_head_dim:
     try:
         geo: AttentionGeometry = attention_geometry(shapes[0], shapes[1], shapes[2], num_heads, head_dim, v_head_dim)
     except GraphError as err:
-        raise node_error(ctx, err) from None
+        raise ctx.fail(type(err), err.detail, err.operand) from None
     sizes = [s.sizes() for s in shapes]
     seq = geo.layout.seq_axis
     batch = 1 if geo.layout is AttentionLayout.SX else sizes[0][0]

@@ -21,7 +21,7 @@ from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
-from rlx_mil.lowering.rules.norm import FP16_MIN_NORMAL, input_sizes, node_error
+from rlx_mil.lowering.rules.norm import FP16_MIN_NORMAL, input_sizes
 from rlx_mil.lowering.target import Precision
 
 _INV_LN10 = 1.0 / math.log(10.0)
@@ -39,14 +39,14 @@ def lower_log_mel(op: ops.LogMel, ctx: LowerContext) -> Any:
 
     for index, operand in ((0, "spectrum"), (1, "filters")):
         if ctx.input_shape(index).dtype is not DType.F32:
-            raise node_error(ctx, DTypeError, f"{operand} must be F32, got {ctx.input_shape(index).dtype.value}", operand)
+            raise ctx.fail(DTypeError, f"{operand} must be F32, got {ctx.input_shape(index).dtype.value}", operand)
     sizes, bank = input_sizes(ctx, 0), input_sizes(ctx, 1)
     if not sizes or sizes[-1] < 2 or sizes[-1] % 2:
-        raise node_error(ctx, ShapeError, f"spectrum must be [..., 2 * n_fft], got {list(sizes)}", "spectrum")
+        raise ctx.fail(ShapeError, f"spectrum must be [..., 2 * n_fft], got {list(sizes)}", "spectrum")
     n_fft = sizes[-1] // 2
     bins = n_fft // 2 + 1
     if len(bank) != 2 or bank[1] != bins:
-        raise node_error(ctx, ShapeError, f"filters must be [n_mels, {bins}], got {list(bank)}", "filters")
+        raise ctx.fail(ShapeError, f"filters must be [n_mels, {bins}], got {list(bank)}", "filters")
     n_mels = bank[0]
     rows = math.prod(sizes[:-1])
     spectrum = mb.reshape(x=ctx.var(0), shape=[rows, sizes[-1]], name=ctx.name("frames"))

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.errors import GraphError
+from rlx_mil.errors import GraphError, ShapeError
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
@@ -18,7 +18,7 @@ from rlx_mil.ir.ops.control import body_inputs
 from rlx_mil.ir.regions import expand_region
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
-from rlx_mil.lowering.rules.elementwise import shape_error, to_bool
+from rlx_mil.lowering.rules.elementwise import to_bool
 
 #: MIL loop counters are int32.
 _MAX_STEPS = (1 << 31) - 1
@@ -196,5 +196,5 @@ def lower_elementwise_region(op: ops.ElementwiseRegion, ctx: LowerContext) -> An
     try:
         expanded = expand_region(op, shapes, ctx.out_shape)
     except GraphError as err:
-        raise shape_error(ctx, f"the region does not expand: {err.detail}") from None
+        raise ctx.fail(ShapeError, f"the region does not expand: {err.detail}") from None
     return ctx.lower_body(expanded, ctx.vars(), "region")[0]

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.errors import AttributeValueError
 from rlx_mil.ir import ops
 from rlx_mil.ir.ops import QuantKind
 from rlx_mil.lowering.context import LowerContext
@@ -18,7 +19,6 @@ from rlx_mil.lowering.rules.quant_support import (
     FP4_E2M1_VALUES,
     NVFP4_GROUP,
     apply_groups,
-    attr_error,
     byte_codes,
     decode_int_block,
     decode_rows,
@@ -161,8 +161,7 @@ def _runtime_nibbles(ctx: LowerContext, index: int, k: int, n: int) -> Any:
     if tuple(sizes) == (k, n):
         return var
     if count != (k * n + 1) // 2:
-        raise attr_error(
-            ctx, f"4-bit weight input {list(sizes)}: expected [{k}, {n}] codes or {(k * n + 1) // 2} packed bytes"
+        raise ctx.fail(AttributeValueError, f"4-bit weight input {list(sizes)}: expected [{k}, {n}] codes or {(k * n + 1) // 2} packed bytes"
         )
     flat = mb.reshape(x=var, shape=[count], name=ctx.name("bytes"))
     # +256 then mod 256 maps I8 (-128..127) and U8 (0..255) bytes to 0..255 with positive operands only.
@@ -182,7 +181,7 @@ def _runtime_table(ctx: LowerContext, index: int, table: np.ndarray | None, grou
         return ctx.const(table, f"in{index}")
     sizes = ctx.input_shape(index).sizes()
     if int(np.prod(sizes, dtype=np.int64)) != groups * n:
-        raise attr_error(ctx, f"input {index} has shape {list(sizes)}, [{groups}, {n}] is needed")
+        raise ctx.fail(AttributeValueError, f"input {index} has shape {list(sizes)}, [{groups}, {n}] is needed")
     return to_float(ctx, ctx.var(index), f"in{index}_float")
 
 
@@ -200,7 +199,7 @@ def _int_block_runtime(
     else:
         sizes = ctx.input_shape(1).sizes()
         if tuple(sizes) != (k, n):
-            raise attr_error(ctx, f"weight input has shape {list(sizes)}, [{k}, {n}] is needed")
+            raise ctx.fail(AttributeValueError, f"weight input has shape {list(sizes)}, [{k}, {n}] is needed")
         w = to_float(ctx, ctx.var(1), "codes_float")
     if kind is QuantKind.INT8_BLOCK_ASYM:
         zp_rows = (ctx.const(decode_rows(zp, block, k), "zp") if zp is not None
@@ -234,7 +233,7 @@ def _fp8_scale(ctx: LowerContext, n: int) -> np.ndarray | Any | None:
     if count == 0:
         return None
     if count not in (1, n):
-        raise attr_error(ctx, f"FP8 scale input has {count} values; one per output column ({n}) or one is needed")
+        raise ctx.fail(AttributeValueError, f"FP8 scale input has {count} values; one per output column ({n}) or one is needed")
     return _reshaped(ctx, to_float(ctx, ctx.var(2), "scale_float"), [count], "scale_vec")
 
 
@@ -248,7 +247,7 @@ def lower_fp8(op: ops.DequantMatMul, ctx: LowerContext) -> Any:
     if w_value is None:
         sizes = ctx.input_shape(1).sizes()
         if int(np.prod(sizes, dtype=np.int64)) != k * n:
-            raise attr_error(ctx, f"FP8 weight input {list(sizes)}: [{k}, {n}] codes are needed")
+            raise ctx.fail(AttributeValueError, f"FP8 weight input {list(sizes)}: [{k}, {n}] codes are needed")
         w = _gather_lut(ctx, _reshaped(ctx, ctx.var(1), [k, n], "codes_kn"), table, 256, "w_fp8")
     else:
         codes = byte_codes(ctx, 1, w_value, (k, n))
@@ -334,7 +333,7 @@ def lower_nvfp4(op: ops.DequantMatMul, ctx: LowerContext) -> Any:
     else:
         sizes = ctx.input_shape(2).sizes()
         if int(np.prod(sizes, dtype=np.int64)) != groups * n:
-            raise attr_error(ctx, f"block scale input {list(sizes)}: [{groups}, {n}] is needed")
+            raise ctx.fail(AttributeValueError, f"block scale input {list(sizes)}: [{groups}, {n}] is needed")
         table = _gather_lut(ctx, _reshaped(ctx, ctx.var(2), [groups, n], "block_codes"), E4M3_SCALE_VALUES, 256,
                             "block_scale")
         scale_rows = group_expand(ctx, table, groups, NVFP4_GROUP, k, n, "block_scale")
@@ -344,7 +343,7 @@ def lower_nvfp4(op: ops.DequantMatMul, ctx: LowerContext) -> Any:
     else:
         sizes = ctx.input_shape(3).sizes()
         if int(np.prod(sizes, dtype=np.int64)) != 1:
-            raise attr_error(ctx, f"global scale input {list(sizes)}: one value is needed")
+            raise ctx.fail(AttributeValueError, f"global scale input {list(sizes)}: one value is needed")
         g = _reshaped(ctx, to_float(ctx, ctx.var(3), "global_float"), [1], "global")
         w = mb.mul(x=w, y=g, name=ctx.name("w"))
     return matmul(ctx, x, w)

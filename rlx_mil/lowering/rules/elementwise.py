@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.errors import ShapeError
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.ops import ActivationKind, BinaryOp, CmpOp
@@ -29,7 +30,6 @@ from rlx_mil.lowering.holding import (
     join,
     kind_of,
     may_hold_nan,
-    shape_error,
     to_bool,
     to_float,
     to_int32,
@@ -501,7 +501,7 @@ def lower_where(op: ops.Where, ctx: LowerContext) -> Any:
 def lower_stop_gradient(op: ops.StopGradient, ctx: LowerContext) -> Any:
     sizes = ctx.input_shape(0).sizes()
     if sizes != ctx.out_shape.sizes():
-        raise shape_error(ctx, f"the input is {list(sizes)}, but the node declares {list(ctx.out_shape.sizes())}")
+        raise ctx.fail(ShapeError, f"the input is {list(sizes)}, but the node declares {list(ctx.out_shape.sizes())}")
     return convert(ctx, ctx.var(0), ctx.input_shape(0).dtype, ctx.out_shape.dtype, suffix="out")
 
 
@@ -541,7 +541,7 @@ def lower_clamp(op: ops.Clamp, ctx: LowerContext) -> Any:
 
     src, out_dt = ctx.input_shape(0).dtype, ctx.out_shape.dtype
     if ctx.input_shape(0).sizes() != ctx.out_shape.sizes():
-        raise shape_error(ctx, f"the input is {list(ctx.input_shape(0).sizes())}, but the node declares {list(ctx.out_shape.sizes())}")
+        raise ctx.fail(ShapeError, f"the input is {list(ctx.input_shape(0).sizes())}, but the node declares {list(ctx.out_shape.sizes())}")
     lo, hi = float(np.float32(op.min)), float(np.float32(op.max))
     if kind_of(src) == "int" and kind_of(out_dt) == "int":
         low, high = INT_RANGES[out_dt]

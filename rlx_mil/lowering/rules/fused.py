@@ -22,7 +22,7 @@ from rlx_mil.ir.ops import ActivationKind, BinaryOp, MaskKind
 from rlx_mil.ir.shape import Shape
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
-from rlx_mil.lowering.rules.norm import input_sizes, node_error, require_float
+from rlx_mil.lowering.rules.norm import input_sizes, require_float
 
 
 class _Builder:
@@ -69,26 +69,26 @@ class _Builder:
 def _require_sizes(ctx: LowerContext, index: int, want: tuple[int, ...], operand: str) -> None:
     got = input_sizes(ctx, index)
     if got != want:
-        raise node_error(ctx, ShapeError, f"{operand} must be {list(want)}, got {list(got)}", operand)
+        raise ctx.fail(ShapeError, f"{operand} must be {list(want)}, got {list(got)}", operand)
 
 
 def _require_numel(ctx: LowerContext, index: int, want: int, operand: str, what: str) -> None:
     got = input_sizes(ctx, index)
     if math.prod(got) != want:
-        raise node_error(ctx, ShapeError, f"{operand} must hold {want} values ({what}), got {list(got)}", operand)
+        raise ctx.fail(ShapeError, f"{operand} must hold {want} values ({what}), got {list(got)}", operand)
 
 
 def _check_declared(ctx: LowerContext, want: tuple[int, ...], dtype: DType) -> None:
     declared = ctx.out_shape
     if declared.sizes() != want:
-        raise node_error(ctx, ShapeError, f"declared shape {list(declared.sizes())} differs from the computed {list(want)}")
+        raise ctx.fail(ShapeError, f"declared shape {list(declared.sizes())} differs from the computed {list(want)}")
     if declared.dtype is not dtype:
-        raise node_error(ctx, DTypeError, f"declared dtype {declared.dtype.value} differs from the computed {dtype.value}")
+        raise ctx.fail(DTypeError, f"declared dtype {declared.dtype.value} differs from the computed {dtype.value}")
 
 
 def _check_heads(ctx: LowerContext, num_heads: int, head_dim: int) -> int:
     if num_heads < 1 or head_dim < 1:
-        raise node_error(ctx, AttributeValueError, f"num_heads and head_dim must be >= 1, got {num_heads} and {head_dim}")
+        raise ctx.fail(AttributeValueError, f"num_heads and head_dim must be >= 1, got {num_heads} and {head_dim}")
     return num_heads * head_dim
 
 
@@ -96,7 +96,7 @@ def _check_hidden(ctx: LowerContext) -> tuple[int, ...]:
     require_float(ctx, 0, "hidden")
     sizes = input_sizes(ctx, 0)
     if len(sizes) != 3:
-        raise node_error(ctx, ShapeError, f"hidden must be [B, S, E], got {list(sizes)}", "hidden")
+        raise ctx.fail(ShapeError, f"hidden must be [B, S, E], got {list(sizes)}", "hidden")
     return sizes
 
 
@@ -117,11 +117,11 @@ def lower_fused_swiglu(op: ops.FusedSwiGLU, ctx: LowerContext) -> Any:
     require_float(ctx, 0, "x")
     sizes = input_sizes(ctx, 0)
     if not sizes:
-        raise node_error(ctx, ShapeError, "x must have rank >= 1", "x")
+        raise ctx.fail(ShapeError, "x must have rank >= 1", "x")
     width = ctx.out_shape.sizes()[-1] if ctx.out_shape.rank else 0
     want = (*sizes[:-1], width)
     if sizes[-1] != 2 * width:
-        raise node_error(ctx, ShapeError, f"x's last dim {sizes[-1]} is not twice the output width {width}", "x")
+        raise ctx.fail(ShapeError, f"x's last dim {sizes[-1]} is not twice the output width {width}", "x")
     x_dtype = ctx.input_shape(0).dtype
     out_dtype = op.cast_to if op.cast_to is not None else x_dtype
     _check_declared(ctx, want, out_dtype)
@@ -207,8 +207,7 @@ def _check_rope_tables(ctx: LowerContext, hidden: tuple[int, ...], head_dim: int
         require_float(ctx, index, operand)
         sizes = input_sizes(ctx, index)
         if len(sizes) != 2 or sizes[1] < head_dim // 2 or sizes[0] < seq:
-            raise node_error(
-                ctx, ShapeError, f"{operand} must be a [P >= {seq}, {head_dim // 2}] table, got {list(sizes)}", operand
+            raise ctx.fail(ShapeError, f"{operand} must be a [P >= {seq}, {head_dim // 2}] table, got {list(sizes)}", operand
             )
 
 
@@ -219,7 +218,7 @@ def _check_rope_tables(ctx: LowerContext, hidden: tuple[int, ...], head_dim: int
 )
 def lower_fused_attention_block(op: ops.FusedAttentionBlock, ctx: LowerContext) -> Any:
     if ctx.num_inputs != op.arity():
-        raise node_error(ctx, ArityError, f"expects {op.arity()} inputs, got {ctx.num_inputs}")
+        raise ctx.fail(ArityError, f"expects {op.arity()} inputs, got {ctx.num_inputs}")
     width = _check_heads(ctx, op.num_heads, op.head_dim)
     hidden = _check_hidden(ctx)
     index = 4
@@ -232,7 +231,7 @@ def lower_fused_attention_block(op: ops.FusedAttentionBlock, ctx: LowerContext) 
     _check_mask(ctx, 3, hidden)
     if cos is not None and sin is not None:
         if op.head_dim % 2:
-            raise node_error(ctx, AttributeValueError, f"rope needs an even head_dim, got {op.head_dim}")
+            raise ctx.fail(AttributeValueError, f"rope needs an even head_dim, got {op.head_dim}")
         _check_rope_tables(ctx, hidden, op.head_dim, cos, sin)
     dtype = ctx.input_shape(0).dtype
     _check_declared(ctx, hidden, dtype)
@@ -269,18 +268,18 @@ def lower_fused_transformer_layer(op: ops.FusedTransformerLayer, ctx: LowerConte
     roles = _LAYER_ROLES.get(ctx.num_inputs)
     if roles is None or (op.has_bias != (ctx.num_inputs == 14)):
         counts = "14" if op.has_bias else "10 or 8"
-        raise node_error(ctx, ArityError, f"expects {counts} inputs, got {ctx.num_inputs}")
+        raise ctx.fail(ArityError, f"expects {counts} inputs, got {ctx.num_inputs}")
     at = {role: i for i, role in enumerate(roles)}
     width = _check_heads(ctx, op.num_heads, op.head_dim)
     hidden = _check_hidden(ctx)
     embed = hidden[-1]
     inter = op.intermediate_size
     if inter < 1:
-        raise node_error(ctx, AttributeValueError, f"intermediate_size must be >= 1, got {inter}")
+        raise ctx.fail(AttributeValueError, f"intermediate_size must be >= 1, got {inter}")
     for attr in ("eps1", "eps2"):
         eps = getattr(op, attr)
         if not math.isfinite(eps) or eps < 0:
-            raise node_error(ctx, AttributeValueError, f"{attr} must be a finite value >= 0, got {eps}")
+            raise ctx.fail(AttributeValueError, f"{attr} must be a finite value >= 0, got {eps}")
     _check_attention_weights(ctx, hidden, width, at["qkv_w"], at["out_w"], at.get("qkv_b"), at.get("out_b"))
     _check_mask(ctx, at["mask"], hidden)
     for role in ("ln1_g", "ln1_b", "ln2_g", "ln2_b", "fc1_b", "fc2_b"):

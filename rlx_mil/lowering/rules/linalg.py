@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.errors import ShapeError
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.lowering.context import LowerContext, WeightSource, compressed_weight, program_array
@@ -22,7 +23,6 @@ from rlx_mil.lowering.rules.elementwise import (
     convert,
     join,
     kind_of,
-    shape_error,
     to_float,
     to_int32,
 )
@@ -121,20 +121,20 @@ def matmul_var(
 def _check_matmul_shapes(ctx: LowerContext, a: int, b: int, names: tuple[str, str]) -> tuple[int, ...]:
     sa, sb = ctx.input_shape(a).sizes(), ctx.input_shape(b).sizes()
     if len(sa) < 2 or len(sb) < 2:
-        raise shape_error(ctx, f"operands need rank >= 2, got {list(sa)} @ {list(sb)}", names[0] if len(sa) < 2 else names[1])
+        raise ctx.fail(ShapeError, f"operands need rank >= 2, got {list(sa)} @ {list(sb)}", names[0] if len(sa) < 2 else names[1])
     if sa[-1] != sb[-2]:
-        raise shape_error(ctx, f"contraction dims differ: {list(sa)} @ {list(sb)}", names[1])
+        raise ctx.fail(ShapeError, f"contraction dims differ: {list(sa)} @ {list(sb)}", names[1])
     try:
         batch = tuple(int(d) for d in np.broadcast_shapes(sa[:-2], sb[:-2]))
     except ValueError:
-        raise shape_error(ctx, f"batch dims do not broadcast: {list(sa)} @ {list(sb)}", names[1]) from None
+        raise ctx.fail(ShapeError, f"batch dims do not broadcast: {list(sa)} @ {list(sb)}", names[1]) from None
     return (*batch, sa[-2], sb[-1])
 
 
 def _check_declared(ctx: LowerContext, sizes: tuple[int, ...]) -> None:
     declared = ctx.out_shape.sizes()
     if declared != sizes:
-        raise shape_error(ctx, f"the product has shape {list(sizes)}, but the node declares {list(declared)}")
+        raise ctx.fail(ShapeError, f"the product has shape {list(sizes)}, but the node declares {list(declared)}")
 
 
 def _operand(ctx: LowerContext, i: int) -> tuple[Any, DType, np.ndarray | None]:
@@ -174,7 +174,7 @@ def lower_matmul(op: ops.MatMul, ctx: LowerContext) -> Any:
 def _rank2(ctx: LowerContext, i: int, name: str) -> tuple[int, int]:
     sizes = ctx.input_shape(i).sizes()
     if len(sizes) != 2:
-        raise shape_error(ctx, f"{name} must be rank 2, got {list(sizes)}", name)
+        raise ctx.fail(ShapeError, f"{name} must be rank 2, got {list(sizes)}", name)
     return sizes[0], sizes[1]
 
 
@@ -194,9 +194,7 @@ def lower_lora_matmul(op: ops.LoraMatMul, ctx: LowerContext) -> Any:
     rb, nb = _rank2(ctx, 3, "b")
     x_sizes = ctx.input_shape(0).sizes()
     if len(x_sizes) < 2 or x_sizes[-1] != k or ka != k or rb != r or nb != n:
-        raise shape_error(
-            ctx,
-            f"shapes do not chain: x {list(x_sizes)}, w [{k}, {n}], a [{ka}, {r}], b [{rb}, {nb}]",
+        raise ctx.fail(ShapeError, f"shapes do not chain: x {list(x_sizes)}, w [{k}, {n}], a [{ka}, {r}], b [{rb}, {nb}]",
             "a",
         )
     out_sizes = (*x_sizes[:-1], n)
@@ -249,7 +247,7 @@ def lower_fused_matmul_bias_act(op: ops.FusedMatMulBiasAct, ctx: LowerContext) -
     n = sizes[-1]
     bias_sizes = ctx.input_shape(2).sizes()
     if math.prod(bias_sizes) != n:
-        raise shape_error(ctx, f"bias must hold {n} values, got shape {list(bias_sizes)}", "bias")
+        raise ctx.fail(ShapeError, f"bias must hold {n} values, got shape {list(bias_sizes)}", "bias")
     out_dt = ctx.out_shape.dtype
     x = to_float(ctx, ctx.var(0), ctx.input_shape(0).dtype, "x_float")
     known = _as_weight(ctx.value(1))
@@ -311,7 +309,7 @@ def lower_dot_general(op: ops.DotGeneral, ctx: LowerContext) -> Any:
     lc, rc, lb, rb = (list(op.lhs_contracting), list(op.rhs_contracting), list(op.lhs_batch), list(op.rhs_batch))
     for i, j in (*zip(lb, rb, strict=True), *zip(lc, rc, strict=True)):
         if sa[i] != sb[j]:
-            raise shape_error(ctx, f"paired dims differ: lhs axis {i} is {sa[i]}, rhs axis {j} is {sb[j]}", "rhs")
+            raise ctx.fail(ShapeError, f"paired dims differ: lhs axis {i} is {sa[i]}, rhs axis {j} is {sb[j]}", "rhs")
     lf = [i for i in range(len(sa)) if i not in (*lb, *lc)]
     rf = [j for j in range(len(sb)) if j not in (*rb, *rc)]
     batch = [sa[i] for i in lb]

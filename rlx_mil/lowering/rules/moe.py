@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.errors import GraphError
+from rlx_mil.errors import GraphError, ShapeError
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.ops import QuantKind
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
 from rlx_mil.lowering.rules.dequant_matmul import GGUF_AFFINE, gguf_codes
-from rlx_mil.lowering.rules.elementwise import convert, shape_error, to_float
+from rlx_mil.lowering.rules.elementwise import convert, to_float
 from rlx_mil.lowering.rules.shape import gather_indices
 from rlx_mil.lowering.target import Target
 from rlx_mil.reference.moe import moe_weights
@@ -33,10 +33,10 @@ from rlx_mil.reference.quant import GGUF_FORMATS, as_bytes
 def _rows_cols(ctx: LowerContext) -> tuple[int, int]:
     sizes = ctx.input_shape(0).sizes()
     if len(sizes) != 2:
-        raise shape_error(ctx, f"input must be [M, K], got {list(sizes)}", "input")
+        raise ctx.fail(ShapeError, f"input must be [M, K], got {list(sizes)}", "input")
     ids = ctx.input_shape(2).sizes()
     if ids != (sizes[0],):
-        raise shape_error(ctx, f"expert_idx must be [{sizes[0]}], got {list(ids)}", "expert_idx")
+        raise ctx.fail(ShapeError, f"expert_idx must be [{sizes[0]}], got {list(ids)}", "expert_idx")
     return sizes[0], sizes[1]
 
 
@@ -72,7 +72,7 @@ def lower_grouped_matmul(op: ops.GroupedMatMul, ctx: LowerContext) -> Any:
     m, k = _rows_cols(ctx)
     w_sizes = ctx.input_shape(1).sizes()
     if len(w_sizes) != 3 or w_sizes[1] != k:
-        raise shape_error(ctx, f"weight must be [E, K={k}, N], got {list(w_sizes)}", "weight")
+        raise ctx.fail(ShapeError, f"weight must be [E, K={k}, N], got {list(w_sizes)}", "weight")
     experts, _, n = w_sizes
     x = to_float(ctx, ctx.var(0), ctx.input_shape(0).dtype, "x_float")
     weight = to_float(ctx, ctx.var(1), ctx.input_shape(1).dtype, "weight_float")
@@ -95,7 +95,7 @@ def _expert_bytes(ctx: LowerContext, scheme: ops.QuantScheme, index: int, k: int
     elems, block_bytes, _ = GGUF_FORMATS[scheme.kind]
     slab = (k * n) // elems * block_bytes
     if k % elems or slab == 0 or raw.size % slab or raw.size == 0:
-        raise shape_error(ctx, f"{raw.size} bytes are not whole {scheme.kind.value} experts of [N={n}, K={k}]"
+        raise ctx.fail(ShapeError, f"{raw.size} bytes are not whole {scheme.kind.value} experts of [N={n}, K={k}]"
                           f" ({slab} bytes each; K must be a multiple of {elems})", "packed_w")
     return raw, raw.size // slab
 
@@ -141,7 +141,7 @@ def lower_dequant_moe_weights(op: ops.DequantMoEWeights, ctx: LowerContext) -> A
     experts, k, n = ctx.out_shape.sizes()
     weight, held = _expert_weights(ctx, op.scheme, 0, k, n)
     if held != experts:
-        raise shape_error(ctx, f"the bytes hold {held} experts, the node declares {experts}", "packed_w")
+        raise ctx.fail(ShapeError, f"the bytes hold {held} experts, the node declares {experts}", "packed_w")
     return weight
 
 

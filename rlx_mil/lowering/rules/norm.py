@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.errors import AttributeValueError, DTypeError, GraphError, ShapeError
+from rlx_mil.errors import AttributeValueError, DTypeError, ShapeError
 from rlx_mil.ir import ops
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
@@ -56,15 +56,12 @@ FP16_SUM_LIMIT = 65504
 # ---------------------------------------------------------------------------------- checks
 
 
-def node_error(ctx: LowerContext, error_type: type[GraphError], message: str, operand: str | None = None) -> GraphError:
-    """A typed graph error naming this node, its op and (optionally) the operand at fault."""
-    return error_type(message, node=ctx.node.id, op=ctx.op.type_name, name=ctx.base_name, operand=operand)
 
 
 def require_float(ctx: LowerContext, index: int, operand: str) -> None:
     dtype = ctx.input_shape(index).dtype
     if not dtype.is_float:
-        raise node_error(ctx, DTypeError, f"{operand} must be a float tensor, got {dtype.value}", operand)
+        raise ctx.fail(DTypeError, f"{operand} must be a float tensor, got {dtype.value}", operand)
 
 
 def input_sizes(ctx: LowerContext, index: int) -> tuple[int, ...]:
@@ -73,21 +70,20 @@ def input_sizes(ctx: LowerContext, index: int) -> tuple[int, ...]:
 
 def _check_last_axis(ctx: LowerContext, axis: int, rank: int) -> None:
     if axis not in (-1, rank - 1):
-        raise node_error(
-            ctx, AttributeValueError, f"normalization runs over the last axis; axis must be -1 or {rank - 1}, got {axis}"
+        raise ctx.fail(AttributeValueError, f"normalization runs over the last axis; axis must be -1 or {rank - 1}, got {axis}"
         )
 
 
 def _check_eps(ctx: LowerContext, eps: float, attr: str = "eps") -> None:
     if not math.isfinite(eps) or eps < 0:
-        raise node_error(ctx, AttributeValueError, f"{attr} must be a finite value >= 0, got {eps}")
+        raise ctx.fail(AttributeValueError, f"{attr} must be a finite value >= 0, got {eps}")
 
 
 def _check_vector(ctx: LowerContext, index: int, length: int, operand: str) -> None:
     require_float(ctx, index, operand)
     sizes = input_sizes(ctx, index)
     if math.prod(sizes) != length:
-        raise node_error(ctx, ShapeError, f"{operand} must hold {length} values, got shape {list(sizes)}", operand)
+        raise ctx.fail(ShapeError, f"{operand} must hold {length} values, got shape {list(sizes)}", operand)
 
 
 def _check_matches_declared(ctx: LowerContext, sizes: tuple[int, ...], *, flattened_ok: bool) -> None:
@@ -97,7 +93,7 @@ def _check_matches_declared(ctx: LowerContext, sizes: tuple[int, ...], *, flatte
         return
     if flattened_ok and sizes and want == (math.prod(sizes[:-1]), sizes[-1]):
         return
-    raise node_error(ctx, ShapeError, f"declared shape {list(want)} does not match the normalised input {list(sizes)}")
+    raise ctx.fail(ShapeError, f"declared shape {list(want)} does not match the normalised input {list(sizes)}")
 
 
 # ---------------------------------------------------------------------------------- pieces
@@ -234,7 +230,7 @@ def _check_row_norm(ctx: LowerContext, axis: int | None, eps: float, *, flattene
     require_float(ctx, 0, "x")
     sizes = input_sizes(ctx, 0)
     if not sizes:
-        raise node_error(ctx, ShapeError, "x must have rank >= 1 (normalised over its last axis)", "x")
+        raise ctx.fail(ShapeError, "x must have rank >= 1 (normalised over its last axis)", "x")
     if axis is not None:
         _check_last_axis(ctx, axis, len(sizes))
     _check_eps(ctx, eps)
@@ -284,11 +280,11 @@ def lower_group_norm(op: ops.GroupNorm, ctx: LowerContext) -> Any:
     require_float(ctx, 0, "x")
     sizes = input_sizes(ctx, 0)
     if len(sizes) < 2:
-        raise node_error(ctx, ShapeError, f"x must be [N, C, *spatial], got {list(sizes)}", "x")
+        raise ctx.fail(ShapeError, f"x must be [N, C, *spatial], got {list(sizes)}", "x")
     batch, channels = sizes[0], sizes[1]
     groups = op.num_groups
     if groups < 1 or channels % groups != 0:
-        raise node_error(ctx, AttributeValueError, f"num_groups={groups} must divide the {channels} channels")
+        raise ctx.fail(AttributeValueError, f"num_groups={groups} must divide the {channels} channels")
     _check_eps(ctx, op.eps)
     _check_vector(ctx, 1, channels, "gamma")
     _check_vector(ctx, 2, channels, "beta")
@@ -318,11 +314,10 @@ def _residual_sum(ctx: LowerContext, has_bias: bool) -> Any:
     try:
         summed = tuple(np.broadcast_shapes(x_sizes, res_sizes))
     except ValueError:
-        raise node_error(
-            ctx, ShapeError, f"residual {list(res_sizes)} does not broadcast against x {list(x_sizes)}", "residual"
+        raise ctx.fail(ShapeError, f"residual {list(res_sizes)} does not broadcast against x {list(x_sizes)}", "residual"
         ) from None
     if summed != x_sizes:
-        raise node_error(ctx, ShapeError, f"x + residual has shape {list(summed)}, not x's {list(x_sizes)}", "residual")
+        raise ctx.fail(ShapeError, f"x + residual has shape {list(summed)}, not x's {list(x_sizes)}", "residual")
     total = mb.add(x=ctx.var(0), y=ctx.var(1), name=ctx.name("residual_sum"))
     if has_bias:
         _check_vector(ctx, 2, x_sizes[-1], "bias")
@@ -391,7 +386,7 @@ def lower_batch_norm_inference(op: ops.BatchNormInference, ctx: LowerContext) ->
     require_float(ctx, 0, "x")
     sizes = input_sizes(ctx, 0)
     if not sizes:
-        raise node_error(ctx, ShapeError, "x must have rank >= 1 (its last axis is the channel)", "x")
+        raise ctx.fail(ShapeError, "x must have rank >= 1 (its last axis is the channel)", "x")
     _check_eps(ctx, op.eps)
     channels = sizes[-1]
     roles = ("gamma", "beta", "running_mean", "running_var")
@@ -424,7 +419,7 @@ def lower_layer_norm_2d(op: ops.LayerNorm2d, ctx: LowerContext) -> Any:
     require_float(ctx, 0, "x")
     sizes = input_sizes(ctx, 0)
     if len(sizes) != 4:
-        raise node_error(ctx, ShapeError, f"x must be [N, C, H, W], got {list(sizes)}", "x")
+        raise ctx.fail(ShapeError, f"x must be [N, C, H, W], got {list(sizes)}", "x")
     _check_eps(ctx, op.eps)
     channels = sizes[1]
     _check_vector(ctx, 1, channels, "gamma")
@@ -441,7 +436,7 @@ def _check_broadcasts_to(ctx: LowerContext, index: int, target: tuple[int, ...],
     except ValueError:
         fits = False
     if not fits:
-        raise node_error(ctx, ShapeError, f"{operand} {list(sizes)} must broadcast to x {list(target)}", operand)
+        raise ctx.fail(ShapeError, f"{operand} {list(sizes)} must broadcast to x {list(target)}", operand)
 
 
 @lowering(
@@ -456,7 +451,7 @@ def lower_ada_layer_norm(op: ops.AdaLayerNorm, ctx: LowerContext) -> Any:
     require_float(ctx, 0, "x")
     sizes = input_sizes(ctx, 0)
     if not sizes:
-        raise node_error(ctx, ShapeError, "x must have rank >= 1 (normalised over its last axis)", "x")
+        raise ctx.fail(ShapeError, "x must have rank >= 1 (normalised over its last axis)", "x")
     _check_eps(ctx, op.eps)
     _check_broadcasts_to(ctx, 1, sizes, "scale")
     _check_broadcasts_to(ctx, 2, sizes, "shift")
@@ -481,7 +476,7 @@ def lower_gated_residual(op: ops.GatedResidual, ctx: LowerContext) -> Any:
     require_float(ctx, 0, "x")
     sizes = input_sizes(ctx, 0)
     if input_sizes(ctx, 1) != sizes:
-        raise node_error(ctx, ShapeError, f"y {list(input_sizes(ctx, 1))} must have x's shape {list(sizes)}", "y")
+        raise ctx.fail(ShapeError, f"y {list(input_sizes(ctx, 1))} must have x's shape {list(sizes)}", "y")
     _check_broadcasts_to(ctx, 2, sizes, "gate")
     gated = mb.mul(x=_float_operand(ctx, 2, "gate"), y=_float_operand(ctx, 1, "y"), name=ctx.name("gated"))
     return mb.add(x=ctx.var(0), y=gated, name=ctx.name())

@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.errors import AttributeValueError
 from rlx_mil.ir import ops
 from rlx_mil.ir.ops import QuantKind
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
 from rlx_mil.lowering.rules.dequant_matmul import lower_fp8, lower_gguf, lower_int_block, lower_nvfp4
 from rlx_mil.lowering.rules.quant_support import (
-    attr_error,
     int_values,
     mil_builder,
     to_float,
@@ -54,14 +54,13 @@ def _channel_params(
     zps = np.asarray(op.zero_points, dtype=np.int64)
     if op.axis is None:
         if scales.size != 1 or zps.size != 1:
-            raise attr_error(ctx, f"per-tensor needs one scale and one zero point, got {scales.size} and {zps.size}")
+            raise ctx.fail(AttributeValueError, f"per-tensor needs one scale and one zero point, got {scales.size} and {zps.size}")
         return scales.reshape(()), zps.reshape(()), None
     axis = op.axis
     if not 0 <= axis < len(sizes):
-        raise attr_error(ctx, f"axis {axis} out of range for rank {len(sizes)}")
+        raise ctx.fail(AttributeValueError, f"axis {axis} out of range for rank {len(sizes)}")
     if scales.size != sizes[axis] or zps.size != sizes[axis]:
-        raise attr_error(
-            ctx, f"per-channel on axis {axis} needs {sizes[axis]} scales and zero points,"
+        raise ctx.fail(AttributeValueError, f"per-channel on axis {axis} needs {sizes[axis]} scales and zero points,"
             f" got {scales.size} and {zps.size}"
         )
     bshape = [1] * len(sizes)

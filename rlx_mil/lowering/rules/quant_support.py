@@ -114,8 +114,6 @@ def param_error(ctx: LowerContext, index: int, message: str) -> ParamError:
     return ParamError(f"node %{ctx.node.id} {ctx.base_name!r} ({ctx.op.type_name})", [f"{what}: {message}"])
 
 
-def attr_error(ctx: LowerContext, message: str) -> AttributeValueError:
-    return AttributeValueError(message, node=ctx.node.id, op=ctx.op.type_name, name=ctx.node.name)
 
 
 def int_values(ctx: LowerContext, index: int, value: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -175,11 +173,11 @@ def matmul_dims(ctx: LowerContext) -> tuple[int, int]:
     x_sizes = ctx.input_shape(0).sizes()
     out_sizes = ctx.out_shape.sizes()
     if not x_sizes or not out_sizes:
-        raise attr_error(ctx, "x and the output need rank >= 1")
+        raise ctx.fail(AttributeValueError, "x and the output need rank >= 1")
     k, n = x_sizes[-1], out_sizes[-1]
     lead = int(np.prod(x_sizes[:-1], dtype=np.int64))
     if lead * n != int(np.prod(out_sizes, dtype=np.int64)):
-        raise attr_error(ctx, f"declared output {list(out_sizes)} does not hold x's {lead} rows of {n}")
+        raise ctx.fail(AttributeValueError, f"declared output {list(out_sizes)} does not hold x's {lead} rows of {n}")
     return k, n
 
 

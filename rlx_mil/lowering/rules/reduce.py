@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.errors import AttributeValueError
+from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.ops import ReduceOp
@@ -23,7 +23,6 @@ from rlx_mil.lowering.holding import (
     convert,
     kind_of,
     may_hold_nan,
-    shape_error,
     to_float,
     to_int32,
 )
@@ -31,20 +30,16 @@ from rlx_mil.lowering.registry import lowering
 from rlx_mil.lowering.target import Target
 
 
-def _attribute_error(ctx: LowerContext, message: str) -> AttributeValueError:
-    return AttributeValueError(message, node=ctx.node.id, op=ctx.op.type_name, name=ctx.node.name)
-
-
 def _signed_axis(ctx: LowerContext, axis: int, rank: int) -> int:
     if not -rank <= axis < max(rank, 1) or rank == 0:
-        raise _attribute_error(ctx, f"axis {axis} is out of range for rank {rank}")
+        raise ctx.fail(AttributeValueError, f"axis {axis} is out of range for rank {rank}")
     return axis + rank if axis < 0 else axis
 
 
 def _check_same_shape(ctx: LowerContext) -> tuple[int, ...]:
     sizes = ctx.input_shape(0).sizes()
     if ctx.out_shape.sizes() != sizes:
-        raise shape_error(ctx, f"output must keep the input shape {list(sizes)}, declared {list(ctx.out_shape.sizes())}")
+        raise ctx.fail(ShapeError, f"output must keep the input shape {list(sizes)}, declared {list(ctx.out_shape.sizes())}")
     return sizes
 
 
@@ -97,19 +92,19 @@ def lower_reduce(op: ops.Reduce, ctx: LowerContext) -> Any:
     sizes = ctx.input_shape(0).sizes()
     rank = len(sizes)
     if not op.axes:
-        raise _attribute_error(ctx, "axes must not be empty")
+        raise ctx.fail(AttributeValueError, "axes must not be empty")
     if len(set(op.axes)) != len(op.axes):
-        raise _attribute_error(ctx, f"axes {list(op.axes)} repeat an axis")
+        raise ctx.fail(AttributeValueError, f"axes {list(op.axes)} repeat an axis")
     for axis in op.axes:
         if not 0 <= axis < rank:
-            raise _attribute_error(ctx, f"reduce axis {axis} is out of range for rank {rank}")
+            raise ctx.fail(AttributeValueError, f"reduce axis {axis} is out of range for rank {rank}")
     axes = sorted(op.axes)
     want = _reduced_sizes(sizes, tuple(axes), op.keep_dim)
     declared = ctx.out_shape.sizes()
     if declared != want and not (want in ((), (1,)) and declared in ((), (1,))):
-        raise shape_error(ctx, f"reducing {list(sizes)} over {axes} gives {list(want)}, declared {list(declared)}")
+        raise ctx.fail(ShapeError, f"reducing {list(sizes)} over {axes} gives {list(want)}, declared {list(declared)}")
     if any(sizes[a] == 0 for a in axes) and op.op in (ReduceOp.MAX, ReduceOp.MIN):
-        raise shape_error(ctx, f"{op.op.value} over an empty axis of {list(sizes)}", "x")
+        raise ctx.fail(ShapeError, f"{op.op.value} over an empty axis of {list(sizes)}", "x")
 
     reducers: dict[ReduceOp, Callable[..., Any]] = {
         ReduceOp.SUM: mb.reduce_sum, ReduceOp.MEAN: mb.reduce_mean, ReduceOp.MAX: mb.reduce_max,
@@ -162,14 +157,14 @@ def lower_topk(op: ops.TopK, ctx: LowerContext) -> Any:
 
     sizes = ctx.input_shape(0).sizes()
     if not sizes:
-        raise shape_error(ctx, "TopK needs rank >= 1", "x")
+        raise ctx.fail(ShapeError, "TopK needs rank >= 1", "x")
     n = sizes[-1]
     k = int(op.k)
     if not 1 <= k <= n:
-        raise _attribute_error(ctx, f"k={k} must lie in 1..{n} (the last dim)")
+        raise ctx.fail(AttributeValueError, f"k={k} must lie in 1..{n} (the last dim)")
     want = (*sizes[:-1], k)
     if ctx.out_shape.sizes() != want:
-        raise shape_error(ctx, f"output must be {list(want)}, declared {list(ctx.out_shape.sizes())}")
+        raise ctx.fail(ShapeError, f"output must be {list(want)}, declared {list(ctx.out_shape.sizes())}")
 
     src_dt = ctx.input_shape(0).dtype
     if kind_of(src_dt) == "float":
@@ -343,16 +338,16 @@ def _arg_reduce(op: ops.ArgMax | ops.ArgMin, ctx: LowerContext, *, largest: bool
     sizes = ctx.input_shape(0).sizes()
     axis = int(op.axis)
     if not 0 <= axis < len(sizes):
-        raise _attribute_error(ctx, f"axis {axis} is out of range for rank {len(sizes)}")
+        raise ctx.fail(AttributeValueError, f"axis {axis} is out of range for rank {len(sizes)}")
     n = sizes[axis]
     if n == 0 or 0 in sizes:
-        raise shape_error(ctx, f"{op.type_name} over an empty axis of {list(sizes)} has no answer", "x")
+        raise ctx.fail(ShapeError, f"{op.type_name} over an empty axis of {list(sizes)} has no answer", "x")
     want = tuple(1 if i == axis else d for i, d in enumerate(sizes)) if op.keep_dim else tuple(
         d for i, d in enumerate(sizes) if i != axis
     )
     declared = ctx.out_shape.sizes()
     if declared != want and not (want in ((), (1,)) and declared in ((), (1,))):
-        raise shape_error(ctx, f"output must be {list(want)}, declared {list(declared)}")
+        raise ctx.fail(ShapeError, f"output must be {list(want)}, declared {list(declared)}")
     x, held = _held(ctx)
     nan_aware = held is DType.F32 and may_hold_nan(ctx, 0)
     reducer = mb.reduce_max if largest else mb.reduce_min
@@ -407,9 +402,9 @@ def _stable_permutation(op: ops.Sort | ops.ArgSort, ctx: LowerContext) -> tuple[
     sizes = ctx.input_shape(0).sizes()
     axis = int(op.axis)
     if not 0 <= axis < len(sizes):
-        raise _attribute_error(ctx, f"axis {axis} is out of range for rank {len(sizes)}")
+        raise ctx.fail(AttributeValueError, f"axis {axis} is out of range for rank {len(sizes)}")
     if ctx.out_shape.sizes() != sizes:
-        raise shape_error(ctx, f"output must keep the input shape {list(sizes)}, declared {list(ctx.out_shape.sizes())}")
+        raise ctx.fail(ShapeError, f"output must keep the input shape {list(sizes)}, declared {list(ctx.out_shape.sizes())}")
     if 0 in sizes:
         raise ctx.unsupported(f"Core ML cannot hold the zero-size tensor {list(sizes)}")
     n = sizes[axis]

@@ -10,7 +10,7 @@ from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir import ops
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
-from rlx_mil.lowering.rules.norm import input_sizes, node_error, require_float
+from rlx_mil.lowering.rules.norm import input_sizes, require_float
 
 
 @lowering(
@@ -22,7 +22,7 @@ def lower_resize_nearest_2x(op: ops.ResizeNearest2x, ctx: LowerContext) -> Any:
 
     require_float(ctx, 0, "x")
     if len(input_sizes(ctx, 0)) != 4:
-        raise node_error(ctx, ShapeError, f"x must be [N, C, H, W], got {list(input_sizes(ctx, 0))}", "x")
+        raise ctx.fail(ShapeError, f"x must be [N, C, H, W], got {list(input_sizes(ctx, 0))}", "x")
     return mb.upsample_nearest_neighbor(x=ctx.var(0), scale_factor_height=2, scale_factor_width=2, name=ctx.name())
 
 
@@ -37,9 +37,9 @@ def lower_interpolate3d(op: ops.Interpolate3d, ctx: LowerContext) -> Any:
     require_float(ctx, 0, "x")
     sizes = input_sizes(ctx, 0)
     if len(sizes) != 5:
-        raise node_error(ctx, ShapeError, f"x must be [N, C, D, H, W], got {list(sizes)}", "x")
+        raise ctx.fail(ShapeError, f"x must be [N, C, D, H, W], got {list(sizes)}", "x")
     if len(op.size) != 3 or min(op.size) < 1:
-        raise node_error(ctx, AttributeValueError, f"size must be three sizes >= 1, got {list(op.size)}")
+        raise ctx.fail(AttributeValueError, f"size must be three sizes >= 1, got {list(op.size)}")
     y = ctx.var(0)
     resized = [(axis, size_in, size_out) for axis, size_in, size_out in zip((2, 3, 4), sizes[2:], op.size, strict=True)
                if size_in != size_out]

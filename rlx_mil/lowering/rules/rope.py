@@ -11,21 +11,20 @@ from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir import ops
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
-from rlx_mil.lowering.rules.norm import input_sizes, node_error, require_float
+from rlx_mil.lowering.rules.norm import input_sizes, require_float
 
 
 def _check_table(ctx: LowerContext, index: int, name: str, seq: int, half: int) -> tuple[int, int, int]:
     """(rows, cols, rows used) of a cos/sin table: all P rows from 0..S-1, or one broadcast row."""
     sizes = input_sizes(ctx, index)
     if not sizes or math.prod(sizes) == 0:
-        raise node_error(ctx, ShapeError, f"{name} must be a [P, head_dim/2] table, got {list(sizes)}", name)
+        raise ctx.fail(ShapeError, f"{name} must be a [P, head_dim/2] table, got {list(sizes)}", name)
     cols = sizes[-1]
     rows = math.prod(sizes[:-1])
     if cols < half:
-        raise node_error(ctx, ShapeError, f"{name} rows hold {cols} values but n_rot/2 = {half} are needed", name)
+        raise ctx.fail(ShapeError, f"{name} rows hold {cols} values but n_rot/2 = {half} are needed", name)
     if rows != 1 and rows < seq:
-        raise node_error(
-            ctx, ShapeError, f"{name} has {rows} rows but the sequence has {seq} positions (need P >= S or P == 1)", name
+        raise ctx.fail(ShapeError, f"{name} has {rows} rows but the sequence has {seq} positions (need P >= S or P == 1)", name
         )
     return rows, cols, 1 if rows == 1 else seq
 
@@ -127,8 +126,7 @@ def lower_rope(op: ops.Rope, ctx: LowerContext) -> Any:
 
     head_dim, n_rot = op.head_dim, op.n_rot
     if head_dim < 1 or n_rot < 0 or n_rot % 2 != 0 or n_rot > head_dim:
-        raise node_error(
-            ctx, AttributeValueError,
+        raise ctx.fail(AttributeValueError,
             f"need head_dim >= 1 and an even 0 <= n_rot <= head_dim, got head_dim={head_dim} n_rot={n_rot}",
         )
     require_float(ctx, 0, "x")
@@ -138,23 +136,22 @@ def lower_rope(op: ops.Rope, ctx: LowerContext) -> Any:
     rank = len(sizes)
     if rank == 4:
         if sizes[3] != head_dim:
-            raise node_error(ctx, ShapeError, f"rank-4 x must be [B, H, S, {head_dim}], got {list(sizes)}", "x")
+            raise ctx.fail(ShapeError, f"rank-4 x must be [B, H, S, {head_dim}], got {list(sizes)}", "x")
         seq = sizes[2]
         heads_view = list(sizes)
     elif rank in (2, 3):
         if sizes[-1] % head_dim != 0:
-            raise node_error(
-                ctx, ShapeError, f"feature width {sizes[-1]} is not a multiple of head_dim {head_dim}", "x"
+            raise ctx.fail(ShapeError, f"feature width {sizes[-1]} is not a multiple of head_dim {head_dim}", "x"
             )
         seq = sizes[-2]
         heads_view = [*sizes[:-1], sizes[-1] // head_dim, head_dim]
     else:
-        raise node_error(ctx, ShapeError, f"x must have rank 2, 3 or 4, got {list(sizes)}", "x")
+        raise ctx.fail(ShapeError, f"x must have rank 2, 3 or 4, got {list(sizes)}", "x")
     if ctx.out_shape.sizes() != sizes:
-        raise node_error(ctx, ShapeError, f"declared shape {list(ctx.out_shape.sizes())} is not x's {list(sizes)}")
+        raise ctx.fail(ShapeError, f"declared shape {list(ctx.out_shape.sizes())} is not x's {list(sizes)}")
     cos_rows, sin_rows = (math.prod(input_sizes(ctx, i)[:-1]) for i in (1, 2))
     if cos_rows != sin_rows:
-        raise node_error(ctx, ShapeError, f"cos has {cos_rows} rows but sin has {sin_rows}", "sin")
+        raise ctx.fail(ShapeError, f"cos has {cos_rows} rows but sin has {sin_rows}", "sin")
 
     x = ctx.var(0)
     half = n_rot // 2
@@ -271,10 +268,10 @@ def lower_axial_rope2d(op: ops.AxialRope2d, ctx: LowerContext) -> Any:
     sizes = input_sizes(ctx, 0)
     tokens = op.end_x * op.end_y * max(op.repeat_factor, 1)
     if op.head_dim < 4 or op.head_dim % 4 or not math.isfinite(op.theta) or op.theta <= 0:
-        raise node_error(ctx, AttributeValueError,
+        raise ctx.fail(AttributeValueError,
                          f"head_dim {op.head_dim} must be a positive multiple of 4 and theta {op.theta} finite > 0")
     if len(sizes) != 3 or sizes[1] != tokens or sizes[2] != op.num_heads * op.head_dim:
-        raise node_error(ctx, ShapeError, f"x must be [B, {tokens}, {op.num_heads * op.head_dim}], got {list(sizes)}",
+        raise ctx.fail(ShapeError, f"x must be [B, {tokens}, {op.num_heads * op.head_dim}], got {list(sizes)}",
                          "x")
     cos, sin = _axial_tables(op, tokens)
     cos_c, sin_c = ctx.const(cos, "cos"), ctx.const(sin, "sin")

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.errors import AttributeValueError
+from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.ops import ScatterNdReduction
 from rlx_mil.lowering.context import LowerContext
-from rlx_mil.lowering.holding import convert, kind_of, may_hold_nan, shape_error, to_int32
+from rlx_mil.lowering.holding import convert, kind_of, may_hold_nan, to_int32
 from rlx_mil.lowering.registry import lowering
 from rlx_mil.lowering.target import Target
 
@@ -38,8 +38,6 @@ _MODES = {
 }
 
 
-def _attribute_error(ctx: LowerContext, message: str, operand: str | None = None) -> AttributeValueError:
-    return AttributeValueError(message, node=ctx.node.id, op=ctx.op.type_name, name=ctx.node.name, operand=operand)
 
 
 def _check_numel(ctx: LowerContext, sizes: tuple[int, ...]) -> None:
@@ -72,7 +70,7 @@ def index_var(ctx: LowerContext, i: int, dims: np.ndarray, *, negative: bool = T
         arr = np.asarray(value)
         if arr.dtype.kind == "f":
             if not np.isfinite(arr).all():
-                raise _attribute_error(ctx, "constant indices must be finite", "indices")
+                raise ctx.fail(AttributeValueError, "constant indices must be finite", "indices")
             arr = np.trunc(arr.astype(np.float64))
         idx = arr.astype(np.int64)
         bound = np.broadcast_to(dims, idx.shape)
@@ -81,8 +79,7 @@ def index_var(ctx: LowerContext, i: int, dims: np.ndarray, *, negative: bool = T
         if bad.any():
             at = tuple(int(v) for v in np.argwhere(bad)[0])
             allowed = f"[-{bound[at]}, {bound[at]})" if negative else f"[0, {bound[at]})"
-            raise _attribute_error(
-                ctx, f"constant index {int(idx[at])} at {list(at)} is outside {allowed}", "indices"
+            raise ctx.fail(AttributeValueError, f"constant index {int(idx[at])} at {list(at)} is outside {allowed}", "indices"
             )
         return ctx.const(np.where(idx < 0, idx + bound, idx).astype(np.int32), "indices")
     var = ctx.var(i)
@@ -167,7 +164,7 @@ def lower_scatter_add(op: ops.ScatterAdd, ctx: LowerContext) -> Any:
     updates_sizes = ctx.input_shape(0).sizes()
     axis = int(op.axis)
     if not 0 <= axis < len(sizes):
-        raise _attribute_error(ctx, f"axis {axis} is out of range for rank {len(sizes)}", "axis")
+        raise ctx.fail(AttributeValueError, f"axis {axis} is out of range for rank {len(sizes)}", "axis")
     _check_numel(ctx, sizes)
     dtype = ctx.input_shape(0).dtype
     hold = DType.I32 if not dtype.is_float else dtype
@@ -200,7 +197,7 @@ def lower_scatter_nd(op: ops.ScatterNd, ctx: LowerContext) -> Any:
     _check_numel(ctx, data_sizes)
     k = idx_sizes[-1]
     if not 1 <= k <= len(data_sizes):
-        raise shape_error(ctx, f"indices hold {k} coordinates; data has rank {len(data_sizes)}", "indices")
+        raise ctx.fail(ShapeError, f"indices hold {k} coordinates; data has rank {len(data_sizes)}", "indices")
     data, dtype = held(ctx, 0)
     if int(np.prod(idx_sizes[:-1])) == 0:
         return finish(ctx, data, dtype, ScatterNdReduction.NONE)
@@ -245,7 +242,7 @@ def lower_scatter_elements(op: ops.ScatterElements, ctx: LowerContext) -> Any:
     idx_sizes = ctx.input_shape(1).sizes()
     rank = len(data_sizes)
     if not -rank <= op.axis < rank:
-        raise _attribute_error(ctx, f"axis {op.axis} is out of range for rank {rank}", "axis")
+        raise ctx.fail(AttributeValueError, f"axis {op.axis} is out of range for rank {rank}", "axis")
     axis = op.axis % rank
     _check_numel(ctx, data_sizes)
     data, dtype = held(ctx, 0)
@@ -284,7 +281,7 @@ def lower_gather_nd(op: ops.GatherNd, ctx: LowerContext) -> Any:
     b = max(int(op.batch_dims), 0)
     k = idx_sizes[-1]
     if b + k > len(data_sizes) or k < 1:
-        raise shape_error(ctx, f"batch_dims {b} + {k} coordinates exceed the rank of data {list(data_sizes)}", "indices")
+        raise ctx.fail(ShapeError, f"batch_dims {b} + {k} coordinates exceed the rank of data {list(data_sizes)}", "indices")
     _check_numel(ctx, ctx.out_shape.sizes())
     data, dtype = held(ctx, 0)
     indices = index_var(ctx, 1, np.asarray(data_sizes[b:b + k]))
@@ -310,7 +307,7 @@ def lower_gather_elements(op: ops.GatherElements, ctx: LowerContext) -> Any:
     idx_sizes = ctx.input_shape(1).sizes()
     rank = len(data_sizes)
     if not -rank <= op.axis < rank:
-        raise _attribute_error(ctx, f"axis {op.axis} is out of range for rank {rank}", "axis")
+        raise ctx.fail(AttributeValueError, f"axis {op.axis} is out of range for rank {rank}", "axis")
     axis = op.axis % rank
     _check_numel(ctx, idx_sizes)
     data, dtype = held(ctx, 0)

@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.errors import ShapeError
 from rlx_mil.ir import ops
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
-from rlx_mil.lowering.rules.elementwise import shape_error
 
 
 def axis_slice(ctx: LowerContext, x: Any, axis: int, start: int, stop: int, suffix: str) -> Any:
@@ -32,7 +32,7 @@ def lower_kv_append(op: ops.KvAppend, ctx: LowerContext) -> Any:
 
     capacity = ctx.input_shape(0).sizes()[op.axis]
     if op.pos >= capacity:
-        raise shape_error(ctx, f"pos {op.pos} is past the cache's capacity {capacity}", "cache")
+        raise ctx.fail(ShapeError, f"pos {op.pos} is past the cache's capacity {capacity}", "cache")
     row = ctx.var(1)
     if op.pos == 0:
         return row

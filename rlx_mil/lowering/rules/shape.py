@@ -17,18 +17,14 @@ from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.ops import PadKind
 from rlx_mil.lowering.context import LowerContext
-from rlx_mil.lowering.holding import INT_RANGES, convert, kind_of, shape_error, to_int32
+from rlx_mil.lowering.holding import INT_RANGES, convert, kind_of, to_int32
 from rlx_mil.lowering.registry import lowering
-
-
-def _attribute_error(ctx: LowerContext, message: str, operand: str | None = None) -> AttributeValueError:
-    return AttributeValueError(message, node=ctx.node.id, op=ctx.op.type_name, name=ctx.node.name, operand=operand)
 
 
 def _check_declared(ctx: LowerContext, sizes: tuple[int, ...], what: str) -> None:
     declared = ctx.out_shape.sizes()
     if declared != sizes and not (sizes in ((), (1,)) and declared in ((), (1,))):
-        raise shape_error(ctx, f"{what} gives {list(sizes)}, but the node declares {list(declared)}")
+        raise ctx.fail(ShapeError, f"{what} gives {list(sizes)}, but the node declares {list(declared)}")
 
 
 def _same_dtype(ctx: LowerContext, var: Any, i: int) -> Any:
@@ -52,15 +48,15 @@ def lower_reshape(op: ops.Reshape, ctx: LowerContext) -> Any:
     sizes = ctx.input_shape(0).sizes()
     new_shape = [int(d) for d in op.new_shape]
     if sum(1 for d in new_shape if d == -1) > 1 or any(d < -1 for d in new_shape):
-        raise _attribute_error(ctx, f"new_shape {new_shape} may hold one -1 and otherwise sizes >= 0", "new_shape")
+        raise ctx.fail(AttributeValueError, f"new_shape {new_shape} may hold one -1 and otherwise sizes >= 0", "new_shape")
     numel = math.prod(sizes)
     known = math.prod(d for d in new_shape if d != -1)
     if -1 in new_shape:
         if known == 0 or numel % known:
-            raise shape_error(ctx, f"cannot reshape {list(sizes)} to {new_shape}", "x")
+            raise ctx.fail(ShapeError, f"cannot reshape {list(sizes)} to {new_shape}", "x")
         resolved = tuple(numel // known if d == -1 else d for d in new_shape)
     elif known != numel:
-        raise shape_error(ctx, f"cannot reshape {list(sizes)} ({numel} elements) to {new_shape}", "x")
+        raise ctx.fail(ShapeError, f"cannot reshape {list(sizes)} ({numel} elements) to {new_shape}", "x")
     else:
         resolved = tuple(new_shape)
     _check_declared(ctx, resolved, f"reshaping to {new_shape}")
@@ -78,7 +74,7 @@ def lower_transpose(op: ops.Transpose, ctx: LowerContext) -> Any:
     sizes = ctx.input_shape(0).sizes()
     perm = [int(p) for p in op.perm]
     if sorted(perm) != list(range(len(sizes))):
-        raise _attribute_error(ctx, f"perm {perm} is not a permutation of 0..{len(sizes) - 1}", "perm")
+        raise ctx.fail(AttributeValueError, f"perm {perm} is not a permutation of 0..{len(sizes) - 1}", "perm")
     _check_declared(ctx, tuple(sizes[p] for p in perm), f"transposing {list(sizes)} by {perm}")
     x = _same_dtype(ctx, ctx.var(0), 0)
     if perm == list(range(len(sizes))):
@@ -96,10 +92,9 @@ def lower_narrow(op: ops.Narrow, ctx: LowerContext) -> Any:
     sizes = ctx.input_shape(0).sizes()
     axis, start, length = int(op.axis), int(op.start), int(op.len)
     if not 0 <= axis < len(sizes):
-        raise _attribute_error(ctx, f"axis {axis} is out of range for rank {len(sizes)}", "axis")
+        raise ctx.fail(AttributeValueError, f"axis {axis} is out of range for rank {len(sizes)}", "axis")
     if start < 0 or length < 0 or start + length > sizes[axis]:
-        raise _attribute_error(
-            ctx, f"slice start={start} len={length} does not fit axis {axis} of size {sizes[axis]}", "len"
+        raise ctx.fail(AttributeValueError, f"slice start={start} len={length} does not fit axis {axis} of size {sizes[axis]}", "len"
         )
     out = tuple(length if i == axis else d for i, d in enumerate(sizes))
     _check_declared(ctx, out, f"narrowing axis {axis} to [{start}, {start + length})")
@@ -124,12 +119,12 @@ def lower_concat(op: ops.Concat, ctx: LowerContext) -> Any:
     first = ctx.input_shape(0).sizes()
     axis = int(op.axis)
     if not 0 <= axis < len(first):
-        raise _attribute_error(ctx, f"axis {axis} is out of range for rank {len(first)}", "axis")
+        raise ctx.fail(AttributeValueError, f"axis {axis} is out of range for rank {len(first)}", "axis")
     total = 0
     for i in range(ctx.num_inputs):
         s = ctx.input_shape(i).sizes()
         if len(s) != len(first) or any(s[d] != first[d] for d in range(len(first)) if d != axis):
-            raise shape_error(ctx, f"input {i} {list(s)} does not match input 0 {list(first)} off axis {axis}", str(i))
+            raise ctx.fail(ShapeError, f"input {i} {list(s)} does not match input 0 {list(first)} off axis {axis}", str(i))
         total += s[axis]
     out = tuple(total if d == axis else first[d] for d in range(len(first)))
     _check_declared(ctx, out, f"concatenating along axis {axis}")
@@ -150,16 +145,16 @@ def lower_expand(op: ops.Expand, ctx: LowerContext) -> Any:
     sizes = ctx.input_shape(0).sizes()
     target = [int(d) for d in op.target_shape]
     if len(target) < len(sizes):
-        raise _attribute_error(ctx, f"target_shape {target} has lower rank than the input {list(sizes)}", "target_shape")
+        raise ctx.fail(AttributeValueError, f"target_shape {target} has lower rank than the input {list(sizes)}", "target_shape")
     padded = (1,) * (len(target) - len(sizes)) + tuple(sizes)
     result: list[int] = []
     for have, want in zip(padded, target, strict=True):
         if want == -1:
             result.append(have)
         elif want < 0:
-            raise _attribute_error(ctx, f"target_shape {target} has a negative size other than -1", "target_shape")
+            raise ctx.fail(AttributeValueError, f"target_shape {target} has a negative size other than -1", "target_shape")
         elif have not in (want, 1):
-            raise shape_error(ctx, f"cannot expand {list(sizes)} to {target}: only size-1 dims may grow", "x")
+            raise ctx.fail(ShapeError, f"cannot expand {list(sizes)} to {target}: only size-1 dims may grow", "x")
         else:
             result.append(want)
     out = tuple(result)
@@ -184,10 +179,10 @@ def gather_indices(ctx: LowerContext, limit: int, operand: int = 1, role: str = 
     if value is not None:
         arr = np.asarray(value)
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            raise _attribute_error(ctx, f"constant {role} must be finite", role)
+            raise ctx.fail(AttributeValueError, f"constant {role} must be finite", role)
         idx = np.trunc(arr.astype(np.float64)) if arr.dtype.kind == "f" else arr.astype(np.int64)
         if arr.size and (idx.min() < 0 or idx.max() >= limit):
-            raise _attribute_error(ctx, f"constant {role} must lie in [0, {limit})", role)
+            raise ctx.fail(AttributeValueError, f"constant {role} must lie in [0, {limit})", role)
         return ctx.const(idx.astype(np.int32), "indices")
     var = ctx.var(operand)
     if kind_of(idx_dt) != "float":
@@ -217,7 +212,7 @@ def lower_gather(op: ops.Gather, ctx: LowerContext) -> Any:
     idx_sizes = ctx.input_shape(1).sizes()
     axis = int(op.axis)
     if not 0 <= axis < len(table_sizes):
-        raise _attribute_error(ctx, f"axis {axis} is out of range for rank {len(table_sizes)}", "axis")
+        raise ctx.fail(AttributeValueError, f"axis {axis} is out of range for rank {len(table_sizes)}", "axis")
     out = (*table_sizes[:axis], *idx_sizes, *table_sizes[axis + 1:])
     _check_declared(ctx, out, f"gathering {list(idx_sizes)} indices from {list(table_sizes)} along axis {axis}")
     _check_numel(ctx, out)
@@ -274,12 +269,12 @@ def lower_pad(op: ops.Pad, ctx: LowerContext) -> Any:
 
     sizes = ctx.input_shape(0).sizes()
     if len(op.pads) != len(sizes):
-        raise _attribute_error(ctx, f"pads needs {len(sizes)} (before, after) pairs, got {len(op.pads)}", "pads")
+        raise ctx.fail(AttributeValueError, f"pads needs {len(sizes)} (before, after) pairs, got {len(op.pads)}", "pads")
     kind = op.mode.kind
     for axis, (before, after) in enumerate(op.pads):
         limit = {PadKind.REFLECT: sizes[axis] - 1, PadKind.CIRCULAR: sizes[axis]}.get(kind)
         if before < 0 or after < 0 or (limit is not None and max(before, after) > limit):
-            raise _attribute_error(ctx, f"{kind.value} padding of axis {axis} (size {sizes[axis]}) by {[before, after]}", "pads")
+            raise ctx.fail(AttributeValueError, f"{kind.value} padding of axis {axis} (size {sizes[axis]}) by {[before, after]}", "pads")
     out = tuple(n + b + a for n, (b, a) in zip(sizes, op.pads, strict=True))
     _check_declared(ctx, out, f"padding {list(sizes)} by {[list(p) for p in op.pads]}")
     _check_numel(ctx, out)
@@ -330,13 +325,12 @@ def lower_slice(op: ops.Slice, ctx: LowerContext) -> Any:
     sizes = ctx.input_shape(0).sizes()
     axis, start, length, step = int(op.axis), int(op.start), int(op.len), int(op.step)
     if not 0 <= axis < len(sizes):
-        raise _attribute_error(ctx, f"axis {axis} is out of range for rank {len(sizes)}", "axis")
+        raise ctx.fail(AttributeValueError, f"axis {axis} is out of range for rank {len(sizes)}", "axis")
     if step == 0:
-        raise _attribute_error(ctx, "step must not be 0", "step")
+        raise ctx.fail(AttributeValueError, "step must not be 0", "step")
     last = start + (length - 1) * step
     if length < 0 or (length and not (0 <= start < sizes[axis] and 0 <= last < sizes[axis])):
-        raise _attribute_error(
-            ctx, f"start {start}, len {length}, step {step} read outside axis {axis} of size {sizes[axis]}", "len"
+        raise ctx.fail(AttributeValueError, f"start {start}, len {length}, step {step} read outside axis {axis} of size {sizes[axis]}", "len"
         )
     out = tuple(length if i == axis else d for i, d in enumerate(sizes))
     _check_declared(ctx, out, f"slicing axis {axis}")
@@ -367,7 +361,7 @@ def lower_tile(op: ops.Tile, ctx: LowerContext) -> Any:
     sizes = ctx.input_shape(0).sizes()
     reps = [int(r) for r in op.reps]
     if len(reps) != len(sizes) or any(r < 1 for r in reps):
-        raise _attribute_error(ctx, f"reps must hold one count >= 1 per axis of {list(sizes)}, got {reps}", "reps")
+        raise ctx.fail(AttributeValueError, f"reps must hold one count >= 1 per axis of {list(sizes)}, got {reps}", "reps")
     out = tuple(n * r for n, r in zip(sizes, reps, strict=True))
     _check_declared(ctx, out, f"tiling {list(sizes)} by {reps}")
     _check_numel(ctx, out)
@@ -390,7 +384,7 @@ def lower_trilu(op: ops.Trilu, ctx: LowerContext) -> Any:
 
     sizes = ctx.input_shape(0).sizes()
     if len(sizes) < 2:
-        raise shape_error(ctx, f"Trilu needs rank >= 2, got {list(sizes)}", "x")
+        raise ctx.fail(ShapeError, f"Trilu needs rank >= 2, got {list(sizes)}", "x")
     _check_declared(ctx, sizes, "Trilu")
     _check_numel(ctx, sizes)
     ones = np.ones(sizes[-2:], dtype=bool)
@@ -410,7 +404,7 @@ def lower_reverse(op: ops.Reverse, ctx: LowerContext) -> Any:
     sizes = ctx.input_shape(0).sizes()
     axes = [int(a) for a in op.axes]
     if any(not 0 <= a < len(sizes) for a in axes) or len(set(axes)) != len(axes):
-        raise _attribute_error(ctx, f"axes {axes} must be distinct axes of rank {len(sizes)}", "axes")
+        raise ctx.fail(AttributeValueError, f"axes {axes} must be distinct axes of rank {len(sizes)}", "axes")
     _check_declared(ctx, sizes, "Reverse")
     _check_numel(ctx, sizes)
     x = _same_dtype(ctx, ctx.var(0), 0)

@@ -46,6 +46,8 @@ class FamilyRecord:
     legacy: frozenset[str] = field(default_factory=frozenset)
     #: other model_type values read as this family.
     aliases: tuple[str, ...] = ()
+    #: more tiny configs of this model_type under their own demo names (e.g. Phi-4-mini's shape of phi3).
+    variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def known(self) -> frozenset[str]:
@@ -63,23 +65,25 @@ Reader = TypeVar("Reader", bound=Callable[..., Any])
 
 
 def _family(kind: str, model_type: str, *, name: str, defaults: Mapping[str, Any], config_class: str,
-            tiny: Mapping[str, Any], legacy: tuple[str, ...] = (), aliases: tuple[str, ...] = ()) -> Callable[[Reader], Reader]:
+            tiny: Mapping[str, Any], legacy: tuple[str, ...] = (), aliases: tuple[str, ...] = (),
+            variants: Mapping[str, Mapping[str, Any]] | None = None) -> Callable[[Reader], Reader]:
     def register(read: Reader) -> Reader:
         if model_type in _RECORDS:
             raise ValueError(f"model family {model_type!r} is registered twice")
+        shaped = {k: {**v, "model_type": model_type} for k, v in (variants or {}).items()}
         _RECORDS[model_type] = FamilyRecord(model_type, name, kind, read, dict(defaults), config_class,
-                                            {**tiny, "model_type": model_type}, frozenset(legacy), aliases)
+                                            {**tiny, "model_type": model_type}, frozenset(legacy), aliases, shaped)
         return read
 
     return register
 
 
 def decoder_family(model_type: str, *, name: str, defaults: Mapping[str, Any], config_class: str,
-                   tiny: Mapping[str, Any], legacy: tuple[str, ...] = (),
-                   aliases: tuple[str, ...] = ()) -> Callable[[Reader], Reader]:
+                   tiny: Mapping[str, Any], legacy: tuple[str, ...] = (), aliases: tuple[str, ...] = (),
+                   variants: Mapping[str, Mapping[str, Any]] | None = None) -> Callable[[Reader], Reader]:
     """Register the decorated `read(fields) -> DecoderSpec` as the reader of `model_type`."""
     return _family("decoder", model_type, name=name, defaults=defaults, config_class=config_class, tiny=tiny,
-                   legacy=legacy, aliases=aliases)
+                   legacy=legacy, aliases=aliases, variants=variants)
 
 
 def encoder_family(model_type: str, *, name: str, defaults: Mapping[str, Any], config_class: str,
@@ -123,7 +127,11 @@ def family_of_model_type(model_type: object, source: str = "config.json") -> Fam
 def tiny_configs() -> dict[str, dict[str, Any]]:
     """Every family's tiny config by model_type, decoders first."""
     found = sorted(records().values(), key=lambda r: (r.kind != "decoder", r.model_type))
-    return {r.model_type: json.loads(json.dumps(r.tiny)) for r in found}
+    out: dict[str, dict[str, Any]] = {}
+    for record in found:
+        out[record.model_type] = json.loads(json.dumps(record.tiny))
+        out.update({k: json.loads(json.dumps(v)) for k, v in record.variants.items()})
+    return out
 
 
 def model_spec(config: Mapping[str, Any], source: str = "config.json") -> ModelSpec:

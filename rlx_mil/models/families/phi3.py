@@ -33,10 +33,25 @@ _MICROSOFT_FIELDS: dict[str, tuple[object, ...]] = {
 }
 
 
+#: Phi-4-mini's layout at tiny size, as its config.json writes it: GQA, 3/4 of each head rotated,
+#: longrope (factors for the 6 rotated frequencies; `original_max_position_embeddings` at the
+#: top level), tied embeddings and Microsoft's own fields.
+TINY_PHI4_MINI: dict[str, Any] = {
+    **PHI3_DEFAULTS, "architectures": ["Phi3ForCausalLM"], "vocab_size": 96, "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 1024, "original_max_position_embeddings": 64, "partial_rotary_factor": 0.75,
+    "rope_theta": 10000.0, "tie_word_embeddings": True, "sliding_window": 262144, "attention_bias": False,
+    "mlp_bias": False, "lm_head_bias": False, "full_attn_mod": 1, "interpolate_factor": 1,
+    "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.05, 1.2, 1.5, 2.0, 2.6],
+                     "long_factor": [1.0, 1.6, 2.4, 3.8, 5.5, 8.0]},
+}
+
+
 @decoder_family("phi3", name="Phi-3", defaults=PHI3_DEFAULTS, config_class="Phi3Config",
                 legacy=(*ROPE_LEGACY_KEYS, "head_dim", *_MICROSOFT_FIELDS),
                 tiny={**TINY_LLAMA, "architectures": ["Phi3ForCausalLM"], "num_key_value_heads": 4,
-                      "sliding_window": 6, "rope_scaling": None})
+                      "sliding_window": 6, "rope_scaling": None},
+                variants={"phi4_mini": TINY_PHI4_MINI})
 def read_phi3(f: Fields) -> DecoderSpec:
     c = decoder_common(f)
     f.choice("hidden_act", GATE_ACTIVATIONS)

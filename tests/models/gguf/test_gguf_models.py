@@ -11,16 +11,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from models.gguf.gguf_files import write_gguf
+from models.gguf.gguf_files import ARCH, write_gguf
 from models.hf_numpy import FORWARDS
 from rlx_mil import reference
 from rlx_mil.errors import CheckpointError, UnsupportedConfigError
 from rlx_mil.models import from_gguf, from_pretrained
 from rlx_mil.models.checkpoint import Checkpoint
-from rlx_mil.models.random_checkpoint import ROUND2_FAMILIES, TINY_CONFIGS, write_random_checkpoint
+from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 
-CONFIGS: dict[str, dict[str, Any]] = {n: copy.deepcopy(c) for n, c in TINY_CONFIGS.items()
-                                      if n != "bert" and n not in ROUND2_FAMILIES}
+#: The tiny configs of the families GGUF files are read for (by their HF name).
+CONFIGS: dict[str, dict[str, Any]] = {n: copy.deepcopy(c) for n, c in TINY_CONFIGS.items() if n in ARCH}
 # GGUF has no query_pre_attn_scalar: llama.cpp scales Gemma 2 scores by head_dim (27B aside).
 CONFIGS["gemma2"]["query_pre_attn_scalar"] = CONFIGS["gemma2"]["head_dim"]
 CONFIGS["llama"]["rope_scaling"]["original_max_position_embeddings"] = 128

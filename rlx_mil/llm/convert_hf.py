@@ -11,7 +11,8 @@ import numpy as np
 
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
-from rlx_mil.progress import CountingParams, Progress, human_bytes
+from rlx_mil.progress import CountingParams, Progress
+from rlx_mil.units import human_bytes
 
 VARIANTS = ("prefill", "decode")
 
