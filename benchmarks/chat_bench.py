@@ -147,7 +147,7 @@ def main() -> None:
           f" {want['text']!r}")
     results: dict[str, Any] = {"checkpoint": str(checkpoint), "prompt": args.prompt, "transformers": want,
                                "load": os.getloadavg(), "packages": []}
-    for precision in args.precisions.split(","):
+    for precision in [p for p in args.precisions.split(",") if p]:
         got = run_precision(checkpoint, args.work, precision, args.prompt, args.max_new_tokens, args.max_context)
         got["matches"] = got["cli_text"] == want["text"] and got["session_text"] == want["text"]
         results["packages"].append(got)
