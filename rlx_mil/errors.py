@@ -105,6 +105,11 @@ class CompressionError(RlxMilError):
     message names the weight and the target."""
 
 
+class CompressionWarning(UserWarning):
+    """A compressed model's measured output error exceeds the documented threshold, or a
+    compression choice was made for the user (e.g. a grouped palette held per tensor)."""
+
+
 class MilExecError(RlxMilError):
     """The NumPy MIL executor cannot run a program (missing kernel, bad feed...)."""
 

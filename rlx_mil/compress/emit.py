@@ -38,6 +38,9 @@ def check_target(scheme: Scheme, target: Target, name: str) -> None:
     if target >= Target.IOS18:
         return
     if isinstance(scheme, LinearScheme):
+        if scheme.float_offset:
+            raise CompressionError(f"{where}: a float offset needs iOS18 (constexpr_blockwise_shift_scale); {target.label}'s"
+                                   " constexpr_affine_dequantize takes an integer zero point")
         if scheme.bits != 8:
             raise CompressionError(f"{where}: 4-bit linear quantization needs iOS18 (constexpr_blockwise_shift_scale); {target.label}"
                                    " only has 8-bit constexpr_affine_dequantize")

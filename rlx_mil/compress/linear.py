@@ -7,7 +7,11 @@ output channel) coremltools' `quantize_weight_by_dtype` computes:
 * scale = (hi - lo) / (qmax - qmin) with [qmin, qmax] from `LinearScheme.quant_range`
 * offset: symmetric unsigned qmax // 2; asymmetric clip(round((qmin*hi - qmax*lo) / (hi - lo)));
   symmetric signed none
+* float offset (rlx_mil's ``uint4-float``, iOS18 only; no coremltools counterpart): lo, hi = min w,
+  max w; offset = qmin - lo / scale in the program's float type, so a block's range need not
+  include zero (llama.cpp's Q4_1 ``d*q + m`` is scale d, offset -m/d)
 * q = clip(round(w / scale) + offset, qmin, qmax) (round half to even), w ~= scale * (q - offset)
+  (a float offset is added before rounding)
 
 Two deliberate refinements, both within coremltools' own rounding: the scale is rounded to the
 program's float dtype *before* the codes are computed (so codes fit the scale Core ML will
@@ -122,10 +126,16 @@ def _scale_from_range(lo: np.ndarray, hi: np.ndarray, scheme: LinearScheme, stor
     return np.where(raw == 0, 1.0, scale)
 
 
-def _offset_from_range(lo: np.ndarray, hi: np.ndarray, scheme: LinearScheme) -> np.ndarray | None:
+def _offset_from_range(
+    lo: np.ndarray, hi: np.ndarray, scheme: LinearScheme, scale: np.ndarray, store: type[np.floating],
+) -> np.ndarray | None:
     qmin, qmax = scheme.quant_range
     if scheme.signed and scheme.symmetric:
         return None
+    if scheme.float_offset:
+        # lo lands on code qmin: w = scale * (q - offset) with offset = qmin - lo / scale, kept
+        # in the program's float type (a constant block decodes to lo with scale 1).
+        return (qmin - lo / scale).astype(store).astype(np.float64)
     if scheme.symmetric:
         return np.full(lo.shape, qmax // 2, dtype=np.float64)
     span = hi - lo
@@ -138,6 +148,8 @@ def _offset_from_range(lo: np.ndarray, hi: np.ndarray, scheme: LinearScheme) -> 
 def _block_range(blocks: np.ndarray, scheme: LinearScheme) -> tuple[np.ndarray, np.ndarray]:
     lo = blocks.min(axis=-1).astype(np.float64)
     hi = blocks.max(axis=-1).astype(np.float64)
+    if scheme.float_offset:
+        return lo, hi
     if scheme.symmetric:
         peak = np.maximum(np.abs(lo), np.abs(hi))
         return -peak, peak
@@ -173,9 +185,10 @@ def quantize_linear(
             slab = finite_slab(rows[r0:r0 + step], name, r0)
             lo_all, hi_all = min(lo_all, float(slab.min())), max(hi_all, float(slab.max()))
         lo, hi = _block_range(np.array([[[lo_all, hi_all]]]), scheme)
-        scale[:] = _scale_from_range(lo, hi, scheme, store)[0]
+        s_all = _scale_from_range(lo, hi, scheme, store)
+        scale[:] = s_all[0]
         if offset is not None:
-            zp = _offset_from_range(lo, hi, scheme)
+            zp = _offset_from_range(lo, hi, scheme, s_all, store)
             assert zp is not None
             offset[:] = zp[0]
 
@@ -188,7 +201,7 @@ def quantize_linear(
         else:
             lo, hi = _block_range(slab, scheme)
             s = _scale_from_range(lo, hi, scheme, store)
-            z = _offset_from_range(lo, hi, scheme)
+            z = _offset_from_range(lo, hi, scheme, s, store)
             scale[r0:r0 + step] = s
             if offset is not None:
                 assert z is not None
@@ -197,9 +210,13 @@ def quantize_linear(
         # One float64 working array, updated in place (a slab's temporaries dominate the
         # encoder's memory): q = clip(rint(w / s) + z), then the error of s * (q - z).
         q = np.divide(slab, s[..., None])
-        np.rint(q, out=q)
-        if z is not None:
+        if z is not None and scheme.float_offset:
             q += z[..., None]
+            np.rint(q, out=q)
+        else:
+            np.rint(q, out=q)
+            if z is not None:
+                q += z[..., None]
         np.clip(q, qmin, qmax, out=q)
         data.put(r0, q.reshape(q.shape[0], width))
         if z is not None:
@@ -212,7 +229,7 @@ def quantize_linear(
     return LinearCodes(
         data=data.result().reshape(shape),
         scale=scale.astype(store).reshape(tshape),
-        offset=None if offset is None else offset.astype(code_dtype(scheme)).reshape(tshape),
+        offset=None if offset is None else offset.astype(store if scheme.float_offset else code_dtype(scheme)).reshape(tshape),
         scheme=scheme,
         sq_error=sq_error,
         sq_norm=sq_norm,

@@ -24,6 +24,9 @@ from rlx_mil.compress.schemes import PER_GROUPED_CHANNEL, PaletteScheme
 from rlx_mil.errors import CompressionError
 
 MAX_ITERATIONS = 300
+#: Grouped fits: histogram bins per group (the atoms of the vectorised Lloyd) and its iterations.
+GROUP_BINS = 2048
+GROUP_ITERATIONS = 100
 
 
 def _two_byte_float(dtype: np.dtype) -> bool:
@@ -142,13 +145,112 @@ def group_rows(scheme: PaletteScheme, shape: tuple[int, ...], name: str) -> int:
     return scheme.group_size
 
 
+def _grouped_luts(x: np.ndarray, k: int) -> np.ndarray:
+    """One sorted k-entry table per row of `x` ([groups, n] float32): Lloyd's algorithm on a
+    per-group histogram of `GROUP_BINS` equal-width bins, all groups at once.
+
+    Each bin is an atom at the exact mean of its values (per-bin counts, sums and sums of
+    squares in float64), so a cluster's centroid is the exact mean of its values and its
+    squared error exact; only a bin holding a midpoint moves as a whole. Runs from quantile
+    seeds and from evenly spaced seeds and keeps, per group, the one with the lower error. A
+    group with at most k distinct values (each alone in its bin) gets them exactly."""
+    groups = x.shape[0]
+    bins = GROUP_BINS
+    lo = x.min(axis=1).astype(np.float64)
+    hi = x.max(axis=1).astype(np.float64)
+    span = hi - lo
+    inv = np.where(span > 0, bins / np.where(span > 0, span, 1.0), 0.0)
+    b = ((x - lo[:, None].astype(np.float32)) * inv[:, None].astype(np.float32)).astype(np.int64)
+    np.clip(b, 0, bins - 1, out=b)
+    b += (np.arange(groups, dtype=np.int64) * bins)[:, None]
+    flat = b.reshape(-1)
+    x64 = x.reshape(-1).astype(np.float64)
+    cnt = np.bincount(flat, minlength=groups * bins).reshape(groups, bins).astype(np.float64)
+    s1 = np.bincount(flat, weights=x64, minlength=groups * bins).reshape(groups, bins)
+    s2 = np.bincount(flat, weights=x64 * x64, minlength=groups * bins).reshape(groups, bins)
+    del b, flat, x64
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = s1 / cnt
+    zero = np.zeros((groups, 1))
+    cum_n = np.concatenate([zero, np.cumsum(cnt, axis=1)], axis=1)
+    cum_s = np.concatenate([zero, np.cumsum(s1, axis=1)], axis=1)
+    cum_q = np.concatenate([zero, np.cumsum(s2, axis=1)], axis=1)
+    rows = np.arange(groups)[:, None]
+
+    def edges(c: np.ndarray) -> np.ndarray:
+        mids = (c[:, :-1] + c[:, 1:]) / 2
+        home = np.clip(np.floor((mids - lo[:, None]) * inv[:, None]), 0, bins - 1).astype(np.int64)
+        inner = home + (means[rows, home] <= mids)  # NaN (empty bin) compares False
+        return np.concatenate([np.zeros((groups, 1), np.int64), np.maximum.accumulate(inner, axis=1),
+                               np.full((groups, 1), bins, np.int64)], axis=1)
+
+    def lloyd(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        for _ in range(GROUP_ITERATIONS):
+            e = edges(c)
+            num = np.diff(cum_n[rows, e], axis=1)
+            tot = np.diff(cum_s[rows, e], axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                moved = np.sort(np.where(num > 0, tot / np.maximum(num, 1), c), axis=1)
+            if np.array_equal(moved, c):
+                break
+            c = moved
+        e = edges(c)
+        num = np.diff(cum_n[rows, e], axis=1)
+        tot = np.diff(cum_s[rows, e], axis=1)
+        sq = np.diff(cum_q[rows, e], axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            sse = np.sum(np.where(num > 0, sq - tot * tot / np.maximum(num, 1), 0.0), axis=1)
+        return c, sse
+
+    targets = (np.arange(k) + 0.5) / k * cum_n[:, -1:]
+    seed_bins = np.minimum(np.sum(cum_n[:, None, 1:] <= targets[:, :, None], axis=2), bins - 1)
+    quantile = np.sort(np.where(cnt[rows, seed_bins] > 0, means[rows, seed_bins], lo[:, None]), axis=1)
+    even = lo[:, None] + span[:, None] * np.linspace(0.0, 1.0, k)[None, :]
+    (c1, e1), (c2, e2) = lloyd(quantile), lloyd(even)
+    best = np.where((e2 < e1)[:, None], c2, c1)
+    # Exact tables where a group has at most k distinct values, each alone in its bin.
+    occupied = cnt > 0
+    pure = np.all(~occupied | (s2 * cnt - s1 * s1 <= 1e-12 * np.maximum(s2 * cnt, 1e-300)), axis=1)
+    for g in np.nonzero(pure & (occupied.sum(axis=1) <= k))[0]:
+        values = means[g][occupied[g]]
+        best[g] = np.concatenate([values, np.full(k - values.size, values[-1])])
+    return best
+
+
+def _nearest_grouped(x: np.ndarray, luts: np.ndarray) -> np.ndarray:
+    """Index of each element's nearest entry of its row's sorted table ([groups, n] and
+    [groups, k]; the lower entry on a tie): the number of midpoints below it, counted one
+    midpoint at a time for up to 64 entries, else by a branch-free binary search (log2(k)
+    gathers) over the whole slab."""
+    groups, k = luts.shape
+    lut64 = luts.astype(np.float64)
+    mids = ((lut64[:, :-1] + lut64[:, 1:]) / 2).astype(np.float32)
+    if k <= 64:
+        count = np.zeros(x.shape, np.uint8)
+        for j in range(k - 1):
+            count += x > mids[:, j:j + 1]
+        return count
+    # One sentinel per group keeps every probe inside its own row: [groups, k] flat.
+    table = np.concatenate([mids, np.full((groups, 1), np.inf, np.float32)], axis=1).reshape(-1)
+    base = (np.arange(groups, dtype=np.int32) * k)[:, None]
+    idx = np.zeros(x.shape, np.int32)
+    step = k // 2
+    while step:
+        probe = idx + (step - 1)
+        probe += base
+        idx += np.where(x > table[probe], step, 0).astype(np.int32)
+        step //= 2
+    return idx.astype(np.uint8)
+
+
 def palettize(
     weight: np.ndarray, scheme: PaletteScheme, store: type[np.floating], name: str = "weight",
     code_writer: WriterFactory = CodeWriter,
 ) -> PaletteCodes:
     """Fit one LUT per group of output channels (axis 0 of the storage layout) and index every
     element. The LUT is rounded to `store` before indexing, so indices fit the stored table;
-    the indices go to `code_writer` a slab at a time."""
+    the indices go to `code_writer` a slab at a time. Grouped tables are fitted a slab of
+    groups at a time, vectorised over the groups (`_grouped_luts`)."""
     shape = tuple(int(d) for d in weight.shape)
     rows = rows_view(weight)
     channels, width = rows.shape
@@ -156,22 +258,34 @@ def palettize(
     k = 1 << scheme.bits
     indices = code_writer((channels, width), np.dtype(np.uint8))
     luts = np.empty((channels // per_group, k), dtype=store)
-    step = max(1, SLAB_ELEMENTS // max(width, 1))
     sq_error = sq_norm = 0.0
-    for g0 in range(0, channels, per_group):
-        block = rows[g0:g0 + per_group]
-        for r0 in range(0, block.shape[0], step):
-            finite_slab(block[r0:r0 + step], name, g0 + r0)
-        source = block if _two_byte_float(block.dtype) else np.asarray(block, np.float32)
+    if per_group == channels:
+        step = max(1, SLAB_ELEMENTS // max(width, 1))
+        for r0 in range(0, channels, step):
+            finite_slab(rows[r0:r0 + step], name, r0)
+        source = rows if _two_byte_float(rows.dtype) else np.asarray(rows, np.float32)
         lut = np.sort(fit_lut(source, k).astype(store))
-        luts[g0 // per_group] = lut
+        luts[0] = lut
         lut64 = lut.astype(np.float64)
-        for r0 in range(0, block.shape[0], step):
-            slab = np.asarray(block[r0:r0 + step], dtype=np.float32)
+        for r0 in range(0, channels, step):
+            slab = np.asarray(rows[r0:r0 + step], dtype=np.float32)
             idx = nearest_index(slab, lut)
-            indices.put(g0 + r0, idx)
+            indices.put(r0, idx)
             sq_error += float(np.sum(np.square(lut64[idx] - slab)))
             sq_norm += float(np.sum(np.square(slab, dtype=np.float64)))
+        return PaletteCodes(indices.result().reshape(shape), luts, scheme, sq_error, sq_norm)
+    group_step = max(1, SLAB_ELEMENTS // max(per_group * width, 1))
+    for g0 in range(0, channels // per_group, group_step):
+        r0 = g0 * per_group
+        slab = finite_slab(rows[r0:r0 + group_step * per_group], name, r0)
+        x = slab.reshape(-1, per_group * width)
+        lut = np.sort(_grouped_luts(x, k).astype(store), axis=1)
+        luts[g0:g0 + x.shape[0]] = lut
+        idx = _nearest_grouped(x, lut)
+        indices.put(r0, idx.reshape(-1, width))
+        chosen = np.take_along_axis(lut.astype(np.float64), idx.astype(np.int64), axis=1)
+        sq_error += float(np.sum(np.square(chosen - x)))
+        sq_norm += float(np.sum(np.square(x, dtype=np.float64)))
     return PaletteCodes(indices.result().reshape(shape), luts, scheme, sq_error, sq_norm)
 
 

@@ -17,8 +17,9 @@ import numpy as np
 
 from rlx_mil.compress.code_store import CodeStore, CodeWriter, WriterFactory
 from rlx_mil.compress.emit import check_target, compressed_bytes, linear_op, palette_op
-from rlx_mil.compress.linear import LinearCodes, block_count, quantize_linear
-from rlx_mil.compress.palette import PaletteCodes, group_rows, palettize
+from rlx_mil.compress.fit import fit_to_shape
+from rlx_mil.compress.linear import LinearCodes, quantize_linear
+from rlx_mil.compress.palette import PaletteCodes, palettize
 from rlx_mil.compress.prequantized import (
     LutScaleCodes,
     PrequantizedScheme,
@@ -205,11 +206,8 @@ class WeightCompressor:
                 continue
             shape = storage_shape(self.sizes[name], layout)
             try:
-                check_target(scheme, self.target, name)
-                if isinstance(scheme, LinearScheme):
-                    block_count(scheme, shape, name)
-                else:
-                    group_rows(scheme, shape, name)
+                fitted, _ = fit_to_shape(scheme, shape, self.target)
+                check_target(fitted, self.target, name)
             except CompressionError as err:
                 problems.append(str(err))
         if problems:
@@ -242,7 +240,9 @@ class WeightCompressor:
                 raise CompressionError(f"weight {name!r}: {scheme.label} codes are rows of the stored weight, used here transposed")
             codes: LinearCodes | PaletteCodes | LutScaleCodes = self.config.prequantized[name].encode(
                 store_dtype(self.precision), self.store.writer)
-        else:
+        note = ""
+        if not isinstance(scheme, PrequantizedScheme):
+            scheme, note = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
             check_target(scheme, self.target, name)
             codes = encode(storage, scheme, self.precision, name, self.store.writer)
         if isinstance(codes, LutScaleCodes):
@@ -256,7 +256,7 @@ class WeightCompressor:
         self.weights.append(WeightReport(
             name=name, role=self.roles.get(name, "weight"), scheme=scheme.label, layout=param_layout,
             shape=[int(d) for d in param_shape], bytes_before=int(arr.size) * np.dtype(store_dtype(self.precision)).itemsize,
-            bytes_after=after, relative_error=codes.relative_error, max_error=getattr(codes, "max_error", None),
+            bytes_after=after, relative_error=codes.relative_error, max_error=getattr(codes, "max_error", None), note=note,
         ))
         self._done[key] = var
         return var

@@ -27,6 +27,9 @@ class WeightReport:
     #: max |W - dequantized W|, for weights whose source was already quantized (W: the source's
     #: exact decode).
     max_error: float | None = None
+    #: Why the weight got this scheme when it is not simply the configured one (a block or
+    #: group size fitted to its shape, an automatic choice, ...).
+    note: str = ""
 
     @property
     def ratio(self) -> float:
@@ -81,7 +84,7 @@ class CompressionReport:
                        f" {w.relative_error:>9.2e}")
                 if with_max:
                     row += f" {w.max_error:>9.2e}" if w.max_error is not None else f" {'-':>9}"
-                lines.append(row)
+                lines.append(row + (f"  {w.note}" if w.note else ""))
         if self.kept:
             lines.append(f"  kept in float: {len(self.kept)} ({', '.join(sorted(set(self.kept.values())))})")
         if self.output_error:

@@ -8,9 +8,10 @@ per_grouped_channel with ``group_size``), so a scheme here means the same number
 Text form (the CLI's ``--compress`` and ``convert(compress="...")``)::
 
     SCHEME                      int8 | uint8 | int4 | uint4 | lut1..lut8 | none
-      modifiers joined by '-':  sym | asym | tensor | channel | block | blockN | groupN
+      modifiers joined by '-':  sym | asym | float | tensor | channel | block | blockN | groupN
       e.g. int4 (= int4-sym-block32), int8 (= int8-sym-channel), int8-asym-tensor,
-           int4-block64, lut4 (= per-tensor), lut4-group16, lut6
+           int4-block64, uint4-float (= uint4 codes, float offset, block 32: llama.cpp's Q4_1 grid),
+           lut4 (= lut4-group16: a table per 16 output channels), lut4-tensor, lut4-group4, lut6
     CONFIG                      items separated by ';'
       SCHEME                    the default for every eligible weight
       embeddings=SCHEME         tables read by Gather (token embeddings)
@@ -42,7 +43,9 @@ PER_GROUPED_CHANNEL = "per_grouped_channel"
 #: Index widths `constexpr_lut_to_dense` has (iOS18: uint1/2/3/4/6/8; iOS16: 1/2/4/6/8).
 PALETTE_BITS = (1, 2, 3, 4, 6, 8)
 DEFAULT_BLOCK_SIZE = 32
-DEFAULT_GROUP_SIZE = 32
+#: `lutN` without a modifier: one table per this many output channels (measured on trained
+#: checkpoints, docs/compression.md); `lutN-tensor` is one table per weight.
+DEFAULT_GROUP_SIZE = 16
 DEFAULT_MIN_SIZE = 2048
 
 
@@ -56,8 +59,14 @@ class LinearScheme:
     symmetric: bool = True
     granularity: str = PER_CHANNEL
     block_size: int = DEFAULT_BLOCK_SIZE
+    #: Asymmetric only: the offset is a float (`w ~= scale * (q - offset)` with the block's own
+    #: [min, max] mapped onto the codes, zero need not be representable), as iOS18's
+    #: `constexpr_blockwise_shift_scale` allows: llama.cpp's Q4_1 / Q5_1 `d*q + m` grids.
+    float_offset: bool = False
 
     def __post_init__(self) -> None:
+        if self.float_offset and (self.symmetric or self.signed):
+            raise InvalidOptionError("a float offset is for unsigned asymmetric codes (e.g. uint4-float)")
         if self.bits not in (4, 8):
             raise InvalidOptionError(f"linear quantization takes 4 or 8 bits, got {self.bits}")
         if self.granularity not in (PER_TENSOR, PER_CHANNEL, PER_BLOCK):
@@ -95,7 +104,7 @@ class LinearScheme:
 
     @property
     def label(self) -> str:
-        parts = [self.dtype_name, "sym" if self.symmetric else "asym"]
+        parts = [self.dtype_name, "float" if self.float_offset else ("sym" if self.symmetric else "asym")]
         if self.granularity == PER_BLOCK:
             parts.append(f"block{self.block_size}")
         else:
@@ -104,6 +113,8 @@ class LinearScheme:
 
     def coremltools_config(self) -> dict[str, Any]:
         """Keyword arguments of the equivalent `OpLinearQuantizerConfig`."""
+        if self.float_offset:
+            raise InvalidOptionError(f"{self.label}: coremltools has no float-offset linear quantizer")
         cfg: dict[str, Any] = {"mode": self.mode, "dtype": self.dtype_name, "granularity": self.granularity}
         if self.granularity == PER_BLOCK:
             cfg["block_size"] = self.block_size
@@ -116,8 +127,11 @@ class PaletteScheme:
     its nearest entry. One table per tensor, or per group of `group_size` output channels."""
 
     bits: int = 4
-    granularity: str = PER_TENSOR
+    granularity: str = PER_GROUPED_CHANNEL
     group_size: int = DEFAULT_GROUP_SIZE
+    #: False for a bare ``lutN``: a target without grouped tables (iOS16/17) then gets one
+    #: table per tensor instead of an error.
+    explicit: bool = field(default=True, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.bits not in PALETTE_BITS:
@@ -129,7 +143,7 @@ class PaletteScheme:
 
     @property
     def label(self) -> str:
-        return f"lut{self.bits}" + (f"-group{self.group_size}" if self.granularity == PER_GROUPED_CHANNEL else "")
+        return f"lut{self.bits}" + (f"-group{self.group_size}" if self.granularity == PER_GROUPED_CHANNEL else "-tensor")
 
     def coremltools_config(self) -> dict[str, Any]:
         """Keyword arguments of the equivalent `OpPalettizerConfig`."""
@@ -184,6 +198,8 @@ def parse_scheme(text: str) -> Scheme | None:
                 chosen.set("symmetry", mod, True)
             elif mod in ("asym", "asymmetric", "linear"):
                 chosen.set("symmetry", mod, False)
+            elif mod in ("float", "minmax"):
+                chosen.set("symmetry", mod, "float")
             elif mod in ("tensor", "pertensor"):
                 chosen.set("granularity", mod, (PER_TENSOR, DEFAULT_BLOCK_SIZE))
             elif mod in ("channel", "perchannel"):
@@ -192,10 +208,14 @@ def parse_scheme(text: str) -> Scheme | None:
                 chosen.set("granularity", mod, (PER_BLOCK, int(m.group(1)) if m.group(1) else DEFAULT_BLOCK_SIZE))
             else:
                 raise InvalidOptionError(f"compression scheme {text!r}: unknown modifier {mod!r} for {base}"
-                                         " (sym, asym, tensor, channel, block, blockN)")
-        symmetric = chosen.get("symmetry", True)
+                                         " (sym, asym, float, tensor, channel, block, blockN)")
+        symmetry = chosen.get("symmetry", True)
+        float_offset = symmetry == "float"
+        if float_offset and signed:
+            raise InvalidOptionError(f"compression scheme {text!r}: a float offset takes unsigned codes (uint4-float, uint8-float)")
         granularity, block = chosen.get("granularity", (PER_BLOCK if bits == 4 else PER_CHANNEL, DEFAULT_BLOCK_SIZE))
-        return LinearScheme(bits=bits, signed=signed, symmetric=symmetric, granularity=granularity, block_size=block)
+        return LinearScheme(bits=bits, signed=signed, symmetric=symmetry is True, granularity=granularity, block_size=block,
+                            float_offset=float_offset)
     if m := re.fullmatch(r"lut(\d)", base):
         chosen = _Modifiers(text, base)
         for mod in mods:
@@ -206,8 +226,8 @@ def parse_scheme(text: str) -> Scheme | None:
             else:
                 raise InvalidOptionError(f"compression scheme {text!r}: unknown modifier {mod!r} for {base}"
                                          " (tensor, group, groupN)")
-        granularity, group = chosen.get("granularity", (PER_TENSOR, DEFAULT_GROUP_SIZE))
-        return PaletteScheme(bits=int(m.group(1)), granularity=granularity, group_size=group)
+        granularity, group = chosen.get("granularity", (PER_GROUPED_CHANNEL, DEFAULT_GROUP_SIZE))
+        return PaletteScheme(bits=int(m.group(1)), granularity=granularity, group_size=group, explicit=bool(mods))
     raise InvalidOptionError(
         f"unknown compression scheme {text!r}: expected int8, uint8, int4, uint4, lut1..lut8 (lut5/lut7 do not"
         " exist) or none, with '-'-joined modifiers"

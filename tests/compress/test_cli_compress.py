@@ -29,11 +29,11 @@ def test_convert_compress_with_check_then_inspect(tmp_path: Path, capsys: pytest
     assert main(["convert", str(graph), "--params", str(weights), "-o", str(out), "--compress", spec,
                  "--compress-check", str(inputs)]) == 0
     printed = capsys.readouterr().out
-    assert "compressed 9 weights (lut4;embeddings=int8-sym-channel;lm_head=int4-sym-block16;min_size=2048)" in printed
+    assert "compressed 9 weights (lut4-group16;embeddings=int8-sym-channel;lm_head=int4-sym-block16;min_size=2048)" in printed
     assert "output logits: max |error|" in printed
     assert main(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "compression: lut4;embeddings=int8-sym-channel" in text
+    assert "compression: lut4-group16;embeddings=int8-sym-channel" in text
     assert "embed_tokens.weight" in text and "int8-sym-channel" in text
     assert "vs the uncompressed conversion" in text
     assert main(["inspect", str(out), "--json"]) == 0

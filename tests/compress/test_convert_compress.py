@@ -19,7 +19,7 @@ PARAMS = tiny_lm_params(GRAPH, CONFIG)
 INPUTS = tiny_lm_inputs(CONFIG)
 MATRICES = sorted(n for n, a in PARAMS.items() if a.ndim == 2 and not n.startswith("rope"))
 
-IOS18_LINEAR = ["int8", "int4", "uint8-asym-block16", "int8-asym-tensor", "uint4-sym-channel"]
+IOS18_LINEAR = ["int8", "int4", "uint8-asym-block16", "int8-asym-tensor", "uint4-sym-channel", "uint4-float", "uint8-float-channel"]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -42,6 +42,8 @@ def test_ios18_linear_schemes(spec: str, precision: str) -> None:
         assert (w.layout == "dense") == (w.name == "embed_tokens.weight")
         tables = {"per_tensor": 1, "per_channel": n, "per_block": n * k // scheme.block_size}[scheme.granularity]
         offsets = (tables * scheme.bits + 7) // 8 if scheme.has_offset else 0
+        if scheme.float_offset:
+            offsets = tables * itemsize
         assert w.bytes_after == (n * k * scheme.bits + 7) // 8 + tables * itemsize + offsets
 
 
@@ -67,6 +69,10 @@ def test_palettized_schemes(spec: str, target: str, precision: str) -> None:
     assert isinstance(scheme, rlx_mil.compress.PaletteScheme)
     itemsize = 2 if precision == "fp16" else 4
     for w in report.weights:
+        # A bare lutN is grouped on iOS18 and held per tensor below.
+        assert w.scheme == (scheme.label if target == "iOS18" or scheme.explicit else f"lut{scheme.bits}-tensor")
+        scheme = rlx_mil.compress.parse_scheme(w.scheme)
+        assert isinstance(scheme, rlx_mil.compress.PaletteScheme)
         n = w.shape[1] if w.layout == "kn" else w.shape[0]
         groups = n // scheme.group_size if scheme.granularity == "per_grouped_channel" else 1
         count = int(np.prod(w.shape))
@@ -142,16 +148,34 @@ def test_mapping_form_and_schemes_objects() -> None:
         ("int4", "iOS17", r"4-bit linear quantization needs iOS18"),
         ("int8-block32", "iOS16", r"per-block scales need iOS18"),
         ("int8", "iOS15", r"iOS15 has none"),
-        ("int4-block48", "iOS18", r"block size 48 does not divide"),
         ("lut3", "iOS16", r"3-bit palettization has no constexpr_lut_to_dense form on iOS16"),
         ("lut4-group16", "iOS17", r"per-grouped-channel LUTs need iOS18"),
-        ("lut4-group48", "iOS18", r"group size 48 does not divide"),
     ],
 )
 def test_target_cannot_express_is_a_typed_error_naming_weight_and_target(spec: str, target: str, match: str) -> None:
     with pytest.raises(CompressionError, match=match) as info:
         rlx_mil.convert(GRAPH, PARAMS, target=target, compress=spec)
     assert "layers.0.self_attn.q_proj.weight" in str(info.value) and target in str(info.value)
+
+
+@pytest.mark.parametrize(("spec", "fitted", "note"), [
+    ("int4-block48", "int4-sym-block64", "block 48 does not divide the input dimension 64: block 64"),
+    ("lut4-group48", "lut4-group64", "group 48 does not divide the 64 output channels: group 64"),
+    ("lut4-group24", "lut4-group32", "group 24 does not divide the 64 output channels: group 32"),
+])
+def test_sizes_that_do_not_divide_a_weight_are_fitted_and_reported(spec: str, fitted: str, note: str) -> None:
+    _, report = convert_and_verify(GRAPH, PARAMS, INPUTS, spec, roundtrip=False)
+    q = next(w for w in report.weights if w.name == "layers.0.self_attn.q_proj.weight")
+    assert (q.scheme, q.note) == (fitted, note)
+    assert note in report.to_text()
+
+
+def test_bare_lut_is_grouped_on_ios18_and_per_tensor_below() -> None:
+    _, report = convert_and_verify(GRAPH, PARAMS, INPUTS, "lut4", target="iOS18", roundtrip=False)
+    assert {w.scheme for w in report.weights} == {"lut4-group16"}
+    _, report = convert_and_verify(GRAPH, PARAMS, INPUTS, "lut4", target="iOS17", roundtrip=False)
+    assert {w.scheme for w in report.weights} == {"lut4-tensor"}
+    assert {w.note for w in report.weights} == {"iOS17 has no grouped tables: one table"}
 
 
 def test_non_finite_weight_is_a_typed_error() -> None:

@@ -40,7 +40,7 @@ def test_convert_hf_compress_verify(tmp_path: Path, capsys: pytest.CaptureFixtur
     check = [line for line in printed.splitlines() if "check logits" in line]
     assert len(check) == 1 and check[0].rstrip().endswith(" ok"), printed
     assert main(["inspect", str(out)]) == 0
-    assert "compression: lut4;embeddings=int8-sym-channel;min_size=0" in capsys.readouterr().out
+    assert "compression: lut4-group16;embeddings=int8-sym-channel;min_size=0" in capsys.readouterr().out
 
 
 def test_stateful_package_compresses_shared_weights_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
