@@ -249,7 +249,7 @@ class _Builder(WeightGraph):
         else:
             x = g.add(x, out, name=f"{p}.attn_residual")
             hn = self.rms_norm(x, f"{p}.post_attention_layernorm", e)
-        out = self.mlp(hn, f"{p}.mlp")
+        out = self.mlp(hn, f"{p}.{s.mlp_names[0]}")
         if s.sandwich_norms:
             out = self.rms_norm(out, f"{p}.post_feedforward_layernorm", e)
         if s.residual_scale is not None:
@@ -261,14 +261,14 @@ class _Builder(WeightGraph):
         s, g = self.spec, self.g
         e, m = s.hidden_size, s.intermediate_size
         if s.fused_gate_up:
-            both = self.linear(x, f"{p}.gate_up_proj", 2 * m, e, s.mlp_bias)
+            both = self.linear(x, f"{p}.{s.mlp_names[1]}", 2 * m, e, s.mlp_bias)
             gate = g.narrow(both, 2, 0, m, name=f"{p}.gate")
             up = g.narrow(both, 2, m, m, name=f"{p}.up")
         else:
             gate = self.linear(x, f"{p}.gate_proj", m, e, s.mlp_bias)
             up = self.linear(x, f"{p}.up_proj", m, e, s.mlp_bias)
         act = g.gelu_approx(gate, name=f"{p}.act") if s.activation == "gelu_tanh" else g.silu(gate, name=f"{p}.act")
-        return self.linear(g.mul(act, up, name=f"{p}.gated"), f"{p}.down_proj", e, m, s.mlp_bias)
+        return self.linear(g.mul(act, up, name=f"{p}.gated"), f"{p}.{s.mlp_names[2]}", e, m, s.mlp_bias)
 
 
 def build_decoder(spec: DecoderSpec, options: DecoderOptions, name: str | None = None) -> tuple[Graph, dict[str, tuple[int, ...]], dict[str, np.ndarray]]:

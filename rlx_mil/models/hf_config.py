@@ -61,6 +61,8 @@ class DecoderSpec:
     #: Phi-3: one qkv_proj and one gate_up_proj weight.
     fused_qkv: bool = False
     fused_gate_up: bool = False
+    #: The feed-forward module and its fused gate-and-up (gate rows first) and down projections.
+    mlp_names: tuple[str, str, str] = ("mlp", "gate_up_proj", "down_proj")
     #: Per layer: its RoPE, or None for a layer without (SmolLM3's NoPE layers); () = `rope` everywhere.
     layer_ropes: tuple[RopeSpec | None, ...] = ()
     #: Granite: the attention and MLP outputs are multiplied by it before the residual add.

@@ -83,7 +83,8 @@ def gemma3_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) ->
 
 def _llama_block(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray, *, theta: float, use_rope: list[int],
                  embed_mult: float = 1.0, attn_scale: float | None = None, residual_mult: float = 1.0,
-                 logits_div: float = 1.0, tied_default: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+                 logits_div: float = 1.0, tied_default: bool = False,
+                 mlp: Any = None) -> tuple[np.ndarray, list[np.ndarray]]:
     heads, kv, d = _heads(cfg)
     eps = cfg.get("rms_norm_eps", 1e-6)
     params = rope_dicts({**cfg, "rope_theta": cfg.get("rope_theta", theta)})
@@ -105,7 +106,7 @@ def _llama_block(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray, *, t
         a = _attend(q, k, v, d**-0.5 if attn_scale is None else attn_scale)
         x = x + _linear(weights, _merge(a), f"{p}.self_attn.o_proj", bias) * residual_mult
         h = _rms_norm(x, _w(weights, f"{p}.post_attention_layernorm.weight"), eps)
-        x = x + _swiglu(weights, h, p, mlp_bias) * residual_mult
+        x = x + (_swiglu(weights, h, p, mlp_bias) if mlp is None else mlp(h, p)) * residual_mult
     x = _rms_norm(x, _w(weights, "model.norm.weight"), eps)
     tied = cfg.get("tie_word_embeddings", tied_default)
     return x @ _w(weights, "model.embed_tokens.weight" if tied else "lm_head.weight").T / logits_div, caches
@@ -130,4 +131,23 @@ def granite_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -
                         residual_mult=cfg.get("residual_multiplier", 1.0), logits_div=cfg.get("logits_scaling", 1.0))
 
 
-MORE_FORWARDS = {"gemma3_text": gemma3_forward, "smollm3": smollm3_forward, "granite": granite_forward}
+def granite4_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """GraniteMoeHybridForCausalLM with attention layers only and no experts (Granite 4 dense):
+    Granite's multipliers; the feed-forward is shared_mlp: input_linear, chunked in two (gate
+    first), silu(gate) * up, output_linear; RoPE only when position_embedding_type is "rope"."""
+    assert all(t in ("attention", "full_attention") for t in cfg["layer_types"]) and not cfg.get("num_local_experts")
+    layers = cfg["num_hidden_layers"]
+
+    def shared_mlp(h: np.ndarray, p: str) -> np.ndarray:
+        both = _linear(weights, h, f"{p}.shared_mlp.input_linear")
+        gate, up = np.split(both, 2, axis=-1)
+        return _linear(weights, gate / (1.0 + np.exp(-gate)) * up, f"{p}.shared_mlp.output_linear")
+
+    rope = [int(cfg.get("position_embedding_type") == "rope")] * layers
+    return _llama_block(weights, cfg, ids, theta=1e4, use_rope=rope, embed_mult=cfg.get("embedding_multiplier", 1.0),
+                        attn_scale=cfg.get("attention_multiplier", 1.0), residual_mult=cfg.get("residual_multiplier", 1.0),
+                        logits_div=cfg.get("logits_scaling", 1.0), mlp=shared_mlp)
+
+
+MORE_FORWARDS = {"gemma3_text": gemma3_forward, "smollm3": smollm3_forward, "granite": granite_forward,
+                 "granitemoehybrid": granite4_forward}

@@ -27,7 +27,7 @@ FP16_MODEL_TOLERANCE = Tolerance(atol=5e-2, rtol=5e-2)
 DECODERS = [n for n, c in TINY_CONFIGS.items()
             if family_of_model_type(c["model_type"]).kind == "decoder" and n not in ROUND2_FAMILIES]
 #: Converted (fp32 and fp16, BF16 sharded checkpoints, stateful) in test_round2_families.
-CONVERTED_ELSEWHERE = {"gemma3_text", "smollm3", "phi4_mini", "granite"}
+CONVERTED_ELSEWHERE = {"gemma3_text", "smollm3", "phi4_mini", "granite", "granitemoehybrid"}
 CONFIGS: dict[str, dict[str, Any]] = {name: copy.deepcopy(TINY_CONFIGS[name]) for name in DECODERS}
 # Llama 3.1-style scaling whose medium band is hit by the tiny head_dim (wavelengths 6.3 .. 6283).
 CONFIGS["llama"]["rope_scaling"]["original_max_position_embeddings"] = 128

@@ -1,4 +1,4 @@
-"""Gemma 3 text, SmolLM3, Phi-4-mini and Granite from tiny random checkpoints in the layout
+"""Gemma 3 text, SmolLM3, Phi-4-mini and Granite 3 / 4 (dense) from tiny random checkpoints in the layout
 transformers' save_pretrained writes (BF16, sharded): logits of the fp32 package through the
 MIL executor against the independent NumPy forward, stateful packages generating the stateless
 graph's greedy tokens, both config forms, and the published model shapes."""
@@ -25,7 +25,7 @@ from rlx_mil.models.hf_config import DecoderSpec
 from rlx_mil.models.pretrained import build
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 
-FAMILIES = ["gemma3_text", "smollm3", "phi4_mini", "granite"]
+FAMILIES = ["gemma3_text", "smollm3", "phi4_mini", "granite", "granitemoehybrid"]
 
 
 def forward(name: str) -> Any:
