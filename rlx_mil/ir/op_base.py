@@ -7,6 +7,7 @@ as the float32 value they denote (upstream stores `f32`).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -118,3 +119,13 @@ class LeafOp(Op):
 class TernaryOp(Op):
     def arity(self) -> int | None:
         return 3
+
+
+def collect_ops(namespace: Mapping[str, object]) -> tuple[type[Op], ...]:
+    """The op classes a family module defines (those naming their own `type_name`), in the
+    order they are defined: `OPS = collect_ops(globals())` after the last one."""
+    module = namespace["__name__"]
+    return tuple(
+        value for value in namespace.values()
+        if isinstance(value, type) and issubclass(value, Op) and value.__module__ == module and "type_name" in value.__dict__
+    )

@@ -7,6 +7,7 @@ registers them all.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -15,7 +16,7 @@ import numpy as np
 
 from rlx_mil.errors import UnsupportedOpError
 from rlx_mil.ir.graph import Graph, Node
-from rlx_mil.ir.ops import Op
+from rlx_mil.ir.ops import Op, family_of
 from rlx_mil.lowering.target import Target
 
 if TYPE_CHECKING:
@@ -45,17 +46,38 @@ PARAM_LAYOUT_HOOKS: list[Callable[[Graph, Node, np.ndarray], bool]] = []
 
 
 def lowering(
-    op_type: type[OpT], *, family: str, min_target: Target = Target.IOS15, notes: str = ""
+    *, min_target: Target = Target.IOS15, notes: str = ""
 ) -> Callable[[Callable[[OpT, LowerContext], Any]], Callable[[OpT, LowerContext], Any]]:
-    """Register the lowering rule of `op_type` (one per op type)."""
+    """Register a lowering rule. The op type is the annotation of the rule's first parameter
+    and the family the name of the module defining it (`rules/<family>.py`), as
+    stablehlo-coreml's `ops_register` does: `@lowering(notes=...)` above
+    `def lower_x(op: ops.X, ctx: LowerContext)` is all a rule declares."""
 
     def register(fn: Callable[[OpT, LowerContext], Any]) -> Callable[[OpT, LowerContext], Any]:
+        op_type = _annotated_op_type(fn)
+        family = fn.__module__.rsplit(".", 1)[-1]
+        if family_of(op_type) != family:
+            raise RuntimeError(
+                f"the rule {fn.__qualname__} for {op_type.type_name} lives in rules/{family}.py, but the op's family is"
+                f" {family_of(op_type)!r}"
+            )
         if op_type in _RULES:
             raise RuntimeError(f"duplicate lowering rule for {op_type.type_name}")
         _RULES[op_type] = RuleInfo(op_type, fn, family, min_target, notes)
         return fn
 
     return register
+
+
+def _annotated_op_type(fn: Callable[..., Any]) -> type[Op]:
+    params = inspect.signature(fn).parameters
+    first = next(iter(params.values()), None)
+    annotation = None if first is None else first.annotation
+    if isinstance(annotation, str):  # `from __future__ import annotations`
+        annotation = eval(annotation, fn.__globals__)  # the rule module's own names
+    if not (isinstance(annotation, type) and issubclass(annotation, Op)):
+        raise RuntimeError(f"the rule {fn.__qualname__} must annotate its first parameter with the IR op class it lowers")
+    return annotation
 
 
 def registered_rules() -> dict[type[Op], RuleInfo]:

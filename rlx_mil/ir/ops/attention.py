@@ -20,6 +20,7 @@ from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import (
     NEWEST_FIELD,
     Op,
+    collect_ops,
     f32,
     fix_f32,
 )
@@ -393,7 +394,7 @@ class MaskKindCodec(Codec):
         return value.type.value
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (Attention, AttentionBackward,)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

@@ -10,7 +10,7 @@ from rlx_mil.errors import DTypeError, ShapeError
 from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import BinaryArityOp, Op
+from rlx_mil.ir.op_base import BinaryArityOp, collect_ops
 from rlx_mil.ir.serde.codecs import unit_form
 from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Shape, Static
@@ -65,7 +65,7 @@ class AudioBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (LogMel,)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (newest upstream only).
 JSON_FORMS = (unit_form(LogMel, since=NEWEST),)

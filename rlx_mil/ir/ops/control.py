@@ -19,6 +19,7 @@ from rlx_mil.ir.node import GraphValue, Node
 from rlx_mil.ir.op_base import (
     NEWEST_FIELD,
     Op,
+    collect_ops,
 )
 from rlx_mil.ir.ops.elementwise import ActivationKind, BinaryOp, CmpOp
 from rlx_mil.ir.serde.codecs import (
@@ -367,12 +368,7 @@ class ChainStepCodec(Codec):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (
-    If,
-    While,
-    Scan,
-    ElementwiseRegion,
-)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

@@ -10,7 +10,7 @@ from typing import ClassVar
 from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir.builder import BuilderBase, lookup
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import Op, UnaryOp
+from rlx_mil.ir.op_base import Op, UnaryOp, collect_ops
 from rlx_mil.ir.ops.elementwise import ACTIVATION, ActivationKind, activation_kind_arg
 from rlx_mil.ir.ops.reduce import REDUCE_ALIASES, ReduceOp
 from rlx_mil.ir.serde.codecs import (
@@ -427,7 +427,7 @@ def per_axis(value: int | Sequence[int] | None, default: int, count: int) -> tup
     return tuple(value)
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (Conv, Pool, ConvTranspose2d, Conv3d, ConvTranspose3d, FusedConvBiasAct)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

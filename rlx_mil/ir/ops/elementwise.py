@@ -15,7 +15,7 @@ from rlx_mil.errors import (
 from rlx_mil.ir.builder import BuilderBase, lookup, squash
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import BinaryArityOp, Op, TernaryOp, UnaryOp, fix_f32
+from rlx_mil.ir.op_base import BinaryArityOp, Op, TernaryOp, UnaryOp, collect_ops, fix_f32
 from rlx_mil.ir.serde.codecs import (
     DTYPE,
     F32,
@@ -444,16 +444,7 @@ ACTIVATION = EnumCodec(ActivationKind, "Activation")
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (
-    Activation,
-    Cast,
-    Binary,
-    Compare,
-    Where,
-    StopGradient,
-    Fma,
-    Clamp,
-)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

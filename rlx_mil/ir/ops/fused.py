@@ -17,6 +17,7 @@ from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import (
     Op,
     UnaryOp,
+    collect_ops,
     fix_f32,
 )
 from rlx_mil.ir.ops.elementwise import ACTIVATION, ActivationKind, activation_kind_arg
@@ -302,11 +303,7 @@ class FusedBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (
-    FusedSwiGLU,
-    FusedAttentionBlock,
-    FusedTransformerLayer,
-)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

@@ -12,7 +12,7 @@ from rlx_mil.errors import AttributeValueError, DTypeError, ShapeError
 from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import LeafOp, Op
+from rlx_mil.ir.op_base import LeafOp, Op, collect_ops
 from rlx_mil.ir.serde.codecs import (
     STR,
     USIZE,
@@ -152,7 +152,7 @@ def _bf16_bytes(values: np.ndarray) -> bytes:
     return rounded.astype("<u2").tobytes()
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (Input, Param, Constant,)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

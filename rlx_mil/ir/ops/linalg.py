@@ -16,6 +16,7 @@ from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import (
     BinaryArityOp,
     Op,
+    collect_ops,
     fix_f32,
 )
 from rlx_mil.ir.ops.elementwise import ACTIVATION, ActivationKind, activation_kind_arg
@@ -187,12 +188,7 @@ class LinalgBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (
-    MatMul,
-    LoraMatMul,
-    FusedMatMulBiasAct,
-    DotGeneral,
-)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

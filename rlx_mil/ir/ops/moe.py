@@ -16,9 +16,9 @@ from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import (
-    Op,
     TernaryOp,
     UnaryOp,
+    collect_ops,
 )
 from rlx_mil.ir.ops.quant import GGUF_BLOCKS, QuantScheme, QuantSchemeCodec
 from rlx_mil.ir.serde.codecs import (
@@ -154,11 +154,7 @@ class MoeBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (
-    GroupedMatMul,
-    DequantGroupedMatMul,
-    DequantMoEWeights,
-)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

@@ -13,7 +13,7 @@ from typing import ClassVar
 from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir.builder import BuilderBase, lookup
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import Op, fix_f32
+from rlx_mil.ir.op_base import Op, collect_ops, fix_f32
 from rlx_mil.ir.serde.codecs import (
     BOOL,
     F32,
@@ -420,10 +420,7 @@ _ADA_NORM_ALIASES = {"layernorm": AdaNormKind.LAYER_NORM, "ln": AdaNormKind.LAYE
                      "rmsnorm": AdaNormKind.RMS_NORM, "rms": AdaNormKind.RMS_NORM}
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (
-    LayerNorm, RmsNorm, GroupNorm, FusedResidualLN, FusedResidualRmsNorm,
-    BatchNormInference, LayerNorm2d, AdaLayerNorm, GatedResidual,
-)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

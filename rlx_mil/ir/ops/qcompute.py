@@ -19,7 +19,7 @@ from rlx_mil.errors import AttributeValueError, DTypeError, ShapeError
 from rlx_mil.ir.builder import BuilderBase, lookup
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import infer_shape, shape_rule
-from rlx_mil.ir.op_base import Op, TernaryOp, f32
+from rlx_mil.ir.op_base import Op, TernaryOp, collect_ops, f32
 from rlx_mil.ir.ops.conv import Conv
 from rlx_mil.ir.serde.codecs import (
     F32,
@@ -304,7 +304,7 @@ class ScaleModeCodec(Codec):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (QMatMul, QConv2d, FakeQuantize)
+OPS = collect_ops(globals())
 
 _ZPS = (("x_zp", I32), ("w_zp", I32), ("out_zp", I32), ("mult", F32))
 

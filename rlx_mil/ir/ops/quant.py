@@ -19,7 +19,7 @@ from rlx_mil.errors import (
 from rlx_mil.ir.builder import BuilderBase, squash
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import Op, UnaryOp, attr_f32
+from rlx_mil.ir.op_base import Op, UnaryOp, attr_f32, collect_ops
 from rlx_mil.ir.serde.codecs import (
     F32,
     I32,
@@ -534,7 +534,7 @@ class QuantSchemeCodec(Codec):
         return tag
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (Quantize, Dequantize, DequantMatMul,)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

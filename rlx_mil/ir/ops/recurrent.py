@@ -18,6 +18,7 @@ from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import (
     NEWEST_FIELD,
     Op,
+    collect_ops,
 )
 from rlx_mil.ir.serde.codecs import (
     BOOL,
@@ -280,14 +281,7 @@ class RecurrentBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (
-    GatedDeltaNet,
-    SelectiveScan,
-    Mamba2,
-    Lstm,
-    Gru,
-    Rnn,
-)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

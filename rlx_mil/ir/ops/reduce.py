@@ -16,8 +16,8 @@ from rlx_mil.ir.builder import BuilderBase, lookup
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import (
-    Op,
     UnaryOp,
+    collect_ops,
 )
 from rlx_mil.ir.serde.codecs import (
     BOOL,
@@ -315,18 +315,7 @@ class ReduceBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (
-    Softmax,
-    Reduce,
-    Cumsum,
-    TopK,
-    CumProd,
-    CumMax,
-    ArgMax,
-    ArgMin,
-    Sort,
-    ArgSort,
-)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

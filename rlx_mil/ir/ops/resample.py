@@ -10,7 +10,7 @@ from typing import ClassVar
 from rlx_mil.errors import AttributeValueError, ShapeError
 from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import Op, UnaryOp
+from rlx_mil.ir.op_base import UnaryOp, collect_ops
 from rlx_mil.ir.serde.codecs import USIZE_VEC, struct_form, unit_form
 from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Shape, Static
@@ -81,7 +81,7 @@ class ResampleBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (ResizeNearest2x, Interpolate3d)
+OPS = collect_ops(globals())
 
 #: Their JSON forms: ResizeNearest2x as in 0.2.2; Interpolate3d newest only.
 JSON_FORMS = (

@@ -18,7 +18,7 @@ from rlx_mil.errors import AttributeValueError, DTypeError, ShapeError
 from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import Op, UnaryOp, fix_f32
+from rlx_mil.ir.op_base import Op, UnaryOp, collect_ops, fix_f32
 from rlx_mil.ir.serde.codecs import F32, U64_MAX, USIZE, OptionCodec, struct_form
 from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import DimLike, Shape, Static
@@ -174,7 +174,7 @@ class RngBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (RngNormal, RngUniform, Sample)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (`Sample` unchanged since 0.2.2).
 JSON_FORMS = (

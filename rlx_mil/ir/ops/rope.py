@@ -19,6 +19,7 @@ from rlx_mil.ir.op_base import (
     NEWEST_FIELD,
     Op,
     UnaryOp,
+    collect_ops,
     fix_f32,
 )
 from rlx_mil.ir.serde.codecs import (
@@ -185,7 +186,7 @@ class RopeBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (Rope, AxialRope2d)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

@@ -18,7 +18,7 @@ from rlx_mil.errors import AttributeValueError, DTypeError, ShapeError
 from rlx_mil.ir.builder import BuilderBase, lookup
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import BinaryArityOp, Op, TernaryOp
+from rlx_mil.ir.op_base import BinaryArityOp, TernaryOp, collect_ops
 from rlx_mil.ir.serde.codecs import I32, USIZE, EnumCodec, struct_form
 from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Dim, DimLike, Shape
@@ -297,7 +297,7 @@ class ScatterBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (ScatterAdd, ScatterNd, ScatterElements, GatherNd, GatherElements)
+OPS = collect_ops(globals())
 
 REDUCTION = EnumCodec(ScatterNdReduction, "ScatterNdReduction")
 

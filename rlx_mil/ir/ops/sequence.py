@@ -11,7 +11,7 @@ from typing import ClassVar
 from rlx_mil.errors import AttributeValueError, DTypeError, ShapeError
 from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import BinaryArityOp, Op, UnaryOp
+from rlx_mil.ir.op_base import BinaryArityOp, UnaryOp, collect_ops
 from rlx_mil.ir.serde.codecs import I64, USIZE, USIZE_VEC, VecCodec, struct_form
 from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Shape, Static
@@ -96,7 +96,7 @@ class SequenceBuilder(BuilderBase):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (KvAppend, Roll)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (newest upstream only).
 JSON_FORMS = (

@@ -19,6 +19,7 @@ from rlx_mil.ir.op_base import (
     BinaryArityOp,
     Op,
     UnaryOp,
+    collect_ops,
     f32,
 )
 from rlx_mil.ir.serde.codecs import (
@@ -509,19 +510,7 @@ class PadModeCodec(Codec):
 
 
 #: The ops of this family.
-OPS: tuple[type[Op], ...] = (
-    Reshape,
-    Transpose,
-    Narrow,
-    Concat,
-    Expand,
-    Gather,
-    Pad,
-    Slice,
-    Tile,
-    Trilu,
-    Reverse,
-)
+OPS = collect_ops(globals())
 
 #: Their JSON forms (spec section 2).
 JSON_FORMS = (

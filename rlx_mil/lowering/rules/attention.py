@@ -147,8 +147,6 @@ def _decomposed(op: ops.Attention, dims: Dims, q_folded: Any, k: Any, v: Any, ct
 
 
 @lowering(
-    ops.Attention,
-    family="attention",
     notes=(
         "iOS18 (auto/fused): one `scaled_dot_product_attention` (custom scale folded into q; GQA as"
         " grouped q `[B,H_kv,G*Sq,D]`, no K/V repeat; bool/fp16 masks built at run time, never"
@@ -168,8 +166,6 @@ def lower_attention(op: ops.Attention, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.AttentionBackward,
-    family="attention",
     notes=(
         "decomposed on every target: forward probabilities recomputed (same masks), then matmul/"
         "reduce_sum/mul for dQ, dK or dV; GQA gradients summed over the query heads of a kv head"

@@ -28,11 +28,12 @@ _INV_LN10 = 1.0 / math.log(10.0)
 
 
 @lowering(
-    ops.LogMel, family="audio",
-    notes="`slice_by_index` real/imaginary bins, `mul`/`add` power, `matmul` with the filters"
-    " (transposed at conversion when known, else transpose_y), `maximum` floor, `log` times 1/ln 10,"
-    " per-frame `reduce_max` - 8 `maximum`, `mul`/`add` (l + 4) / 4; fp16: each frame scaled by its"
-    " peak |value| first and the floor taken in the log domain (no overflow)",
+    notes=(
+        "`slice_by_index` real/imaginary bins, `mul`/`add` power, `matmul` with the filters"
+        " (transposed at conversion when known, else transpose_y), `maximum` floor, `log` times 1/ln 10,"
+        " per-frame `reduce_max` - 8 `maximum`, `mul`/`add` (l + 4) / 4; fp16: each frame scaled by its"
+        " peak |value| first and the floor taken in the log domain (no overflow)"
+    ),
 )
 def lower_log_mel(op: ops.LogMel, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb

@@ -61,7 +61,6 @@ def _scalar_flag(ctx: LowerContext, var: Any, dtype: DType, suffix: str) -> Any:
 
 
 @lowering(
-    ops.If, family="control",
     notes=(
         "A one-element pred: MIL `cond` with both branches lowered into its blocks (captures read from"
         " the enclosing block). An element-wise pred: both branches inline + `select`."
@@ -95,7 +94,6 @@ def _steps(ctx: LowerContext, count: int, what: str) -> Any:
 
 
 @lowering(
-    ops.While, family="control",
     notes=(
         "MIL `while_loop` over (step, carried...): condition `step < max_iterations and cond(c)`, body"
         " `(step + 1, body(c))`; the result is the first carried value. Program size is independent of"
@@ -137,7 +135,6 @@ def _zeros(ctx: LowerContext, sizes: tuple[int, ...], dtype: DType) -> Any:
 
 
 @lowering(
-    ops.Scan, family="control",
     notes=(
         "MIL `while_loop` over (t, carry[, trajectory]) for `length` steps: row t of each xs by `gather`,"
         " bcast operands read from the enclosing block, the body lowered into the loop block; with"
@@ -184,7 +181,6 @@ def lower_scan(op: ops.Scan, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.ElementwiseRegion, family="control",
     notes=(
         "Expanded back into its steps (Activation / Cast / Binary / Compare / Where, a ResizeNearest2x"
         " prologue on prologue_input), each lowered by its own rule and rounded to its declared type;"

@@ -66,11 +66,12 @@ def _pads(padding: list[int]) -> list[int]:
 
 
 @lowering(
-    ops.Conv, family="conv",
-    notes="`conv` (1-D/2-D/3-D; strides, pad_type custom with symmetric pads, dilations, groups; no"
-    " bias); a Param/Constant weight becomes a const; a run-time weight is passed as a tensor, its"
-    " dilation spelled as zero taps (reshape/pad/slice_by_size) since Core ML's conv takes"
-    " dilations only with const weights",
+    notes=(
+        "`conv` (1-D/2-D/3-D; strides, pad_type custom with symmetric pads, dilations, groups; no"
+        " bias); a Param/Constant weight becomes a const; a run-time weight is passed as a tensor, its"
+        " dilation spelled as zero taps (reshape/pad/slice_by_size) since Core ML's conv takes"
+        " dilations only with const weights"
+    ),
 )
 def lower_conv(op: ops.Conv, ctx: LowerContext) -> Any:
     return emit_conv(ctx, op.kernel_size, op.stride, op.padding, op.dilation, op.groups, name=ctx.name())
@@ -138,10 +139,11 @@ def _dilate_weight(ctx: LowerContext, weight: Any, kernel: list[int], dilation: 
 
 
 @lowering(
-    ops.Pool, family="conv",
-    notes="Max: `max_pool`; Mean: `avg_pool` with exclude_padding_from_average=False (divides by the"
-    " full kernel area); Sum: `avg_pool` times the kernel area; Min: -max_pool(-x); Prod: one strided"
-    " `slice_by_index` per kernel offset multiplied together (padding with 1 via `pad` first)",
+    notes=(
+        "Max: `max_pool`; Mean: `avg_pool` with exclude_padding_from_average=False (divides by the"
+        " full kernel area); Sum: `avg_pool` times the kernel area; Min: -max_pool(-x); Prod: one strided"
+        " `slice_by_index` per kernel offset multiplied together (padding with 1 via `pad` first)"
+    ),
 )
 def lower_pool(op: ops.Pool, ctx: LowerContext) -> Any:
     mb = _mb()
@@ -198,9 +200,10 @@ def _prod_pool(ctx: LowerContext, x: Any, kernel: list[int], stride: list[int], 
 
 
 @lowering(
-    ops.Conv3d, family="conv",
-    notes="`conv` with 3 spatial dims (as Conv: custom symmetric pads, dilations, groups); a run-time"
-    " weight with dilation takes Conv's zero-tap path",
+    notes=(
+        "`conv` with 3 spatial dims (as Conv: custom symmetric pads, dilations, groups); a run-time"
+        " weight with dilation takes Conv's zero-tap path"
+    ),
 )
 def lower_conv3d(op: ops.Conv3d, ctx: LowerContext) -> Any:
     if len(ctx.input_shape(0).sizes()) != 5:
@@ -209,9 +212,10 @@ def lower_conv3d(op: ops.Conv3d, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.FusedConvBiasAct, family="conv",
-    notes="`conv` with the bias inside it when the bias is a Param/Constant (else `add` of the"
-    " [C, 1, ...] bias), `add` residual, then the activation exactly as the Activation op lowers it",
+    notes=(
+        "`conv` with the bias inside it when the bias is a Param/Constant (else `add` of the"
+        " [C, 1, ...] bias), `add` residual, then the activation exactly as the Activation op lowers it"
+    ),
 )
 def lower_fused_conv_bias_act(op: ops.FusedConvBiasAct, ctx: LowerContext) -> Any:
     from rlx_mil.lowering.rules.elementwise import float_activation
@@ -288,10 +292,11 @@ def _lower_conv_transpose(
 
 
 @lowering(
-    ops.ConvTranspose2d, family="conv",
-    notes="`conv_transpose` (PyTorch weight layout, custom pads: padding before, padding - output_padding"
-    " after; `pad` with zeros where output_padding > padding); a run-time weight needs iOS17 (const"
-    " weights only before) and spells dilation as zero taps",
+    notes=(
+        "`conv_transpose` (PyTorch weight layout, custom pads: padding before, padding - output_padding"
+        " after; `pad` with zeros where output_padding > padding); a run-time weight needs iOS17 (const"
+        " weights only before) and spells dilation as zero taps"
+    ),
 )
 def lower_conv_transpose2d(op: ops.ConvTranspose2d, ctx: LowerContext) -> Any:
     return _lower_conv_transpose(
@@ -300,9 +305,10 @@ def lower_conv_transpose2d(op: ops.ConvTranspose2d, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.ConvTranspose3d, family="conv",
-    notes="as ConvTranspose2d with 3 spatial dims (`conv_transpose`, custom pads, `pad` for"
-    " output_padding > padding); a run-time weight needs iOS17",
+    notes=(
+        "as ConvTranspose2d with 3 spatial dims (`conv_transpose`, custom pads, `pad` for"
+        " output_padding > padding); a run-time weight needs iOS17"
+    ),
 )
 def lower_conv_transpose3d(op: ops.ConvTranspose3d, ctx: LowerContext) -> Any:
     return _lower_conv_transpose(ctx, 3, (), op.stride, op.padding, op.dilation, op.output_padding, op.groups)

@@ -148,7 +148,6 @@ def activation_var(ctx: LowerContext, kind: ActivationKind, x: Any, src: DType, 
 
 
 @lowering(
-    ops.Activation, family="elementwise",
     notes=(
         "gelu(EXACT) / gelu(TANH_APPROXIMATION), silu, sigmoid, tanh, exp, sqrt, abs, sin, cos, tan,"
         " atan; log with epsilon=0 (exact log(0)=-inf); Rsqrt = real_div(1, sqrt) (IEEE at 0 and -0);"
@@ -168,7 +167,6 @@ def lower_activation(op: ops.Activation, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Cast, family="elementwise",
     notes=(
         "float->int: floor/ceil/select truncation, NaN->0, clip + select saturation, cast int32;"
         " ->Bool: not_equal 0; int->narrower int: wraps modulo 2^bits like NumPy (mod/select;"
@@ -369,7 +367,6 @@ def _int_shift(ctx: LowerContext, kind: BinaryOp, a: Any, b: Any) -> Any:
 
 
 @lowering(
-    ops.Binary, family="elementwise",
     notes=(
         "add, sub, mul, real_div, pow with NumPy broadcasting. Max/Min: maximum/minimum plus"
         " not_equal(x,x)+select per operand that may hold NaN, giving fmax/fmin (NaN-ignoring)."
@@ -452,7 +449,6 @@ def common_operands(ctx: LowerContext, indices: tuple[int, ...], suffix: str) ->
 
 
 @lowering(
-    ops.Compare, family="elementwise",
     notes=(
         "equal / not_equal / less / less_equal / greater / greater_equal (bool result) with"
         " NumPy broadcasting; mixed operands compare in float, int/bool operands in int32."
@@ -472,7 +468,6 @@ def lower_compare(op: ops.Compare, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Where, family="elementwise",
     notes=(
         "select with 3-way NumPy broadcasting; a non-bool cond becomes not_equal(cond, 0);"
         " branches are converted to the declared dtype first."
@@ -497,7 +492,7 @@ def lower_where(op: ops.Where, ctx: LowerContext) -> Any:
 # ------------------------------------------------------------------ StopGradient / Fma / Clamp
 
 
-@lowering(ops.StopGradient, family="elementwise", notes="No op: the input, in the declared dtype (autodiff only).")
+@lowering(notes="No op: the input, in the declared dtype (autodiff only).")
 def lower_stop_gradient(op: ops.StopGradient, ctx: LowerContext) -> Any:
     sizes = ctx.input_shape(0).sizes()
     if sizes != ctx.out_shape.sizes():
@@ -506,7 +501,6 @@ def lower_stop_gradient(op: ops.StopGradient, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Fma, family="elementwise",
     notes=(
         "`mul` then `add` with NumPy broadcasting: two roundings where upstream rounds once (spec"
         " part 2, 3.2; a few ulp). Integer operands with an integer result stay int32 and wrap."
@@ -528,7 +522,6 @@ def lower_fma(op: ops.Fma, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Clamp, family="elementwise",
     notes=(
         "`maximum` then `minimum` with the bounds; a NaN input (which `maximum` leaves to the"
         " compute unit) becomes fmin(min, max) by `select`, as NaN-ignoring fmax/fmin give."

@@ -109,9 +109,10 @@ def _check_mask(ctx: LowerContext, index: int, hidden: tuple[int, ...]) -> None:
 
 
 @lowering(
-    ops.FusedSwiGLU, family="fused",
-    notes="decomposed in IR: 2x Narrow (gate_first picks the halves) -> Activation(Silu) -> Mul"
-    " (-> Cast when cast_to is set), each through its own rule",
+    notes=(
+        "decomposed in IR: 2x Narrow (gate_first picks the halves) -> Activation(Silu) -> Mul"
+        " (-> Cast when cast_to is set), each through its own rule"
+    ),
 )
 def lower_fused_swiglu(op: ops.FusedSwiGLU, ctx: LowerContext) -> Any:
     require_float(ctx, 0, "x")
@@ -212,9 +213,10 @@ def _check_rope_tables(ctx: LowerContext, hidden: tuple[int, ...], head_dim: int
 
 
 @lowering(
-    ops.FusedAttentionBlock, family="fused",
-    notes="decomposed in IR: MatMul (+Add) -> 3x Narrow (Q, K, V) -> Rope on Q and K if has_rope"
-    " -> Attention(Custom key mask) -> MatMul (+Add), each through its own rule",
+    notes=(
+        "decomposed in IR: MatMul (+Add) -> 3x Narrow (Q, K, V) -> Rope on Q and K if has_rope"
+        " -> Attention(Custom key mask) -> MatMul (+Add), each through its own rule"
+    ),
 )
 def lower_fused_attention_block(op: ops.FusedAttentionBlock, ctx: LowerContext) -> Any:
     if ctx.num_inputs != op.arity():
@@ -259,10 +261,11 @@ _LAYER_ROLES: dict[int, tuple[str, ...]] = {
 
 
 @lowering(
-    ops.FusedTransformerLayer, family="fused",
-    notes="post-norm encoder layer decomposed in IR: the FusedAttentionBlock pieces (no rope) ->"
-    " Add + LayerNorm -> MatMul (+Add) -> Activation -> MatMul (+Add) -> Add + LayerNorm;"
-    " 14 inputs with bias, 10 (with LN betas) or 8 (zero betas) without",
+    notes=(
+        "post-norm encoder layer decomposed in IR: the FusedAttentionBlock pieces (no rope) ->"
+        " Add + LayerNorm -> MatMul (+Add) -> Activation -> MatMul (+Add) -> Add + LayerNorm;"
+        " 14 inputs with bias, 10 (with LN betas) or 8 (zero betas) without"
+    ),
 )
 def lower_fused_transformer_layer(op: ops.FusedTransformerLayer, ctx: LowerContext) -> Any:
     roles = _LAYER_ROLES.get(ctx.num_inputs)

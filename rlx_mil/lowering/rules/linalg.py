@@ -147,7 +147,6 @@ def _operand(ctx: LowerContext, i: int) -> tuple[Any, DType, np.ndarray | None]:
 
 
 @lowering(
-    ops.MatMul, family="linalg",
     notes=(
         "`linear` when b is a Param/Constant whose batch dims are all 1 (x folded to rank 3 and"
         " back when rank > 3); otherwise `matmul` with NumPy batch broadcasting (any ranks >= 2)."
@@ -179,7 +178,6 @@ def _rank2(ctx: LowerContext, i: int, name: str) -> tuple[int, int]:
 
 
 @lowering(
-    ops.LoraMatMul, family="linalg",
     notes=(
         "w, a, b all Params/Constants: one `linear` with the merged weight w + scale*(a@b)"
         " (computed in float64 at conversion). Otherwise x@w + scale*((x@a)@b) with `linear` for"
@@ -232,7 +230,6 @@ def lower_lora_matmul(op: ops.LoraMatMul, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.FusedMatMulBiasAct, family="linalg",
     notes=(
         "`linear` with the bias folded in when w and bias are Params/Constants (else linear/matmul"
         " + add), then the activation exactly as the Activation op lowers it (gelu EXACT/TANH,"
@@ -297,7 +294,6 @@ def _dot_general_operand(
 
 
 @lowering(
-    ops.DotGeneral, family="linalg",
     notes=(
         "lhs transposed to [batch, free, contracting] and rhs to [batch, contracting, free], each folded"
         " to rank 3 (rank 2 without batch axes), one `matmul` (`linear` when rhs is a Param/Constant"

@@ -61,7 +61,6 @@ def grouped_matmul_var(ctx: LowerContext, x: Any, weight: Any, experts: int, m: 
 
 
 @lowering(
-    ops.GroupedMatMul, family="moe",
     notes=(
         "M <= E rows: `gather` of each row's expert weight + batched `matmul` ([M,1,K] @ [M,K,N]);"
         " more rows: one broadcast `matmul` against every expert ([E,M,N]) + `select` of each row's"
@@ -130,7 +129,6 @@ def _expert_weights(ctx: LowerContext, scheme: ops.QuantScheme, index: int, k: i
 
 
 @lowering(
-    ops.DequantMoEWeights, family="moe",
     notes=(
         "GGUF bytes (Param/Constant), each [N,K] slab as [K,N] (the CPU's layout; upstream's Core ML"
         " lowering skips the transpose): Q8_0/Q4_0 on iOS18 one `constexpr_blockwise_shift_scale` (codes +"
@@ -146,7 +144,6 @@ def lower_dequant_moe_weights(op: ops.DequantMoEWeights, ctx: LowerContext) -> A
 
 
 @lowering(
-    ops.DequantGroupedMatMul, family="moe",
     notes=(
         "GGUF expert bytes (Param/Constant) as [E,K,N] experts exactly as DequantMoEWeights (compressed"
         " Q8_0/Q4_0 on iOS18), then as GroupedMatMul."

@@ -245,10 +245,11 @@ def _check_row_norm(ctx: LowerContext, axis: int | None, eps: float, *, flattene
 
 
 @lowering(
-    ops.LayerNorm, family="norm",
-    notes="fp32: `layer_norm` over the last axis (const gamma/beta folded in, else `mul`/`add`);"
-    " fp16: overflow-safe decomposition scaled by the row's max|x| (`reduce_max`, `real_div`,"
-    " `reduce_mean`, `rsqrt`); axis must be the last",
+    notes=(
+        "fp32: `layer_norm` over the last axis (const gamma/beta folded in, else `mul`/`add`);"
+        " fp16: overflow-safe decomposition scaled by the row's max|x| (`reduce_max`, `real_div`,"
+        " `reduce_mean`, `rsqrt`); axis must be the last"
+    ),
 )
 def lower_layer_norm(op: ops.LayerNorm, ctx: LowerContext) -> Any:
     length = _check_row_norm(ctx, op.axis, op.eps, flattened_ok=False)
@@ -256,12 +257,13 @@ def lower_layer_norm(op: ops.LayerNorm, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.RmsNorm, family="norm",
-    notes="no MIL rms_norm: fp32 `square`/`reduce_mean`/`rsqrt(epsilon)`/`mul`; fp16 7 ops: the row"
-    " padded with sqrt(H*eps), scaled by its max|x| (`pad`, `abs`, `reduce_max`, `real_div`),"
-    " `reduce_sum_square`, `rsqrt`, `slice_by_size`, `mul` (no overflow, all-zero rows give beta);"
-    " gamma (times sqrt(H) under fp16) multiplies unless all ones, beta is added unless all zeros;"
-    " a leading-flattened declared shape gets a `reshape`",
+    notes=(
+        "no MIL rms_norm: fp32 `square`/`reduce_mean`/`rsqrt(epsilon)`/`mul`; fp16 7 ops: the row"
+        " padded with sqrt(H*eps), scaled by its max|x| (`pad`, `abs`, `reduce_max`, `real_div`),"
+        " `reduce_sum_square`, `rsqrt`, `slice_by_size`, `mul` (no overflow, all-zero rows give beta);"
+        " gamma (times sqrt(H) under fp16) multiplies unless all ones, beta is added unless all zeros;"
+        " a leading-flattened declared shape gets a `reshape`"
+    ),
 )
 def lower_rms_norm(op: ops.RmsNorm, ctx: LowerContext) -> Any:
     length = _check_row_norm(ctx, op.axis, op.eps, flattened_ok=True)
@@ -269,10 +271,11 @@ def lower_rms_norm(op: ops.RmsNorm, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.GroupNorm, family="norm",
-    notes="`reshape` [N, G, rest] -> last-axis norm (fp32 `layer_norm`, fp16 scaled decomposition)"
-    " -> `reshape` [N, C, spatial] -> per-channel `mul`/`add` -> `reshape` to x's shape;"
-    " x is [N, C, *spatial] with C % G == 0",
+    notes=(
+        "`reshape` [N, G, rest] -> last-axis norm (fp32 `layer_norm`, fp16 scaled decomposition)"
+        " -> `reshape` [N, C, spatial] -> per-channel `mul`/`add` -> `reshape` to x's shape;"
+        " x is [N, C, *spatial] with C % G == 0"
+    ),
 )
 def lower_group_norm(op: ops.GroupNorm, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
@@ -334,9 +337,10 @@ def _residual_sum(ctx: LowerContext, has_bias: bool) -> Any:
 
 
 @lowering(
-    ops.FusedResidualLN, family="norm",
-    notes="`add` x + residual (+ `add` bias), then LayerNorm as for LayerNorm (fp16: scaled"
-    " decomposition); 4 inputs, or 5 with has_bias",
+    notes=(
+        "`add` x + residual (+ `add` bias), then LayerNorm as for LayerNorm (fp16: scaled"
+        " decomposition); 4 inputs, or 5 with has_bias"
+    ),
 )
 def lower_fused_residual_ln(op: ops.FusedResidualLN, ctx: LowerContext) -> Any:
     length = _check_row_norm(ctx, None, op.eps, flattened_ok=False)
@@ -345,9 +349,10 @@ def lower_fused_residual_ln(op: ops.FusedResidualLN, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.FusedResidualRmsNorm, family="norm",
-    notes="`add` x + residual (+ `add` bias), then RmsNorm as for RmsNorm (beta added, fp16-safe);"
-    " 4 inputs, or 5 with has_bias",
+    notes=(
+        "`add` x + residual (+ `add` bias), then RmsNorm as for RmsNorm (beta added, fp16-safe);"
+        " 4 inputs, or 5 with has_bias"
+    ),
 )
 def lower_fused_residual_rms_norm(op: ops.FusedResidualRmsNorm, ctx: LowerContext) -> Any:
     length = _check_row_norm(ctx, None, op.eps, flattened_ok=True)
@@ -374,11 +379,12 @@ def _float_operand(ctx: LowerContext, index: int, operand: str, shape: list[int]
 
 
 @lowering(
-    ops.BatchNormInference, family="norm",
-    notes="channel = last axis (upstream's rule, not axis 1, so MIL `batch_norm` does not apply):"
-    " with Param/Constant statistics the scale gamma/sqrt(var+eps) is folded at conversion (in fp32)"
-    " and the rule emits `sub` mean, `mul` scale, `add` beta; run-time statistics add `rsqrt(epsilon)`"
-    " and a `mul` by gamma. Subtracting the mean first keeps fp16 free of cancellation",
+    notes=(
+        "channel = last axis (upstream's rule, not axis 1, so MIL `batch_norm` does not apply):"
+        " with Param/Constant statistics the scale gamma/sqrt(var+eps) is folded at conversion (in fp32)"
+        " and the rule emits `sub` mean, `mul` scale, `add` beta; run-time statistics add `rsqrt(epsilon)`"
+        " and a `mul` by gamma. Subtracting the mean first keeps fp16 free of cancellation"
+    ),
 )
 def lower_batch_norm_inference(op: ops.BatchNormInference, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
@@ -410,10 +416,11 @@ def lower_batch_norm_inference(op: ops.BatchNormInference, ctx: LowerContext) ->
 
 
 @lowering(
-    ops.LayerNorm2d, family="norm",
-    notes="fp32: `layer_norm` with axes=[1] (two-pass population variance, as the reference); fp16:"
-    " the overflow-safe scaled decomposition along axis 1; gamma/beta as [1, C, 1, 1] `mul`/`add`"
-    " (left out when ones/zeros); x is [N, C, H, W]",
+    notes=(
+        "fp32: `layer_norm` with axes=[1] (two-pass population variance, as the reference); fp16:"
+        " the overflow-safe scaled decomposition along axis 1; gamma/beta as [1, C, 1, 1] `mul`/`add`"
+        " (left out when ones/zeros); x is [N, C, H, W]"
+    ),
 )
 def lower_layer_norm_2d(op: ops.LayerNorm2d, ctx: LowerContext) -> Any:
     require_float(ctx, 0, "x")
@@ -440,10 +447,11 @@ def _check_broadcasts_to(ctx: LowerContext, index: int, target: tuple[int, ...],
 
 
 @lowering(
-    ops.AdaLayerNorm, family="norm",
-    notes="the norm without affine as LayerNorm/RmsNorm lower it (fp32 `layer_norm` or"
-    " `square`/`reduce_mean`/`rsqrt`; fp16 the scaled decomposition), then `mul` by 1 + scale (`add`,"
-    " folded when scale is known) and `add` shift; scale/shift broadcast NumPy-style",
+    notes=(
+        "the norm without affine as LayerNorm/RmsNorm lower it (fp32 `layer_norm` or"
+        " `square`/`reduce_mean`/`rsqrt`; fp16 the scaled decomposition), then `mul` by 1 + scale (`add`,"
+        " folded when scale is known) and `add` shift; scale/shift broadcast NumPy-style"
+    ),
 )
 def lower_ada_layer_norm(op: ops.AdaLayerNorm, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
@@ -467,7 +475,6 @@ def lower_ada_layer_norm(op: ops.AdaLayerNorm, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.GatedResidual, family="norm",
     notes="`mul` gate * y, `add` x; gate broadcasts NumPy-style",
 )
 def lower_gated_residual(op: ops.GatedResidual, ctx: LowerContext) -> Any:

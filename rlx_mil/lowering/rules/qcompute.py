@@ -105,7 +105,6 @@ def _shifted(ctx: LowerContext, i: int, zero_point: int, suffix: str) -> Any:
 
 
 @lowering(
-    ops.QMatMul, family="qcompute",
     notes=(
         "int32 `matmul` of the zero-point-shifted codes plus the bias (exact, wraps like i32),"
         " then requantization in the program float with ties away from zero; under fp16 the"
@@ -138,7 +137,6 @@ def _patch_indices(c: int, h: int, w: int, op: ops.QConv2d) -> tuple[np.ndarray,
 
 
 @lowering(
-    ops.QConv2d, family="qcompute",
     notes=(
         "im2col: `gather` of the x_zp-shifted input (padded cells read an appended 0, i.e."
         " they hold x_zp), int32 batched `matmul` per group, bias add, then requantization as"
@@ -171,7 +169,6 @@ def lower_qconv2d(op: ops.QConv2d, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.FakeQuantize, family="qcompute",
     notes=(
         "`reduce_max` of |x| per channel (PerBatch/EMA) or the state input (Fixed/EMA) gives"
         " the scale; `x / s` rounded half away from zero (floor/ceil/select), `clip` to"

@@ -69,10 +69,11 @@ def _channel_params(
 
 
 @lowering(
-    ops.Quantize, family="quant",
-    notes="mul by f32 1/scale, ties-away rounding as sign*floor(|v|+0.5), add zero point, clip"
-    " [-128, 127], NaN -> 0 (select), cast to int32 (IR I8 values are held as int32); per-channel"
-    " scales broadcast along `axis`. fp16 programs round in fp16 (codes may differ by 1)",
+    notes=(
+        "mul by f32 1/scale, ties-away rounding as sign*floor(|v|+0.5), add zero point, clip"
+        " [-128, 127], NaN -> 0 (select), cast to int32 (IR I8 values are held as int32); per-channel"
+        " scales broadcast along `axis`. fp16 programs round in fp16 (codes may differ by 1)"
+    ),
 )
 def lower_quantize(op: ops.Quantize, ctx: LowerContext) -> Any:
     mb = mil_builder()
@@ -104,11 +105,12 @@ def _stored_codes(ctx: LowerContext, value: np.ndarray, sizes: tuple[int, ...]) 
 
 
 @lowering(
-    ops.Dequantize, family="quant",
-    notes="const input: `constexpr_affine_dequantize` on iOS16+ (int8 or uint8 codes, per-tensor or"
-    " per-channel; zero points the code type cannot hold get a unit-scale constexpr plus runtime"
-    " sub/mul), decoded fp const on iOS15 or for codes wider than 8 bits; runtime input: cast, sub"
-    " zero point, mul scale",
+    notes=(
+        "const input: `constexpr_affine_dequantize` on iOS16+ (int8 or uint8 codes, per-tensor or"
+        " per-channel; zero points the code type cannot hold get a unit-scale constexpr plus runtime"
+        " sub/mul), decoded fp const on iOS15 or for codes wider than 8 bits; runtime input: cast, sub"
+        " zero point, mul scale"
+    ),
 )
 def lower_dequantize(op: ops.Dequantize, ctx: LowerContext) -> Any:
     mb = mil_builder()
@@ -159,20 +161,21 @@ UNFIXED_LAYOUTS: dict[QuantKind, str] = {
 
 
 @lowering(
-    ops.DequantMatMul, family="quant",
-    notes="const Int8Block/Int8BlockAsym/Int4Block weights: iOS18 `constexpr_blockwise_shift_scale`"
-    " (int8/uint4 [N, K] data, per-block scale, float offset for Asym) -> `linear`, K padded to whole"
-    " blocks with x zero-padded; iOS16/17 `constexpr_affine_dequantize` per output channel -> `linear`"
-    " when one block spans K, else int8 codes via unit-scale `constexpr_affine_dequantize` / 4-bit codes"
-    " via `constexpr_lut_to_dense`, then runtime (w - zp) * scale on [G, bs, N] -> `matmul`; iOS15"
-    " decoded fp `linear` weight (uncompressed). Fp8E4m3/Fp8E5m2/Nvfp4Block: `constexpr_lut_to_dense`"
-    " (256- or 16-entry LUT) on iOS16+, scales applied at runtime; decoded fp weight on iOS15. GGUF"
-    " Q8_0/Q4_0: iOS18 `constexpr_blockwise_shift_scale`, else decoded; other GGUF types decoded to an"
-    " fp `linear` weight (Q2_K..Q8_K, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, TQ2_0). Runtime weights:"
-    " cast/gather/nibble unpack + scale expansion -> `matmul`; runtime GGUF bytes are rejected. Refused by"
-    " name: the GGUF lattice i-quants (IQ1/IQ2/IQ3), TQ1_0, GGUF NVFP4 and the fork formats (Q1_0, Q2_0,"
-    " FV5, FV5B, G8_0), and MlxAffine/MlxMxfp4/MlxMxfp8/MxFp4x2Block, whose byte layouts the spec does not"
-    " fix (decoding them by guess could be silently wrong)",
+    notes=(
+        "const Int8Block/Int8BlockAsym/Int4Block weights: iOS18 `constexpr_blockwise_shift_scale`"
+        " (int8/uint4 [N, K] data, per-block scale, float offset for Asym) -> `linear`, K padded to whole"
+        " blocks with x zero-padded; iOS16/17 `constexpr_affine_dequantize` per output channel -> `linear`"
+        " when one block spans K, else int8 codes via unit-scale `constexpr_affine_dequantize` / 4-bit codes"
+        " via `constexpr_lut_to_dense`, then runtime (w - zp) * scale on [G, bs, N] -> `matmul`; iOS15"
+        " decoded fp `linear` weight (uncompressed). Fp8E4m3/Fp8E5m2/Nvfp4Block: `constexpr_lut_to_dense`"
+        " (256- or 16-entry LUT) on iOS16+, scales applied at runtime; decoded fp weight on iOS15. GGUF"
+        " Q8_0/Q4_0: iOS18 `constexpr_blockwise_shift_scale`, else decoded; other GGUF types decoded to an"
+        " fp `linear` weight (Q2_K..Q8_K, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, TQ2_0). Runtime weights:"
+        " cast/gather/nibble unpack + scale expansion -> `matmul`; runtime GGUF bytes are rejected. Refused by"
+        " name: the GGUF lattice i-quants (IQ1/IQ2/IQ3), TQ1_0, GGUF NVFP4 and the fork formats (Q1_0, Q2_0,"
+        " FV5, FV5B, G8_0), and MlxAffine/MlxMxfp4/MlxMxfp8/MxFp4x2Block, whose byte layouts the spec does not"
+        " fix (decoding them by guess could be silently wrong)"
+    ),
 )
 def lower_dequant_matmul(op: ops.DequantMatMul, ctx: LowerContext) -> Any:
     kind = op.scheme.kind

@@ -44,11 +44,12 @@ def batch_major(ctx: LowerContext, x: Any, shape: list[int]) -> Any:
 
 
 @lowering(
-    ops.GatedDeltaNet, family="recurrent",
-    notes="state `[B, H, n, n]` in the program's precision; per step `mul` by exp(g) (per head, or per key row"
-    " with gate_per_channel), `matmul` k^T S, `sub`/`mul` beta, rank-1 `matmul` (transpose_x) update, `matmul`"
-    f" q^T S with q pre-scaled by 1/sqrt(n); {_FORM}; carry_state: the final state is the extra output"
-    " `<state input>_out`, or an iOS18 state with `kv_cache=`",
+    notes=(
+        "state `[B, H, n, n]` in the program's precision; per step `mul` by exp(g) (per head, or per key row"
+        " with gate_per_channel), `matmul` k^T S, `sub`/`mul` beta, rank-1 `matmul` (transpose_x) update, `matmul`"
+        f" q^T S with q pre-scaled by 1/sqrt(n); {_FORM}; carry_state: the final state is the extra output"
+        " `<state input>_out`, or an iOS18 state with `kv_cache=`"
+    ),
 )
 def lower_gated_delta_net(op: ops.GatedDeltaNet, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
@@ -88,9 +89,10 @@ def lower_gated_delta_net(op: ops.GatedDeltaNet, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.SelectiveScan, family="recurrent",
-    notes="state `[B, H, N]` from zeros; delta*x precomputed over S; per step `exp`(delta*A), `mul`/`add` update,"
-    f" `mul` by C and `reduce_sum` over N; {_FORM}",
+    notes=(
+        "state `[B, H, N]` from zeros; delta*x precomputed over S; per step `exp`(delta*A), `mul`/`add` update,"
+        f" `mul` by C and `reduce_sum` over N; {_FORM}"
+    ),
 )
 def lower_selective_scan(op: ops.SelectiveScan, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
@@ -122,9 +124,10 @@ def lower_selective_scan(op: ops.SelectiveScan, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Mamba2, family="recurrent",
-    notes="sequential SSD: state `[B, H, P, N]` from zeros; exp(dt*a) and dt*x precomputed over S; per step"
-    f" `mul`/`add` with the rank-1 `matmul` (dt x) b^T, `matmul` by c; {_FORM}",
+    notes=(
+        "sequential SSD: state `[B, H, P, N]` from zeros; exp(dt*a) and dt*x precomputed over S; per step"
+        f" `mul`/`add` with the rank-1 `matmul` (dt x) b^T, `matmul` by c; {_FORM}"
+    ),
 )
 def lower_mamba2(op: ops.Mamba2, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
@@ -290,9 +293,18 @@ _RNN_NOTES = (
     f" weights), then per step `matmul` by W_hh and the cell; the reverse direction runs t = S-1 ... 0; {_FORM};"
     " carry: final states `[L*D, B, H]` as the extra outputs `<h0>_out`{extra}, or iOS18 states with `kv_cache=`"
 )
-lowering(ops.Lstm, family="recurrent", notes="gates i, f, g, o (`split`, `sigmoid`/`tanh`), merged bias; "
-         + _RNN_NOTES.format(extra=" and `<c0>_out`"))(lower_rnn_stack)
-lowering(ops.Gru, family="recurrent", notes="gates r, z, n with the hidden-side bias inside the reset product; "
-         + _RNN_NOTES.format(extra=""))(lower_rnn_stack)
-lowering(ops.Rnn, family="recurrent", notes="`tanh` or `relu` (relu=true), merged bias; "
-         + _RNN_NOTES.format(extra=""))(lower_rnn_stack)
+
+
+@lowering(notes="gates i, f, g, o (`split`, `sigmoid`/`tanh`), merged bias; " + _RNN_NOTES.format(extra=" and `<c0>_out`"))
+def lower_lstm(op: ops.Lstm, ctx: LowerContext) -> Any:
+    return lower_rnn_stack(op, ctx)
+
+
+@lowering(notes="gates r, z, n with the hidden-side bias inside the reset product; " + _RNN_NOTES.format(extra=""))
+def lower_gru(op: ops.Gru, ctx: LowerContext) -> Any:
+    return lower_rnn_stack(op, ctx)
+
+
+@lowering(notes="`tanh` or `relu` (relu=true), merged bias; " + _RNN_NOTES.format(extra=""))
+def lower_rnn(op: ops.Rnn, ctx: LowerContext) -> Any:
+    return lower_rnn_stack(op, ctx)

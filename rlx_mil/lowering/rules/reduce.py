@@ -44,7 +44,6 @@ def _check_same_shape(ctx: LowerContext) -> tuple[int, ...]:
 
 
 @lowering(
-    ops.Softmax, family="reduce",
     notes="`softmax` on any axis (negative axes normalised); non-float inputs are cast to float first.",
 )
 def lower_softmax(op: ops.Softmax, ctx: LowerContext) -> Any:
@@ -78,7 +77,6 @@ def _nan_ignoring_reduce(ctx: LowerContext, reducer: Callable[..., Any], x: Any,
 
 
 @lowering(
-    ops.Reduce, family="reduce",
     notes=(
         "reduce_sum / reduce_mean / reduce_max / reduce_min / reduce_prod over the axes with"
         " keep_dims (rank-0 result when every axis goes). Max/Min on floats skip NaN like"
@@ -126,7 +124,6 @@ def lower_reduce(op: ops.Reduce, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Cumsum, family="reduce",
     notes="`cumsum` on any axis with exclusive=True/False; integer inputs stay int32.",
 )
 def lower_cumsum(op: ops.Cumsum, ctx: LowerContext) -> Any:
@@ -144,7 +141,6 @@ def lower_cumsum(op: ops.Cumsum, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.TopK, family="reduce",
     notes=(
         "`topk` (descending, sorted; values only on iOS16+) picks the k values; their indices are"
         " then recovered stably (ties -> smaller index) from equal/cumsum/reduce_sum over a"
@@ -275,7 +271,6 @@ _SCAN_NOTES = (
 
 
 @lowering(
-    ops.CumProd, family="reduce",
     notes="`mul`" + _SCAN_NOTES.format(op="`mul`") + " (no exp/log form: exact for zeros and negatives).",
 )
 def lower_cumprod(op: ops.CumProd, ctx: LowerContext) -> Any:
@@ -294,7 +289,6 @@ def lower_cumprod(op: ops.CumProd, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.CumMax, family="reduce",
     notes=(
         "`maximum`" + _SCAN_NOTES.format(op="`maximum`") + ". NaN-ignoring (np.fmax.accumulate): NaNs"
         " scan as -inf and a second int32 scan of the is-number flags puts NaN back where every"
@@ -379,12 +373,12 @@ _ARG_NOTES = (
 )
 
 
-@lowering(ops.ArgMax, family="reduce", notes=_ARG_NOTES.format(what="largest", reduce="reduce_max"))
+@lowering(notes=_ARG_NOTES.format(what="largest", reduce="reduce_max"))
 def lower_argmax(op: ops.ArgMax, ctx: LowerContext) -> Any:
     return _arg_reduce(op, ctx, largest=True)
 
 
-@lowering(ops.ArgMin, family="reduce", notes=_ARG_NOTES.format(what="smallest", reduce="reduce_min"))
+@lowering(notes=_ARG_NOTES.format(what="smallest", reduce="reduce_min"))
 def lower_argmin(op: ops.ArgMin, ctx: LowerContext) -> Any:
     return _arg_reduce(op, ctx, largest=False)
 
@@ -450,7 +444,7 @@ _SORT_NOTES = (
 )
 
 
-@lowering(ops.Sort, family="reduce", notes=_SORT_NOTES.format(rest="`gather_along_axis` picks the values."))
+@lowering(notes=_SORT_NOTES.format(rest="`gather_along_axis` picks the values."))
 def lower_sort(op: ops.Sort, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
 
@@ -461,7 +455,7 @@ def lower_sort(op: ops.Sort, ctx: LowerContext) -> Any:
     return convert(ctx, values, held, ctx.out_shape.dtype, suffix="out")
 
 
-@lowering(ops.ArgSort, family="reduce", notes=_SORT_NOTES.format(rest="the permutation is cast to float (exact up to 2048 under fp16)."))
+@lowering(notes=_SORT_NOTES.format(rest="the permutation is cast to float (exact up to 2048 under fp16)."))
 def lower_argsort(op: ops.ArgSort, ctx: LowerContext) -> Any:
     order, _, _ = _stable_permutation(op, ctx)
     return convert(ctx, order, DType.I32, ctx.out_shape.dtype, suffix="out")

@@ -14,7 +14,6 @@ from rlx_mil.lowering.rules.norm import input_sizes, require_float
 
 
 @lowering(
-    ops.ResizeNearest2x, family="resample",
     notes="`upsample_nearest_neighbor` with scale factors 2 x 2 (x is [N, C, H, W])",
 )
 def lower_resize_nearest_2x(op: ops.ResizeNearest2x, ctx: LowerContext) -> Any:
@@ -27,9 +26,10 @@ def lower_resize_nearest_2x(op: ops.ResizeNearest2x, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Interpolate3d, family="resample",
-    notes="one `gather` per resized axis with source indices min(dst * in // out, in - 1) computed at"
-    " conversion (integer arithmetic, as the spec); axes whose size is kept emit nothing",
+    notes=(
+        "one `gather` per resized axis with source indices min(dst * in // out, in - 1) computed at"
+        " conversion (integer arithmetic, as the spec); axes whose size is kept emit nothing"
+    ),
 )
 def lower_interpolate3d(op: ops.Interpolate3d, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb

@@ -39,7 +39,6 @@ def _filled(ctx: LowerContext, value: float) -> Any:
 
 
 @lowering(
-    ops.RngNormal, family="rng",
     notes=(
         "`random_normal` (mean, stddev) with a fixed seed from the key: same distribution, not"
         " upstream's Philox values; scale 0 is an exact `fill`. The template input is not read."
@@ -57,7 +56,6 @@ def lower_rng_normal(op: ops.RngNormal, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.RngUniform, family="rng",
     notes=(
         "`random_uniform` [low, high) with a fixed seed from the key: same distribution, not"
         " upstream's Philox values; low == high is an exact `fill`. The template input is not read."
@@ -79,7 +77,6 @@ def is_greedy(op: ops.Sample, vocab: int) -> bool:
 
 
 @lowering(
-    ops.Sample, family="rng",
     notes=(
         "Greedy (top_k 1, top_p <= 0, temperature <= 0): `reduce_argmax` (first maximum)."
         " Otherwise logits minus their max over the temperature, top-k by `topk` threshold,"

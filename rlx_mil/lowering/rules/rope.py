@@ -109,17 +109,18 @@ def _rotate_half_full(heads: Any, half: int, cos: Any, sin_signed: Any, ctx: Low
 
 
 @lowering(
-    ops.Rope, family="rope",
-    notes="NeoX over the whole head: rotate-half as x*[cos,cos] + concat(x2,x1)*[-sin,sin]:"
-    " `reshape` to heads (rank 2/3), `split`, `concat`, `mul`, `mul`, `add`, `reshape` back (7 ops),"
-    " the head-wide tables built once per conversion and shared by every RoPE node. n_rot <"
-    " head_dim: `split` into the two rotated halves and the unrotated tail, `mul`/`sub`/`add` with"
-    " table rows 0..S-1 (`slice_by_index`, or sliced at conversion for Param tables; a 1-row table"
-    " broadcasts), `concat`, `reshape` back. A rank-4 x that is a head-major `Transpose` of a [B, S, H, D]"
-    " tensor (Hugging Face q/k) is rotated before that transpose (then `transpose`), so no transpose"
-    " feeds element-wise ops."
-    " GptJ style: the rotated part is reshaped to [..., n_rot/2, 2] and `split` into the even and"
-    " odd members of each pair, rotated the same way, then `concat` + `reshape` back",
+    notes=(
+        "NeoX over the whole head: rotate-half as x*[cos,cos] + concat(x2,x1)*[-sin,sin]:"
+        " `reshape` to heads (rank 2/3), `split`, `concat`, `mul`, `mul`, `add`, `reshape` back (7 ops),"
+        " the head-wide tables built once per conversion and shared by every RoPE node. n_rot <"
+        " head_dim: `split` into the two rotated halves and the unrotated tail, `mul`/`sub`/`add` with"
+        " table rows 0..S-1 (`slice_by_index`, or sliced at conversion for Param tables; a 1-row table"
+        " broadcasts), `concat`, `reshape` back. A rank-4 x that is a head-major `Transpose` of a [B, S, H, D]"
+        " tensor (Hugging Face q/k) is rotated before that transpose (then `transpose`), so no transpose"
+        " feeds element-wise ops."
+        " GptJ style: the rotated part is reshaped to [..., n_rot/2, 2] and `split` into the even and"
+        " odd members of each pair, rotated the same way, then `concat` + `reshape` back"
+    ),
 )
 def lower_rope(op: ops.Rope, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
@@ -256,10 +257,11 @@ def _axial_tables(op: ops.AxialRope2d, tokens: int) -> tuple[np.ndarray, np.ndar
 
 
 @lowering(
-    ops.AxialRope2d, family="rope",
-    notes="cos/sin tables computed at conversion (float32 angles, token t at grid position"
-    " t // repeat_factor) and baked as consts; `reshape` to [B, S, heads, head_dim/2, 2], `split`"
-    " into even/odd lanes, `mul`/`sub`/`add` (complex multiply), `concat`, `reshape` back",
+    notes=(
+        "cos/sin tables computed at conversion (float32 angles, token t at grid position"
+        " t // repeat_factor) and baked as consts; `reshape` to [B, S, heads, head_dim/2, 2], `split`"
+        " into even/odd lanes, `mul`/`sub`/`add` (complex multiply), `concat`, `reshape` back"
+    ),
 )
 def lower_axial_rope2d(op: ops.AxialRope2d, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb

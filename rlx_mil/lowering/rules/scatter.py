@@ -150,7 +150,6 @@ def _nan_ignoring_scatter(
 
 
 @lowering(
-    ops.ScatterAdd, family="scatter",
     notes=(
         "`scatter` (mode add) of the updates onto `fill` zeros of the declared shape, along the"
         " node's axis (no transposes); empty updates give the zeros. Indices must lie in"
@@ -182,7 +181,6 @@ def lower_scatter_add(op: ops.ScatterAdd, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.ScatterNd, family="scatter",
     notes=(
         "`scatter_nd` with mode update/add/mul/max/min; Max/Min route NaN around MIL max/min"
         " (fmax/fmin semantics). Duplicate indices with reduction None are undefined on Core"
@@ -228,7 +226,6 @@ def _coordinates(ctx: LowerContext, idx: Any, shape: tuple[int, ...], axis: int)
 
 
 @lowering(
-    ops.ScatterElements, family="scatter",
     notes=(
         "`scatter_along_axis` with mode update/add/mul/max/min when indices span data off the"
         " axis; smaller indices scatter with `scatter_nd` on full coordinates. Max/Min ignore"
@@ -267,7 +264,6 @@ def lower_scatter_elements(op: ops.ScatterElements, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.GatherNd, family="scatter",
     notes=(
         "`gather_nd`; batch_dims > 0 uses MIL's batch_dims from iOS16 and, on iOS15, batch"
         " coordinates prepended to the indices. Negative batch_dims counts as 0."
@@ -297,7 +293,6 @@ def lower_gather_nd(op: ops.GatherNd, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.GatherElements, family="scatter",
     notes="`gather_along_axis`; data is first sliced (`slice_by_size`) to the extent of smaller indices off the axis.",
 )
 def lower_gather_elements(op: ops.GatherElements, ctx: LowerContext) -> Any:

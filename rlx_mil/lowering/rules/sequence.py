@@ -24,7 +24,6 @@ def axis_slice(ctx: LowerContext, x: Any, axis: int, start: int, stop: int, suff
 
 
 @lowering(
-    ops.KvAppend, family="sequence",
     notes="pos = 0: the row itself; else `concat` of the cache's first pos rows (`slice_by_index`) and the row.",
 )
 def lower_kv_append(op: ops.KvAppend, ctx: LowerContext) -> Any:
@@ -41,7 +40,6 @@ def lower_kv_append(op: ops.KvAppend, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Roll, family="sequence",
     notes="Per (shift, dim) pair with k = shift mod n != 0: `concat` of the last k and the first n - k slices.",
 )
 def lower_roll(op: ops.Roll, ctx: LowerContext) -> Any:

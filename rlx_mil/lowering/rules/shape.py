@@ -39,7 +39,6 @@ def _check_numel(ctx: LowerContext, sizes: tuple[int, ...]) -> None:
 
 
 @lowering(
-    ops.Reshape, family="shape",
     notes="`reshape` to the declared sizes (a -1 in new_shape is resolved from the element count); no op when the shape is unchanged.",
 )
 def lower_reshape(op: ops.Reshape, ctx: LowerContext) -> Any:
@@ -67,7 +66,7 @@ def lower_reshape(op: ops.Reshape, ctx: LowerContext) -> Any:
     return mb.reshape(x=x, shape=np.asarray(target, dtype=np.int32), name=ctx.name())
 
 
-@lowering(ops.Transpose, family="shape", notes="`transpose` with the perm; no op for the identity perm.")
+@lowering(notes="`transpose` with the perm; no op for the identity perm.")
 def lower_transpose(op: ops.Transpose, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
 
@@ -83,7 +82,6 @@ def lower_transpose(op: ops.Transpose, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Narrow, family="shape",
     notes="`slice_by_size` along the axis; no op when the slice is the whole axis; a zero-length slice is rejected.",
 )
 def lower_narrow(op: ops.Narrow, ctx: LowerContext) -> Any:
@@ -108,7 +106,6 @@ def lower_narrow(op: ops.Narrow, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Concat, family="shape",
     notes="`concat` (interleave=False) of the inputs converted to the declared dtype; zero-length pieces are dropped; one input is no op.",
 )
 def lower_concat(op: ops.Concat, ctx: LowerContext) -> Any:
@@ -136,7 +133,6 @@ def lower_concat(op: ops.Concat, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Expand, family="shape",
     notes="`reshape` to the target rank (left-padded with 1s) then `tile` of the size-1 dims that grow; every target the same (tile exists on all).",
 )
 def lower_expand(op: ops.Expand, ctx: LowerContext) -> Any:
@@ -198,7 +194,6 @@ def gather_indices(ctx: LowerContext, limit: int, operand: int = 1, role: str = 
 
 
 @lowering(
-    ops.Gather, family="shape",
     notes=(
         "`gather` along the axis with int32 indices (NumPy take layout). Float indices: floor +"
         " cast (exact fp32 path for program inputs under fp16); constant indices are checked and"
@@ -256,7 +251,6 @@ _NP_PAD_MODES = {PadKind.REFLECT: "reflect", PadKind.REPLICATE: "edge", PadKind.
 
 
 @lowering(
-    ops.Pad, family="shape",
     notes=(
         "Constant: `pad` (mode constant) for floats; int/Bool data concatenates constant blocks."
         " Reflect / Replicate / Circular: one `gather` per padded axis with the constant source"
@@ -312,7 +306,6 @@ def lower_pad(op: ops.Pad, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Slice, family="shape",
     notes=(
         "step 1: `slice_by_size`; step > 1: `slice_by_index` with that stride; step < 0: the same"
         " positive-stride slice from the lowest index read, then `reverse` along the axis (no"
@@ -354,7 +347,7 @@ def lower_slice(op: ops.Slice, ctx: LowerContext) -> Any:
     return mb.reverse(x=picked, axes=[axis], name=ctx.name())
 
 
-@lowering(ops.Tile, family="shape", notes="`tile` with one rep per axis; no op when every rep is 1.")
+@lowering(notes="`tile` with one rep per axis; no op when every rep is 1.")
 def lower_tile(op: ops.Tile, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
 
@@ -372,7 +365,6 @@ def lower_tile(op: ops.Tile, ctx: LowerContext) -> Any:
 
 
 @lowering(
-    ops.Trilu, family="shape",
     notes=(
         "`select` with a constant bool [rows, cols] keep-mask (np.triu/np.tril of ones) broadcast"
         " over the batch axes: the dropped triangle is exactly 0 even where x is NaN/inf"
@@ -397,7 +389,7 @@ def lower_trilu(op: ops.Trilu, ctx: LowerContext) -> Any:
     return mb.select(cond=ctx.const(keep, "keep"), a=x, b=zero, name=ctx.name())
 
 
-@lowering(ops.Reverse, family="shape", notes="`reverse` over the listed axes; no axes is no op.")
+@lowering(notes="`reverse` over the listed axes; no axes is no op.")
 def lower_reverse(op: ops.Reverse, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
 
