@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging as _logging
-import os as _os
 
-# coremltools prints Linux-only proxy warnings and tqdm bars; keep the library quiet unless
-# the user configured logging themselves.
-_os.environ.setdefault("TQDM_DISABLE", "1")
+# coremltools logs Linux-only proxy warnings when imported; keep them quiet unless the user
+# configured that logger. (Importing rlx_mil changes nothing in the process environment: the
+# pass-pipeline bars are hidden during rlx_mil's own conversions, `coreml.patches`.)
 if _logging.getLogger("coremltools").level == _logging.NOTSET:
     _logging.getLogger("coremltools").setLevel(_logging.ERROR)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlx_mil.coreml import metadata
 from rlx_mil.coreml.multifunction import add_function, function_workspace, join_functions
+from rlx_mil.coreml.patches import pass_bars_hidden
 from rlx_mil.coreml.pipeline import (
     FP16_UNSAFE_PASSES,
     default_pass_pipeline,
@@ -24,7 +25,8 @@ from rlx_mil.coreml.pipeline import (
     rlx_pass_pipeline,
     validation_once_per_pipeline,
 )
-from rlx_mil.coreml.saving import save_package
+from rlx_mil.coreml.saving import check_destination, save_package
+from rlx_mil.coreml.scratch import conversion_temporaries
 from rlx_mil.coreml.weight_writes import direct_weight_writes
 from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 from rlx_mil.input_contract import encode_ranges, graph_input_ranges
@@ -223,8 +225,8 @@ def convert(
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
     compressor, params = _compressor(compress, graph, tgt, prec, params)
     with (
-        objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(),
-        nonreplaceable_marks_only_with_constexprs(), fusion_patterns_built_once(),
+        conversion_temporaries(), objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(),
+        nonreplaceable_marks_only_with_constexprs(), fusion_patterns_built_once(), pass_bars_hidden(),
     ):
         lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
         if pass_pipeline is None:
@@ -337,17 +339,22 @@ def convert_functions(
     bad = {"dims", "path"} & set(options)
     if bad:
         raise InvalidOptionError(f"{sorted(bad)} are per-function options here; give them with each graph")
+    if path is not None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise InvalidOptionError(f"path must be a str or os.PathLike ending in .mlpackage, got {path!r}")
+        check_destination(Path(path), overwrite)  # before converting every function
 
     import coremltools as ct
 
-    work = function_workspace()
-    descriptor = ct.utils.MultiFunctionDescriptor()
-    metas = {}
-    for name, (graph, own) in specs.items():
-        model = convert(graph, params, **{**options, **own})
-        metas[name] = add_function(work, descriptor, name, model)
-        del model
-    model = join_functions(work, descriptor, metas, default_function)
+    with conversion_temporaries():  # a failure removes every function package made so far
+        work = function_workspace()
+        descriptor = ct.utils.MultiFunctionDescriptor()
+        metas = {}
+        for name, (graph, own) in specs.items():
+            model = convert(graph, params, **{**options, **own})
+            metas[name] = add_function(work, descriptor, name, model)
+            del model
+        model = join_functions(work, descriptor, metas, default_function)
     if path is not None:
         save(model, path, overwrite=overwrite)
     return model

@@ -12,6 +12,10 @@ from __future__ import annotations
 import os
 import re
 import stat
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -146,3 +150,90 @@ def check_package_tree(path: str | os.PathLike[str], what: str = "model package"
             elif not stat.S_ISREG(mode):
                 raise SpecialFileError(f"{entry.path}: {_kind(mode)} inside the {what}; a package holds only files and folders")
     return root
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting and restoring it, under a lock)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def apply_default_modes(root: str | os.PathLike[str]) -> None:
+    """Give `root` (a file, or a folder and everything in it) the modes a plain `open` /
+    `mkdir` would: 0o666 / 0o777 less the umask. Temporary files and folders are created
+    0600 / 0700, and a package or checkpoint staged in them would otherwise keep those."""
+    mask = current_umask()
+    file_mode, dir_mode = 0o666 & ~mask, 0o777 & ~mask
+    top = Path(root)
+    if not top.is_dir() or top.is_symlink():
+        os.chmod(top, file_mode)
+        return
+    os.chmod(top, dir_mode)
+    for folder, dirs, files in os.walk(top):
+        for name in dirs:
+            os.chmod(os.path.join(folder, name), dir_mode)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, file_mode)
+
+
+@contextmanager
+def atomic_output_file(path: str | os.PathLike[str], *, overwrite: bool, what: str = "output file") -> Iterator[BinaryIO]:
+    """A binary file that becomes exactly `path` once the block succeeds: written under a
+    temporary name beside it, synced, given the umask's mode and renamed; any failure (a full
+    disk included) removes the temporary and leaves `path` as it was. Refuses an existing
+    `path` unless `overwrite` (ExistingFileError), and a folder there always."""
+    from rlx_mil.errors import ExistingFileError
+
+    dest = Path(path)
+    check_output_path(dest, overwrite=overwrite, what=what)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    except OSError as err:
+        raise file_access_error(err, f"{dest}: cannot write the {what}: {err.strerror or err}") from err
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            yield stream
+            stream.flush()
+            os.fsync(stream.fileno())
+        apply_default_modes(tmp_name)
+        if not overwrite and (dest.exists() or dest.is_symlink()):  # appeared meanwhile
+            raise ExistingFileError(f"{dest} exists; pass --overwrite to replace it")
+        os.replace(tmp_name, dest)
+    except OSError as err:
+        _remove_quietly(tmp_name)
+        if isinstance(err, RlxMilError):
+            raise
+        raise file_access_error(err, f"{dest}: cannot write the {what}: {err.strerror or err}") from err
+    except BaseException:
+        _remove_quietly(tmp_name)
+        raise
+
+
+def check_output_path(dest: Path, *, overwrite: bool, what: str = "output file", inputs: tuple[Path, ...] = ()) -> None:
+    """Refuse, before any work, an output path that cannot be written as asked: a folder, a
+    missing parent folder, an existing file without `overwrite` (naming it when it is one of
+    the command's `inputs`)."""
+    from rlx_mil.errors import ExistingFileError, NotADirectoryPathError
+
+    if dest.is_dir():
+        raise IsADirectoryPathError(f"{dest}: a directory, not a {what}")
+    if not dest.parent.is_dir():
+        raise NotADirectoryPathError(f"{dest}: the folder {dest.parent} does not exist")
+    if (dest.exists() or dest.is_symlink()) and not overwrite:
+        same = [p for p in inputs if p.exists() and dest.exists() and os.path.samefile(p, dest)]
+        own = f" (it is the command's own input {same[0]})" if same else ""
+        raise ExistingFileError(f"{dest} exists{own}; pass --overwrite to replace it")
+
+
+def _remove_quietly(name: str) -> None:
+    try:
+        os.unlink(name)
+    except OSError:
+        pass

@@ -51,7 +51,7 @@ class Progress:
         if self.interactive:
             from tqdm import tqdm
 
-            # disable=False explicitly: TQDM_DISABLE (set by rlx_mil for library use) is the default.
+            # disable=False explicitly: this bar is rlx_mil's own progress, which -q turns off.
             self._bar = tqdm(total=total, desc=f"  {stage}", unit=unit, leave=False, file=self.stream,
                              disable=False, dynamic_ncols=True)
 

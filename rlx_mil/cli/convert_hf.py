@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.models.verify import example_inputs, verify_package
 
+    refuse_stateful_flags_without_stateful(args)
     check_inputs = compress_check_inputs(args)
     if args.stateful:
         if check_inputs is not None:
@@ -160,10 +161,23 @@ def add_stateful_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stateful", action="store_true",
                    help="decoders: one stateful package (KV cache as Core ML state) with the prefill buckets and"
                         " decode as functions sharing the weights (docs/llm.md)")
-    p.add_argument("--max-context", type=int, default=2048, help="--stateful: cache capacity in tokens (default 2048)")
-    p.add_argument("--prefill", default="", metavar="N,N,...", help="--stateful: prefill bucket lengths, e.g. 64,512")
-    p.add_argument("--cache-layout", default="stacked", choices=["stacked", "per_layer"],
+    p.add_argument("--max-context", type=int, help=f"--stateful: cache capacity in tokens (default {DEFAULT_MAX_CONTEXT})")
+    p.add_argument("--prefill", metavar="N,N,...", help="--stateful: prefill bucket lengths, e.g. 64,512")
+    p.add_argument("--cache-layout", choices=["stacked", "per_layer"],
                    help="--stateful: two stacked states (default) or one state per layer's K and V")
+
+
+#: --max-context when not given.
+DEFAULT_MAX_CONTEXT = 2048
+
+
+def refuse_stateful_flags_without_stateful(args: argparse.Namespace) -> None:
+    """--prefill, --max-context and --cache-layout shape a stateful package only: given without
+    --stateful they would be ignored while a stateless package is written."""
+    given = [flag for flag, value in (("--prefill", args.prefill), ("--max-context", args.max_context),
+                                      ("--cache-layout", args.cache_layout)) if value is not None]
+    if given and not args.stateful:
+        raise InvalidOptionError(f"{', '.join(given)} only apply with --stateful; add --stateful or drop them")
 
 
 def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> int:
@@ -190,8 +204,9 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> i
     check_output(args.output, args.overwrite)
     start = time.perf_counter()
     convert_llm_checkpoint(
-        args.model_dir, args.output, max_context=args.max_context, prefill=args.prefill,
-        overwrite=args.overwrite, cache_layout=args.cache_layout, attention_mask=args.attention_mask,
+        args.model_dir, args.output, max_context=DEFAULT_MAX_CONTEXT if args.max_context is None else args.max_context,
+        prefill=args.prefill, overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked",
+        attention_mask=args.attention_mask,
         description=description_overrides(args), **convert_options,
     )
     info = package_info(args.output)

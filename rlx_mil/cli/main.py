@@ -7,6 +7,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("--params", type=Path, help="weights: .npz or .safetensors")
     conv.add_argument("-o", "--output", type=Path, required=True, help="output .mlpackage path")
     conv.add_argument("--overwrite", action="store_true", help="replace an existing package")
+    conv.add_argument("-q", "--quiet", action="store_true", help="no warnings on stderr")
     conv.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
                       help="bind a dynamic dim symbol (e.g. 1=128 for SEQ); repeatable")
     conversion_flags(conv)
@@ -73,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a .mlpackage (Core ML on macOS, the NumPy MIL executor elsewhere)")
     run.add_argument("package", type=Path)
     run.add_argument("--inputs", type=Path, required=True, help=".npz of inputs keyed by input name")
-    run.add_argument("-o", "--output", type=Path, help="write outputs to this .npz")
+    run.add_argument("-o", "--output", type=Path, help="write the outputs to this file (.npz format, the exact path given)")
+    run.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     run.add_argument("--function", metavar="NAME", help="the function to run of a multifunction package"
                      " (default: its default function)")
     load_flags(run)
@@ -200,9 +203,12 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from rlx_mil.fileio import atomic_output_file, check_output_path
     from rlx_mil.llm.runner import run_package
     from rlx_mil.weights import open_arrays
 
+    if args.output is not None:  # before running: the path is what the user asked for, or an error
+        check_output_path(args.output, overwrite=args.overwrite, what="outputs file", inputs=(args.inputs,))
     with open_arrays(args.inputs, "inputs file") as archive:
         inputs = dict(archive.items())
     outputs, engine = run_package(
@@ -213,8 +219,9 @@ def _run(args: argparse.Namespace) -> int:
         flat = value.astype(np.float64).ravel()
         stats = f"min {flat.min():.4g} max {flat.max():.4g} mean {flat.mean():.4g}" if flat.size else "empty"
         print(f"  {name}: {value.dtype}{list(value.shape)} {stats}")
-    if args.output:
-        np.savez(args.output, **outputs)  # type: ignore[arg-type]
+    if args.output is not None:
+        with atomic_output_file(args.output, overwrite=args.overwrite, what="outputs file") as stream:
+            np.savez(stream, **outputs)  # type: ignore[arg-type]
         print(f"wrote {args.output}")
     return EXIT_OK
 
@@ -309,6 +316,25 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
+def _error_lines(err: RlxMilError) -> str:
+    """The error as one line, or, for a list of problems ("...:\n  - a\n  - b"), its
+    heading line and then one problem per line."""
+    head, sep, rest = str(err).partition("\n  - ")
+    if not sep:
+        return _one_line(err)
+    problems = [" ".join(p.split()) for p in rest.split("\n  - ")]
+    return " ".join(head.split()) + "".join(f"\n  - {p}" for p in problems)
+
+
+def _show_warning(where: str) -> Any:
+    """`warnings.showwarning` for the command line: `rlx-mil CMD: warning: MESSAGE`."""
+
+    def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+        print(f"{where}: warning: {' '.join(str(message).split())} ({category.__name__})", file=sys.stderr)
+
+    return show
+
+
 def _os_error_line(err: OSError) -> str:
     if err.strerror and err.filename is not None:
         return f"{err.filename}: {err.strerror}"
@@ -332,9 +358,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = getattr(args, "handler", None) or handlers[args.command]
     where = f"rlx-mil {args.command}"
     try:
-        return int(handler(args))
+        with warnings.catch_warnings():
+            # Warnings (NeuralEngineWarning, PrecisionWarning...) are diagnostics: one line
+            # each on stderr, none with -q.
+            if getattr(args, "quiet", False):
+                warnings.simplefilter("ignore")
+            else:
+                warnings.showwarning = _show_warning(where)
+            return int(handler(args))
     except RlxMilError as err:
-        print(f"{where}: error: {_one_line(err)}", file=sys.stderr)
+        print(f"{where}: error: {_error_lines(err)}", file=sys.stderr)
     except OSError as err:
         print(f"{where}: error: {_os_error_line(err)}", file=sys.stderr)
     except MemoryError:

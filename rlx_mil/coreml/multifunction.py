@@ -27,6 +27,7 @@ from rlx_mil.coreml.metadata import (
     read_json,
     write_io_names,
 )
+from rlx_mil.coreml.scratch import scratch_dir
 from rlx_mil.errors import InvalidOptionError
 
 _TEMP_DIRS: list[str] = []
@@ -42,7 +43,7 @@ atexit.register(_remove_temp_dirs)
 
 def function_workspace() -> Path:
     """A temporary folder for the function packages of one join, removed at exit at the latest."""
-    work = tempfile.mkdtemp(prefix="rlx_mil_functions_")
+    work = tempfile.mkdtemp(prefix="functions-", dir=scratch_dir())
     _TEMP_DIRS.append(work)
     return Path(work)
 

@@ -51,7 +51,8 @@ PATCHES: dict[str, str] = {
     "coremltools.converters.mil.frontend.milproto.load:_load_value":
         "map weight-file blobs instead of copying them, once for all functions (milexec/loader.py)",
     "coremltools.converters.mil.mil.passes.pass_pipeline:tqdm":
-        "show each pass pipeline as a progress stage (coreml/patches.py: passes_shown_on)",
+        "show each pass pipeline as a progress stage, or no bar at all during library conversions"
+        " (coreml/patches.py: passes_shown_on, pass_bars_hidden)",
 }
 
 
@@ -144,5 +145,26 @@ def passes_shown_on(progress: Any, after: str = "Core ML conversion") -> Iterato
         progress.end(f"{len(items)} passes")
         progress.begin(after, min_seconds=0.1)
 
-    with replaced("coremltools.converters.mil.mil.passes.pass_pipeline:tqdm", passes):
+    with replaced(_PASS_BARS, passes):
+        yield
+
+
+_PASS_BARS = "coremltools.converters.mil.mil.passes.pass_pipeline:tqdm"
+
+
+def _no_bar(iterable: Any, *_: Any, **__: Any) -> Any:
+    return iterable
+
+
+@contextmanager
+def pass_bars_hidden() -> Iterator[None]:
+    """While active, coremltools' pass pipelines show no tqdm bar, unless `passes_shown_on`
+    shows them as progress stages. (rlx_mil used to set TQDM_DISABLE in the environment for
+    this, which silenced every bar of the host application.)"""
+    from tqdm import tqdm
+
+    if current(_PASS_BARS) is not tqdm:  # passes_shown_on (or the host) replaced it
+        yield
+        return
+    with replaced(_PASS_BARS, _no_bar):
         yield

@@ -40,31 +40,33 @@ from rlx_mil.errors import (
     ConversionError,
     ExistingFileError,
     FileAccessError,
+    InvalidOptionError,
     NotADirectoryPathError,
     RlxMilError,
     file_access_error,
 )
+from rlx_mil.fileio import apply_default_modes
 
 #: Written in the staging folder once the staged package is complete and synced.
 COMPLETE_FILE = "complete"
 STAGED_OLD = "old"
 
 
-def _host_tag() -> str:
+def host_tag() -> str:
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 
 def staging_prefix(dest: Path, pid: int | None = None) -> str:
     """`.NAME.mlpackage.rlx-staging-` (any save), or with `PID-HOST-` (one process's)."""
     base = f".{dest.name}.rlx-staging-"
-    return base if pid is None else f"{base}{pid}-{_host_tag()}-"
+    return base if pid is None else f"{base}{pid}-{host_tag()}-"
 
 
 def _staging_owner(dest: Path, folder: Path) -> int | None:
     """The process id in `folder`'s name if it is one of this host's staging folders for
     `dest` (the name is created atomically with the folder, so it is proof from the start)."""
     match = re.fullmatch(re.escape(staging_prefix(dest)) + r"(\d+)-([0-9a-f]{8})-[A-Za-z0-9_]+", folder.name)
-    if match is None or match.group(2) != _host_tag():
+    if match is None or match.group(2) != host_tag():
         return None
     return int(match.group(1))
 
@@ -125,7 +127,7 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), os.fspath(a))
 
 
-def _process_gone(pid: int) -> bool:
+def process_gone(pid: int) -> bool:
     if pid == os.getpid():
         return False
     try:
@@ -150,7 +152,7 @@ def remove_stale_staging(dest: Path) -> list[Path]:
         if not folder.name.startswith(staging_prefix(dest)) or folder.is_symlink() or not folder.is_dir():
             continue
         pid = _staging_owner(dest, folder)
-        if pid is None or not _process_gone(pid):
+        if pid is None or not process_gone(pid):
             continue
         if not dest.exists():
             staged, old = folder / dest.name, folder / STAGED_OLD
@@ -213,6 +215,14 @@ def weights_linked_on_save(model: Any) -> Iterator[None]:
         yield
 
 
+def check_destination(dest: Path, overwrite: bool) -> None:
+    """Refuse, before any work, a destination `save_package` would refuse after it."""
+    if dest.suffix != ".mlpackage":
+        raise InvalidOptionError(f"a Core ML ML Program is saved as a .mlpackage folder, got {str(dest)!r}")
+    if (dest.exists() or dest.is_symlink()) and not overwrite:
+        raise ExistingFileError(f"{dest} exists; pass overwrite=True (--overwrite) to replace it")
+
+
 def save_package(model: Any, dest: Path, *, overwrite: bool) -> Path:
     """Write `model` (an MLModel) to `dest` as described in the module doc."""
     where = f"cannot save to {dest}"
@@ -244,6 +254,7 @@ def save_package(model: Any, dest: Path, *, overwrite: bool) -> Path:
             raise
         except Exception as err:
             raise ConversionError(f"{where}: coremltools could not write the package: {type(err).__name__}: {err}") from err
+        apply_default_modes(staged)  # coremltools' temporary folders are 0700, their files 0600
         fsync_tree(staged)
         (staging / COMPLETE_FILE).write_bytes(b"")
         _fsync_path(staging)

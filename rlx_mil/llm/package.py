@@ -21,13 +21,16 @@ def prefill_buckets(text: str | Sequence[int] | None, max_context: int) -> list[
     [2, max_context - 1] (one token is the decode function's job)."""
     if text is None or text == "":
         return []
+    items: list[Any]
     if isinstance(text, str):
         try:
             items = [int(t) for t in text.replace(" ", "").split(",") if t]
         except ValueError:
             raise InvalidOptionError(f"--prefill takes comma-separated token counts, got {text!r}") from None
+    elif isinstance(text, Sequence) and not isinstance(text, bytes):
+        items = [*text]
     else:
-        items = list(text)
+        raise InvalidOptionError(f"prefill takes a list of bucket lengths or a string '64,512', got {text!r}")
     for n in items:
         if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n < max_context:
             raise InvalidOptionError(f"a prefill bucket must be an int in [2, max_context - 1 = {max_context - 1}], got {n!r}")

@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 
 from rlx_mil.errors import FileAccessError, WeightsFormatError, file_access_error
-from rlx_mil.fileio import nesting_depth, open_regular_file
+from rlx_mil.fileio import apply_default_modes, nesting_depth, open_regular_file
 from rlx_mil.weights.base import LazyTensors, TensorHeader, check_shape, is_int, short_repr
 
 #: safetensors' own limit on the JSON header.
@@ -308,6 +308,7 @@ def save_safetensors(
                 f.write(np.ascontiguousarray(little).reshape(-1).view(np.uint8).data)
             f.flush()
             os.fsync(f.fileno())
+        apply_default_modes(tmp_name)  # mkstemp makes it 0600
         os.replace(tmp_name, dest)
     except OSError as err:
         Path(tmp_name).unlink(missing_ok=True)

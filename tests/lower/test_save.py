@@ -86,7 +86,7 @@ def _stale(tmp_path: Path, dest: Path, pid: int | None, suffix: str, *, host: st
     """A staging folder as a save by `pid` (None: a name that is not ours) leaves it."""
     prefix = saving.staging_prefix(dest, pid) if pid is not None else saving.staging_prefix(dest)
     if host is not None:
-        prefix = prefix.replace(saving._host_tag(), host)
+        prefix = prefix.replace(saving.host_tag(), host)
     folder = tmp_path / (prefix + suffix)
     (folder / dest.name).mkdir(parents=True)
     (folder / dest.name / "weights.bin").write_bytes(b"\0" * 1000)

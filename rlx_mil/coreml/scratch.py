@@ -1,0 +1,93 @@
+"""Where conversions keep their temporary files, and how they never outlive their process.
+
+coremltools writes a converted model as a temporary package (a full copy of the weights), plus
+a temporary weights folder and spec file, in the system's temporary folder, and deletes them
+only at exit, or not at all when the process is killed. rlx_mil therefore gives each process
+one scratch folder, `TMPDIR/rlx_mil-PID-HOST-XXXXXXXX`:
+
+* while rlx_mil converts, `tempfile`'s folder is the scratch folder, so everything coremltools
+  creates lands in it (`conversion_temporaries`); whatever a failed conversion created there
+  is removed on the way out, whatever the failure (a full disk included);
+* the folder goes at exit (`atexit`), and the packages of models that are garbage collected
+  go with them (`rlx_mil.api.release_when_collected`);
+* the first conversion of a process removes the scratch folders of this host's processes that
+  are gone (killed with `kill -9`, or by the OOM killer): their names say whose they are.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rlx_mil.coreml.saving import host_tag, process_gone
+
+PREFIX = "rlx_mil-"
+
+_lock = threading.Lock()
+_scratch: dict[int, Path] = {}
+
+
+def _pattern() -> re.Pattern[str]:
+    return re.compile(re.escape(PREFIX) + r"(\d+)-" + re.escape(host_tag()) + r"-[A-Za-z0-9_]+")
+
+
+def sweep_stale(root: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the scratch folders in `root` (default: the temporary folder) of this host's
+    processes that no longer run; returns them."""
+    folder = Path(root if root is not None else tempfile.gettempdir())
+    pattern = _pattern()
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if match is None or entry.is_symlink() or not entry.is_dir() or not process_gone(int(match.group(1))):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
+    return removed
+
+
+def scratch_dir() -> Path:
+    """This process's scratch folder (created, after sweeping stale ones, on first use)."""
+    pid = os.getpid()
+    with _lock:
+        current = _scratch.get(pid)
+        if current is not None and current.is_dir():
+            return current
+        sweep_stale()
+        created = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-{host_tag()}-"))
+        _scratch[pid] = created
+        atexit.register(shutil.rmtree, created, True)
+        return created
+
+
+@contextmanager
+def conversion_temporaries() -> Iterator[Path]:
+    """While active, `tempfile` creates everything in the scratch folder; what the block
+    created there is removed if it raises."""
+    scratch = scratch_dir()
+    before = set(os.listdir(scratch))
+    saved = tempfile.tempdir
+    tempfile.tempdir = str(scratch)
+    try:
+        yield scratch
+    except BaseException:
+        for name in set(os.listdir(scratch)) - before:
+            path = scratch / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        raise
+    finally:
+        tempfile.tempdir = saved

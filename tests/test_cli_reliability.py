@@ -1,0 +1,203 @@
+"""Command-line and library manners: outputs written exactly where asked (atomically, never
+over an existing file without --overwrite), flags that would be ignored refused, warnings and
+problem lists on stderr as lines, the environment and file modes left as the user has them,
+and no temporary files left behind by failed, full-disk or killed conversions."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rlx_mil
+from rlx_mil.cli import main
+from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+CFG = TINY_CONFIGS["llama"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_checkpoint(tmp_path_factory.mktemp("ck") / "llama", CFG, seed=11)
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    g = rlx_mil.Graph("tiny")
+    x = g.input("x", [2, 3])
+    g.set_outputs([g.add(x, x, name="y")])
+    return rlx_mil.save(rlx_mil.convert(g, {}), tmp_path_factory.mktemp("pkg") / "tiny.mlpackage")
+
+
+def _env(tmpdir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+    return {**env, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmpdir)}
+
+
+def _stderr_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    return capsys.readouterr().err.strip().splitlines()
+
+
+# ---------------------------------------------------------------- run -o
+def test_run_writes_exactly_the_given_path(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inputs = tmp_path / "in.npz"
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.savez(inputs, x=x)
+    out = tmp_path / "out"
+    assert main(["run", str(package), "--inputs", str(inputs), "-o", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert out.is_file() and not (tmp_path / "out.npz").exists()
+    with np.load(out) as saved:
+        np.testing.assert_allclose(saved["y"], 2 * x)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~_umask()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz", "out"]
+
+
+def test_run_refuses_to_overwrite_without_overwrite(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, x=np.ones((2, 3), np.float32))
+    before = inputs.read_bytes()
+    assert main(["run", str(package), "--inputs", str(inputs), "-o", str(inputs)]) == 1
+    err = _stderr_lines(capsys)
+    assert len(err) == 1 and "exists (it is the command's own input" in err[0] and "--overwrite" in err[0], err
+    assert inputs.read_bytes() == before
+    other = tmp_path / "other.npz"
+    other.write_bytes(b"keep")
+    assert main(["run", str(package), "--inputs", str(inputs), "-o", str(other)]) == 1
+    assert other.read_bytes() == b"keep"
+    assert main(["run", str(package), "--inputs", str(inputs), "-o", str(other), "--overwrite"]) == 0
+    with np.load(other) as saved:
+        np.testing.assert_allclose(saved["y"], 2 * np.ones((2, 3)))
+
+
+def test_run_onto_a_full_disk_leaves_no_file(package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, x=np.ones((2, 3), np.float32))
+
+    def full_disk(stream: Any, **arrays: Any) -> None:
+        stream.write(b"PK")  # a little, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full_disk)
+    assert main(["run", str(package), "--inputs", str(inputs), "-o", str(tmp_path / "out.npz")]) == 1
+    err = _stderr_lines(capsys)
+    assert len(err) == 1 and "No space left on device" in err[0] and err[0].startswith("rlx-mil run: error: "), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz"]
+
+
+# ---------------------------------------------------------------- convert-hf flags and messages
+@pytest.mark.parametrize("flags", [["--prefill", "4"], ["--max-context", "64"], ["--cache-layout", "per_layer"]])
+def test_stateful_flags_without_stateful_are_refused(checkpoint: Path, tmp_path: Path, flags: list[str],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "x.mlpackage"
+    assert main(["convert-hf", str(checkpoint), "-o", str(out), "-q", *flags]) == 1
+    err = _stderr_lines(capsys)
+    assert len(err) == 1 and f"{flags[0]} only apply with --stateful" in err[0], err
+    assert not out.exists()
+
+
+def test_problem_lists_are_one_per_line(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**CFG, "intermediate_size": 48}))
+    os.symlink(checkpoint / "model.safetensors", folder / "model.safetensors")
+    assert main(["convert-hf", str(folder), "-o", str(tmp_path / "x.mlpackage"), "-q"]) == 1
+    err = _stderr_lines(capsys)
+    assert err[0].startswith("rlx-mil convert-hf: error: ") and err[0].endswith("config.json:")
+    assert len(err) == 1 + 3 * CFG["num_hidden_layers"], err
+    assert all(line.startswith("  - tensor 'model.layers.") for line in err[1:]), err
+
+
+def test_warnings_are_lines_and_follow_quiet(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["convert-hf", str(checkpoint), "--stateful", "--max-context", "16", "--precision", "fp32"]
+    assert main([*argv, "-o", str(tmp_path / "a.mlpackage")]) == 0
+    warned = [line for line in _stderr_lines(capsys) if "warning" in line]
+    assert warned and all(line.startswith("rlx-mil convert-hf: warning: ") for line in warned), warned
+    assert any(line.endswith("(NeuralEngineWarning)") for line in warned)
+    assert main([*argv, "-o", str(tmp_path / "b.mlpackage"), "-q"]) == 0
+    assert not [line for line in _stderr_lines(capsys) if "warning" in line.lower()]
+
+
+# ---------------------------------------------------------------- library manners
+def test_importing_and_converting_leave_the_environment_alone(tmp_path: Path) -> None:
+    script = ("import os; before = dict(os.environ); import rlx_mil;"
+              " g = rlx_mil.Graph('t'); x = g.input('x', [2]); g.set_outputs([g.add(x, x)]); rlx_mil.convert(g, {});"
+              " assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items()); print('same')")
+    done = subprocess.run([sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "same" in done.stdout, done.stderr
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_saved_packages_and_checkpoints_get_umask_modes(package: Path, tmp_path: Path, mask: int) -> None:
+    from rlx_mil.weights import save_safetensors
+
+    old = os.umask(mask)
+    try:
+        model = rlx_mil.convert(_tiny_graph(), {})
+        out = rlx_mil.save(model, tmp_path / "p.mlpackage")
+        weights = save_safetensors({"w": np.ones(3, np.float32)}, tmp_path / "w.safetensors")
+    finally:
+        os.umask(old)
+    for path in [out, *out.rglob("*"), weights]:
+        want = (0o777 if path.is_dir() else 0o666) & ~mask
+        assert stat.S_IMODE(path.stat().st_mode) == want, f"{path}: {oct(path.stat().st_mode)}"
+
+
+def _tiny_graph() -> rlx_mil.Graph:
+    g = rlx_mil.Graph("tiny")
+    x = g.input("x", [2])
+    g.set_outputs([g.add(x, x)])
+    return g
+
+
+# ---------------------------------------------------------------- litter
+def _stateful_argv(checkpoint: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "rlx_mil.cli", "convert-hf", str(checkpoint), "-o", str(out), "--stateful",
+            "--max-context", "16", "--prefill", "4", "-q"]
+
+
+def test_killed_and_full_disk_stateful_conversions_leave_nothing(checkpoint: Path, tmp_path: Path) -> None:
+    """kill -9 in the middle of `convert-hf --stateful` leaves its scratch folder (a package
+    copy of the model); the next conversion sweeps it, and that one, failing on a full disk,
+    leaves nothing either."""
+    tmpdir, out = tmp_path / "tmp", tmp_path / "out" / "llm.mlpackage"
+    tmpdir.mkdir()
+    out.parent.mkdir()
+    victim = subprocess.Popen(_stateful_argv(checkpoint, out), env=_env(tmpdir), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    try:
+        # Kill it once coremltools has written a package into the scratch folder.
+        while not list(tmpdir.glob("rlx_mil-*/**/*.mlpackage")):
+            assert victim.poll() is None, "the conversion ended before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+    assert list(tmpdir.glob("rlx_mil-*/**/*.mlpackage")), "nothing was left to sweep"
+    script = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN);"
+              " from rlx_mil.cli import main; resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384));"
+              f" sys.exit(main({_stateful_argv(checkpoint, out)[3:]!r}))")
+    done = subprocess.run([sys.executable, "-c", script], env=_env(tmpdir), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr
+    assert "rlx-mil convert-hf: error:" in done.stderr and "Traceback" not in done.stderr
+    assert list(tmpdir.iterdir()) == [] and list(out.parent.iterdir()) == []
