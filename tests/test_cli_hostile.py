@@ -153,7 +153,7 @@ def test_fuzzed_invocations_never_crash(tmp_path_factory: pytest.TempPathFactory
 
 
 def _is_usage_error(argv: list[str]) -> bool:
-    from rlx_mil.cli import _parser
+    from rlx_mil.cli.main import _parser
 
     try:
         _parser().parse_args(argv)

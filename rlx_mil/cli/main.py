@@ -317,12 +317,12 @@ def _one_line(err: BaseException) -> str:
 
 
 def _error_lines(err: RlxMilError) -> str:
-    """The error as one line, or, for a list of problems ("...:\n  - a\n  - b"), its
-    heading line and then one problem per line."""
+    """The error as one line, or, for a list of several problems ("...:\n  - a\n  - b"),
+    its heading line and then one problem per line."""
     head, sep, rest = str(err).partition("\n  - ")
-    if not sep:
-        return _one_line(err)
     problems = [" ".join(p.split()) for p in rest.split("\n  - ")]
+    if not sep or len(problems) == 1:
+        return _one_line(err)
     return " ".join(head.split()) + "".join(f"\n  - {p}" for p in problems)
 
 
