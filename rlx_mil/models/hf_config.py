@@ -20,7 +20,7 @@ from typing import Any
 
 from rlx_mil.errors import CheckpointError, UnsupportedConfigError
 from rlx_mil.fileio import nesting_depth, read_regular_file
-from rlx_mil.models.rope import RopeSpec
+from rlx_mil.models.rope import RopeSpec, config_refusal
 
 
 @dataclass(frozen=True)
@@ -156,10 +156,7 @@ class Fields:
         self.source = source
 
     def refuse(self, field: str, value: object, why: str) -> UnsupportedConfigError:
-        return UnsupportedConfigError(
-            f"{self.source}: {field} = {json.dumps(value)} is not supported for {self.family}: {why}",
-            field=field, value=value,
-        )
+        return config_refusal(self.source, self.family, field, value, why)
 
     def check_known(self, known: frozenset[str]) -> None:
         """Refuse the first field that is neither the family's (`known`) nor inert."""

@@ -148,6 +148,12 @@ def plain_rope_tables(positions: int, head_dim: int, base: float = 10000.0) -> t
 
 
 # ---------------------------------------------------------------------------- config reading
+def config_refusal(source: str, family: str, field: str, value: object, why: str) -> UnsupportedConfigError:
+    """The typed refusal of one config field's value, naming the file, field and value."""
+    return UnsupportedConfigError(f"{source}: {field} = {json.dumps(value)} is not supported for {family}: {why}",
+                                  field=field, value=value)
+
+
 class RopeReader:
     """Reads the RoPE of one config (both forms) for a family whose defaults are given."""
 
@@ -157,10 +163,7 @@ class RopeReader:
         self.family = family
 
     def refuse(self, field: str, value: object, why: str) -> UnsupportedConfigError:
-        return UnsupportedConfigError(
-            f"{self.source}: {field} = {json.dumps(value)} is not supported for {self.family}: {why}",
-            field=field, value=value,
-        )
+        return config_refusal(self.source, self.family, field, value, why)
 
     def parameters(self, layer_types: tuple[str, ...] = ()) -> tuple[str, dict[str, Any] | dict[str, dict[str, Any]]]:
         """(the config field read, its RoPE dict), flat or nested by layer type, before standardisation.
