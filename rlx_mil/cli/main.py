@@ -240,21 +240,22 @@ def _generate(args: argparse.Namespace) -> int:
     if args.chat and not tokenizer.has_chat_template:
         raise RlxMilError(f"{args.package}: its tokenizer has no chat template; drop --chat")
     progress = _progress(args)
-    progress.note(f"engine: {session.engine}")
+    if not args.quiet:
+        print(f"engine: {session.engine}", file=sys.stderr, flush=True)
     pieces = session.stream_text(
         args.prompt, args.max_new_tokens, chat=args.chat, system=args.system, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed,
     )
-    first = True
+    progress.begin("reading the prompt")
     for piece in pieces:
-        if first:
-            progress.note(f"prompt: {session.stats.prompt_tokens} tokens in {session.stats.prompt_seconds:.2f} s")
-            first = False
+        progress.end(f"{session.stats.prompt_tokens} tokens")  # the first piece ends the stage
         sys.stdout.write(piece)
         sys.stdout.flush()
+    progress.end(f"{session.stats.prompt_tokens} tokens")
     sys.stdout.write("\n")
     sys.stdout.flush()
-    progress.note(session.stats.to_text())
+    if not args.quiet:
+        print(session.stats.to_text(), file=sys.stderr)
     return EXIT_OK
 
 
