@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Both must happen before coremltools is imported anywhere (its logger and tqdm bars).
 os.environ.setdefault("TQDM_DISABLE", "1")
@@ -22,6 +24,9 @@ logging.getLogger("coremltools").setLevel(logging.ERROR)
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+if TYPE_CHECKING:
+    from catalogue import CatalogueModels
 
 settings.register_profile(
     "quick", max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -48,3 +53,14 @@ def upstream_json_dir() -> Path:
     if not UPSTREAM_JSON_DIR.is_dir():
         pytest.skip(f"upstream JSON fixtures not found at {UPSTREAM_JSON_DIR} (../shared/ is absent)")
     return UPSTREAM_JSON_DIR
+
+
+@pytest.fixture(scope="session")
+def catalogue_models() -> Iterator[CatalogueModels]:
+    """The catalogue's conversions and lowerings, made once per test process (see
+    `catalogue.CatalogueModels`); tests using it carry `pytest.mark.xdist_group(CATALOGUE_GROUP)`."""
+    from catalogue import CatalogueModels
+
+    models = CatalogueModels()
+    yield models
+    models.close()

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from catalogue import CATALOGUE, FAMILY_CASES, random_leaves
+from catalogue import CATALOGUE, CATALOGUE_GROUP, FAMILY_CASES, CatalogueModels
 
 import rlx_mil
-from rlx_mil.api import lower_with_names
 from rlx_mil.ir import infer
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import FAMILIES, OP_TYPES, Constant, Input, Op, Param, family_of
@@ -137,14 +136,13 @@ def _mil_op_types(program: Any) -> Iterator[str]:
         yield from walk(function)
 
 
+@pytest.mark.xdist_group(CATALOGUE_GROUP)
 @pytest.mark.parametrize("case", sorted(CATALOGUE))
-def test_executor_runs_every_mil_op_the_lowering_emits(case: str) -> None:
-    graph = CATALOGUE[case]()
-    _, params = random_leaves(graph)
-    targets = supported_targets(graph)
+def test_executor_runs_every_mil_op_the_lowering_emits(case: str, catalogue_models: CatalogueModels) -> None:
+    targets = supported_targets(CATALOGUE[case]())
     assert targets, f"catalogue case {case} does not lower on any target"
     for target in targets:
         for precision in ("fp32", "fp16"):
-            lowered = lower_with_names(graph, params, target=target, precision=precision)
+            lowered = catalogue_models.lowered(case, target, precision)
             missing = sorted({t for t in _mil_op_types(lowered.program) if t != "const" and t not in KERNELS})
             assert not missing, f"{case} on {target.label} {precision}: no milexec kernel for {missing}"

@@ -2,19 +2,32 @@
 
 Cases live in one module per op family (`catalogue/<family>.py`, each with a `CASES` dict),
 named like the family modules of `rlx_mil/ir/ops/`.
+
+`CatalogueModels` (the session fixture `catalogue_models`) converts and lowers each case once
+per test process and setting, for the tests that check different things about the same
+conversion; those tests share the xdist group `CATALOGUE_GROUP`, so they run on one worker.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+import rlx_mil
+from rlx_mil.api import lower_with_names
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import OP_TYPES
+from rlx_mil.lowering.program import LoweredProgram
+from rlx_mil.lowering.target import Precision, Target
+
+#: The xdist group of the tests that share `CatalogueModels`' conversions.
+CATALOGUE_GROUP = "catalogue-conversions"
 
 #: Family module name -> its cases.
 FAMILY_CASES: dict[str, dict[str, Callable[[], Graph]]] = {
@@ -39,3 +52,35 @@ def random_leaves(graph: Graph, seed: int = 0) -> tuple[dict[str, np.ndarray], d
     from graph_data import leaf_values
 
     return leaf_values(graph, seed)
+
+
+class CatalogueModels:
+    """Each catalogue case converted (`rlx_mil.convert`) and lowered (`lower_with_names`) once
+    per (target, precision, attention), from `random_leaves(graph)`'s params. Callers only read
+    what they get; `close` deletes the converted packages."""
+
+    def __init__(self) -> None:
+        self._models: dict[tuple[str, Target, Precision, str], Any] = {}
+        self._lowered: dict[tuple[str, Target, Precision, str], LoweredProgram] = {}
+
+    def model(self, case: str, target: str | Target, precision: str | Precision, attention: str = "auto") -> Any:
+        key = (case, Target.parse(target), Precision.parse(precision), attention)
+        if key not in self._models:
+            graph = CATALOGUE[case]()
+            _, params = random_leaves(graph)
+            self._models[key] = rlx_mil.convert(graph, params, target=key[1], precision=key[2], attention=attention)
+        return self._models[key]
+
+    def lowered(self, case: str, target: str | Target, precision: str | Precision, attention: str = "auto") -> LoweredProgram:
+        key = (case, Target.parse(target), Precision.parse(precision), attention)
+        if key not in self._lowered:
+            graph = CATALOGUE[case]()
+            _, params = random_leaves(graph)
+            self._lowered[key] = lower_with_names(graph, params, target=key[1], precision=key[2], attention=attention)
+        return self._lowered[key]
+
+    def close(self) -> None:
+        for model in self._models.values():
+            shutil.rmtree(model.package_path, ignore_errors=True)
+        self._models.clear()
+        self._lowered.clear()

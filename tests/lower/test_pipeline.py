@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from catalogue import CATALOGUE, random_leaves
+from catalogue import CATALOGUE, CATALOGUE_GROUP, CatalogueModels, random_leaves
 
 import rlx_mil
 from rlx_mil.coreml.pipeline import (
@@ -37,13 +37,18 @@ SETTINGS = [
 ]
 
 
-def _both(graph: Graph, params: dict[str, np.ndarray], target: str, precision: str, attention: str) -> tuple[object, object]:
-    trimmed = rlx_mil.convert(graph, params, target=target, precision=precision, attention=attention)
+def _default(graph: Graph, params: dict[str, np.ndarray], target: str, precision: str, attention: str) -> object:
+    """The structure of the program Core ML's default pipeline makes."""
     default = rlx_mil.convert(
         graph, params, target=target, precision=precision, attention=attention,
         pass_pipeline=default_pass_pipeline(Precision.parse(precision)),
     )
-    return program_structure(trimmed._mil_program), program_structure(default._mil_program)  # type: ignore[attr-defined]
+    return program_structure(default._mil_program)  # type: ignore[attr-defined]
+
+
+def _both(graph: Graph, params: dict[str, np.ndarray], target: str, precision: str, attention: str) -> tuple[object, object]:
+    trimmed = rlx_mil.convert(graph, params, target=target, precision=precision, attention=attention)
+    return program_structure(trimmed._mil_program), _default(graph, params, target, precision, attention)  # type: ignore[attr-defined]
 
 
 def _convertible_cases() -> list[tuple[str, str, str, str]]:
@@ -57,12 +62,15 @@ def _convertible_cases() -> list[tuple[str, str, str, str]]:
     return cases
 
 
+@pytest.mark.xdist_group(CATALOGUE_GROUP)
 @pytest.mark.parametrize(("name", "target", "precision", "attention"), _convertible_cases())
-def test_trimmed_pipeline_gives_the_default_program(name: str, target: str, precision: str, attention: str) -> None:
+def test_trimmed_pipeline_gives_the_default_program(
+    name: str, target: str, precision: str, attention: str, catalogue_models: CatalogueModels,
+) -> None:
     graph = CATALOGUE[name]()
     _, params = random_leaves(graph)
-    trimmed, default = _both(graph, params, target, precision, attention)
-    assert trimmed == default
+    trimmed = program_structure(catalogue_models.model(name, target, precision, attention)._mil_program)
+    assert trimmed == _default(graph, params, target, precision, attention)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])
@@ -188,8 +196,11 @@ def _iOS18_cases() -> list[str]:
     return [name for name, target, precision, attention in _convertible_cases() if (target, precision) == ("iOS18", "fp16")]
 
 
+@pytest.mark.xdist_group(CATALOGUE_GROUP)
 @pytest.mark.parametrize("name", _iOS18_cases())
-def test_skipped_nonreplaceable_marks_give_the_same_program(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_skipped_nonreplaceable_marks_give_the_same_program(
+    name: str, monkeypatch: pytest.MonkeyPatch, catalogue_models: CatalogueModels,
+) -> None:
     """Blocks without constexpr ops skip recomputing Core ML's non-replaceable marks
     (`nonreplaceable_marks_only_with_constexprs`): the passes, which consult those marks, make
     the same program as with the recomputation on every block exit."""
@@ -197,7 +208,7 @@ def test_skipped_nonreplaceable_marks_give_the_same_program(name: str, monkeypat
 
     graph = CATALOGUE[name]()
     _, params = random_leaves(graph)
-    skipping = program_structure(rlx_mil.convert(graph, params, target="iOS18", precision="fp16")._mil_program)
+    skipping = program_structure(catalogue_models.model(name, "iOS18", "fp16")._mil_program)
     api = sys.modules["rlx_mil.api"]
     monkeypatch.setattr(api, "nonreplaceable_marks_only_with_constexprs", nullcontext)
     always = program_structure(rlx_mil.convert(graph, params, target="iOS18", precision="fp16")._mil_program)
