@@ -7,35 +7,28 @@ is tested elsewhere); generate runs a tiny stateful package through the MIL exec
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_llm_package import CFG, tiny_checkpoint, tiny_stateful_package
 
 from rlx_mil import api
 from rlx_mil.cli import main
-from rlx_mil.llm.package import convert_llm_checkpoint
-from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 
-CFG = TINY_CONFIGS["llama"]
 SLOW_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_checkpoint(tmp_path_factory.mktemp("ck") / "llama", CFG, seed=13)
+    return tiny_checkpoint(tmp_path_factory.mktemp("ck"), seed=13)
 
 
 @pytest.fixture(scope="module")
 def package(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("pkg") / "llm.mlpackage"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        convert_llm_checkpoint(checkpoint, out, max_context=16, prefill=[4], precision="fp32")
-    return out
+    return tiny_stateful_package(checkpoint, tmp_path_factory.mktemp("pkg"))
 
 
 _VALUES = ["0", "1", "-1", "4", "16", "2048", "99999999999", "nan", "4,8", "1,2", "x", "", "int4", "int8-sym-asym",

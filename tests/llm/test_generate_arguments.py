@@ -12,32 +12,24 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_llm_package import MAX_CONTEXT, VOCAB, tiny_checkpoint, tiny_stateful_package
 
 import rlx_mil
 from rlx_mil.cli import main
 from rlx_mil.errors import InvalidOptionError, RlxMilError
 from rlx_mil.generate import Session
-from rlx_mil.llm.package import convert_llm_checkpoint, reference_greedy
+from rlx_mil.llm.package import reference_greedy
 from rlx_mil.models import from_pretrained
-from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
-
-CFG = TINY_CONFIGS["llama"]
-VOCAB = CFG["vocab_size"]
-MAX_CONTEXT = 16
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_checkpoint(tmp_path_factory.mktemp("ck") / "llama", CFG, seed=7)
+    return tiny_checkpoint(tmp_path_factory.mktemp("ck"), seed=7)
 
 
 @pytest.fixture(scope="module")
 def package(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("pkg") / "llm.mlpackage"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        convert_llm_checkpoint(checkpoint, out, max_context=MAX_CONTEXT, prefill=[4], precision="fp32")
-    return out
+    return tiny_stateful_package(checkpoint, tmp_path_factory.mktemp("pkg"))
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ the reference refuses is refused, and what it accepts gives the reference's numb
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -13,24 +12,20 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_llm_package import BUCKET, MAX_CONTEXT, VOCAB, tiny_checkpoint, tiny_stateful_package
 
 import rlx_mil
 from rlx_mil import milexec, reference
 from rlx_mil.errors import EvaluationError, MilExecError, RlxMilError
 from rlx_mil.input_contract import INPUT_RANGES_METADATA_KEY
-from rlx_mil.llm.package import convert_llm_checkpoint
 from rlx_mil.models import from_pretrained
-from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 
-CFG = TINY_CONFIGS["llama"]
-VOCAB = CFG["vocab_size"]
-MAX_CONTEXT = 16
-SEQ = 4
+SEQ = BUCKET
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_checkpoint(tmp_path_factory.mktemp("ck") / "llama", CFG, seed=5)
+    return tiny_checkpoint(tmp_path_factory.mktemp("ck"), seed=5)
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +36,7 @@ def prefill(checkpoint: Path) -> tuple[Any, Any, Any]:
 
 @pytest.fixture(scope="module")
 def stateful(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("pkg") / "llm.mlpackage"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        convert_llm_checkpoint(checkpoint, out, max_context=MAX_CONTEXT, prefill=[SEQ], precision="fp32")
-    return out
+    return tiny_stateful_package(checkpoint, tmp_path_factory.mktemp("pkg"))
 
 
 def test_packages_declare_the_ranges(prefill: tuple[Any, Any, Any], stateful: Path) -> None:
