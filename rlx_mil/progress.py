@@ -97,3 +97,8 @@ class CountingParams(Mapping[str, np.ndarray]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._params
+
+    def prequantized_weights(self) -> Mapping[str, Any]:
+        """The wrapped mapping's already quantized weights (see `rlx_mil.compress.prequantized`)."""
+        get = getattr(self._params, "prequantized_weights", None)
+        return get() if callable(get) else {}

@@ -27,19 +27,7 @@ from rlx_mil.units import human_bytes
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The convert-hf flags (besides the shared --target/--precision/... conversion flags)."""
     p.add_argument("model_dir", type=Path, help="checkpoint folder: config.json + model.safetensors (or shards)")
-    p.add_argument("-o", "--output", type=Path, required=True, help="output .mlpackage path")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing package")
-    p.add_argument("--variant", default="prefill", choices=VARIANTS,
-                   help="decoders: prefill (S tokens, causal) or decode (new tokens against a KV cache)")
-    p.add_argument("--seq-len", type=int, help="tokens per call (prefill default 128, decode default 1)")
-    p.add_argument("--cache-len", type=int, help="decode: past positions held in the KV cache")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--last-logits", action="store_true", help="output the last position's logits only")
-    p.add_argument("--kv-outputs", action="store_true", help="prefill: also output every layer's K/V")
-    p.add_argument("--position-ids", action="store_true", help="prefill: take position_ids as an input")
-    p.add_argument("--max-positions", type=int, help="rows of the RoPE tables (default: just enough)")
-    p.add_argument("--attention-mask", action="store_true",
-                   help="decode with --seq-len 1: take a key-padding attention_mask over the cache and the new token")
+    add_decoder_arguments(p)
     p.add_argument("--pooling", default="auto", choices=["auto", "mean", "cls", "none"],
                    help="encoders: sentence embedding pooling (auto: the sentence-transformers config)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
@@ -55,6 +43,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--description", help="Core ML short description (default: the model's name and architecture)")
     p.add_argument("--model-version", metavar="VERSION", help="Core ML model version string (default: the model card's)")
     add_stateful_arguments(p)
+
+
+def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
+    """The output and decoder-graph flags convert-hf and convert-gguf share."""
+    p.add_argument("-o", "--output", type=Path, required=True, help="output .mlpackage path")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing package")
+    p.add_argument("--variant", default="prefill", choices=VARIANTS,
+                   help="decoders: prefill (S tokens, causal) or decode (new tokens against a KV cache)")
+    p.add_argument("--seq-len", type=int, help="tokens per call (prefill default 128, decode default 1)")
+    p.add_argument("--cache-len", type=int, help="decode: past positions held in the KV cache")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--last-logits", action="store_true", help="output the last position's logits only")
+    p.add_argument("--kv-outputs", action="store_true", help="prefill: also output every layer's K/V")
+    p.add_argument("--position-ids", action="store_true", help="prefill: take position_ids as an input")
+    p.add_argument("--max-positions", type=int, help="rows of the RoPE tables (default: just enough)")
+    p.add_argument("--attention-mask", action="store_true",
+                   help="decode with --seq-len 1: take a key-padding attention_mask over the cache and the new token")
 
 
 def build_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -180,14 +185,8 @@ def refuse_stateful_flags_without_stateful(args: argparse.Namespace) -> None:
         raise InvalidOptionError(f"{', '.join(given)} only apply with --stateful; add --stateful or drop them")
 
 
-def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> int:
-    """`convert-hf --stateful`: build, convert and save the package; `--verify` checks that the
-    MIL executor generates the reference's greedy tokens."""
-    import time
-
-    from rlx_mil.coreml.package_info import package_info
-    from rlx_mil.llm.generate import Session
-
+def refuse_graph_flags(args: argparse.Namespace) -> None:
+    """--stateful builds its own graphs: the flags that shape one graph are refused."""
     own_graph_flags = {
         "--variant decode": args.variant == "decode", "--seq-len": args.seq_len is not None,
         "--cache-len": args.cache_len is not None, "--kv-outputs": args.kv_outputs,
@@ -201,6 +200,17 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> i
             f"--stateful builds its own decode graphs (one per prefill bucket and decode, sized by --max-context);"
             f" drop {', '.join(clashing)}"
         )
+
+
+def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> int:
+    """`convert-hf --stateful`: build, convert and save the package; `--verify` checks that the
+    MIL executor generates the reference's greedy tokens."""
+    import time
+
+    from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.llm.generate import Session
+
+    refuse_graph_flags(args)
     check_output(args.output, args.overwrite)
     start = time.perf_counter()
     convert_llm_checkpoint(

@@ -68,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     conversion_flags(hf)
     compression_flags(hf)
 
+    gg = sub.add_parser("convert-gguf", help="convert a llama.cpp GGUF file to .mlpackage (its quantization kept)")
+    _convert_gguf_arguments(gg)
+    conversion_flags(gg)
+    compression_flags(gg)
+
     insp = sub.add_parser("inspect", help="summarise a .mlpackage (IO, op histogram, weights, target) or a graph JSON")
     insp.add_argument("package", type=Path, help="a .mlpackage folder, or a graph .json (inputs, params, op histogram)")
     insp.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -166,6 +171,18 @@ def _convert_hf_arguments(p: argparse.ArgumentParser) -> None:
     from rlx_mil.cli.convert_hf import add_arguments
 
     add_arguments(p)
+
+
+def _convert_gguf_arguments(p: argparse.ArgumentParser) -> None:
+    from rlx_mil.cli.convert_gguf import add_arguments
+
+    add_arguments(p)
+
+
+def _convert_gguf(args: argparse.Namespace) -> int:
+    from rlx_mil.cli.convert_gguf import run
+
+    return run(args)
 
 
 def _demo_families() -> tuple[str, ...]:
@@ -353,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     handlers: dict[str, Any] = {
-        "convert": _convert, "convert-hf": _convert_hf, "inspect": _inspect, "run": _run, "demo": _demo,
+        "convert": _convert, "convert-hf": _convert_hf, "convert-gguf": _convert_gguf, "inspect": _inspect, "run": _run, "demo": _demo,
         "generate": _generate, "eval": _eval,
     }
     handler = getattr(args, "handler", None) or handlers[args.command]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +36,16 @@ def convert_checkpoint(
     save_graph: Path | None = None,
     description: Mapping[str, str | None] | None = None,
     check_inputs: Mapping[str, np.ndarray] | None = None,
+    loader: Callable[..., tuple[Graph, Mapping[str, Any]]] | None = None,
+    prepare: Callable[[Any, Any, Mapping[str, str | None] | None], Any] | None = None,
 ) -> tuple[Graph, Mapping[str, Any], Path]:
     """from_pretrained -> rlx_mil.convert -> rlx_mil.save, each stage reported on `progress`.
     The package carries the checkpoint's tokenizer files and model description
     (`rlx_mil.llm.package_files`; `description` overrides its fields). With `check_inputs` and
     compression, the uncompressed conversion's output error on them is recorded too.
+    `loader` (default `from_pretrained`) reads `model_dir` with the `build` options and
+    `prepare(model, model_dir, description)` (default `prepare_package`) adds the text side
+    (`from_gguf` and its package preparation for a GGUF file).
     Returns the graph, its params and the package path."""
     from rlx_mil import api
     from rlx_mil.coreml.patches import passes_shown_on
@@ -49,7 +54,7 @@ def convert_checkpoint(
     out = Path(output)
     check_output(out, overwrite)
     progress.begin("reading the checkpoint")
-    graph, params = from_pretrained(model_dir, **build)
+    graph, params = (loader or from_pretrained)(model_dir, **build)
     progress.end(f"{graph.name}: {len(graph)} IR nodes, {len(params)} params")
     if save_graph is not None:
         graph.to_json_file(save_graph)
@@ -89,7 +94,7 @@ def convert_checkpoint(
         progress.end()
     from rlx_mil.llm.package_files import prepare_package
 
-    prepare_package(model, model_dir, description)
+    (prepare or prepare_package)(model, model_dir, description)
     progress.begin("writing the package")
     path = api.save(model, out, overwrite=overwrite)
     progress.end(str(path))

@@ -46,6 +46,8 @@ def convert_llm_checkpoint(
     overwrite: bool = False,
     attention_mask: bool = False,
     description: dict[str, str | None] | None = None,
+    loader: Any = None,
+    prepare: Any = None,
     **convert_options: Any,
 ) -> Any:
     """Build decode (and `prefill_<n>`) graphs from the checkpoint and convert them into one
@@ -53,7 +55,8 @@ def convert_llm_checkpoint(
     writes it to `output` when given. `convert_options` are `rlx_mil.convert`'s (target,
     precision, compute_units, attention, cache_layout). The package carries the checkpoint's
     tokenizer files and model description (`rlx_mil.llm.package_files`; `description`
-    overrides its fields)."""
+    overrides its fields). `loader` (default `from_pretrained`) and `prepare` (default
+    `prepare_package`) read another source the same way (`from_gguf` for GGUF files)."""
     from rlx_mil.api import convert_functions, save
     from rlx_mil.llm.package_files import prepare_package
     from rlx_mil.models.pretrained import from_pretrained
@@ -69,7 +72,7 @@ def convert_llm_checkpoint(
         raise InvalidOptionError("a key-padding attention_mask is only built for the one-token decode graph; drop the prefill buckets")
 
     def graph(new_tokens: int) -> Any:
-        return from_pretrained(
+        return (loader or from_pretrained)(
             model_dir, "decode", seq_len=new_tokens, cache_len=1, max_positions=max_context, last_logits=True,
             attention_mask=attention_mask and new_tokens == 1,
         )
@@ -80,14 +83,14 @@ def convert_llm_checkpoint(
     model = convert_functions(
         functions, params, kv_cache="auto", max_context=max_context, default_function="decode", **convert_options,
     )
-    prepare_package(model, model_dir, description)
+    (prepare or prepare_package)(model, model_dir, description)
     if output is not None:
         save(model, Path(output), overwrite=overwrite)
     return model
 
 
 def reference_greedy(
-    model_dir: str | os.PathLike[str], prompt: Sequence[int], steps: int, compression: Any = None
+    model_dir: str | os.PathLike[str], prompt: Sequence[int], steps: int, compression: Any = None, loader: Any = None,
 ) -> list[int]:
     """Greedy tokens of the checkpoint's plain (stateless) graph run by the NumPy reference over
     the whole sequence at every step: what a stateful package must reproduce. `compression`
@@ -99,7 +102,7 @@ def reference_greedy(
 
     tokens = list(prompt)
     for _ in range(steps):
-        graph, params = from_pretrained(model_dir, "prefill", seq_len=len(tokens), last_logits=True)
+        graph, params = (loader or from_pretrained)(model_dir, "prefill", seq_len=len(tokens), last_logits=True)
         if compression is not None:
             from rlx_mil.compress import dequantized_params
 

@@ -158,3 +158,80 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return held
+
+
+# ---------------------------------------------------------------------------- tokenizers
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog 1234567890 times.",
+    "It's a beautiful day, isn't it? We'll see what they've done.",
+    "Numbers like 3.14159 and 2718 appear; so do emoji 🙂 and accents: café, naïve.",
+    "def add(a, b):\n    return a + b\n\n\nprint(add(2, 40))",
+] * 4
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def pre_tokenizer(kind: str) -> Any:
+    """The Hugging Face pre-tokenizer of a llama.cpp `tokenizer.ggml.pre` kind."""
+    from tokenizers import Regex, pre_tokenizers
+
+    from rlx_mil.models.gguf.tokenizer import LLAMA3_SPLIT
+
+    if kind == "smollm":  # SmolLM's tokenizer.json: single digits, then GPT-2's byte-level split
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    if kind == "gpt2":
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
+def trained_bpe(kind: str, vocab_size: int = 400) -> Any:
+    """A byte-level BPE tokenizer trained on CORPUS with the pre-tokenizer of `kind`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizer(kind)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    return tok
+
+
+def bpe_metadata(tok: Any, pre_name: str, **extra: Any) -> Callable[[Any], None]:
+    """What llama.cpp's converter writes for a byte-level BPE tokenizer (tokens in id order,
+    merges as 'a b', special tokens as control tokens), as a `write_gguf` tokenizer hook."""
+    import json
+
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
+
+    def add(w: Any) -> None:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre_name)
+        w.add_token_list(tokens)
+        w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+        w.add_token_merges(merges)
+        w.add_bos_token_id(vocab["<|im_start|>"])
+        w.add_eos_token_id(vocab["<|im_end|>"])
+        w.add_chat_template(TEMPLATE)
+        for key, value in extra.items():
+            getattr(w, f"add_{key}")(value)
+
+    return add
+
+
+def write_metadata_only(path: str | Path, arch: str, add: Callable[[Any], None]) -> None:
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    add(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

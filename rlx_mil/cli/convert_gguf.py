@@ -1,0 +1,129 @@
+"""`rlx-mil convert-gguf`: a llama.cpp GGUF file -> a verified `.mlpackage`, its quantized
+tensors kept as compressed weights and its tokenizer stored with the package."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from rlx_mil.cli.convert_hf import (
+    DEFAULT_MAX_CONTEXT,
+    _vocab_size,
+    add_decoder_arguments,
+    add_stateful_arguments,
+    compress_check_inputs,
+    convert_kwargs,
+    description_overrides,
+    print_compression,
+    refuse_graph_flags,
+    refuse_stateful_flags_without_stateful,
+)
+from rlx_mil.errors import InvalidOptionError
+from rlx_mil.llm.convert_hf import check_output, convert_checkpoint
+from rlx_mil.progress import Progress, running_under_ci
+from rlx_mil.units import human_bytes
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The convert-gguf flags (besides the shared --target/--precision/--compress flags)."""
+    p.add_argument("model", type=Path, help="a GGUF file (llama, qwen2, qwen3, gemma2 or phi3 architecture)")
+    add_decoder_arguments(p)
+    p.add_argument("--deploy", metavar="DEVICE",
+                   help="re-quantize the GGUF codes for a device (e.g. ane: grouped-channel LUTs); not available yet")
+    p.add_argument("--save-graph", type=Path, metavar="GRAPH_JSON", help="also write the RLX graph as JSON")
+    p.add_argument("--verify", action="store_true",
+                   help="run the package through the NumPy MIL executor and compare with the reference on the"
+                   " same codes")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output (also off when CI is set)")
+    p.add_argument("--author", help="Core ML model author (default: the file's general.author / organization)")
+    p.add_argument("--license", help="Core ML model license (default: the file's general.license)")
+    p.add_argument("--description", help="Core ML short description (default: the model's name and architecture)")
+    p.add_argument("--model-version", metavar="VERSION", help="Core ML model version string (default: general.version)")
+    add_stateful_arguments(p)
+
+
+def build_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """`from_gguf` keyword arguments from the parsed flags."""
+    return {
+        "variant": args.variant, "seq_len": args.seq_len, "cache_len": args.cache_len,
+        "batch_size": args.batch_size, "last_logits": args.last_logits, "kv_outputs": args.kv_outputs,
+        "position_ids": args.position_ids, "max_positions": args.max_positions, "attention_mask": args.attention_mask,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """The convert-gguf command."""
+    from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.llm.gguf_package import prepare_gguf_package
+    from rlx_mil.models.gguf import from_gguf
+    from rlx_mil.models.verify import example_inputs, verify_package
+
+    if args.deploy is not None:
+        raise InvalidOptionError(
+            f"--deploy {args.deploy}: re-quantizing a GGUF file's codes for a device profile is not available in this"
+            " version; convert without --deploy to keep the file's own quantization"
+        )
+    refuse_stateful_flags_without_stateful(args)
+    check_inputs = compress_check_inputs(args)
+    if args.stateful:
+        if check_inputs is not None:
+            raise InvalidOptionError("--compress-check takes inputs of one stateless call; it does not apply to --stateful")
+        return run_stateful(args)
+    progress = Progress(enabled=not (args.quiet or running_under_ci()))
+    start = time.perf_counter()
+    graph, params, path = convert_checkpoint(
+        args.model, args.output, build=build_kwargs(args), convert=convert_kwargs(args), progress=progress,
+        overwrite=args.overwrite, save_graph=args.save_graph, description=description_overrides(args),
+        check_inputs=check_inputs, loader=from_gguf, prepare=prepare_gguf_package,
+    )
+    info = package_info(path)
+    print(f"wrote {path} ({info.num_ops} ops, {human_bytes(info.package_bytes)}) in {time.perf_counter() - start:.1f} s")
+    print_compression(info.metadata)
+    if args.verify:
+        from rlx_mil.compress import dequantized_params, report_of
+
+        report = report_of(info.metadata)
+        if report is not None:  # the package computes with the codes: verify against their decode
+            params = dequantized_params(params, report)
+        checks = verify_package(graph, params, path, example_inputs(graph, _vocab_size(graph)), args.precision)
+        for check in checks:
+            print(check.to_text())
+        if not all(c.ok for c in checks):
+            return 1
+    return 0
+
+
+def run_stateful(args: argparse.Namespace) -> int:
+    """`convert-gguf --stateful`: one stateful package (prefill buckets and decode sharing the
+    weights and the KV cache); `--verify` checks the executor's greedy tokens against the
+    reference on the same codes."""
+    from rlx_mil.compress import report_of
+    from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.llm.generate import Session
+    from rlx_mil.llm.gguf_package import prepare_gguf_package
+    from rlx_mil.llm.package import convert_llm_checkpoint, reference_greedy
+    from rlx_mil.models.gguf import from_gguf
+
+    refuse_graph_flags(args)
+    check_output(args.output, args.overwrite)
+    start = time.perf_counter()
+    convert_llm_checkpoint(
+        args.model, args.output, max_context=DEFAULT_MAX_CONTEXT if args.max_context is None else args.max_context,
+        prefill=args.prefill, overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked", attention_mask=args.attention_mask, description=description_overrides(args),
+        loader=from_gguf, prepare=prepare_gguf_package, **convert_kwargs(args),
+    )
+    info = package_info(args.output)
+    print(f"wrote {args.output} (functions {', '.join(info.functions)}; {info.weight_bytes} bytes of weights)"
+          f" in {time.perf_counter() - start:.1f} s")
+    print_compression(info.metadata)
+    if args.verify:
+        session = Session(args.output, engine="milexec", precision_model="float32" if args.precision == "fp32" else "declared")
+        prompt = [1 + (7 * i) % (session.vocab - 1) for i in range(5)]
+        got = session.generate(prompt, 8)
+        want = reference_greedy(args.model, prompt, 8, report_of(info.metadata), loader=from_gguf)
+        verdict = "ok" if got == want else "MISMATCH"
+        print(f"verify: greedy tokens after prompt {prompt}: package {got}, reference {want}: {verdict}")
+        return 0 if got == want else 1
+    return 0

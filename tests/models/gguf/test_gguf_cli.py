@@ -1,0 +1,56 @@
+"""`rlx-mil convert-gguf`: a quantized tiny GGUF file with its tokenizer -> a stateful package
+that verifies against the reference on the same codes and chats through `rlx-mil generate`."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from models.gguf.gguf_files import bpe_metadata, trained_bpe, write_gguf
+from rlx_mil.cli import main
+from rlx_mil.models.checkpoint import Checkpoint
+from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+
+@pytest.fixture(scope="module")
+def chat_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("gguf_cli")
+    tok = trained_bpe("smollm")
+    cfg: dict[str, Any] = {**copy.deepcopy(TINY_CONFIGS["llama"]), "vocab_size": tok.get_vocab_size(), "rope_scaling": None,
+                           "tie_word_embeddings": True, "num_hidden_layers": 1}
+    weights = Checkpoint(write_random_checkpoint(root / "hf", cfg, seed=4))
+    path = root / "chat.gguf"
+    write_gguf(path, cfg, {k: weights[k] for k in weights}, types=lambda n, s: "Q8_0", tokenizer=bpe_metadata(tok, "smollm"))
+    return path
+
+
+def test_stateful_conversion_verifies_and_chats(chat_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "chat.mlpackage"
+    assert main(["convert-gguf", str(chat_gguf), "-o", str(out), "--stateful", "--max-context", "64", "--prefill", "8",
+                 "--verify", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "verify: greedy tokens" in printed and ": ok" in printed
+    assert "compressed" in printed and "gguf-Q8_0" in printed
+    assert main(["generate", str(out), "--chat", "--prompt", "The quick fox", "-n", "4", "--engine", "milexec",
+                 "--quiet"]) == 0
+
+
+def test_stateless_conversion_verifies(chat_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.mlpackage"
+    assert main(["convert-gguf", str(chat_gguf), "-o", str(out), "--seq-len", "5", "--precision", "fp32", "--verify",
+                 "--quiet"]) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+def test_refusals(chat_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["convert-gguf", str(chat_gguf), "-o", str(tmp_path / "a.mlpackage"), "--deploy", "ane"]) == 1
+    assert "rlx-mil convert-gguf: error: --deploy ane" in capsys.readouterr().err
+    assert main(["convert-gguf", str(chat_gguf), "-o", str(tmp_path / "b.mlpackage"), "--target", "iOS17"]) == 1
+    assert "iOS18" in capsys.readouterr().err
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(chat_gguf.read_bytes()[:1000])
+    assert main(["convert-gguf", str(bad), "-o", str(tmp_path / "c.mlpackage")]) == 1
+    assert "rlx-mil convert-gguf: error:" in capsys.readouterr().err
