@@ -164,3 +164,26 @@ def test_unknown_rope_types_and_fields_are_typed_errors(edit: dict[str, Any], fi
         model_spec({**config_with({}), **edit})
     assert info.value.field == field
     assert field.rsplit(".", 1)[-1] in str(info.value)
+
+
+def test_rope_parameters_per_layer_type() -> None:
+    """transformers 5 may key rope_parameters by layer type: each layer gets its type's RoPE
+    (one table pair per distinct RoPE), and equal per-type dicts give the flat form's graph."""
+    from rlx_mil.models.pretrained import build
+
+    base = {k: v for k, v in TINY_CONFIGS["gemma2"].items() if k != "rope_theta"}
+    nested = {**base, "layer_types": ["sliding_attention", "full_attention"],
+              "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+    spec = spec_of(nested)
+    assert [(r.kind, r.theta) for r in spec.layer_ropes if r is not None] == [("default", 1e4), ("linear", 1e6)]
+    _, _, computed = build(spec, seq_len=4)
+    assert set(computed) == {"rope.cos", "rope.sin", "rope_1.cos", "rope_1.sin"}
+    same = {**nested, "rope_parameters": {kind: {"rope_type": "default", "rope_theta": 1e4}
+                                          for kind in ("full_attention", "sliding_attention")}}
+    flat = {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+    (g1, _, c1), (g2, _, c2) = (build(spec_of(cfg), seq_len=4) for cfg in (same, flat))
+    assert json.dumps(g1.to_json()) == json.dumps(g2.to_json())
+    assert set(c1) == set(c2) == {"rope.cos", "rope.sin"}
+    with pytest.raises(UnsupportedConfigError, match="sliding_attention"):
+        spec_of({**nested, "rope_parameters": {"full_attention": {"rope_type": "default"}}})

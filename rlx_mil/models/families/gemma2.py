@@ -53,8 +53,9 @@ def gemma_sandwich(f: Fields, c: dict[str, Any]) -> dict[str, Any]:
                       "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 4})
 def read_gemma2(f: Fields) -> DecoderSpec:
     c = decoder_common(f)
-    rope, _ = read_rope(f, c["head_dim"])
     # transformers' Gemma 2: even layers (0, 2, ...) slide.
     default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(c["num_layers"])]
-    windows = windows_of(layer_types(f, default), f.opt_int("sliding_window"))
-    return DecoderSpec(**c, rope=rope, **gemma_sandwich(f, c), layer_windows=windows)
+    types = layer_types(f, default)
+    rope, ropes = read_rope(f, c["head_dim"], types=types)  # rope_parameters may be per layer type
+    return DecoderSpec(**c, rope=rope, layer_ropes=ropes, **gemma_sandwich(f, c),
+                       layer_windows=windows_of(types, f.opt_int("sliding_window")))

@@ -32,13 +32,14 @@ QWEN3_DEFAULTS: dict[str, Any] = {
 }
 
 
-def qwen_windows(f: Fields, layers: int) -> tuple[int | None, ...]:
-    """transformers' Qwen2/Qwen3: `sliding_window` only with `use_sliding_window` (else None);
-    by default sliding from layer `max_window_layers` on."""
+def qwen_layers(f: Fields, layers: int) -> tuple[tuple[str, ...], tuple[int | None, ...]]:
+    """transformers' Qwen2/Qwen3: (layer types, windows): `sliding_window` only with
+    `use_sliding_window` (else None); by default sliding from layer `max_window_layers` on."""
     window = f.opt_int("sliding_window") if f.bool_("use_sliding_window") else None
     first = f.int_("max_window_layers", minimum=0)
     default = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)]
-    return windows_of(layer_types(f, default), window)
+    types = layer_types(f, default)
+    return types, windows_of(types, window)
 
 
 @decoder_family("qwen2", name="Qwen2", defaults=QWEN2_DEFAULTS, config_class="Qwen2Config",
@@ -49,8 +50,9 @@ def read_qwen2(f: Fields) -> DecoderSpec:
     # Qwen2 has no head_dim field; its attention reads one when the config carries it.
     c = decoder_common(f)
     f.choice("hidden_act", GATE_ACTIVATIONS)
-    rope, _ = read_rope(f, c["head_dim"])
-    return DecoderSpec(**c, rope=rope, qkv_bias=True, layer_windows=qwen_windows(f, c["num_layers"]))
+    types, windows = qwen_layers(f, c["num_layers"])
+    rope, ropes = read_rope(f, c["head_dim"], types=types)
+    return DecoderSpec(**c, rope=rope, layer_ropes=ropes, qkv_bias=True, layer_windows=windows)
 
 
 @decoder_family("qwen3", name="Qwen3", defaults=QWEN3_DEFAULTS, config_class="Qwen3Config", legacy=ROPE_LEGACY_KEYS,
@@ -59,7 +61,8 @@ def read_qwen2(f: Fields) -> DecoderSpec:
 def read_qwen3(f: Fields) -> DecoderSpec:
     c = decoder_common(f)
     f.choice("hidden_act", GATE_ACTIVATIONS)
-    rope, _ = read_rope(f, c["head_dim"])
+    types, windows = qwen_layers(f, c["num_layers"])
+    rope, ropes = read_rope(f, c["head_dim"], types=types)
     bias = f.bool_("attention_bias")
-    return DecoderSpec(**c, rope=rope, qkv_bias=bias, o_bias=bias, qk_norm=True,
-                       layer_windows=qwen_windows(f, c["num_layers"]))
+    return DecoderSpec(**c, rope=rope, layer_ropes=ropes, qkv_bias=bias, o_bias=bias, qk_norm=True,
+                       layer_windows=windows)
