@@ -118,10 +118,20 @@ def _validated_reader(path: Path, size: int) -> Any:
     return Reader(path)
 
 
-class GGUFFile:
-    """A GGUF file's metadata (`value(key)`) and tensors (`tensor(name)`), memory-mapped."""
+#: Metadata arrays longer than this are dropped by `GGUFFile(..., large_arrays=False)`.
+LARGE_ARRAY = 4096
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+
+class GGUFFile:
+    """A GGUF file's metadata (`value(key)`) and tensors (`tensor(name)`), memory-mapped.
+
+    `gguf.GGUFReader` keeps a NumPy view per entry of every metadata array: a 150k-token
+    vocabulary costs a few hundred MB. With `large_arrays=False` those arrays (the tokenizer's
+    tokens, merges, scores, types) are dropped once the header is parsed; `array_length` still
+    answers for them, `value` gives None (open the file again with them to read a tokenizer).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, large_arrays: bool = True) -> None:
         self.path = Path(path)
         stream, size = open_regular_file(self.path, "GGUF file")  # FIFOs, devices, folders refused
         stream.close()
@@ -138,6 +148,12 @@ class GGUFFile:
             raise
         except (ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError, TypeError) as err:
             raise GGUFFormatError(f"{self.path}: not a readable GGUF file ({type(err).__name__}: {err}); truncated or corrupt") from None
+        self._dropped: dict[str, int] = {}
+        if not large_arrays:
+            for key, field in list(reader.fields.items()):
+                if len(field.data) > LARGE_ARRAY:
+                    self._dropped[key] = len(field.data)
+                    del reader.fields[key]
         self._reader = reader
         self.alignment = int(reader.alignment)
         self.tensors: dict[str, GGUFTensor] = {}
@@ -157,7 +173,7 @@ class GGUFFile:
         return (k for k in self._reader.fields if not k.startswith("GGUF."))
 
     def has(self, key: str) -> bool:
-        return key in self._reader.fields
+        return key in self._reader.fields or key in self._dropped
 
     def value(self, key: str, default: Any = None) -> Any:
         """The metadata value under `key` (a str, int, float, bool or list), or `default`."""
@@ -172,7 +188,7 @@ class GGUFFile:
     def array_length(self, key: str) -> int:
         """Entries of an array value without decoding them (0 when absent)."""
         field = self._reader.fields.get(key)
-        return 0 if field is None else len(field.data)
+        return self._dropped.get(key, 0) if field is None else len(field.data)
 
     # ------------------------------------------------------------------ tensors
     def tensor(self, name: str) -> GGUFTensor:
