@@ -157,21 +157,24 @@ class Format:
     int_offset: int | None = None
     #: w = scale * q + bias: a float offset per block.
     biased: bool = False
+    #: The block scale and offset in llama.cpp's field names (for the docs).
+    scale_text: str = "d"
+    offset_text: str = "-"
 
 
 FORMATS: dict[str, Format] = {
     "Q8_0": Format(QuantKind.GGUF_Q8_0, _q8_0, 32, "int8"),
-    "Q4_0": Format(QuantKind.GGUF_Q4_0, _q4_0, 32, "uint4", int_offset=8),
-    "Q4_1": Format(QuantKind.GGUF_Q4_1, _q4_1, 32, "uint4", biased=True),
+    "Q4_0": Format(QuantKind.GGUF_Q4_0, _q4_0, 32, "uint4", int_offset=8, scale_text="d", offset_text="8"),
+    "Q4_1": Format(QuantKind.GGUF_Q4_1, _q4_1, 32, "uint4", biased=True, scale_text="d", offset_text="-m / d (float)"),
     "Q5_0": Format(QuantKind.GGUF_Q5_0, _q5_0, 32, "int8"),
-    "Q5_1": Format(QuantKind.GGUF_Q5_1, _q5_1, 32, "uint8", biased=True),
-    "Q2_K": Format(QuantKind.GGUF_Q2K, _q2_k, 16, "uint4", biased=True),
-    "Q3_K": Format(QuantKind.GGUF_Q3K, _q3_k, 16, "int4"),
-    "Q4_K": Format(QuantKind.GGUF_Q4K, _q4_k, 32, "uint4", biased=True),
-    "Q5_K": Format(QuantKind.GGUF_Q5K, _q5_k, 32, "uint8", biased=True),
-    "Q6_K": Format(QuantKind.GGUF_Q6K, _q6_k, 16, "int8"),
+    "Q5_1": Format(QuantKind.GGUF_Q5_1, _q5_1, 32, "uint8", biased=True, scale_text="d", offset_text="-m / d (float)"),
+    "Q2_K": Format(QuantKind.GGUF_Q2K, _q2_k, 16, "uint4", biased=True, scale_text="d * sc", offset_text="dmin * m / (d * sc) (float)"),
+    "Q3_K": Format(QuantKind.GGUF_Q3K, _q3_k, 16, "int4", scale_text="d * (sc - 32)", offset_text="-"),
+    "Q4_K": Format(QuantKind.GGUF_Q4K, _q4_k, 32, "uint4", biased=True, scale_text="d * sc", offset_text="dmin * m / (d * sc) (float)"),
+    "Q5_K": Format(QuantKind.GGUF_Q5K, _q5_k, 32, "uint8", biased=True, scale_text="d * sc", offset_text="dmin * m / (d * sc) (float)"),
+    "Q6_K": Format(QuantKind.GGUF_Q6K, _q6_k, 16, "int8", scale_text="d * sc", offset_text="-"),
     "IQ4_NL": Format(QuantKind.GGUF_IQ4NL, _iq4_nl, 32, "lut4"),
-    "IQ4_XS": Format(QuantKind.GGUF_IQ4XS, _iq4_xs, 32, "lut4"),
+    "IQ4_XS": Format(QuantKind.GGUF_IQ4XS, _iq4_xs, 32, "lut4", scale_text="d * (ls - 32)", offset_text="-"),
 }
 #: Formats whose codes and tables are the file's exactly (in fp16 and fp32 programs).
 EXACT = frozenset({"Q8_0", "Q4_0", "Q5_0", "IQ4_NL"})
