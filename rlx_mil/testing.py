@@ -5,6 +5,11 @@ converted program (after Core ML's pass pipeline) through the NumPy MIL executor
 save -> reload round trip, and on macOS through `MLModel.predict` on CPU_ONLY and ALL; every
 output is compared with `rlx_mil.reference.evaluate`.
 
+`compare_greedy_step` / `GreedyComparison` compare greedy generations tie-aware: a different
+token where the reference's top choice leads the package's by no more than the precision's
+reach is a near-tie, reported, and the comparison continues teacher-forced with the
+reference's token; a real divergence or a logit beyond tolerance fails.
+
 Tolerances (elementwise `|got - want| <= atol + rtol * |want|`, non-finite values must match):
 
 * fp32 precision: atol 1e-4, rtol 1e-4 — float32 kernels, differences come from summation
@@ -201,3 +206,91 @@ def check_conversion(
     if raise_on_failure and report.failures:
         raise ConversionMismatch(f"graph {graph.name!r}: " + report.summary())
     return report
+
+
+# -- greedy generations, tie-aware ---------------------------------------------------------------
+#: Logit tolerance per precision, relative to the reference logits' largest magnitude at a step
+#: (what `rlx_mil.models.verify` allows a plain package's outputs).
+GREEDY_RELATIVE_TOLERANCE = {"fp32": 1e-4, "fp16": 5e-2}
+
+
+@dataclass(frozen=True)
+class GreedyStep:
+    """One position of a greedy comparison.
+
+    verdict: "match" (same argmax), "near-tie" (another argmax, but the reference prefers its
+    own token by no more than twice the tolerance: within the precision's reach, the comparison
+    goes on with the reference's token), "diverged" (another argmax the precision cannot
+    explain) or "logits" (same or tied tokens, but some logit is off by more than the
+    tolerance)."""
+
+    step: int
+    reference_token: int
+    package_token: int
+    margin: float  # reference logit of its token minus that of the package's token
+    logit_error: float  # max |package - reference| over the vocabulary
+    tolerance: float
+    verdict: str
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict in ("match", "near-tie")
+
+    def to_text(self) -> str:
+        chosen = f"token {self.reference_token}" if self.package_token == self.reference_token else (
+            f"reference {self.reference_token}, package {self.package_token} (margin {self.margin:.3g})")
+        return (f"step {self.step}: {chosen}; max |logit error| {self.logit_error:.3g}"
+                f" (tolerance {self.tolerance:.3g}): {self.verdict}")
+
+
+@dataclass
+class GreedyComparison:
+    """Every step of a teacher-forced greedy comparison; see `compare_greedy_step`."""
+
+    what: str
+    steps: list[GreedyStep] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.steps) and all(s.ok for s in self.steps)
+
+    @property
+    def near_ties(self) -> list[GreedyStep]:
+        return [s for s in self.steps if s.verdict == "near-tie"]
+
+    @property
+    def max_logit_error(self) -> float:
+        return max((s.logit_error for s in self.steps), default=0.0)
+
+    def summary(self) -> str:
+        failed = [s for s in self.steps if not s.ok]
+        ties = self.near_ties
+        tie_text = f"{len(ties)} near-tie{'s' if len(ties) != 1 else ''}" + (
+            f" (steps {', '.join(str(s.step) for s in ties)})" if ties else "")
+        verdict = "ok" if self.ok else f"MISMATCH at step {failed[0].step}" if failed else "MISMATCH (nothing compared)"
+        return (f"compared {len(self.steps)} greedy steps of {self.what}: max |logit error| {self.max_logit_error:.3g},"
+                f" {tie_text}: {verdict}")
+
+
+def compare_greedy_step(step: int, got: np.ndarray, want: np.ndarray, precision: str) -> GreedyStep:
+    """Compare the package's logits `got` with the reference's `want` at one position.
+
+    A different argmax is a near-tie when the reference's margin between its token and the
+    package's is at most twice the tolerance (a difference each side's rounding can make up);
+    the caller then continues with the reference's token (teacher forcing)."""
+    got = np.asarray(got, np.float64).reshape(-1)
+    want = np.asarray(want, np.float64).reshape(-1)
+    if got.shape != want.shape:
+        raise ConversionMismatch(f"step {step}: package logits {got.shape} vs reference {want.shape}")
+    tolerance = GREEDY_RELATIVE_TOLERANCE[precision] * max(float(np.max(np.abs(want))), 1e-6)
+    ref_token, pkg_token = int(np.argmax(want)), int(np.argmax(got))
+    finite = bool(np.isfinite(got).all())
+    error = float(np.max(np.abs(got - want))) if finite else float("inf")
+    margin = float(want[ref_token] - want[pkg_token])
+    if pkg_token != ref_token:
+        verdict = "near-tie" if margin <= 2 * tolerance else "diverged"
+    else:
+        verdict = "match"
+    if verdict != "diverged" and not error <= tolerance:
+        verdict = "logits"
+    return GreedyStep(step, ref_token, pkg_token, margin, error, tolerance, verdict)

@@ -19,6 +19,7 @@ from rlx_mil.cli.convert_hf import (
     print_compression,
     refuse_graph_flags,
     refuse_stateful_flags_without_stateful,
+    verify_stateful_command,
 )
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.llm.convert_hf import check_output, convert_checkpoint
@@ -99,11 +100,9 @@ def run_stateful(args: argparse.Namespace) -> int:
     """`convert-gguf --stateful`: one stateful package (prefill buckets and decode sharing the
     weights and the KV cache); `--verify` checks the executor's greedy tokens against the
     reference on the same codes."""
-    from rlx_mil.compress import report_of
     from rlx_mil.coreml.package_info import package_info
-    from rlx_mil.llm.generate import Session
     from rlx_mil.llm.gguf_package import prepare_gguf_package
-    from rlx_mil.llm.package import convert_llm_checkpoint, reference_greedy
+    from rlx_mil.llm.package import convert_llm_checkpoint
     from rlx_mil.models.gguf import from_gguf
 
     refuse_graph_flags(args)
@@ -119,11 +118,5 @@ def run_stateful(args: argparse.Namespace) -> int:
           f" in {time.perf_counter() - start:.1f} s")
     print_compression(info.metadata)
     if args.verify:
-        session = Session(args.output, engine="milexec", precision_model="float32" if args.precision == "fp32" else "declared")
-        prompt = [1 + (7 * i) % (session.vocab - 1) for i in range(5)]
-        got = session.generate(prompt, 8)
-        want = reference_greedy(args.model, prompt, 8, report_of(info.metadata), loader=from_gguf)
-        verdict = "ok" if got == want else "MISMATCH"
-        print(f"verify: greedy tokens after prompt {prompt}: package {got}, reference {want}: {verdict}")
-        return 0 if got == want else 1
+        return verify_stateful_command(args.model, args.output, args.precision, info.metadata, loader=from_gguf)
     return 0

@@ -19,7 +19,7 @@ import numpy as np
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
 from rlx_mil.llm.convert_hf import VARIANTS, check_output, convert_checkpoint
-from rlx_mil.llm.package import convert_llm_checkpoint, reference_greedy
+from rlx_mil.llm.package import convert_llm_checkpoint, verify_stateful
 from rlx_mil.progress import Progress, running_under_ci
 from rlx_mil.units import human_bytes
 
@@ -202,13 +202,16 @@ def refuse_graph_flags(args: argparse.Namespace) -> None:
         )
 
 
+#: Greedy steps `convert-hf --stateful --verify` compares.
+VERIFY_STEPS = 8
+
+
 def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> int:
     """`convert-hf --stateful`: build, convert and save the package; `--verify` checks that the
     MIL executor generates the reference's greedy tokens."""
     import time
 
     from rlx_mil.coreml.package_info import package_info
-    from rlx_mil.llm.generate import Session
 
     refuse_graph_flags(args)
     check_output(args.output, args.overwrite)
@@ -223,14 +226,21 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> i
     names = ", ".join(info.functions)
     print(f"wrote {args.output} (functions {names}; {info.weight_bytes} bytes of weights) in {time.perf_counter() - start:.1f} s")
     if args.verify:
-        exact = args.precision == "fp32"
-        session = Session(args.output, engine="milexec", precision_model="float32" if exact else "declared")
-        prompt = [1 + (7 * i) % (session.vocab - 1) for i in range(5)]
-        got = session.generate(prompt, 8)
-        from rlx_mil.compress import report_of
+        return verify_stateful_command(args.model_dir, args.output, args.precision, info.metadata)
+    return 0
 
-        want = reference_greedy(args.model_dir, prompt, 8, report_of(info.metadata))
-        verdict = "ok" if got == want else "MISMATCH"
-        print(f"verify: greedy tokens after prompt {prompt}: package {got}, reference {want}: {verdict}")
-        return 0 if got == want else 1
+
+def verify_stateful_command(model: Any, package: Any, precision: str, metadata: Any, loader: Any = None) -> int:
+    """`--verify` of a stateful package: tie-aware greedy steps against the reference, one line
+    each, then what was compared; the exit code."""
+    from rlx_mil.compress import report_of
+
+    print(f"verify: {VERIFY_STEPS} greedy steps, the package on the MIL executor against the NumPy reference"
+          " of the checkpoint's plain graph (teacher-forced on the reference's tokens)", flush=True)
+    comparison = verify_stateful(
+        model, package, None, VERIFY_STEPS, precision=precision, compression=report_of(metadata),
+        report=lambda line: print(f"verify: {line}", flush=True), loader=loader,
+    )
+    print(f"verify: {comparison.summary()}")
+    return 0 if comparison.ok else 1 if comparison.ok else 1
     return 0

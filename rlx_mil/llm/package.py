@@ -9,11 +9,12 @@ stateful conversion then turns the past K/V inputs into the state.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rlx_mil.errors import InvalidOptionError
+from rlx_mil.milexec.prepared import MemoryMode
 
 
 def prefill_buckets(text: str | Sequence[int] | None, max_context: int) -> list[int]:
@@ -89,24 +90,78 @@ def convert_llm_checkpoint(
     return model
 
 
-def reference_greedy(
-    model_dir: str | os.PathLike[str], prompt: Sequence[int], steps: int, compression: Any = None, loader: Any = None,
-) -> list[int]:
-    """Greedy tokens of the checkpoint's plain (stateless) graph run by the NumPy reference over
-    the whole sequence at every step: what a stateful package must reproduce. `compression`
-    (the package's `CompressionReport`) makes the reference use the dequantized weights."""
+def reference_logits(
+    model_dir: str | os.PathLike[str], tokens: Sequence[int], compression: Any = None, loader: Any = None,
+) -> Any:
+    """Last-position logits `[vocab]` of the checkpoint's plain (stateless) graph over `tokens`,
+    run by the NumPy reference. `compression` (the package's `CompressionReport`) makes the
+    reference use the dequantized weights; `loader` builds the graph and params instead of
+    `from_pretrained` (same signature)."""
     import numpy as np
 
     from rlx_mil.models.pretrained import from_pretrained
     from rlx_mil.reference import evaluate
 
+    graph, params = (loader or from_pretrained)(model_dir, "prefill", seq_len=len(tokens), last_logits=True)
+    if compression is not None:
+        from rlx_mil.compress import dequantized_params
+
+        params = dequantized_params(params, compression)
+    logits = evaluate(graph, {"input_ids": np.asarray([list(tokens)], np.int32)}, params)["logits"]
+    return logits.reshape(-1, logits.shape[-1])[-1]
+
+
+def reference_greedy(
+    model_dir: str | os.PathLike[str], prompt: Sequence[int], steps: int, compression: Any = None, loader: Any = None,
+) -> list[int]:
+    """Greedy tokens of the checkpoint's plain (stateless) graph run by the NumPy reference over
+    the whole sequence at every step (see `reference_logits`)."""
+    import numpy as np
+
     tokens = list(prompt)
     for _ in range(steps):
-        graph, params = (loader or from_pretrained)(model_dir, "prefill", seq_len=len(tokens), last_logits=True)
-        if compression is not None:
-            from rlx_mil.compress import dequantized_params
-
-            params = dequantized_params(params, compression)
-        logits = evaluate(graph, {"input_ids": np.asarray([tokens], np.int32)}, params)["logits"]
-        tokens.append(int(np.argmax(logits.reshape(-1, logits.shape[-1])[-1])))
+        tokens.append(int(np.argmax(reference_logits(model_dir, tokens, compression, loader))))
     return tokens[len(prompt):]
+
+
+def verify_stateful(
+    model_dir: str | os.PathLike[str],
+    package: str | os.PathLike[str],
+    prompt: Sequence[int] | None,
+    steps: int,
+    *,
+    precision: str,
+    compression: Any = None,
+    memory: MemoryMode = "lean",
+    report: Callable[[str], None] | None = None,
+    loader: Any = None,
+) -> Any:
+    """Greedy generation of `package` on the MIL executor against the checkpoint's reference,
+    tie-aware and teacher-forced (`rlx_mil.testing.compare_greedy_step`): after the prompt,
+    each step compares the package's logits with the reference's over the whole sequence, then
+    both go on with the reference's token (`prompt` None: 5 ids spread over the vocabulary).
+    `report` gets one line per step. Returns the
+    `GreedyComparison`; it stops at the first step that fails."""
+    from rlx_mil.llm.generate import Session
+    from rlx_mil.testing import GreedyComparison, compare_greedy_step
+
+    exact = precision == "fp32"
+    session = Session(package, engine="milexec", precision_model="float32" if exact else "declared", memory=memory)
+    mode = "float32 executor" if exact else "fp16 as declared"
+    if prompt is None:
+        prompt = [1 + (7 * i) % (session.vocab - 1) for i in range(5)]
+    comparison = GreedyComparison(f"{Path(package).name} ({mode}, {session.memory} memory) after prompt {list(prompt)}")
+    tokens = list(prompt)
+    logits = session.feed(tokens)
+    for step in range(1, steps + 1):
+        want = reference_logits(model_dir, tokens, compression, loader)
+        result = compare_greedy_step(step, logits, want, precision)
+        comparison.steps.append(result)
+        if report is not None:
+            report(result.to_text())
+        if not result.ok:
+            break
+        tokens.append(result.reference_token)
+        if step < steps:
+            logits = session.feed([result.reference_token])
+    return comparison

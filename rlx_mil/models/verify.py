@@ -11,6 +11,7 @@ import numpy as np
 
 from rlx_mil.errors import MilExecError
 from rlx_mil.ir import Graph, Input
+from rlx_mil.testing import GreedyComparison, compare_greedy_step
 
 #: Largest |converted - reference| allowed, relative to the output's largest magnitude. fp16
 #: rounds every intermediate to ~3 significant digits; through a few transformer layers the
@@ -24,11 +25,16 @@ class OutputCheck:
     max_error: float
     relative: float
     ok: bool
+    #: for logits: the greedy token at every position, compared tie-aware (rlx_mil.testing).
+    greedy: GreedyComparison | None = None
 
     def to_text(self) -> str:
         verdict = "ok" if self.ok else "MISMATCH"
-        return (f"  check {self.name}: max |converted - reference| = {self.max_error:.3g} "
+        text = (f"  check {self.name}: max |converted - reference| = {self.max_error:.3g} "
                 f"(relative {self.relative:.3g}) {verdict}")
+        if self.greedy is not None:
+            text += f"\n  check {self.name}: {self.greedy.summary()}"
+        return text
 
 
 def example_inputs(graph: Graph, vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -77,5 +83,17 @@ def verify_package(
         err = float(np.max(np.abs(got[name].astype(np.float64) - ref))) if ref.size else 0.0
         scale = float(np.max(np.abs(ref))) if ref.size else 0.0
         relative = err / (scale or 1.0)
-        checks.append(OutputCheck(name, err, relative, bool(relative <= limit)))
+        greedy = _greedy_positions(name, got[name], ref, precision) if name == "logits" and ref.ndim >= 2 else None
+        ok = bool(relative <= limit) and (greedy is None or greedy.ok)
+        checks.append(OutputCheck(name, err, relative, ok, greedy))
     return checks
+
+
+def _greedy_positions(name: str, got: np.ndarray, want: np.ndarray, precision: str) -> GreedyComparison:
+    """The greedy token at every position of a logits output: a different argmax passes as a
+    near-tie only where the reference's own margin is within the precision's reach."""
+    comparison = GreedyComparison(f"{name} (every position of the example inputs)")
+    rows = want.reshape(-1, want.shape[-1])
+    for index, (g, w) in enumerate(zip(got.reshape(rows.shape), rows, strict=True)):
+        comparison.steps.append(compare_greedy_step(index + 1, g, w, precision))
+    return comparison
