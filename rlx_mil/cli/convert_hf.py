@@ -242,5 +242,4 @@ def verify_stateful_command(model: Any, package: Any, precision: str, metadata: 
         report=lambda line: print(f"verify: {line}", flush=True), loader=loader,
     )
     print(f"verify: {comparison.summary()}")
-    return 0 if comparison.ok else 1 if comparison.ok else 1
-    return 0
+    return 0 if comparison.ok else 1
