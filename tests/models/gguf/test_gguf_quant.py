@@ -113,14 +113,16 @@ def test_every_type_converts_compressed(mixed: Any, precision: str) -> None:
     np.testing.assert_allclose(got, exact, atol=tol * scale, rtol=tol)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma2", "phi3"])
-def test_families_with_quantized_tied_embeddings(tmp_path: Path, family: str) -> None:
-    """Tied quantized embeddings: one constexpr feeds the gather and the LM head."""
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma2", "phi3"])
+def test_every_family_with_every_type(tmp_path: Path, family: str) -> None:
+    """Three layers whose matrices cycle through every type, tied quantized embeddings: one
+    constexpr feeds the gather and the LM head."""
     import rlx_mil
     from rlx_mil import milexec
 
-    cfg = _config(family, tie_word_embeddings=True)
-    path, held = _write(tmp_path, cfg, _cycling(["Q4_K", "Q6_K", "Q8_0", "IQ4_NL"]), seed=2)
+    cfg = _config(family, tie_word_embeddings=True, num_hidden_layers=3)
+    path, held = _write(tmp_path, cfg, _cycling(TYPES[::-1]), seed=2)
+    assert set(TYPES) <= {t.type_name for t in GGUFFile(path).tensors.values()}
     graph, params = from_gguf(path, seq_len=SEQ)
     ids = _ids(cfg["vocab_size"])
     exact = reference.evaluate(graph, {"input_ids": ids}, params)["logits"]
