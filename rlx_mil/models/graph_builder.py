@@ -58,3 +58,18 @@ class WeightGraph:
         """`[B, H, S, D]` -> `[B, S, H * D]`."""
         x = self.g.transpose(x, [0, 2, 1, 3], name=f"{module}.seq_major")
         return self.g.reshape(x, [batch, seq, width], name=f"{module}.merge_heads")
+
+    def l2_norm(self, x: int, module: str, eps: float = 1e-6) -> int:
+        """`x * rsqrt(sum(x * x, -1) + eps)` (transformers' / FLA's l2norm)."""
+        g = self.g
+        energy = g.sum(g.mul(x, x), [-1], keep_dim=True, name=f"{module}.energy")
+        return g.mul(x, g.rsqrt(g.add(energy, self.scalar(eps))), name=module)
+
+    def repeat_heads(self, x: int, times: int, module: str) -> int:
+        """`[B, S, H, D]` -> `[B, S, H * times, D]`, each head repeated in place (torch's
+        `repeat_interleave` on the head axis; narrow + concat)."""
+        if times == 1:
+            return x
+        heads = self.g.node(x).shape.sizes()[2]
+        parts = [self.g.narrow(x, 2, h, 1) for h in range(heads) for _ in range(times)]
+        return self.g.concat(parts, 2, name=module)

@@ -46,19 +46,6 @@ class Qwen35Builder(HybridBuilder):
     spec: Qwen35Spec
     gated_query = True
 
-    def l2_norm(self, x: int, module: str) -> int:
-        g = self.g
-        energy = g.sum(g.mul(x, x), [-1], keep_dim=True, name=f"{module}.energy")
-        return g.mul(x, g.rsqrt(g.add(energy, self.scalar(1e-6))), name=module)
-
-    def repeat_heads(self, x: int, times: int, module: str) -> int:
-        """`[B, n, H, d]` -> `[B, n, H * times, d]`, each head repeated in place (repeat_interleave)."""
-        if times == 1:
-            return x
-        heads = self.spec.linear_key_heads
-        parts = [self.g.narrow(x, 2, h, 1) for h in range(heads) for _ in range(times)]
-        return self.g.concat(parts, 2, name=module)
-
     def mixer(self, x: int, layer: int, kind: str) -> int:
         s, o, g = self.spec, self.options, self.g
         b, n, e, d = o.batch_size, o.seq_len, s.hidden_size, s.linear_head_dim

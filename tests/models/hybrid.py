@@ -68,19 +68,6 @@ class HybridBuilder(WeightGraph):
     def proj(self, x: int, module: str, out_features: int, in_features: int) -> int:
         return self.linear(x, module, out_features, in_features, False)
 
-    def l2_norm(self, x: int, module: str) -> int:
-        g = self.g
-        energy = g.sum(g.mul(x, x), [-1], keep_dim=True, name=f"{module}.energy")
-        return g.mul(x, g.rsqrt(g.add(energy, self.scalar(1e-6))), name=module)
-
-    def repeat_heads(self, x: int, times: int, module: str) -> int:
-        """`[B, S, H, D]` -> `[B, S, H * times, D]`, each head repeated in place (narrow + concat)."""
-        if times == 1:
-            return x
-        heads = self.g.node(x).shape.sizes()[2]
-        parts = [self.g.narrow(x, 2, h, 1) for h in range(heads) for _ in range(times)]
-        return self.g.concat(parts, 2, name=module)
-
     # ------------------------------------------------------------------ layers
     def linear_attention(self, x: int, p: str) -> int:
         c, g = self.c, self.g
