@@ -22,6 +22,7 @@ from rlx_mil.coreml.pipeline import (
     default_pass_pipeline,
     fusion_patterns_built_once,
     nonreplaceable_marks_only_with_constexprs,
+    program_text_only_when_logged,
     rlx_pass_pipeline,
     validation_once_per_pipeline,
 )
@@ -227,6 +228,7 @@ def convert(
     with (
         conversion_temporaries(), objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(),
         nonreplaceable_marks_only_with_constexprs(), fusion_patterns_built_once(), pass_bars_hidden(),
+        program_text_only_when_logged(),
     ):
         lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
         if pass_pipeline is None:
