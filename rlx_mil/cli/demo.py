@@ -26,7 +26,9 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
     if args.family in ROUND2_FAMILIES:
         return resized_round2_config(args.family, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
                                      layers=args.layers, vocab=256, max_positions=max(256, args.seq))
-    config = copy.deepcopy(TINY_CONFIGS[args.family])
+    whole = copy.deepcopy(TINY_CONFIGS[args.family])
+    # A vision-language folder (gemma3) sizes its text decoder.
+    config = whole["text_config"] if isinstance(whole.get("text_config"), dict) else whole
     config.update(hidden_size=args.hidden, num_attention_heads=args.heads, intermediate_size=2 * args.hidden,
                   num_hidden_layers=args.layers, vocab_size=256)
     if args.family == "bert":
@@ -36,7 +38,8 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
                       max_position_embeddings=max(256, args.seq))
     if "query_pre_attn_scalar" in config:
         config["query_pre_attn_scalar"] = args.hidden // args.heads
-    return _resized_lists(config, args.layers, args.hidden // args.heads)
+    _resized_lists(config, args.layers, args.hidden // args.heads)
+    return whole
 
 
 def _resized_lists(config: dict[str, Any], layers: int, head_dim: int) -> dict[str, Any]:

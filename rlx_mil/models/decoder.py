@@ -166,17 +166,17 @@ class _Builder(WeightGraph):
         ids, tables, per_batch_rows = self.token_inputs()
 
         self.key_mask = g.input("attention_mask", [b, o.cache_len + n]) if o.attention_mask else None
-        embed = self.weight("model.embed_tokens.weight", (s.vocab_size, s.hidden_size))
-        x = g.gather(embed, ids, name="model.embed_tokens")
+        embed = self.weight(f"{s.root}.embed_tokens.weight", (s.vocab_size, s.hidden_size))
+        x = g.gather(embed, ids, name=f"{s.root}.embed_tokens")
         if s.embed_scale is not None:
-            x = g.mul(x, self.scalar(s.embed_scale), name="model.embed_scale")
+            x = g.mul(x, self.scalar(s.embed_scale), name=f"{s.root}.embed_scale")
         kv_outputs: list[int] = []
         for i in range(s.num_layers):
             rope = s.rope_of(i)
             x, k, v = self.layer(x, i, rope, tables[rope] if rope is not None else None, per_batch_rows)
             if decode or o.kv_outputs:
                 kv_outputs += [k, v]
-        x = self.rms_norm(x, "model.norm", s.hidden_size)
+        x = self.rms_norm(x, f"{s.root}.norm", s.hidden_size)
         if o.last_logits and n > 1:
             x = g.narrow(x, 1, n - 1, 1, name="last_position")
         if s.tie_word_embeddings:
@@ -196,7 +196,7 @@ class _Builder(WeightGraph):
     def layer(self, x: int, i: int, rope: RopeSpec | None, table: tuple[int, int] | None,
               per_batch_rows: bool) -> tuple[int, int, int]:
         s, o, g = self.spec, self.options, self.g
-        p = f"model.layers.{i}"
+        p = f"{s.root}.layers.{i}"
         e, h, hkv, d = s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim
         hn = self.rms_norm(x, f"{p}.input_layernorm", e)
         if s.fused_qkv:

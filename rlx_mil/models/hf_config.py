@@ -63,6 +63,10 @@ class DecoderSpec:
     fused_gate_up: bool = False
     #: The feed-forward module and its fused gate-and-up (gate rows first) and down projections.
     mlp_names: tuple[str, str, str] = ("mlp", "gate_up_proj", "down_proj")
+    #: Module path of the decoder stack ("model", or "model.language_model" in a VLM checkpoint).
+    root: str = "model"
+    #: Stored tensors text generation does not read (a vision tower, MTP heads): regexes.
+    ignored_tensors: tuple[str, ...] = ()
     #: Per layer: its RoPE, or None for a layer without (SmolLM3's NoPE layers); () = `rope` everywhere.
     layer_ropes: tuple[RopeSpec | None, ...] = ()
     #: Granite: the attention and MLP outputs are multiplied by it before the residual add.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -133,6 +134,7 @@ def from_pretrained(
     adapt = getattr(spec, "for_checkpoint", None)
     if adapt is not None:  # a family whose stored layout varies (fused or per-expert MoE weights)
         spec = adapt(checkpoint)
+    spec = _layout(spec, checkpoint)
     prefix = _stored_prefix(spec, checkpoint)
 
     def precheck() -> None:
@@ -156,6 +158,16 @@ def from_pretrained(
     derived = {k: v for k, v in computed.items() if isinstance(v, DerivedTensor)}
     arrays = {k: v for k, v in computed.items() if k not in derived}
     return graph, ModelParams(checkpoint, tuple(expected), arrays, stored_prefix=prefix, derived=derived)
+
+
+def _layout(spec: ModelSpec, checkpoint: Checkpoint) -> ModelSpec:
+    """A VLM decoder (root `model.language_model`) stored as transformers 4 wrote it
+    (`language_model.model.`) is read from there."""
+    old_root = "language_model.model"
+    if isinstance(spec, DecoderSpec) and spec.root == "model.language_model" \
+            and f"{spec.root}.embed_tokens.weight" not in checkpoint and f"{old_root}.embed_tokens.weight" in checkpoint:
+        return replace(spec, root=old_root)
+    return spec
 
 
 def _stored_prefix(spec: ModelSpec, checkpoint: Checkpoint) -> str:

@@ -40,10 +40,6 @@ class HybridSpec(DecoderSpec):
 
     #: Per layer: "attention" or the family's recurrent mixer ("conv", "linear_attention").
     layer_kinds: tuple[str, ...] = ()
-    #: Module path of the decoder stack ("model", or "model.language_model" in a VLM checkpoint).
-    root: str = "model"
-    #: Stored tensors text generation does not read (a vision tower, MTP heads): regexes.
-    ignored_tensors: tuple[str, ...] = ()
     #: Kernel width of the recurrent layers' causal convolution.
     conv_kernel: int = 4
 

@@ -104,7 +104,7 @@ def test_inspect_graph_json(folders: dict[str, Path], tmp_path: Path, capsys: py
     assert "rlx-mil inspect: error:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("family", ["qwen3", "bert", "gemma3_text", "smollm3", "granite", "phi4_mini", "qwen3_5",
+@pytest.mark.parametrize("family", ["qwen3", "bert", "gemma3_text", "gemma3", "smollm3", "granite", "phi4_mini", "qwen3_5",
                                     "granitemoehybrid"])
 def test_demo_other_families(family: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "demo.mlpackage"

@@ -133,3 +133,25 @@ def test_gemma3_published_shapes_build(size: str) -> None:
     local, global_ = spec.layer_ropes[0], spec.layer_ropes[5]
     assert local is not None and global_ is not None and (local.theta, global_.theta) == (1e4, 1e6)
     assert global_.kind == ("linear" if size == "4b" else "default")
+
+
+@pytest.mark.parametrize("layout", ["model.language_model", "language_model.model"])
+def test_gemma3_vision_language_folder_reads_its_text_decoder(layout: str, tmp_path: Path) -> None:
+    """Gemma3ForConditionalGeneration folders (4B and up as published): text_config, the decoder
+    under model.language_model. (transformers 5) or language_model.model. (transformers 4), a
+    vision tower beside it that is not read."""
+    from safetensors.numpy import load_file, save_file
+
+    cfg = TINY_CONFIGS["gemma3"]
+    folder = write_random_checkpoint(tmp_path / "vlm", cfg, seed=6)
+    stored = load_file(folder / "model.safetensors")
+    text = {k.replace("model.language_model.", "model."): v for k, v in stored.items()}
+    renamed = {k.replace("model.language_model.", f"{layout}."): v for k, v in stored.items()}
+    vision = "model.vision_tower" if layout.startswith("model.") else "vision_tower"
+    renamed[f"{vision}.vision_model.embeddings.patch_embedding.weight"] = np.ones((16, 3, 8, 8), np.float32)
+    save_file(renamed, folder / "model.safetensors", metadata={"format": "pt"})
+    ids = token_ids(8)
+    graph, params = from_pretrained(folder, seq_len=8)
+    got = reference.evaluate(graph, {"input_ids": ids}, params)["logits"]
+    want, _ = forward("gemma3_text")(text, cfg["text_config"], ids)
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())

@@ -5,6 +5,7 @@ to one global by default), each kind with its own RoPE."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 from rlx_mil.models.families import decoder_family
@@ -36,9 +37,11 @@ TINY_GEMMA3: dict[str, Any] = {
 }
 
 
+_GEMMA3_LEGACY = ("rope_theta", "rope_scaling", "rope_local_base_freq", "sliding_window_pattern", "hidden_act")
+
+
 @decoder_family("gemma3_text", name="Gemma 3", defaults=GEMMA3_DEFAULTS, config_class="Gemma3TextConfig",
-                legacy=("rope_theta", "rope_scaling", "rope_local_base_freq", "sliding_window_pattern", "hidden_act"),
-                tiny=TINY_GEMMA3)
+                legacy=_GEMMA3_LEGACY, tiny=TINY_GEMMA3)
 def read_gemma3(f: Fields) -> DecoderSpec:
     c = decoder_common(f)
     pattern = f.int_("sliding_window_pattern", SLIDING_WINDOW_PATTERN)
@@ -74,3 +77,39 @@ def _ropes(f: Fields, head_dim: int, max_positions: int) -> dict[str, Any]:
         out[kind] = reader.spec(dict_, f"rope_parameters.{kind}", head_dim=head_dim, default_theta=dict_["rope_theta"],
                                 max_position_embeddings=max_positions)
     return out
+
+
+#: transformers 5.23.0 Gemma3Config (the vision-language wrapper) defaults.
+GEMMA3_VLM_DEFAULTS: dict[str, Any] = {
+    "text_config": None, "vision_config": None, "mm_tokens_per_image": 256, "boi_token_index": 255_999,
+    "eoi_token_index": 256_000, "image_token_index": 262_144, "initializer_range": 0.02, "tie_word_embeddings": True,
+}
+#: The decoder's module path in the folder Gemma3ForConditionalGeneration's save_pretrained writes
+#: (transformers 5); checkpoints written by transformers 4 (Google's published ones) store it as
+#: `language_model.model`, which `from_pretrained` reads too.
+VLM_ROOT = "model.language_model"
+#: The vision tower and projector, in both layouts: text generation does not read them.
+VLM_IGNORED = (r"(model\.)?vision_tower\..*", r"(model\.)?multi_modal_projector\..*", r"language_model\.lm_head\.weight")
+
+
+@decoder_family("gemma3", name="Gemma 3", defaults=GEMMA3_VLM_DEFAULTS, config_class="Gemma3Config",
+                legacy=("boi_token_id", "eoi_token_id", "image_token_id"),
+                tiny={"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {**TINY_GEMMA3, "model_type": "gemma3_text"},
+                      "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 16, "image_size": 16,
+                                        "patch_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
+                                        "intermediate_size": 32},
+                      "mm_tokens_per_image": 4, "boi_token_index": 90, "eoi_token_index": 91,
+                      "image_token_index": 92, "tie_word_embeddings": True})
+def read_gemma3_vlm(f: Fields) -> DecoderSpec:
+    """Gemma 3 4B and larger as published (Gemma3ForConditionalGeneration): the text decoder's
+    config under `text_config`, its tensors under `model.language_model.` (or transformers 4's
+    `language_model.model.`), the vision tower beside it unread."""
+    text = f.config.get("text_config")
+    if not isinstance(text, dict):
+        raise f.refuse("text_config", text, "a gemma3 config needs its decoder's text_config object")
+    if text.get("model_type", "gemma3_text") != "gemma3_text":
+        raise f.refuse("text_config.model_type", text.get("model_type"), "expected 'gemma3_text'")
+    given = {k: v for k, v in text.items() if k != "model_type"}
+    inner = Fields(given, f.family, f"{f.source} text_config", GEMMA3_DEFAULTS)
+    inner.check_known(frozenset(GEMMA3_DEFAULTS) | frozenset(_GEMMA3_LEGACY))
+    return replace(read_gemma3(inner), root=VLM_ROOT, ignored_tensors=VLM_IGNORED)
