@@ -187,3 +187,23 @@ def test_rope_parameters_per_layer_type() -> None:
     assert set(c1) == set(c2) == {"rope.cos", "rope.sin"}
     with pytest.raises(UnsupportedConfigError, match="sliding_attention"):
         spec_of({**nested, "rope_parameters": {"full_attention": {"rope_type": "default"}}})
+
+
+def test_gemma2_without_its_scalars_matches_the_transformers_defaults(tmp_path: Path) -> None:
+    """The hole this closes: a Gemma 2 config without query_pre_attn_scalar, the soft-caps and
+    sliding_window built logits off by up to 3.3; now they are Gemma2Config's (the forward's)."""
+    from models.hf_numpy import gemma2_forward
+    from rlx_mil import reference
+    from rlx_mil.models.checkpoint import Checkpoint
+
+    dropped = ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window")
+    cfg = {k: v for k, v in TINY_CONFIGS["gemma2"].items() if k not in dropped}
+    folder = write_random_checkpoint(tmp_path / "gemma2", cfg, seed=2)
+    ids = np.random.default_rng(4).integers(0, cfg["vocab_size"], (1, 8)).astype(np.int32)
+    graph, params = from_pretrained(folder, seq_len=8)
+    got = reference.evaluate(graph, {"input_ids": ids}, params)["logits"]
+    want, _ = gemma2_forward(Checkpoint(folder), cfg, ids)
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+    old, _ = gemma2_forward(Checkpoint(folder), {**cfg, "query_pre_attn_scalar": 16, "attn_logit_softcapping": None,
+                                                 "final_logit_softcapping": None}, ids)
+    assert np.abs(old - want).max() > 1e-2 * np.abs(want).max()  # the defaults matter
