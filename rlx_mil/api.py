@@ -348,7 +348,8 @@ def convert_functions(
 
     import coremltools as ct
 
-    with conversion_temporaries():  # a failure removes every function package made so far
+    # A failure removes every function package made so far; joining runs pass pipelines too.
+    with conversion_temporaries(), pass_bars_hidden():
         work = function_workspace()
         descriptor = ct.utils.MultiFunctionDescriptor()
         metas = {}

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlx_mil.errors import CheckpointError, InvalidOptionError
+from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS
 from rlx_mil.models.hf_config import DecoderSpec, EncoderSpec, ModelSpec
 from rlx_mil.units import human_bytes
 
@@ -89,6 +90,28 @@ def check_build_cost(
             f"{source}: building this {spec.family} graph would allocate about {human_bytes(cost.total)} before any weight"
             f" is read ({cost.describe()}), more than the limit of {human_bytes(limit)}; check the config's sizes and the"
             " requested positions (max_positions / --max-context)"
+        )
+
+
+def check_activation_sizes(
+    spec: ModelSpec, source: str, *, seq_len: int, batch_size: int, last_logits: bool = False,
+) -> None:
+    """Refuse (InvalidOptionError) a graph whose activations Core ML could not address (more
+    than `MAX_TENSOR_ELEMENTS` elements: MIL shapes and indices are int32), before it is built:
+    `batch_size x seq_len` tokens (one for `last_logits`' logits) times a per-token width."""
+    widths = {"hidden_size": (seq_len, spec.hidden_size), "intermediate_size": (seq_len, spec.intermediate_size)}
+    if isinstance(spec, DecoderSpec):
+        widths["vocab_size (logits)"] = (1 if last_logits else seq_len, spec.vocab_size)
+        widths["attention projections"] = (seq_len, (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim)
+        if spec.fused_gate_up:
+            widths["fused gate/up projection"] = (seq_len, 2 * spec.intermediate_size)
+    what, (tokens, width) = max(widths.items(), key=lambda item: item[1][0] * item[1][1])
+    elements = batch_size * tokens * width
+    if elements > MAX_TENSOR_ELEMENTS:
+        raise InvalidOptionError(
+            f"{source}: batch_size {batch_size:,} x {tokens:,} positions x {what} {width:,} = {elements:,} elements in"
+            f" one activation, more than the {MAX_TENSOR_ELEMENTS:,} a Core ML tensor can address; use a smaller"
+            " batch or sequence"
         )
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
-from rlx_mil.models.budget import check_build_cost, check_sizes_against_checkpoint
+from rlx_mil.models.budget import check_activation_sizes, check_build_cost, check_sizes_against_checkpoint
 from rlx_mil.models.checkpoint import Checkpoint, DerivedTensor, ModelParams, pattern_matcher
 from rlx_mil.models.decoder import DecoderOptions, build_decoder
 from rlx_mil.models.families import model_spec
@@ -61,6 +61,7 @@ def build(
                                  pooling=pooling, normalize=normalize, token_type_ids=token_type_ids)
         encoder_options.validate(spec)
         check_build_cost(spec, source, precheck, seq_len=encoder_options.seq_len, batch_size=batch_size)
+        check_activation_sizes(spec, source, seq_len=encoder_options.seq_len, batch_size=batch_size)
         return build_encoder(spec, encoder_options, name)
     if pooling is not None or normalize or token_type_ids:
         raise InvalidOptionError("pooling, normalize and token_type_ids apply to encoders (BERT / MiniLM) only")
@@ -75,6 +76,8 @@ def build(
     )
     options.validate(spec)
     check_build_cost(spec, source, precheck, table_rows=options.table_rows)
+    check_activation_sizes(spec, source, seq_len=options.seq_len, batch_size=options.batch_size,
+                           last_logits=options.last_logits)
     own_builder = getattr(spec, "build_graph", None)
     if own_builder is not None:  # the round-2 families (rlx_mil.models.moe, lfm2, qwen3_5)
         return own_builder(options, name or f"{spec.family}_{options.variant}")

@@ -70,6 +70,20 @@ def test_huge_sizes_are_refused_before_anything_is_built(scratch: Path, edit: di
     assert str(scratch / "config.json") in str(err)
 
 
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"batch_size": 10**9}, r"batch_size 1,000,000,000 x 128 positions x vocab_size \(logits\) 96"),
+    ({"seq_len": 200, "batch_size": 10**8, "last_logits": True}, r"x 200 positions x intermediate_size 64"),
+])
+def test_activations_beyond_core_ml_are_refused_before_building(scratch: Path, kwargs: dict[str, Any],
+                                                                  message: str) -> None:
+    (scratch / "config.json").write_text(json.dumps(CFG))
+    _, err, peak = _traced(lambda: from_pretrained(scratch, **kwargs))
+    assert isinstance(err, InvalidOptionError) and peak < REFUSAL_BYTES, (err, peak)
+    import re
+
+    assert re.search(message, str(err)), str(err)
+
+
 def test_the_estimate_covers_a_real_long_context_model() -> None:
     spec = model_spec({**CFG, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
                        "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 128256,
