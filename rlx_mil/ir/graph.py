@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 
 from rlx_mil.errors import AttributeValueError, DTypeError, GraphError, ShapeError, UnknownNodeError
 from rlx_mil.ir import infer
@@ -255,8 +254,13 @@ class Graph(
     def to_json_file(
         self, path: str | os.PathLike[str], *, indent: int | None = None, version: str | None = None
     ) -> None:
-        """Write `to_json(indent=indent, version=version)` as UTF-8 with a final newline."""
-        Path(path).write_bytes((self.to_json(indent=indent, version=version) + "\n").encode("utf-8"))
+        """Write `to_json(indent=indent, version=version)` as UTF-8 with a final newline, under a
+        temporary name renamed into place (a failure leaves no partial file)."""
+        from rlx_mil.fileio import atomic_output_file
+
+        text = (self.to_json(indent=indent, version=version) + "\n").encode("utf-8")
+        with atomic_output_file(path, overwrite=True, what="graph JSON file") as stream:
+            stream.write(text)
 
 
 def _check_declared_shape(shape: object, node_id: int, op: str, name: str | None) -> None:
