@@ -78,6 +78,11 @@ def test_chat_generation_from_the_copied_folder_alone(
     assert session.generate_text(QUESTION, 12, chat=True) == want
     assert session.stats.new_tokens == cut and session.stats.prompt_tokens == len(prompt)
     assert "".join(session.stream_text(QUESTION, 12, chat=True)) == want
+    stream = session.stream_text(QUESTION, 12, chat=True)
+    first = next(stream)
+    # Text arrives as the tokens do, not after the last one.
+    assert want.startswith(first) and (cut == 1 or session.stats.new_tokens < cut)
+    stream.close()
 
     capsys.readouterr()
     argv = ["generate", str(moved), "--chat", "--prompt", QUESTION, "-n", "12", "--engine", "milexec"]
