@@ -80,7 +80,8 @@ def _random_tensor(name: str, shape: tuple[int, ...], spec: Any, rng: np.random.
     """Values at realistic scales, so activations stay near unit size through the layers."""
     norm_offset = getattr(spec, "norm_offset", 0.0)
     if "norm" in name.lower() and name.endswith(".weight"):
-        base = 0.0 if norm_offset else 1.0
+        # Qwen3.5's gated delta-net norm scales by w, beside (1 + w) norms.
+        base = 0.0 if norm_offset and not name.endswith("linear_attn.norm.weight") else 1.0
         return base + 0.1 * rng.standard_normal(shape, dtype=np.float32)
     if name.endswith(".bias") or name.endswith("LayerNorm.beta"):
         return 0.1 * rng.standard_normal(shape, dtype=np.float32)
