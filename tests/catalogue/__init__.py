@@ -1,7 +1,12 @@
 """One small, representative graph per IR op type (for conformance tests across targets).
 
 Cases live in one module per op family (`catalogue/<family>.py`, each with a `CASES` dict),
-named like the family modules of `rlx_mil/ir/ops/`.
+named like the family modules of `rlx_mil/ir/ops/`. A case is a graph builder, or a `Row`
+(as torchlib's OpInfo rows do) carrying what the generic tests need to know of it: the oldest
+target it converts for, its tolerances, and the precisions at which the executor's numbers on
+random leaves are expected to differ from the reference, with the reason (a strict expected
+failure: the test fails if they stop differing, so the reason cannot go stale). The generic
+tests read `ROWS`; `CATALOGUE` maps names to builders.
 
 `CatalogueModels` (the session fixture `catalogue_models`) converts and lowers each case once
 per test process and setting, for the tests that check different things about the same
@@ -13,7 +18,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +31,38 @@ from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import OP_TYPES
 from rlx_mil.lowering.program import LoweredProgram
 from rlx_mil.lowering.target import Precision, Target
+from rlx_mil.testing import DEFAULT_TOLERANCES, Tolerance
 
 #: The xdist group of the tests that share `CatalogueModels`' conversions.
 CATALOGUE_GROUP = "catalogue-conversions"
 
+
+
+@dataclass(frozen=True)
+class Row:
+    """One catalogue case and what the generic tests expect of it."""
+
+    build: Callable[[], Graph]
+    #: The oldest deployment target the case converts for.
+    min_target: Target = Target.IOS15
+    tolerances: Mapping[Precision, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    #: precision -> why the executor's numbers on random leaves differ from the reference there.
+    differs: Mapping[Precision, str] = field(default_factory=dict)
+
+
+def _row(case: Callable[[], Graph] | Row) -> Row:
+    return case if isinstance(case, Row) else Row(case)
+
+
 #: Family module name -> its cases.
-FAMILY_CASES: dict[str, dict[str, Callable[[], Graph]]] = {
-    info.name: importlib.import_module(f"{__name__}.{info.name}").CASES
+FAMILY_CASES: dict[str, dict[str, Row]] = {
+    info.name: {name: _row(case) for name, case in importlib.import_module(f"{__name__}.{info.name}").CASES.items()}
     for info in pkgutil.iter_modules([str(Path(__file__).parent)])
 }
 
-CATALOGUE: dict[str, Callable[[], Graph]] = {
-    name: build for cases in FAMILY_CASES.values() for name, build in cases.items()
-}
+ROWS: dict[str, Row] = {name: row for cases in FAMILY_CASES.values() for name, row in cases.items()}
+
+CATALOGUE: dict[str, Callable[[], Graph]] = {name: row.build for name, row in ROWS.items()}
 
 
 def covered_op_types() -> set[str]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from catalogue import Row
 from rlx_mil.ir.graph import Graph
+from rlx_mil.lowering.target import Precision
 
 
 def _log_mel() -> Graph:
@@ -14,6 +16,9 @@ def _log_mel() -> Graph:
     return g
 
 
-CASES: dict[str, Callable[[], Graph]] = {
-    "log_mel": _log_mel,
+CASES: dict[str, Callable[[], Graph] | Row] = {
+    "log_mel": Row(_log_mel, differs={Precision.FP16: (
+        "a standard-normal spectrum squared and summed overflows fp16 (NaN); tests/e2e/test_vision_audio_e2e.py"
+        " checks fp16 on magnitudes a spectrum has"
+    )}),
 }

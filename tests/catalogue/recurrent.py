@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from catalogue import Row
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lowering.rules.sequence_loop import UNROLL_MAX_STEPS
+from rlx_mil.lowering.target import Precision
 
 
 def _gated_delta_net() -> Graph:
@@ -56,8 +58,11 @@ def _recurrences() -> Graph:
     return g
 
 
-CASES: dict[str, Callable[[], Graph]] = {
-    "gated_delta_net": _gated_delta_net,
+CASES: dict[str, Callable[[], Graph] | Row] = {
+    "gated_delta_net": Row(_gated_delta_net, differs={Precision.FP16: (
+        "unnormalised random q/k/v over the looped steps grow the state past fp16's range (the reference reaches"
+        " 5.6e7); tests/e2e/test_gated_delta_net_e2e.py checks fp16 with L2-normalised q/k as the model uses"
+    )}),
     "state_space_scans": _state_space_scans,
     "recurrences": _recurrences,
 }

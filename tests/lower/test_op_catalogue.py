@@ -1,5 +1,7 @@
 """Every IR op converts for every target it supports (and only with that target's opset);
-every other target raises a typed error naming the minimum target."""
+every other target raises a typed error naming the minimum target. On the newest target the
+converted program, run by the executor on the case's random leaves, gives the reference's
+numbers within the row's tolerance, or differs exactly where the row says it does (and why)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import pytest
 from catalogue import (
     CATALOGUE,
     CATALOGUE_GROUP,
+    ROWS,
     CatalogueModels,
     all_op_type_names,
     covered_op_types,
@@ -14,10 +17,12 @@ from catalogue import (
 )
 
 import rlx_mil
+from rlx_mil import milexec, reference
 from rlx_mil.coreml.package_info import SPEC_VERSION_TARGETS
-from rlx_mil.errors import UnsupportedOpError
-from rlx_mil.lowering.target import Target
-from rlx_mil.testing import supported_targets
+from rlx_mil.errors import RlxMilError, UnsupportedOpError
+from rlx_mil.ir.graph import Graph
+from rlx_mil.lowering.target import Precision, Target
+from rlx_mil.testing import compare, supported_targets
 
 
 def test_catalogue_covers_every_op_type() -> None:
@@ -31,13 +36,38 @@ def test_catalogue_covers_every_op_type() -> None:
 def test_converts_on_supported_targets_only(
     case: str, target: Target, precision: str, catalogue_models: CatalogueModels,
 ) -> None:
-    graph = CATALOGUE[case]()
-    _, params = random_leaves(graph)
-    if target not in supported_targets(graph):
+    row = ROWS[case]
+    graph = row.build()
+    inputs, params = random_leaves(graph)
+    supported = supported_targets(graph)
+    assert supported and supported[0] is row.min_target, f"{case} converts from {supported[:1]}, its row says {row.min_target}"
+    if target not in supported:
         with pytest.raises(UnsupportedOpError, match=f"{target.label}"):
             rlx_mil.convert(graph, params, target=target, precision=precision)
         return
-    spec = catalogue_models.model(case, target, precision).get_spec()
+    model = catalogue_models.model(case, target, precision)
+    spec = model.get_spec()
     # Core ML bumps the specification version when any op needs a newer opset.
     assert SPEC_VERSION_TARGETS[spec.specificationVersion] == target.label
     assert [f.name for f in spec.description.output] == list(catalogue_models.lowered(case, target, "fp16").outputs)
+    if target is supported[-1]:
+        _check_numbers(case, graph, model, inputs, params, Precision.parse(precision))
+
+
+def _check_numbers(case: str, graph: Graph, model: object, inputs: dict, params: dict, precision: Precision) -> None:
+    row = ROWS[case]
+    got = milexec.run(model, inputs)
+    try:
+        want = reference.evaluate(graph, inputs, params)
+    except RlxMilError as err:
+        assert precision in row.differs, f"{case}: the reference refuses the random leaves: {err}"
+        return
+    problems = []
+    for name, value in want.items():
+        ok, _, detail = compare(got[name], value, row.tolerances[precision])
+        if not ok:
+            problems.append(f"{name}: {detail}")
+    if precision in row.differs:
+        assert problems, f"{case} {precision.value}: the numbers now match; drop the row's reason ({row.differs[precision]})"
+    else:
+        assert not problems, f"{case} {precision.value}: " + "; ".join(problems)
