@@ -76,7 +76,7 @@ def _compressor(compress: Any, graph: Graph, target: Target, precision: Precisio
         config = dataclasses.replace(config or CompressionConfig(), prequantized=carried)
     if config is None:
         return None, params
-    compressor = WeightCompressor(config, graph, target, precision)
+    compressor = WeightCompressor(config, graph, target, precision, params)
     compressor.check()
     return compressor, (PlaceholderParams(params, carried) if carried else params)
 

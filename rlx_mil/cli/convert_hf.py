@@ -76,7 +76,57 @@ def build_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def convert_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """`rlx_mil.convert` keyword arguments from the parsed flags."""
     return {"target": args.target, "precision": args.precision, "attention": args.attention,
-            "compress": getattr(args, "compress", None)}
+            "compress": compress_option(args)}
+
+
+def compress_option(args: argparse.Namespace) -> Any:
+    """`convert(compress=...)` from --compress, --compress-budget, --max-error and
+    --compress-calibration (a `CompressionConfig` when calibration inputs are given)."""
+    spec = getattr(args, "compress", None)
+    budget, max_error = getattr(args, "compress_budget", None), getattr(args, "max_error", None)
+    calibration = getattr(args, "compress_calibration", None)
+    if spec is None:
+        if budget is not None or max_error is not None or calibration is not None:
+            raise InvalidOptionError("--compress-budget, --max-error and --compress-calibration need --compress")
+        return None
+    if budget is not None:
+        spec += f";budget={budget!r}"
+    if max_error is not None:
+        spec += f";max_error={max_error!r}"
+    if calibration is None:
+        return spec
+    import dataclasses
+
+    from rlx_mil.compress import parse_compress
+
+    config = parse_compress(spec)
+    assert config is not None
+    return dataclasses.replace(config, calibration=calibration_inputs(calibration, args))
+
+
+def calibration_inputs(path: Path, args: argparse.Namespace) -> dict[str, np.ndarray]:
+    """Calibration inputs: the arrays of an .npz, or a text file tokenized with the checkpoint's
+    tokenizer (convert-hf) into `--seq-len` tokens (repeated when the text is shorter)."""
+    if Path(path).suffix.lower() != ".txt":
+        from rlx_mil.weights import open_arrays
+
+        with open_arrays(path, "calibration file") as archive:
+            return dict(archive.items())
+    model_dir = getattr(args, "model_dir", None)
+    if model_dir is None:
+        raise InvalidOptionError("--compress-calibration TEXT needs a checkpoint's tokenizer (convert-hf); convert takes an .npz")
+    from rlx_mil.llm.text import TextTokenizer
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidOptionError(f"--compress-calibration: cannot read {str(path)!r} ({err})") from None
+    ids = TextTokenizer(model_dir).encode(text)
+    if not ids:
+        raise InvalidOptionError(f"--compress-calibration: {str(path)!r} gives no tokens")
+    length = getattr(args, "seq_len", None) or 128
+    row = np.resize(np.asarray(ids, np.int32), length)[None, :]
+    return {"input_ids": row, "attention_mask": np.ones_like(row), "token_type_ids": np.zeros_like(row)}
 
 
 def description_overrides(args: argparse.Namespace) -> dict[str, str | None]:

@@ -51,6 +51,14 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--compress-check", type=Path, metavar="INPUTS.npz",
                        help="with --compress: also convert without compression and record the output error on these"
                        " inputs in the package's compression report")
+        p.add_argument("--compress-budget", type=float, metavar="FRACTION",
+                       help="with --compress autoN: the package's weight bytes as a fraction of fp16 (default per width,"
+                       " e.g. 0.3 for auto4)")
+        p.add_argument("--max-error", type=float, metavar="E",
+                       help="with --compress autoN: widen every weight whose estimated relative error exceeds E")
+        p.add_argument("--compress-calibration", type=Path, metavar="FILE",
+                       help="calibration inputs (.npz of the graph's inputs; for convert-hf also a .txt tokenized with"
+                       " the checkpoint's tokenizer): activation-aware autoN choices and a measured output error")
 
     conv = sub.add_parser("convert", help="convert a graph (upstream RLX JSON) plus weights to .mlpackage")
     conv.add_argument("graph", type=Path, help="graph JSON as serialised by upstream RLX or rlx_mil")
@@ -153,7 +161,9 @@ def _convert(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {
         "target": args.target, "precision": args.precision, "attention": args.attention, "dims": dims or None,
     }
-    model = convert(graph, params, compress=args.compress, **options)
+    from rlx_mil.cli.convert_hf import compress_option
+
+    model = convert(graph, params, compress=compress_option(args), **options)
     if check_inputs is not None:
         from rlx_mil.compress import measure_output_error
 

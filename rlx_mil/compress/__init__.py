@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
+from rlx_mil.compress.calibration import load_calibration, output_errors
 from rlx_mil.compress.plan import DequantizedParams, WeightCompressor, param_roles
-from rlx_mil.compress.report import CompressionReport, WeightReport, report_of
+from rlx_mil.compress.report import CompressionReport, WeightReport, report_of, warn_if_degraded
 from rlx_mil.compress.schemes import (
     PRESETS,
     CompressionConfig,
@@ -37,6 +36,7 @@ __all__ = [
     "WeightCompressor",
     "WeightReport",
     "dequantized_params",
+    "load_calibration",
     "measure_output_error",
     "param_roles",
     "parse_compress",
@@ -55,20 +55,6 @@ def dequantized_params(params: Mapping[str, Any], model_or_report: Any) -> Dequa
     return DequantizedParams(params, report)
 
 
-def _errors(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
-    out = {}
-    for key, ref in want.items():
-        a = np.asarray(got[key], np.float64)
-        b = np.asarray(ref, np.float64)
-        diff = a - b
-        norm = float(np.linalg.norm(b))
-        out[key] = {
-            "max_abs": float(np.max(np.abs(diff))) if diff.size else 0.0,
-            "relative_l2": float(np.linalg.norm(diff) / norm) if norm > 0 else float(np.linalg.norm(diff)),
-        }
-    return out
-
-
 def measure_output_error(
     model: Any,
     uncompressed: Any,
@@ -82,8 +68,9 @@ def measure_output_error(
     report = report_of(model)
     if report is None:
         raise CompressionError("measure_output_error takes a model converted with compress=...")
-    errors = _errors(milexec.run(model, inputs), milexec.run(uncompressed, inputs))
+    errors = output_errors(milexec.run(model, inputs), milexec.run(uncompressed, inputs))
     report.output_error = errors
+    warn_if_degraded(report, errors, "the --compress-check inputs")
     from rlx_mil.compress.report import METADATA_KEY
 
     model.user_defined_metadata[METADATA_KEY] = report.to_json()

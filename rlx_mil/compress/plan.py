@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.compress.auto import AutoPlan, plan_auto
 from rlx_mil.compress.code_store import CodeStore, CodeWriter, WriterFactory
 from rlx_mil.compress.emit import check_target, compressed_bytes, linear_op, palette_op
 from rlx_mil.compress.fit import fit_to_shape
@@ -151,8 +152,12 @@ def unmatched_rules(config: CompressionConfig, roles: Mapping[str, str], graph_n
 class WeightCompressor:
     """Compresses each selected float weight when the lowering turns it into a constant."""
 
-    def __init__(self, config: CompressionConfig, graph: Graph, target: Target, precision: Precision) -> None:
+    def __init__(
+        self, config: CompressionConfig, graph: Graph, target: Target, precision: Precision,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
         self.config = config
+        self.params = params
         self.graph = graph
         self.target = target
         self.precision = precision
@@ -161,12 +166,19 @@ class WeightCompressor:
         self.schemes: dict[str, Scheme | PrequantizedScheme] = {}
         self.kept: dict[str, str] = {}
         unmatched_rules(config, self.roles, graph.name)
+        defaults = []  # weights that take the config's default scheme (what autoN may change)
         for name, role in self.roles.items():
             scheme, why = self._choose(name, role)
             if scheme is None:
                 self.kept[name] = why
             else:
                 self.schemes[name] = scheme
+                if why == "" and scheme is config.role_scheme(role) and scheme is config.default:
+                    defaults.append(name)
+        self.notes: dict[str, str] = {}
+        self.plan: AutoPlan | None = None
+        if config.auto is not None:
+            self._plan_auto(defaults)
         self._done: dict[tuple[str, str], Any] = {}
         self.weights: list[WeightReport] = []
         # Large codes live in a temporary file while the program (and the model) holds them.
@@ -186,6 +198,42 @@ class WeightCompressor:
             return None, f"below min_size {self.config.min_size}"
         scheme = self.config.role_scheme("weight" if role == "weight" else role)
         return scheme, "config" if scheme is None else ""
+
+    def _plan_auto(self, names: list[str]) -> None:
+        if self.params is None:
+            raise CompressionError(f"auto{self.config.auto} compression chooses from the weights' values: pass params")
+        params = self.params
+        users = _user_map(self.graph)
+        itemsize = np.dtype(store_dtype(self.precision)).itemsize
+        floats = [n for n, r in self.roles.items() if r != "integer"]
+        count = {n: int(np.prod(self.sizes[n], dtype=np.int64)) for n in floats}
+        total = sum(count.values()) * itemsize
+        fixed = sum(count[n] * itemsize for n in floats if n not in self.schemes)
+        fixed += sum(count[n] * getattr(s, "bits", 8) // 8 for n, s in self.schemes.items() if n not in names)
+
+        def reader(name: str) -> Callable[[], np.ndarray]:
+            def read() -> np.ndarray:
+                arr = np.asarray(params[name])
+                return arr.reshape(arr.shape[-2:]).T if _predicted_layout(self.graph, name, users) == "kn" else arr
+            return read
+
+        importance = None
+        if self.config.calibration is not None:
+            from rlx_mil.compress.calibration import activation_importance
+
+            importance = activation_importance(self.graph, params, self.calibration_inputs())
+        assert self.config.auto is not None
+        # A tied embedding is also the LM head: its error reaches the logits directly.
+        roles = dict(self.roles)
+        for node in self.graph:
+            if isinstance(node.op, Param) and roles.get(node.op.name) == "embedding" and any(
+                p in _MATMUL_WEIGHT.get(self.graph.node(u).op.type_name, ()) for u, p, _ in _uses(self.graph, node.id, users)
+            ):
+                roles[node.op.name] = "lm_head"
+        self.plan = plan_auto(self.config.auto, {n: reader(n) for n in names}, roles, self.target,
+                              store_dtype(self.precision), fixed, total, self.config.budget, self.config.max_error, importance)
+        self.schemes.update(self.plan.schemes)
+        self.notes = dict(self.plan.notes)
 
     def check(self) -> None:
         """Every problem the shapes and target reveal, before any weight is read."""
@@ -242,7 +290,8 @@ class WeightCompressor:
                 store_dtype(self.precision), self.store.writer)
         note = ""
         if not isinstance(scheme, PrequantizedScheme):
-            scheme, note = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
+            scheme, fitted = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
+            note = "; ".join(filter(None, [self.notes.get(name, ""), fitted]))
             check_target(scheme, self.target, name)
             codes = encode(storage, scheme, self.precision, name, self.store.writer)
         if isinstance(codes, LutScaleCodes):
@@ -265,10 +314,36 @@ class WeightCompressor:
         compressed = {w.name for w in self.weights}
         kept = {n: why for n, why in self.kept.items() if self.roles.get(n) != "integer"}
         kept.update({n: "folded into its op at conversion" for n in self.schemes if n not in compressed})
-        return CompressionReport(
+        report = CompressionReport(
             config=self.config.describe(), target=self.target.label, precision=self.precision.value,
-            weights=list(self.weights), kept=kept,
+            weights=list(self.weights), kept=kept, plan=self.plan.summary if self.plan else "",
+            contributions=dict(self.plan.contributions) if self.plan else {},
         )
+        if self.config.calibration is not None and self.params is not None and report.calibration_error is None:
+            self._measure(report, self.params, self.calibration_inputs())
+        return report
+
+    def calibration_inputs(self) -> dict[str, Any]:
+        """The calibration arrays the graph takes (a tokenized text also offers masks)."""
+        from rlx_mil.ir.ops import Input
+
+        given = self.config.calibration or {}
+        names = [n.op.name for n in self.graph if isinstance(n.op, Input)]
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise CompressionError(f"calibration inputs lack the graph's inputs {missing} (given: {sorted(given)})")
+        return {n: given[n] for n in names}
+
+    def _measure(self, report: CompressionReport, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> None:
+        """The calibration inputs through the reference with float and with dequantized weights."""
+        from rlx_mil.compress.calibration import output_errors
+        from rlx_mil.compress.report import warn_if_degraded
+        from rlx_mil.reference import evaluate
+
+        want = evaluate(self.graph, inputs, params)
+        got = evaluate(self.graph, inputs, DequantizedParams(params, report))
+        report.calibration_error = output_errors(got, want)
+        warn_if_degraded(report, report.calibration_error, "the calibration inputs")
 
 
 def encode(

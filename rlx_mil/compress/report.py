@@ -47,6 +47,13 @@ class CompressionReport:
     #: Filled by `measure_output_error`: per output, max |error| and relative L2 error of the
     #: compressed model vs the uncompressed conversion.
     output_error: dict[str, dict[str, float]] | None = None
+    #: autoN: what the mix chose overall (each weight's note says what it became and why).
+    plan: str = ""
+    #: With calibration inputs: per output, the reference on the dequantized weights against
+    #: the float weights on those inputs (max |error|, relative L2).
+    calibration_error: dict[str, dict[str, float]] | None = None
+    #: autoN: sensitivity * estimated error^2 per weight (what a warning ranks by).
+    contributions: dict[str, float] = field(default_factory=dict)
 
     @property
     def bytes_before(self) -> int:
@@ -85,6 +92,8 @@ class CompressionReport:
                 if with_max:
                     row += f" {w.max_error:>9.2e}" if w.max_error is not None else f" {'-':>9}"
                 lines.append(row + (f"  {w.note}" if w.note else ""))
+        if self.plan:
+            lines.append(f"  {self.plan}")
         if self.kept:
             lines.append(f"  kept in float: {len(self.kept)} ({', '.join(sorted(set(self.kept.values())))})")
         if self.output_error:
@@ -95,6 +104,8 @@ class CompressionReport:
                 )
         else:
             lines.append("  output error vs the uncompressed conversion: not measured")
+        for out, err in (self.calibration_error or {}).items():
+            lines.append(f"  output {out}: relative L2 {err['relative_l2']:.3g} on the calibration inputs (vs float weights)")
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:
@@ -102,6 +113,41 @@ class CompressionReport:
             "weights": len(self.weights), "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
             "output_error": self.output_error,
         }
+
+
+#: A compressed output whose relative L2 error (against the uncompressed model, on the
+#: --compress-check or calibration inputs) exceeds this is reported with a CompressionWarning
+#: (docs/compression.md says how it relates to top-1 agreement and embedding cosine).
+OUTPUT_ERROR_LIMIT = 0.2
+
+
+def top_contributors(report: CompressionReport, count: int = 5) -> list[tuple[str, float]]:
+    """The weights whose compression error contributes most (autoN's sensitivity-weighted
+    estimate, else the squared relative error), largest first."""
+    if report.contributions:
+        ranked = sorted(report.contributions.items(), key=lambda kv: -kv[1])
+    else:
+        ranked = sorted(((w.name, w.relative_error**2) for w in report.weights), key=lambda kv: -kv[1])
+    return ranked[:count]
+
+
+def warn_if_degraded(report: CompressionReport, errors: dict[str, dict[str, float]], where: str) -> None:
+    """A `CompressionWarning` naming the top contributing weights for each output whose
+    relative L2 error exceeds `OUTPUT_ERROR_LIMIT`."""
+    import warnings
+
+    from rlx_mil.errors import CompressionWarning
+
+    bad = {k: e["relative_l2"] for k, e in errors.items() if e["relative_l2"] > OUTPUT_ERROR_LIMIT}
+    if not bad:
+        return
+    schemes = {w.name: w.scheme for w in report.weights}
+    worst = ", ".join(f"{n} ({schemes.get(n, '?')})" for n, _ in top_contributors(report))
+    outs = ", ".join(f"{k!r} {v:.3g}" for k, v in bad.items())
+    warnings.warn(CompressionWarning(
+        f"compressed outputs are off by relative L2 {outs} on {where} (more than {OUTPUT_ERROR_LIMIT}): the model may not"
+        f" keep its quality. The weights contributing most: {worst}. Widen them (e.g. a rule 'NAME=int8') or use"
+        " autoN with a larger budget"), stacklevel=3)
 
 
 def report_of(model_or_metadata: Any) -> CompressionReport | None:

@@ -17,6 +17,8 @@ Text form (the CLI's ``--compress`` and ``convert(compress="...")``)::
       embeddings=SCHEME         tables read by Gather (token embeddings)
       lm_head=SCHEME            the output projection (producing a graph output)
       min_size=N                weights with fewer elements stay in float (default 2048)
+      auto4 (auto3, auto6, auto8) a per-weight mix chosen from error statistics (rlx_mil.compress.auto)
+      budget=F, max_error=E     with autoN: size fraction of fp16 / largest estimated weight error
       glob:PATTERN=SCHEME       weights whose name matches the glob (first matching rule wins)
       re:PATTERN=SCHEME         weights whose name matches the regular expression (re.search)
       e.g. "lut4;embeddings=int8;lm_head=lut6;re:\\.v_proj\\.=int8;min_size=4096"
@@ -248,6 +250,12 @@ PRESETS: dict[str, str] = {
 }
 
 
+#: ``autoN``: the default size budget (fraction of the fp16 weight bytes) and the scheme every
+#: weight starts from before the mix widens the ones that need it.
+AUTO_BUDGETS: dict[int, float] = {3: 0.24, 4: 0.30, 6: 0.42, 8: 0.55}
+AUTO_START: dict[int, str] = {3: "lut3", 4: "lut4", 6: "lut6", 8: "int8"}
+
+
 @dataclass(frozen=True)
 class Rule:
     """Weights whose name matches `pattern` get `scheme` (None keeps them in float)."""
@@ -293,17 +301,39 @@ class CompressionConfig:
     #: Param name -> a weight its source already quantized (`rlx_mil.compress.prequantized`):
     #: its codes are kept as they are, whatever the other fields say.
     prequantized: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: ``autoN``: a per-weight mix chosen from error statistics (`rlx_mil.compress.auto`);
+    #: `default` is then the N-bit scheme every weight starts from.
+    auto: int | None = None
+    #: With `auto`: the package's weight bytes as a fraction of the fp16 weights' (default
+    #: per width, `AUTO_BUDGETS`) and the largest estimated relative error of one weight.
+    budget: float | None = None
+    max_error: float | None = None
+    #: Calibration inputs (input name -> array) for activation-aware choices and a measured
+    #: output error.
+    calibration: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0:
             raise InvalidOptionError(f"min_size must be a non-negative integer, got {self.min_size!r}")
+        if self.auto is not None and self.auto not in AUTO_BUDGETS:
+            raise InvalidOptionError(f"auto compression takes {'/'.join(map(str, AUTO_BUDGETS))} bits, got {self.auto!r}")
+        if self.budget is not None and not (isinstance(self.budget, (int, float)) and 0 < self.budget <= 1):
+            raise InvalidOptionError(f"compression budget is a size fraction in (0, 1], got {self.budget!r}")
+        if self.max_error is not None and not (isinstance(self.max_error, (int, float)) and self.max_error > 0):
+            raise InvalidOptionError(f"max_error is a positive relative error, got {self.max_error!r}")
+        if (self.budget is not None or self.max_error is not None) and self.auto is None:
+            raise InvalidOptionError("budget / max_error choose an automatic mix: use them with autoN (e.g. auto4)")
 
     def role_scheme(self, role: str) -> Scheme | None:
         chosen = {"embedding": self.embeddings, "lm_head": self.lm_head}.get(role, self.default)
         return self.default if chosen is SAME_AS_DEFAULT else chosen
 
     def describe(self) -> str:
-        parts = [_label(self.default)]
+        parts = [f"auto{self.auto}" if self.auto is not None else _label(self.default)]
+        if self.budget is not None:
+            parts.append(f"budget={self.budget:g}")
+        if self.max_error is not None:
+            parts.append(f"max_error={self.max_error:g}")
         if self.embeddings is not SAME_AS_DEFAULT:
             parts.append(f"embeddings={_label(self.embeddings)}")
         if self.lm_head is not SAME_AS_DEFAULT:
@@ -345,6 +375,13 @@ def _int_option(value: Any, what: str) -> int:
     return out
 
 
+def _float_option(value: Any, what: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InvalidOptionError(f"{what} must be a number, got {value!r}") from None
+
+
 def _parse_text(text: str) -> CompressionConfig:
     fields: dict[str, Any] = {}
     rules: list[Rule] = []
@@ -352,7 +389,7 @@ def _parse_text(text: str) -> CompressionConfig:
         if not item:
             continue
         if item.startswith(("re:", "glob:")) or ("=" in item and item.split("=", 1)[0].strip().lower().replace("-", "_")
-                                                 not in ("default", "embeddings", "lm_head", "min_size")):
+                                                 not in ("default", "embeddings", "lm_head", "min_size", "budget", "max_error")):
             if "=" not in item:
                 raise InvalidOptionError(f"compression rule {item!r} needs PATTERN=SCHEME")
             pattern, scheme = item.rsplit("=", 1)
@@ -363,11 +400,20 @@ def _parse_text(text: str) -> CompressionConfig:
             key = key.lower().replace("-", "_")
             if key in fields:
                 raise InvalidOptionError(f"compression option {key!r} is given twice")
-            fields[key] = _int_option(value, "min_size") if key == "min_size" else _scheme_value(value, key)
+            if key == "min_size":
+                fields[key] = _int_option(value, "min_size")
+            elif key in ("budget", "max_error"):
+                fields[key] = _float_option(value, key)
+            else:
+                fields[key] = _scheme_value(value, key)
         else:
             if "default" in fields:
                 raise InvalidOptionError(f"compression config {text!r} names two default schemes")
-            fields["default"] = _scheme_value(item, "default")
+            if m := re.fullmatch(r"auto(\d)", item.lower()):
+                fields["auto"] = int(m.group(1))
+                fields["default"] = parse_scheme(AUTO_START.get(fields["auto"], "int8"))
+            else:
+                fields["default"] = _scheme_value(item, "default")
     return CompressionConfig(rules=tuple(rules), **fields)
 
 
@@ -375,7 +421,8 @@ def parse_compress(spec: Any) -> CompressionConfig | None:
     """`convert(compress=...)` / `--compress` in any accepted form -> a config (None: no compression).
 
     Accepts None, a preset or config string (module doc), a scheme object, a `CompressionConfig`,
-    or a mapping with keys default / embeddings / lm_head / min_size / rules (a sequence of
+    or a mapping with keys default (a scheme or "autoN") / embeddings / lm_head / min_size /
+    budget / max_error / calibration (input name -> array) / rules (a sequence of
     (pattern, scheme) pairs, patterns as in the text form)."""
     if spec is None:
         return None
@@ -386,15 +433,21 @@ def parse_compress(spec: Any) -> CompressionConfig | None:
     if isinstance(spec, str):
         return _parse_text(spec)
     if isinstance(spec, Mapping):
-        unknown = set(spec) - {"default", "embeddings", "lm_head", "min_size", "rules"}
+        unknown = set(spec) - {"default", "embeddings", "lm_head", "min_size", "rules", "budget", "max_error", "calibration"}
         if unknown:
             raise InvalidOptionError(f"compress mapping: unknown keys {sorted(map(str, unknown))}")
         kwargs: dict[str, Any] = {}
         for key in ("default", "embeddings", "lm_head"):
             if key in spec:
-                kwargs[key] = _scheme_value(spec[key], key)
-        if "min_size" in spec:
-            kwargs["min_size"] = spec["min_size"]
+                auto = re.fullmatch(r"auto(\d)", spec[key].strip().lower()) if key == "default" and isinstance(spec[key], str) else None
+                if auto:
+                    kwargs["auto"] = int(auto.group(1))
+                    kwargs[key] = parse_scheme(AUTO_START.get(kwargs["auto"], "int8"))
+                else:
+                    kwargs[key] = _scheme_value(spec[key], key)
+        for key in ("min_size", "budget", "max_error", "calibration"):
+            if key in spec:
+                kwargs[key] = spec[key]
         raw_rules = spec.get("rules", ())
         if isinstance(raw_rules, Mapping):
             raw_rules = list(raw_rules.items())

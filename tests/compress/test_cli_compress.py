@@ -62,3 +62,17 @@ def test_bad_compression_options_are_one_line_errors(
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_convert_auto_with_budget_and_calibration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    graph, weights, inputs = _files(tmp_path)
+    out = tmp_path / "a.mlpackage"
+    assert main(["convert", str(graph), "--params", str(weights), "-o", str(out), "--compress", "auto4",
+                 "--compress-budget", "0.4", "--compress-calibration", str(inputs)]) == 0
+    assert "compressed 9 weights (auto4;budget=0.4;min_size=2048)" in capsys.readouterr().out
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "activation-weighted errors" in text and "on the calibration inputs" in text and "auto4: est. error" in text
+    assert main(["convert", str(graph), "--params", str(weights), "-o", str(tmp_path / "b.mlpackage"),
+                 "--compress-budget", "0.3"]) == 1
+    assert "--compress-budget, --max-error and --compress-calibration need --compress" in capsys.readouterr().err

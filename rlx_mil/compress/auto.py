@@ -1,0 +1,217 @@
+"""Automatic per-weight mixes: ``compress="auto4"`` (auto3 / auto6 / auto8).
+
+Every weight the config would compress with its default scheme gets one of a few candidate
+schemes instead, chosen from error statistics computed while converting:
+
+1. For each weight and candidate (`CANDIDATES`), the relative error ``||W - Q(W)|| / ||W||``
+   is measured on a sample of its output channels (`SAMPLE_ROWS`, whole groups; the codes are
+   the ones the full encode gives those rows) and the package bytes are extrapolated. With
+   calibration inputs the error is activation-weighted: column j of the stored ``[out, in]``
+   weight counts with ``E[x_j^2]`` of the activation it multiplies (AWQ's per-channel
+   importance), i.e. the expected relative error of that layer's output.
+2. Every weight starts at the cheapest candidate. With ``max_error`` each is widened to the
+   cheapest candidate within it. Then, within the size budget (``budget``, a fraction of the
+   fp16 weight bytes; default `AUTO_BUDGETS`), the widening that removes the most
+   ``sensitivity * error^2`` per added byte is taken, again and again, while it fits.
+   Sensitivity is 1, 4 for the LM head, 2 for embeddings (a tied embedding is both), times 1.5
+   for the first and last layer's weights.
+
+The report says, per weight, which candidate it became, its estimated error and why.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.compress.emit import check_target, compressed_bytes
+from rlx_mil.compress.fit import fit_to_shape
+from rlx_mil.compress.linear import LinearCodes, quantize_linear, rows_view
+from rlx_mil.compress.palette import PaletteCodes, palettize
+from rlx_mil.compress.schemes import AUTO_BUDGETS, PER_GROUPED_CHANNEL, PaletteScheme, Scheme, parse_scheme
+from rlx_mil.errors import CompressionError
+from rlx_mil.lowering.target import Target
+
+#: Candidates per target width, cheapest first.
+CANDIDATES: dict[int, tuple[str, ...]] = {
+    3: ("lut3", "lut4", "int4", "uint4-float", "lut6", "int8"),
+    4: ("lut4", "int4", "uint4-float", "lut6", "int8"),
+    6: ("lut6", "int8"),
+    8: ("int8",),
+}
+#: How much a weight's squared error counts, by role: an LM head's error lands on the logits
+#: directly, an embedding's on every token's input.
+ROLE_SENSITIVITY = {"lm_head": 4.0, "embedding": 2.0}
+#: Output channels per weight whose error is measured (whole groups of a grouped palette).
+SAMPLE_ROWS = 256
+_LAYER = re.compile(r"(?:^|\.)(?:layers?|blk|h|block)\.(\d+)\.")
+
+
+@dataclass
+class Option:
+    scheme: Scheme
+    error: float
+    bytes: int
+
+
+@dataclass
+class AutoPlan:
+    schemes: dict[str, Scheme]
+    notes: dict[str, str]
+    #: sensitivity * estimated error^2 of each weight's choice (what the warnings rank by).
+    contributions: dict[str, float]
+    summary: str
+
+
+def _sample(storage: np.ndarray, scheme: Scheme) -> np.ndarray:
+    """Up to `SAMPLE_ROWS` output channels of the storage array ([rows, rest]), in chunks of
+    whole groups spread over the weight."""
+    rows = rows_view(storage)
+    channels = rows.shape[0]
+    chunk = 16
+    if isinstance(scheme, PaletteScheme) and scheme.granularity == PER_GROUPED_CHANNEL:
+        chunk = scheme.group_size * max(1, -(-16 // scheme.group_size))
+    if channels <= max(SAMPLE_ROWS, chunk):
+        return np.asarray(rows)
+    starts = np.unique(np.linspace(0, channels // chunk - 1, max(1, SAMPLE_ROWS // chunk)).astype(np.int64) * chunk)
+    return np.concatenate([np.asarray(rows[s:s + chunk]) for s in starts])
+
+
+def _weighted_error(sample: np.ndarray, back: np.ndarray, importance: np.ndarray | None) -> float:
+    w = np.asarray(sample, np.float64).reshape(sample.shape[0], -1)
+    d = np.asarray(back, np.float64).reshape(w.shape) - w
+    if importance is not None and importance.size == w.shape[1]:
+        a = importance.astype(np.float64)[None, :]
+        num, den = float(np.sum(a * d * d)), float(np.sum(a * w * w))
+    else:
+        num, den = float(np.sum(d * d)), float(np.sum(w * w))
+    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+
+
+def options_for(
+    storage: np.ndarray, bits: int, target: Target, store: type[np.floating[Any]], importance: np.ndarray | None = None,
+) -> list[Option]:
+    """Each candidate the target holds, with its estimated error and bytes, cheapest first;
+    candidates another one beats on both are dropped."""
+    shape = tuple(int(d) for d in storage.shape)
+    channels = rows_view(storage).shape[0]
+    found = []
+    for text in CANDIDATES[bits]:
+        base = parse_scheme(text)
+        assert base is not None
+        scheme, _ = fit_to_shape(base, shape, target)
+        try:
+            check_target(scheme, target, "weight")
+        except CompressionError:
+            continue
+        sample = _sample(storage, scheme)
+        codes: LinearCodes | PaletteCodes
+        if isinstance(scheme, PaletteScheme):
+            codes = palettize(sample, scheme, store)
+        else:
+            codes = quantize_linear(sample.reshape((sample.shape[0], *shape[1:])), scheme, store)
+        estimate = round(compressed_bytes(codes) * channels / sample.shape[0])
+        found.append(Option(scheme, _weighted_error(sample, codes.dequantize(), importance), estimate))
+    found.sort(key=lambda o: (o.bytes, o.error))
+    kept: list[Option] = []
+    for option in found:
+        if not kept or option.error < kept[-1].error:
+            kept.append(option)
+    return kept
+
+
+def sensitivity(name: str, role: str, layers: int) -> float:
+    factor = ROLE_SENSITIVITY.get(role, 1.0)
+    m = _LAYER.search(name)
+    if m is not None and layers > 2 and int(m.group(1)) in (0, layers - 1):
+        factor *= 1.5
+    return factor
+
+
+def layer_count(names: list[str]) -> int:
+    found = [int(m.group(1)) for n in names if (m := _LAYER.search(n))]
+    return max(found) + 1 if found else 0
+
+
+def choose(
+    options: Mapping[str, list[Option]], weights: Mapping[str, float], fixed_bytes: int, total_before: int,
+    bits: int, budget: float | None, max_error: float | None,
+) -> tuple[dict[str, int], dict[str, str], float]:
+    """Index of each weight's option, a reason per weight, and the size fraction reached."""
+    pick = {n: 0 for n in options}
+    why = {n: f"the {bits}-bit start" for n in options}
+    if max_error is not None:
+        for n, opts in options.items():
+            within = [i for i, o in enumerate(opts) if o.error <= max_error]
+            pick[n] = within[0] if within else len(opts) - 1
+            if pick[n]:
+                why[n] = f"widened to meet max_error {max_error:g}" if within else f"widest: no candidate meets max_error {max_error:g}"
+    cap = None if budget is None and max_error is not None else (AUTO_BUDGETS[bits] if budget is None else budget) * total_before
+    used = fixed_bytes + sum(options[n][i].bytes for n, i in pick.items())
+    if cap is not None:
+        while used > cap:  # max_error asked for more than the budget: narrow the cheapest losses first
+            best: tuple[float, str] | None = None
+            for n, i in pick.items():
+                if i > 0:
+                    o, p = options[n][i], options[n][i - 1]
+                    cost = weights[n] * (p.error**2 - o.error**2) / max(o.bytes - p.bytes, 1)
+                    if best is None or cost < best[0]:
+                        best = (cost, n)
+            if best is None:
+                break
+            n = best[1]
+            used -= options[n][pick[n]].bytes - options[n][pick[n] - 1].bytes
+            pick[n] -= 1
+            why[n] = "narrowed to fit the budget"
+        while True:
+            best_gain: tuple[float, str, int] | None = None
+            for n, i in pick.items():
+                o = options[n][i]
+                for j in range(i + 1, len(options[n])):
+                    q = options[n][j]
+                    extra = q.bytes - o.bytes
+                    if used + extra > cap:
+                        break
+                    gain = weights[n] * (o.error**2 - q.error**2) / max(extra, 1)
+                    if best_gain is None or gain > best_gain[0]:
+                        best_gain = (gain, n, j)
+            if best_gain is None:
+                break
+            _, n, j = best_gain
+            used += options[n][j].bytes - options[n][pick[n]].bytes
+            pick[n] = j
+            why[n] = "widened: among the largest error reductions per byte within the budget"
+    return pick, why, used / total_before if total_before else 1.0
+
+
+def plan_auto(
+    bits: int, storages: Mapping[str, Any], roles: Mapping[str, str], target: Target, store: type[np.floating[Any]],
+    fixed_bytes: int, total_before: int, budget: float | None, max_error: float | None,
+    importance: Mapping[str, np.ndarray] | None = None,
+) -> AutoPlan:
+    """The mix for the weights `storages` (name -> a callable giving the storage-layout array,
+    read one weight at a time), `fixed_bytes` being what the other weights take."""
+    options: dict[str, list[Option]] = {}
+    for name, read in storages.items():
+        options[name] = options_for(read(), bits, target, store, (importance or {}).get(name))
+    layers = layer_count(list(storages))
+    weights = {n: sensitivity(n, roles.get(n, "weight"), layers) for n in options}
+    pick, why, reached = choose(options, weights, fixed_bytes, total_before, bits, budget, max_error)
+    schemes, notes, contributions = {}, {}, {}
+    for name, i in pick.items():
+        o = options[name][i]
+        schemes[name] = o.scheme
+        start = options[name][0]
+        extra = "" if i == 0 else f"; {start.scheme.label} {start.error:.3g}"
+        notes[name] = f"auto{bits}: est. error {o.error:.3g}{extra} ({why[name]})"
+        contributions[name] = weights[name] * o.error**2
+    widened = sum(1 for i in pick.values() if i)
+    cap = "none" if budget is None and max_error is not None else f"{AUTO_BUDGETS[bits] if budget is None else budget:g}x"
+    basis = "activation-weighted" if importance else "weight-space"
+    summary = (f"auto{bits}: {widened} of {len(pick)} weights widened, {reached:.3f}x the uncompressed weight bytes"
+               f" (budget {cap}" + (f", max_error {max_error:g}" if max_error is not None else "") + f"; {basis} errors)")
+    return AutoPlan(schemes, notes, contributions, summary)

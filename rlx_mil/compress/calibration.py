@@ -1,0 +1,93 @@
+"""Calibration inputs: activation statistics for activation-aware choices, and the measured
+output error of the compressed weights.
+
+`activation_importance` runs the float graph once with the NumPy reference on the calibration
+inputs and, for every matmul weight, averages the square of each input feature of the
+activation it multiplies, ``E[x_j^2]`` over all positions (AWQ's per-channel importance).
+Weighting the weight error of input column j by it gives the expected relative error of the
+layer's output: a weight whose error sits on outlier features counts as it will matter.
+`output_errors` compares the reference on the dequantized weights (what the package computes
+with) against the float weights on the same inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import CompressionError
+from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.ops import Param
+
+#: matmul-like op -> (activation input, weight input).
+_MATMULS = {"MatMul": (0, 1), "FusedMatMulBiasAct": (0, 1)}
+
+
+def load_calibration(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
+    """Calibration inputs from an .npz of the graph's inputs (token ids for a decoder)."""
+    from rlx_mil.ir.ops import Input
+
+    names = [n.op.name for n in graph if isinstance(n.op, Input)]
+    try:
+        with np.load(Path(path), allow_pickle=False) as data:
+            found = {k: np.asarray(data[k]) for k in data.files}
+    except (OSError, ValueError) as err:
+        raise CompressionError(f"calibration file {str(path)!r} is not a readable .npz ({err})") from None
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise CompressionError(f"calibration file {str(path)!r} lacks the graph's inputs {missing} (it has {sorted(found)})")
+    return {n: found[n] for n in names}
+
+
+def _weight_param(graph: Graph, node_id: int) -> str | None:
+    node = graph.node(node_id)
+    if isinstance(node.op, Param):
+        return node.op.name
+    if node.op.type_name == "Transpose" and tuple(getattr(node.op, "perm", ())) == (1, 0):
+        inner = graph.node(node.inputs[0])
+        return inner.op.name if isinstance(inner.op, Param) else None
+    return None
+
+
+def activation_importance(graph: Graph, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Param name -> E[x_j^2] of the activation each input column j of that matmul weight
+    multiplies (averaged over its uses); float64 vectors of the weight's input width."""
+    from rlx_mil.reference import evaluate_all
+
+    values = evaluate_all(graph, inputs, params)
+    sums: dict[str, np.ndarray] = {}
+    uses: dict[str, int] = {}
+    for node in graph:
+        ports = _MATMULS.get(node.op.type_name)
+        if ports is None or len(node.inputs) <= ports[1]:
+            continue
+        name = _weight_param(graph, node.inputs[ports[1]])
+        act = values.get(node.inputs[ports[0]])
+        if name is None or act is None or act.ndim < 1:
+            continue
+        x = np.asarray(act, np.float64).reshape(-1, act.shape[-1])
+        stat = np.mean(x * x, axis=0)
+        if name in sums and sums[name].shape != stat.shape:
+            continue
+        sums[name] = sums.get(name, 0.0) + stat
+        uses[name] = uses.get(name, 0) + 1
+    del values
+    return {n: s / uses[n] for n, s in sums.items()}
+
+
+def output_errors(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """Per output: max |error| and relative L2 error of `got` against `want`."""
+    out = {}
+    for key, ref in want.items():
+        a = np.asarray(got[key], np.float64)
+        b = np.asarray(ref, np.float64)
+        diff = a - b
+        norm = float(np.linalg.norm(b))
+        out[key] = {
+            "max_abs": float(np.max(np.abs(diff))) if diff.size else 0.0,
+            "relative_l2": float(np.linalg.norm(diff) / norm) if norm > 0 else float(np.linalg.norm(diff)),
+        }
+    return out
