@@ -204,3 +204,19 @@ def test_killed_and_full_disk_stateful_conversions_leave_nothing(checkpoint: Pat
     assert done.returncode == 1, done.stderr
     assert "rlx-mil convert-hf: error:" in done.stderr and "Traceback" not in done.stderr
     assert list(tmpdir.iterdir()) == [] and list(out.parent.iterdir()) == []
+
+
+def test_stale_scratch_folders_of_gone_processes_only_are_swept(tmp_path: Path) -> None:
+    from rlx_mil.coreml import saving, scratch
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tag = saving.host_tag()
+    gone = tmp_path / f"rlx_mil-{dead.pid}-{tag}-abc"
+    alive = tmp_path / f"rlx_mil-{os.getpid()}-{tag}-def"
+    other_host = tmp_path / f"rlx_mil-{dead.pid}-00000000-ghi"
+    unrelated = tmp_path / "rlx_mil-notes"
+    for folder in (gone, alive, other_host, unrelated):
+        (folder / "x.mlpackage").mkdir(parents=True)
+    assert scratch.sweep_stale(tmp_path) == [gone]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (alive, other_host, unrelated))

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rlx_mil.coreml.saving import host_tag, process_gone
+from rlx_mil.errors import file_access_error
 
 PREFIX = "rlx_mil-"
 
@@ -65,7 +66,12 @@ def scratch_dir() -> Path:
         if current is not None and current.is_dir():
             return current
         sweep_stale()
-        created = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-{host_tag()}-"))
+        try:
+            created = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-{host_tag()}-"))
+        except OSError as err:
+            raise file_access_error(
+                err, f"{tempfile.gettempdir()}: cannot create the conversion's scratch folder: {err.strerror or err}"
+            ) from err
         _scratch[pid] = created
         atexit.register(shutil.rmtree, created, True)
         return created
