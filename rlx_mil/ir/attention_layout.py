@@ -59,9 +59,37 @@ class AttentionGeometry:
         return self.num_heads // self.num_kv_heads
 
     @property
+    def batch_size(self) -> int:
+        return _static(self.batch, "batch")
+
+    @property
+    def q_size(self) -> int:
+        return _static(self.q_len, "query length")
+
+    @property
+    def kv_size(self) -> int:
+        return _static(self.kv_len, "key length")
+
+    @property
+    def rows(self) -> int:
+        """Rows of the folded query `[B, H_kv, G*Sq, D]` (static sizes)."""
+        return self.group_size * self.q_size
+
+    @property
+    def offset(self) -> int:
+        """Query offset of bottom-right aligned masks (spec 9.4; static sizes)."""
+        return max(self.kv_size - self.q_size, 0)
+
+    @property
     def is_ambiguous(self) -> bool:
         """A BHSD reading of a tensor whose seq length equals num_heads (spec 9.2 warning)."""
         return self.num_heads > 1 and self.layout is AttentionLayout.BHSD and self.q_len == Static(self.num_heads)
+
+
+def _static(dim: Dim, what: str) -> int:
+    if not isinstance(dim, Static):
+        raise ShapeError(f"the attention's {what} must be static here, got {dim}")
+    return dim.size
 
 
 def _heads_in(t: Shape, layout: AttentionLayout, head_dim: int, operand: str) -> int:

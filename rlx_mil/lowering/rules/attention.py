@@ -20,11 +20,11 @@ from typing import Any
 
 from rlx_mil.errors import DTypeError, ShapeError
 from rlx_mil.ir import ops
+from rlx_mil.ir.attention_layout import AttentionGeometry
 from rlx_mil.ir.ops import AttentionBwdWrt, f32
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
 from rlx_mil.lowering.rules.attention_masks import (
-    Dims,
     Masking,
     attention_dims,
     build_masking,
@@ -75,10 +75,10 @@ def score_scale_factor(op: ops.Attention) -> float | None:
     return None if factor == 1.0 else factor
 
 
-def _heads(ctx: LowerContext, dims: Dims) -> tuple[Any, Any, Any]:
-    q = split_heads(ctx.var(0), dims, dims.heads, dims.q_len, ctx, "q")
-    k = split_heads(ctx.var(1), dims, dims.kv_heads, dims.kv_len, ctx, "k")
-    v = split_heads(ctx.var(2), dims, dims.kv_heads, dims.kv_len, ctx, "v", dims.v_head_dim)
+def _heads(ctx: LowerContext, dims: AttentionGeometry) -> tuple[Any, Any, Any]:
+    q = split_heads(ctx.var(0), dims, dims.num_heads, dims.q_size, ctx, "q")
+    k = split_heads(ctx.var(1), dims, dims.num_kv_heads, dims.kv_size, ctx, "k")
+    v = split_heads(ctx.var(2), dims, dims.num_kv_heads, dims.kv_size, ctx, "v", dims.v_head_dim)
     return q, k, v
 
 
@@ -102,7 +102,7 @@ def _masked_scores(scores: Any, masking: Masking, ctx: LowerContext) -> Any:
     return scores
 
 
-def _probabilities(
+def attention_probabilities(
     q_folded: Any, k: Any, scale: float, softcap: float | None, masking: Masking, ctx: LowerContext
 ) -> Any:
     """softmax(mask(cap(q k^T * scale))) over keys, `[B, H_kv, G*Sq, Sk]`. The scale goes on q
@@ -119,7 +119,7 @@ def _probabilities(
     return mb.softmax(x=scores, axis=-1, name=ctx.name("probs"))
 
 
-def _fused(op: ops.Attention, dims: Dims, q_folded: Any, k: Any, v: Any, ctx: LowerContext) -> Any:
+def _fused(op: ops.Attention, dims: AttentionGeometry, q_folded: Any, k: Any, v: Any, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
 
     masking = build_masking(op.mask_kind, dims, ctx, MASK_INPUT[ops.Attention], q_folded, k, full_keys=True)
@@ -138,11 +138,11 @@ def _fused(op: ops.Attention, dims: Dims, q_folded: Any, k: Any, v: Any, ctx: Lo
     return mb.scaled_dot_product_attention(query=query, key=k, value=v, name=ctx.name("sdpa"), **kwargs)
 
 
-def _decomposed(op: ops.Attention, dims: Dims, q_folded: Any, k: Any, v: Any, ctx: LowerContext) -> Any:
+def _decomposed(op: ops.Attention, dims: AttentionGeometry, q_folded: Any, k: Any, v: Any, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
 
     masking = build_masking(op.mask_kind, dims, ctx, MASK_INPUT[ops.Attention], q_folded, k, full_keys=False)
-    probs = _probabilities(q_folded, k, float(op.scale), op.softcap, masking, ctx)
+    probs = attention_probabilities(q_folded, k, float(op.scale), op.softcap, masking, ctx)
     return mb.matmul(x=probs, y=v, name=ctx.name("context"))
 
 
@@ -162,7 +162,7 @@ def lower_attention(op: ops.Attention, ctx: LowerContext) -> Any:
     q_folded = fold_groups(q, dims, ctx, "q")
     context = (_fused if fused else _decomposed)(op, dims, q_folded, k, v, ctx)
     out = unfold_groups(context, dims, ctx, "out", dims.v_head_dim)
-    return merge_heads(out, dims, dims.heads, dims.q_len, ctx.out_shape.sizes(), ctx, "out")
+    return merge_heads(out, dims, dims.num_heads, dims.q_size, ctx.out_shape.sizes(), ctx, "out")
 
 
 @lowering(
@@ -189,19 +189,19 @@ def lower_attention_backward(op: ops.AttentionBackward, ctx: LowerContext) -> An
         )
     q, k, v = _heads(ctx, dims)
     q_folded = fold_groups(q, dims, ctx, "q")
-    dy = split_heads(ctx.var(3), dims, dims.heads, dims.q_len, ctx, "dy")
+    dy = split_heads(ctx.var(3), dims, dims.num_heads, dims.q_size, ctx, "dy")
     dy_folded = fold_groups(dy, dims, ctx, "dy")
     scale = float(f32(op.head_dim**-0.5))
     masking = build_masking(
         op.mask_kind, dims, ctx, MASK_INPUT[ops.AttentionBackward], q_folded, k, full_keys=False
     )
-    probs = _probabilities(q_folded, k, scale, None, masking, ctx)
+    probs = attention_probabilities(q_folded, k, scale, None, masking, ctx)
 
     # Folded rows g*Sq + i of kv head j are all the query rows that use kv head j, so the
     # matmuls over rows below already sum dK/dV over the query heads sharing it.
     if op.wrt is AttentionBwdWrt.VALUE:
         grad = mb.matmul(x=probs, y=dy_folded, transpose_x=True, name=ctx.name("dv"))
-        return merge_heads(grad, dims, dims.kv_heads, dims.kv_len, ctx.out_shape.sizes(), ctx, "dv")
+        return merge_heads(grad, dims, dims.num_kv_heads, dims.kv_size, ctx.out_shape.sizes(), ctx, "dv")
     d_probs = mb.matmul(x=dy_folded, y=v, transpose_y=True, name=ctx.name("dprobs"))
     weighted = mb.mul(x=probs, y=d_probs, name=ctx.name("probs_dprobs"))
     row_sum = mb.reduce_sum(x=weighted, axes=[-1], keep_dims=True, name=ctx.name("probs_dprobs_sum"))
@@ -215,9 +215,9 @@ def lower_attention_backward(op: ops.AttentionBackward, ctx: LowerContext) -> An
     if op.wrt is AttentionBwdWrt.QUERY:
         grad = mb.matmul(x=d_scores, y=k, name=ctx.name("dq"))
         grad = unfold_groups(grad, dims, ctx, "dq")
-        return merge_heads(grad, dims, dims.heads, dims.q_len, ctx.out_shape.sizes(), ctx, "dq")
+        return merge_heads(grad, dims, dims.num_heads, dims.q_size, ctx.out_shape.sizes(), ctx, "dq")
     grad = mb.matmul(x=d_scores, y=q_folded, transpose_x=True, name=ctx.name("dk"))
-    return merge_heads(grad, dims, dims.kv_heads, dims.kv_len, ctx.out_shape.sizes(), ctx, "dk")
+    return merge_heads(grad, dims, dims.num_kv_heads, dims.kv_size, ctx.out_shape.sizes(), ctx, "dk")
 
 
 __all__ = ["lower_attention", "lower_attention_backward", "score_scale_factor", "use_fused"]

@@ -37,43 +37,9 @@ def mask_fill(precision: Precision) -> float:
     return FILL_FP16 if precision is Precision.FP16 else FILL_FP32
 
 
-@dataclass(frozen=True)
-class Dims:
-    """Static sizes of one attention node."""
-
-    layout: AttentionLayout
-    batch: int
-    heads: int
-    kv_heads: int
-    q_len: int
-    kv_len: int
-    head_dim: int
-    #: Width of value and output heads (Attention.v_head_dim; head_dim when unset).
-    v_head_dim: int = 0
-
-    def __post_init__(self) -> None:
-        if self.v_head_dim == 0:
-            object.__setattr__(self, "v_head_dim", self.head_dim)
-
-    @property
-    def group(self) -> int:
-        return self.heads // self.kv_heads
-
-    @property
-    def rows(self) -> int:
-        """Rows of the folded query `[B, H_kv, G*Sq, D]`."""
-        return self.group * self.q_len
-
-    @property
-    def offset(self) -> int:
-        """Query offset of bottom-right aligned masks (spec 9.4)."""
-        return max(self.kv_len - self.q_len, 0)
-
-
-
-
-def attention_dims(ctx: LowerContext, num_heads: int, head_dim: int, v_head_dim: int | None = None) -> Dims:
-    """Validated static sizes of q (input 0), k (1) and v (2); typed errors name the operand."""
+def attention_dims(ctx: LowerContext, num_heads: int, head_dim: int, v_head_dim: int | None = None) -> AttentionGeometry:
+    """The geometry of q (input 0), k (1) and v (2), whose sizes are static at conversion; typed
+    errors name the operand."""
     shapes = [ctx.input_shape(i) for i in range(3)]
     for name, shape in zip(("q", "k", "v"), shapes, strict=True):
         if not shape.dtype.is_float:
@@ -85,22 +51,17 @@ def attention_dims(ctx: LowerContext, num_heads: int, head_dim: int, v_head_dim:
         geo: AttentionGeometry = attention_geometry(shapes[0], shapes[1], shapes[2], num_heads, head_dim, v_head_dim)
     except GraphError as err:
         raise ctx.fail(type(err), err.detail, err.operand) from None
-    sizes = [s.sizes() for s in shapes]
-    seq = geo.layout.seq_axis
-    batch = 1 if geo.layout is AttentionLayout.SX else sizes[0][0]
-    return Dims(
-        geo.layout, batch, geo.num_heads, geo.num_kv_heads, sizes[0][seq], sizes[1][seq], head_dim, geo.v_head_dim
-    )
+    return geo
 
 
 # ------------------------------------------------------------------------------ layouts
 def split_heads(
-    x: Any, dims: Dims, heads: int, seq: int, ctx: LowerContext, what: str, width: int | None = None
+    x: Any, dims: AttentionGeometry, heads: int, seq: int, ctx: LowerContext, what: str, width: int | None = None
 ) -> Any:
     """`x` in the node's layout as `[B, heads, seq, D]` (D = `width`, default head_dim)."""
     from coremltools.converters.mil import Builder as mb
 
-    layout, b, d = dims.layout, dims.batch, dims.head_dim if width is None else width
+    layout, b, d = dims.layout, dims.batch_size, dims.head_dim if width is None else width
     if layout is AttentionLayout.BHSD:
         return x
     if layout is AttentionLayout.BSHD:
@@ -111,7 +72,7 @@ def split_heads(
     return mb.transpose(x=split, perm=[0, 2, 1, 3], name=ctx.name(f"{what}_heads"))
 
 
-def merge_heads(x: Any, dims: Dims, heads: int, seq: int, out_sizes: tuple[int, ...], ctx: LowerContext, what: str) -> Any:
+def merge_heads(x: Any, dims: AttentionGeometry, heads: int, seq: int, out_sizes: tuple[int, ...], ctx: LowerContext, what: str) -> Any:
     """Inverse of `split_heads`: `[B, heads, seq, D]` back to the layout, shaped `out_sizes`."""
     from coremltools.converters.mil import Builder as mb
 
@@ -126,23 +87,23 @@ def merge_heads(x: Any, dims: Dims, heads: int, seq: int, out_sizes: tuple[int, 
     return mb.reshape(x=swapped, shape=list(out_sizes), name=ctx.name(f"{what}_layout"))
 
 
-def fold_groups(x: Any, dims: Dims, ctx: LowerContext, what: str) -> Any:
+def fold_groups(x: Any, dims: AttentionGeometry, ctx: LowerContext, what: str) -> Any:
     """`[B, H, Sq, D]` -> `[B, H_kv, G*Sq, D]` (a reshape: head h = kv*G + g)."""
     from coremltools.converters.mil import Builder as mb
 
-    if dims.group == 1:
+    if dims.group_size == 1:
         return x
-    return mb.reshape(x=x, shape=[dims.batch, dims.kv_heads, dims.rows, dims.head_dim], name=ctx.name(f"{what}_grouped"))
+    return mb.reshape(x=x, shape=[dims.batch_size, dims.num_kv_heads, dims.rows, dims.head_dim], name=ctx.name(f"{what}_grouped"))
 
 
-def unfold_groups(x: Any, dims: Dims, ctx: LowerContext, what: str, width: int | None = None) -> Any:
+def unfold_groups(x: Any, dims: AttentionGeometry, ctx: LowerContext, what: str, width: int | None = None) -> Any:
     """`[B, H_kv, G*Sq, D]` -> `[B, H, Sq, D]` (D = `width`, default head_dim)."""
     from coremltools.converters.mil import Builder as mb
 
-    if dims.group == 1:
+    if dims.group_size == 1:
         return x
     d = dims.head_dim if width is None else width
-    return mb.reshape(x=x, shape=[dims.batch, dims.heads, dims.q_len, d], name=ctx.name(f"{what}_ungrouped"))
+    return mb.reshape(x=x, shape=[dims.batch_size, dims.num_heads, dims.q_size, d], name=ctx.name(f"{what}_ungrouped"))
 
 
 # ------------------------------------------------------------------------------ masks
@@ -165,11 +126,11 @@ class Masking:
         return self.keep is not None
 
 
-def window_rows(kind: MaskKind, dims: Dims) -> tuple[bool, np.ndarray | None]:
+def window_rows(kind: MaskKind, dims: AttentionGeometry) -> tuple[bool, np.ndarray | None]:
     """For Causal/SlidingWindow: (every key visible to every row, bool `[Sq]` of rows that
     see no key at all or None). Rows see `off+i-w <= j <= off+i` (spec 9.4); only a sliding
     window with more queries than keys can leave a row empty."""
-    sq, sk, off = dims.q_len, dims.kv_len, dims.offset
+    sq, sk, off = dims.q_size, dims.kv_size, dims.offset
     all_visible = off >= sk - 1
     if kind.type is MaskType.SLIDING_WINDOW:
         assert kind.window is not None
@@ -192,12 +153,12 @@ def runtime_ones(ref: Any, ctx: LowerContext, what: str) -> Any:
     return mb.cast(x=always, dtype=ctx.mil_float, name=ctx.name(f"{what}_ones"))
 
 
-def window_keep(kind: MaskKind, dims: Dims, q_folded: Any, k_heads: Any, ctx: LowerContext) -> Any:
+def window_keep(kind: MaskKind, dims: AttentionGeometry, q_folded: Any, k_heads: Any, ctx: LowerContext) -> Any:
     """Bool `[G*Sq, Sk]` of the keys each folded query row may see (Causal/SlidingWindow),
     built with `band_part` on a run-time ones tensor `[G, Sq, Sk]`: no constant of that size."""
     from coremltools.converters.mil import Builder as mb
 
-    g, sq, sk, off = dims.group, dims.q_len, dims.kv_len, dims.offset
+    g, sq, sk, off = dims.group_size, dims.q_size, dims.kv_size, dims.offset
     col = mb.slice_by_size(x=q_folded, begin=[0, 0, 0, 0], size=[1, 1, dims.rows, 1], name=ctx.name("mask_rows_ref"))
     col = mb.reshape(x=col, shape=[g, sq, 1], name=ctx.name("mask_rows_shape"))
     row = mb.slice_by_size(x=k_heads, begin=[0, 0, 0, 0], size=[1, 1, sk, 1], name=ctx.name("mask_keys_ref"))
@@ -225,19 +186,19 @@ def window_keep(kind: MaskKind, dims: Dims, q_folded: Any, k_heads: Any, ctx: Lo
     return mb.cast(x=allowed, dtype="bool", name=ctx.name("mask_keep"))
 
 
-def folded_row_flags(flags: np.ndarray, dims: Dims) -> np.ndarray:
+def folded_row_flags(flags: np.ndarray, dims: AttentionGeometry) -> np.ndarray:
     """Per-query-row flags `[Sq]` as `[G*Sq, 1]` for the folded rows."""
-    return np.tile(flags, dims.group).reshape(dims.rows, 1)
+    return np.tile(flags, dims.group_size).reshape(dims.rows, 1)
 
 
-def custom_keep(ctx: LowerContext, index: int, dims: Dims) -> tuple[Any, Any]:
+def custom_keep(ctx: LowerContext, index: int, dims: AttentionGeometry) -> tuple[Any, Any]:
     """Key-padding mask (input `index`, B*Sk values, >= 0.5 or True = attend) as bool
     `[B, 1, 1, Sk]`, and the live-rows flag `[B, 1, 1, 1]` (None when the mask is known at
     conversion time and every batch keeps a key)."""
     from coremltools.converters.mil import Builder as mb
 
     shape = ctx.input_shape(index)
-    b, sk = dims.batch, dims.kv_len
+    b, sk = dims.batch_size, dims.kv_size
     if shape.numel() != b * sk:
         raise ShapeError(
             f"Custom mask must hold B*Sk = {b}*{sk} values (e.g. [B, Sk]), got {shape}",
@@ -270,7 +231,7 @@ def custom_keep(ctx: LowerContext, index: int, dims: Dims) -> tuple[Any, Any]:
     return keep, live
 
 
-def bias_scores(ctx: LowerContext, index: int, dims: Dims, full_keys: bool) -> Any:
+def bias_scores(ctx: LowerContext, index: int, dims: AttentionGeometry, full_keys: bool) -> Any:
     """Additive bias (input `index`) broadcastable to `[B, H, Sq, Sk]` (NumPy rules) or holding
     exactly B*H*Sq*Sk values, as a float tensor broadcastable to the folded scores
     `[B, H_kv, G*Sq, Sk]`. `full_keys`: the key axis must be Sk wide (fused attention needs it).
@@ -278,7 +239,7 @@ def bias_scores(ctx: LowerContext, index: int, dims: Dims, full_keys: bool) -> A
     from coremltools.converters.mil import Builder as mb
 
     shape = ctx.input_shape(index)
-    b, h, sq, sk, g, hkv = dims.batch, dims.heads, dims.q_len, dims.kv_len, dims.group, dims.kv_heads
+    b, h, sq, sk, g, hkv = dims.batch_size, dims.num_heads, dims.q_size, dims.kv_size, dims.group_size, dims.num_kv_heads
     full = (b, h, sq, sk)
     sizes = shape.sizes()
     if shape.dtype is DType.BOOL or shape.dtype.is_complex:
@@ -324,7 +285,7 @@ def bias_scores(ctx: LowerContext, index: int, dims: Dims, full_keys: bool) -> A
 
 
 def build_masking(
-    kind: MaskKind, dims: Dims, ctx: LowerContext, mask_index: int, q_folded: Any, k_heads: Any, full_keys: bool
+    kind: MaskKind, dims: AttentionGeometry, ctx: LowerContext, mask_index: int, q_folded: Any, k_heads: Any, full_keys: bool
 ) -> Masking:
     """The masking of one node; `mask_index` is the input holding a Custom/Bias mask."""
     from coremltools.converters.mil import Builder as mb
@@ -336,7 +297,7 @@ def build_masking(
         # is turned into the form the scores need once.
         known = ctx.value_key(mask_index)
         mask_id = known if known is not None else id(ctx.var(mask_index))
-        source = (mask_id, dims.batch, dims.heads, dims.kv_heads, dims.q_len, dims.kv_len)
+        source = (mask_id, dims.batch_size, dims.num_heads, dims.num_kv_heads, dims.q_size, dims.kv_size)
     if kind.type is MaskType.CUSTOM:
         keep, live = ctx.shared_var(("custom_keep", *source), lambda: custom_keep(ctx, mask_index, dims))
         return Masking(keep=keep, live_rows=live)
@@ -348,7 +309,7 @@ def build_masking(
         return Masking()
     # The mask depends only on the mask kind and the geometry: built once per conversion and
     # shared by every attention node with the same one (every layer of a decoder).
-    geometry = (kind.type, kind.window, dims.group, dims.q_len, dims.kv_len)
+    geometry = (kind.type, kind.window, dims.group_size, dims.q_size, dims.kv_size)
     keep = ctx.shared_var(("window_keep", *geometry), lambda: window_keep(kind, dims, q_folded, k_heads, ctx))
     live = None
     if empty_rows is not None:

@@ -5,16 +5,17 @@ attention that reads the whole cache capacity under a mask built from `cache_pos
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from rlx_mil.errors import ConversionError
-from rlx_mil.ir.attention_layout import AttentionLayout, attention_geometry
+from rlx_mil.ir.attention_layout import attention_geometry
 from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import Attention, MaskType
-from rlx_mil.ir.shape import Shape
+from rlx_mil.ir.shape import Shape, Static
 from rlx_mil.lowering.state.kv_cache import POSITION_INPUT, KVCachePlan, attention_of
 from rlx_mil.lowering.state.recurrent_state import read_states, write_states
 from rlx_mil.lowering.target import Precision
@@ -86,7 +87,7 @@ class KVCacheLowering:
 
         pair = self.pairs[ctx.node.id]
         dims = self._dims(self.graph.node(pair.attention_ids[0]))
-        new = split_heads(ctx.var(1), dims, dims.kv_heads, pair.new_rows, ctx, f"{pair.role}_rows")
+        new = split_heads(ctx.var(1), dims, dims.num_kv_heads, pair.new_rows, ctx, f"{pair.role}_rows")
         if self.precision is Precision.FP32:
             new = mb.cast(x=new, dtype="fp16", name=ctx.name("rows_fp16"))
         b, h, c, d, n = pair.batch, pair.kv_heads, self.plan.max_context, pair.head_dim, pair.new_rows
@@ -119,15 +120,11 @@ class KVCacheLowering:
         return cache
 
     def _dims(self, attention: Node) -> Any:
-        from rlx_mil.lowering.rules.attention_masks import Dims
-
         op = attention.op
         assert isinstance(op, Attention)
         shapes = [self.graph.node(attention.inputs[i]).shape for i in range(3)]
         geo = attention_geometry(shapes[0], shapes[1], shapes[2], op.num_heads, op.head_dim)
-        q_sizes = shapes[0].sizes()
-        batch = 1 if geo.layout is AttentionLayout.SX else q_sizes[0]
-        return Dims(geo.layout, batch, geo.num_heads, geo.num_kv_heads, q_sizes[geo.layout.seq_axis], self.plan.max_context, op.head_dim)
+        return dataclasses.replace(geo, kv_len=Static(self.plan.max_context))
 
     # -- masks ----------------------------------------------------------------------------------
     def _written(self, ctx: Any, n: int) -> Any:
@@ -146,10 +143,10 @@ class KVCacheLowering:
         slot j when j <= position + i (and j >= position + i - window)."""
         from coremltools.converters.mil import Builder as mb
 
-        key = ("window", dims.group, dims.q_len, window)
+        key = ("window", dims.group_size, dims.q_size, window)
         if key in self._masks:
             return self._masks[key]
-        rows = np.tile(np.arange(dims.q_len, dtype=np.int32), dims.group).reshape(dims.rows, 1)
+        rows = np.tile(np.arange(dims.q_size, dtype=np.int32), dims.group_size).reshape(dims.rows, 1)
         row_pos = mb.add(x=self.position, y=rows, name=ctx.name("row_positions"))
         slots = np.arange(self.plan.max_context, dtype=np.int32)
         keep = mb.less_equal(x=slots, y=row_pos, name=ctx.name("mask_causal"))
@@ -169,14 +166,14 @@ class KVCacheLowering:
             return self._window_keep(ctx, dims, None), None, None
         if kind.type is MaskType.SLIDING_WINDOW:
             return self._window_keep(ctx, dims, kind.window), None, None
-        written = self._written(ctx, dims.q_len)
+        written = self._written(ctx, dims.q_size)
         if kind.type is MaskType.NONE:
             return written, None, None
         assert kind.type is MaskType.CUSTOM
         mask_shape: Shape = self.graph.node(node.inputs[3]).shape
         key = ("custom", node.inputs[3])
         if key not in self._masks:
-            raw = mb.reshape(x=ctx.var(3), shape=[dims.batch, 1, 1, self.plan.max_context], name=ctx.name("mask_slots"))
+            raw = mb.reshape(x=ctx.var(3), shape=[dims.batch_size, 1, 1, self.plan.max_context], name=ctx.name("mask_slots"))
             if mask_shape.dtype.is_float:
                 flags = mb.greater_equal(x=raw, y=ctx.scalar(0.5), name=ctx.name("mask_flags"))
             elif mask_shape.dtype.is_int:
@@ -206,10 +203,10 @@ class KVCacheLowering:
         node = ctx.node
         op = node.op
         dims = self._dims(node)
-        q = split_heads(ctx.var(0), dims, dims.heads, dims.q_len, ctx, "q")
+        q = split_heads(ctx.var(0), dims, dims.num_heads, dims.q_size, ctx, "q")
         q = fold_groups(q, dims, ctx, "q")
         k, v = ctx.var(1), ctx.var(2)
-        if tuple(k.shape) != (dims.batch, dims.kv_heads, dims.kv_len, dims.head_dim):
+        if tuple(k.shape) != (dims.batch_size, dims.num_kv_heads, dims.kv_size, dims.head_dim):
             raise ConversionError(f"node %{node.id}: cached k has shape {k.shape}, expected the cache layout")
         keep, live, fallback = self._masking(node, dims, ctx)
         if live is not None:
@@ -225,10 +222,10 @@ class KVCacheLowering:
                 q = mb.mul(x=q, y=ctx.scalar(factor), name=ctx.name("q_scaled"))
             out = mb.scaled_dot_product_attention(query=q, key=k, value=v, attn_mask=keep, name=ctx.name("sdpa"))
         else:
-            from rlx_mil.lowering.rules.attention import _probabilities
+            from rlx_mil.lowering.rules.attention import attention_probabilities
             from rlx_mil.lowering.rules.attention_masks import Masking
 
-            probs = _probabilities(q, k, float(op.scale), op.softcap, Masking(keep=keep), ctx)
+            probs = attention_probabilities(q, k, float(op.scale), op.softcap, Masking(keep=keep), ctx)
             out = mb.matmul(x=probs, y=v, name=ctx.name("context"))
         out = unfold_groups(out, dims, ctx, "out")
-        return merge_heads(out, dims, dims.heads, dims.q_len, ctx.out_shape.sizes(), ctx, "out")
+        return merge_heads(out, dims, dims.num_heads, dims.q_size, ctx.out_shape.sizes(), ctx, "out")
