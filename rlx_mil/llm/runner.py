@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.coreml.metadata import FunctionTable, PackageMetadataError
 from rlx_mil.errors import RlxMilError
 from rlx_mil.fileio import check_package_tree
 from rlx_mil.naming import IO_NAMES_METADATA_KEY
@@ -61,13 +62,16 @@ def predict_coreml(
 
 def function_io_names(metadata: Mapping[str, str], function_name: str | None) -> dict[str, Any] | None:
     """The IO-name table of one function of a multifunction package (None: the package's own)."""
-    if function_name is None or "rlx_mil.functions" not in metadata:
+    if function_name is None:
         return None
     try:
-        table = json.loads(metadata["rlx_mil.functions"])["io_names"].get(function_name)
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        raise RlxMilError("the package's 'rlx_mil.functions' metadata is malformed; re-convert it") from None
-    return dict(table) if isinstance(table, dict) else None
+        table = FunctionTable.read(metadata)
+    except PackageMetadataError as err:
+        raise RlxMilError(f"{err}; re-convert the package") from None
+    if table is None:
+        return None
+    found = table.io_names.get(function_name)
+    return dict(found) if found is not None else None
 
 
 def check_function(path: Path, function_name: str | None) -> None:
