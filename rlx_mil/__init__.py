@@ -16,12 +16,13 @@ from rlx_mil.version import __version__
 
 __all__ = [
     "DType", "Graph", "MaskKind", "QuantScheme", "Shape", "__version__", "convert", "convert_buckets",
-    "convert_functions", "errors", "lower", "save",
+    "convert_functions", "errors", "lower", "preflight", "save",
 ]
 
 # coremltools itself is only imported on first conversion. (`rlx_mil.lower` is the public
 # function; the lowering stage is the package `rlx_mil.lowering`.)
 from rlx_mil.api import convert, convert_buckets, convert_functions, lower, save
+from rlx_mil.coreml.preflight import preflight
 
 _SUBMODULES = ("reference", "milexec", "testing", "weights", "models", "generate")
 

@@ -85,6 +85,10 @@ def _parser() -> argparse.ArgumentParser:
     insp.add_argument("package", type=Path, help="a .mlpackage folder, or a graph .json (inputs, params, op histogram)")
     insp.add_argument("--json", action="store_true", help="print JSON instead of text")
 
+    pre = sub.add_parser("preflight", help="check a .mlpackage against the known Core ML device rules"
+                         " (docs/deploying.md); exit 1 when it breaks one")
+    _preflight_arguments(pre)
+
     run = sub.add_parser("run", help="run a .mlpackage (Core ML on macOS, the NumPy MIL executor elsewhere)")
     run.add_argument("package", type=Path)
     run.add_argument("--inputs", type=Path, required=True, help=".npz of inputs keyed by input name")
@@ -187,6 +191,13 @@ def _convert_gguf_arguments(p: argparse.ArgumentParser) -> None:
     from rlx_mil.cli.convert_gguf import add_arguments
 
     add_arguments(p)
+
+
+def _preflight_arguments(p: argparse.ArgumentParser) -> None:
+    from rlx_mil.cli.preflight import add_arguments, run
+
+    add_arguments(p)
+    p.set_defaults(handler=run)
 
 
 def _convert_gguf(args: argparse.Namespace) -> int:

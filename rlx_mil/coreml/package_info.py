@@ -134,8 +134,9 @@ def _tensor_infos(features: Any) -> list[TensorInfo]:
     return out
 
 
-def package_info(model_or_path: Any) -> PackageInfo:
-    """Summarise an `MLModel` or a saved `.mlpackage` path."""
+def open_model(model_or_path: Any) -> tuple[Any, Path | None]:
+    """(`MLModel`, its package path or None) of an `MLModel` or a saved `.mlpackage` path, read
+    without compiling it (`skip_model_load`); a typed error for a missing or unreadable package."""
     import coremltools as ct
 
     path: Path | None
@@ -151,6 +152,12 @@ def package_info(model_or_path: Any) -> PackageInfo:
     else:
         model = model_or_path
         path = Path(model.package_path) if getattr(model, "package_path", None) else None
+    return model, path
+
+
+def package_info(model_or_path: Any) -> PackageInfo:
+    """Summarise an `MLModel` or a saved `.mlpackage` path."""
+    model, path = open_model(model_or_path)
     spec = model.get_spec()
     if spec.WhichOneof("Type") != "mlProgram":
         raise RlxMilError(f"{path}: not an ML Program (model type {spec.WhichOneof('Type')})")

@@ -1,0 +1,224 @@
+"""`rlx_mil.preflight` / `rlx-mil preflight`: each rule fires on a tiny package that breaks it
+(built by rlx_mil.convert, or by coremltools' MIL builder for what rlx_mil never emits), and
+stays quiet on one that does not."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import coremltools as ct
+import numpy as np
+import pytest
+from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil.mil import get_new_symbol, types
+
+import rlx_mil
+from rlx_mil.cli.main import main
+from rlx_mil.coreml.preflight import Finding, is_finding
+from rlx_mil.coreml.preflight_rules import RULES, rule_table
+from rlx_mil.errors import InvalidOptionError, RlxMilError
+from rlx_mil.ir.graph import Graph
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "deploying.md"
+
+
+def _rules(findings: list[Finding]) -> set[str]:
+    return {f.rule for f in findings}
+
+
+def _dense(width_in: int, width_out: int, **options: Any) -> Any:
+    g = Graph("dense")
+    x = g.input("x", [1, width_in])
+    g.set_outputs([g.matmul(x, g.param("w", [width_in, width_out]), name="y")])
+    rng = np.random.default_rng(0)
+    return rlx_mil.convert(g, {"w": rng.standard_normal((width_in, width_out)).astype(np.float32)}, **options)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Any], Path]:
+    folder = tmp_path_factory.mktemp("preflight")
+
+    def save(name: str, model: Any) -> Path:
+        path = folder / f"{name}.mlpackage"
+        if not path.exists():
+            model.save(str(path))
+        return path
+
+    return save
+
+
+@pytest.fixture(scope="module")
+def clean() -> Any:
+    return _dense(64, 64)
+
+
+@pytest.fixture(scope="module")
+def wide() -> Any:
+    """An embedding gather (exempt), a 16,385-wide output, a rank-5 tensor and a gather of an input."""
+    g = Graph("wide")
+    ids = g.input("ids", [1, 4], dtype="int32")
+    emb = g.gather(g.param("emb", [20_000, 8]), ids, axis=0)
+    logits = g.matmul(emb, g.param("w", [8, 16_385]), name="logits")
+    five = g.relu(g.input("x", [1, 2, 2, 2, 2]), name="five")
+    picked = g.gather(g.input("table", [6, 8]), ids, axis=0, name="picked")
+    g.set_outputs([logits, five, picked])
+    params = {"emb": np.zeros((20_000, 8), np.float32), "w": np.zeros((8, 16_385), np.float32)}
+    return rlx_mil.convert(g, params)
+
+
+def _stateful(shape: tuple[int, ...], flexible: bool = False, weight: bool = False) -> Any:
+    rows: Any = get_new_symbol() if flexible else 1
+    specs = [mb.TensorSpec((rows, shape[-1]), dtype=types.fp16), mb.StateTensorSpec(shape, dtype=types.fp16)]
+
+    @mb.program(input_specs=specs, opset_version=ct.target.iOS18)
+    def prog(x: Any, state: Any) -> Any:
+        if weight:
+            w = np.random.default_rng(0).standard_normal((shape[-1], shape[-1])).astype(np.float16)
+            x = mb.linear(x=x, weight=w)
+        axes = list(range(len(shape) - 1))
+        y = mb.add(x=x, y=mb.reduce_mean(x=mb.read_state(input=state), axes=axes, keep_dims=False))
+        mean = mb.reshape(x=mb.reduce_mean(x=y, axes=[0], keep_dims=False), shape=[1] * (len(shape) - 1) + [shape[-1]])
+        mb.coreml_update_state(state=state, value=mb.tile(x=mean, reps=[*shape[:-1], 1]))
+        return y
+
+    return ct.convert(prog, minimum_deployment_target=ct.target.iOS18, compute_precision=ct.precision.FLOAT16)
+
+
+def test_a_plain_fp16_package_has_no_findings(clean: Any, saved: Callable[[str, Any], Path]) -> None:
+    assert rlx_mil.preflight(clean, device="ane") == []
+    assert rlx_mil.preflight(saved("clean", clean), device="gpu") == []
+
+
+def test_rank_width_and_gather_rules(wide: Any) -> None:
+    findings = rlx_mil.preflight(wide, device="ane")
+    by_rule = {r: [f for f in findings if f.rule == r] for r in _rules(findings)}
+    assert set(by_rule) == {"rank-over-4", "dim-over-16384", "embedding-gather", "ane-unsupported-op"}
+    assert {f.var for f in by_rule["rank-over-4"]} >= {"x", "five"}
+    assert "logits" in {f.var for f in by_rule["dim-over-16384"]}
+    assert all("16,385" in f.why for f in by_rule["dim-over-16384"])
+    # the 20,000-row embedding table is exempt, and said to be
+    [note] = by_rule["embedding-gather"]
+    assert note.severity == "note" and not is_finding(note) and "20000" in note.why
+    assert not any(f.var == "emb" for f in findings if is_finding(f))
+    [gather] = by_rule["ane-unsupported-op"]
+    assert gather.op.startswith("gather ") and "computed" in gather.why
+    for f in findings:
+        assert f.source == RULES[f.rule].source and f.fix == RULES[f.rule].fix and f.why
+    # none of these is a GPU rule
+    assert [f.rule for f in rlx_mil.preflight(wide, device="gpu")] == ["embedding-gather"]
+
+
+def test_the_plain_llm_head_over_65536_fires_on_both_devices() -> None:
+    head = _dense(8, 128_256)  # a Llama 3 vocabulary, tiny hidden size
+    for device in ("ane", "gpu"):
+        findings = rlx_mil.preflight(head, device=device)
+        assert "dim-over-65536" in _rules(findings)
+        assert "dim-over-16384" not in _rules(findings)  # the stronger rule only
+        assert any(f.var == "y" and "128,256" in f.why for f in findings)
+
+
+def test_fp32_compute_is_a_neural_engine_finding() -> None:
+    model = _dense(64, 64, precision="fp32")
+    [finding] = rlx_mil.preflight(model, device="ane")
+    assert finding.rule == "ane-fp32-compute" and "ops compute in fp32 (first: linear" in finding.why
+    assert rlx_mil.preflight(model, device="gpu") == []
+
+
+def test_per_block_int_weights_are_a_neural_engine_finding_per_channel_ones_are_not() -> None:
+    [finding] = rlx_mil.preflight(_dense(64, 64, compress="int4"), device="ane")
+    assert finding.rule == "ane-per-block-int" and "blocks of 32 along axis 1" in finding.why
+    assert finding.op.startswith("constexpr_blockwise_shift_scale")
+    assert rlx_mil.preflight(_dense(64, 64, compress="int4"), device="gpu") == []
+    assert rlx_mil.preflight(_dense(64, 64, compress="int4-channel"), device="ane") == []
+
+
+def test_state_dims_not_a_multiple_of_32() -> None:
+    findings = rlx_mil.preflight(_stateful((1, 2, 48, 16)), device="ane")  # head_dim 16, 48 slots
+    [finding] = findings
+    assert finding.rule == "state-dim-32" and finding.var.startswith("state")
+    assert "fp16[1, 2, 48, 16]: dim 2 = 48, dim 3 = 16 not a multiple of 32" in finding.why
+    assert "dim 3 = 16 not" in rlx_mil.preflight(_stateful((1, 2, 64, 16)), device="ane")[0].why
+    assert rlx_mil.preflight(_stateful((1, 2, 64, 32)), device="ane") == []
+    assert rlx_mil.preflight(_stateful((1, 2, 48, 16)), device="gpu") == []
+
+
+def test_flexible_shapes_with_states() -> None:
+    model = _stateful((1, 2, 32, 32), flexible=True)
+    for device in ("ane", "gpu"):
+        [finding] = rlx_mil.preflight(model, device=device)
+        assert finding.rule == "flexible-shape-state" and "'x'" in finding.why
+
+
+def test_four_bit_palettes_with_states_built_by_coremltools_9_0() -> None:
+    plain = _stateful((1, 2, 32, 32), weight=True)
+    config = ct.optimize.coreml.OptimizationConfig(
+        global_config=ct.optimize.coreml.OpPalettizerConfig(nbits=4, mode="uniform", weight_threshold=1))
+    lut4 = ct.optimize.coreml.palettize_weights(plain, config)
+    version = lut4.get_spec().description.metadata.userDefined["com.github.apple.coremltools.version"]
+    expected = ["lut4-state-coremltools-9.0"] if version.startswith("9.0") else []
+    assert [f.rule for f in rlx_mil.preflight(lut4, device="gpu")] == expected
+    assert rlx_mil.preflight(plain, device="gpu") == []
+    config6 = ct.optimize.coreml.OptimizationConfig(
+        global_config=ct.optimize.coreml.OpPalettizerConfig(nbits=6, mode="uniform", weight_threshold=1))
+    assert rlx_mil.preflight(ct.optimize.coreml.palettize_weights(plain, config6), device="gpu") == []
+
+
+def test_the_1_mib_dma_notch() -> None:
+    # 1024 output channels over 16 cores, 8192 inputs, fp16: 64 * 8192 * 2 = exactly 1 MiB per core
+    @mb.program(input_specs=[mb.TensorSpec((1, 8192), dtype=types.fp16)], opset_version=ct.target.iOS18)
+    def prog(x: Any) -> Any:
+        return mb.linear(x=x, weight=np.zeros((1024, 8192), np.float16))
+
+    model = ct.convert(prog, minimum_deployment_target=ct.target.iOS18, compute_precision=ct.precision.FLOAT16)
+    [finding] = rlx_mil.preflight(model, device="ane")
+    assert finding.rule == "ane-dma-notch" and "1,048,576 bytes per core" in finding.why
+    assert rlx_mil.preflight(model, device="gpu") == []
+
+
+@pytest.mark.parametrize(("size", "rule"), [(10**9 + 1, "weight-file-over-1GB"), (2 * 10**9 + 1, "weight-file-over-2GB")])
+def test_weight_files_over_the_ios_and_macos_limits(
+    clean: Any, saved: Callable[[str, Any], Path], tmp_path: Path, size: int, rule: str
+) -> None:
+    import shutil
+
+    package = tmp_path / "big.mlpackage"
+    shutil.copytree(saved("clean", clean), package)
+    weight = package / "Data" / "com.apple.CoreML" / "weights" / "weight.bin"
+    os.truncate(weight, size)  # sparse: no disk used
+    for device in ("ane", "gpu"):
+        [finding] = rlx_mil.preflight(package, device=device)
+        assert finding.rule == rule and finding.var == "weight.bin" and f"{size:,}" in finding.why
+
+
+def test_bad_input_is_a_typed_error(clean: Any, tmp_path: Path) -> None:
+    with pytest.raises(InvalidOptionError, match="device must be one of ane, gpu"):
+        rlx_mil.preflight(clean, device="cpu")
+    with pytest.raises(RlxMilError, match="no such package"):
+        rlx_mil.preflight(tmp_path / "missing.mlpackage")
+
+
+def test_cli_exit_codes_and_json(
+    clean: Any, wide: Any, saved: Callable[[str, Any], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["preflight", str(saved("clean", clean))]) == 0
+    assert "0 findings for the ane" in capsys.readouterr().out
+    wide_path = str(saved("wide", wide))
+    assert main(["preflight", wide_path, "--json"]) == 1
+    listed = json.loads(capsys.readouterr().out)
+    assert listed == [f.to_dict() for f in rlx_mil.preflight(wide_path)]
+    assert {"rule", "severity", "function", "op", "var", "why", "source", "fix"} == set(listed[0])
+    assert main(["preflight", wide_path, "--device", "gpu"]) == 0  # only the embedding note
+    assert "(1 note)" in capsys.readouterr().out
+    assert main(["preflight", str(tmp_path / "missing.mlpackage")]) == 1
+    assert capsys.readouterr().err.startswith("rlx-mil preflight: error: ")
+    with pytest.raises(SystemExit) as usage:
+        main(["preflight", wide_path, "--device", "cpu"])
+    assert usage.value.code == 2
+
+
+def test_the_docs_list_every_rule() -> None:
+    assert rule_table() in DOCS.read_text(encoding="utf-8")
