@@ -37,6 +37,7 @@ _FP16, _FP32, _UINT4 = 10, 11, 35
 _DTYPE_NAMES = {1: "bool", 10: "fp16", 11: "fp32", 13: "bf16", 21: "int8", 23: "int32", 25: "int4", 31: "uint8",
                 35: "uint4"}
 _CT_VERSION = "com.github.apple.coremltools.version"
+_RLX_MIL_VERSION = "rlx_mil.version"
 
 
 @dataclass(frozen=True)
@@ -321,8 +322,10 @@ def preflight(model_or_path: Any, device: str = "ane") -> list[Finding]:
     stateful = [f for f in functions if f.states]
     if flexible and stateful:
         checker.add("flexible-shape-state", f"states with flexible inputs {flexible}", stateful[0].name)
-    version = spec.description.metadata.userDefined.get(_CT_VERSION, "")
-    if stateful and (version == "9.0" or version.startswith("9.0.") or version.startswith("9.0b")):
+    meta = spec.description.metadata.userDefined
+    # rlx_mil's own packages do not record coremltools' version, but rlx_mil requires 9.0.x
+    version = meta.get(_CT_VERSION) or ("9.0 (rlx_mil requires it)" if _RLX_MIL_VERSION in meta else "")
+    if stateful and (version == "9.0" or version.startswith(("9.0.", "9.0b", "9.0 "))):
         lut4 = [(f, op) for f in functions for op in f.ops
                 if op.type == "constexpr_lut_to_dense" and (_palette_bits(f, op) or 9) <= 4]
         if lut4:

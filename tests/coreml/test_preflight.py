@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,13 @@ def test_four_bit_palettes_with_states_built_by_coremltools_9_0() -> None:
     expected = ["lut4-state-coremltools-9.0"] if version.startswith("9.0") else []
     assert [f.rule for f in rlx_mil.preflight(lut4, device="gpu")] == expected
     assert rlx_mil.preflight(plain, device="gpu") == []
+    # without the version key: unknown, unless rlx_mil built it (rlx_mil requires coremltools 9.0)
+    spec = lut4.get_spec()
+    del spec.description.metadata.userDefined["com.github.apple.coremltools.version"]
+    assert rlx_mil.preflight(ct.models.MLModel(spec, weights_dir=lut4.weights_dir, skip_model_load=True)) == []
+    spec.description.metadata.userDefined["rlx_mil.version"] = "0.1.0"
+    [ours] = rlx_mil.preflight(ct.models.MLModel(spec, weights_dir=lut4.weights_dir, skip_model_load=True))
+    assert ours.rule == "lut4-state-coremltools-9.0" and "rlx_mil requires it" in ours.why
     config6 = ct.optimize.coreml.OptimizationConfig(
         global_config=ct.optimize.coreml.OpPalettizerConfig(nbits=6, mode="uniform", weight_threshold=1))
     assert rlx_mil.preflight(ct.optimize.coreml.palettize_weights(plain, config6), device="gpu") == []
@@ -218,6 +226,26 @@ def test_cli_exit_codes_and_json(
     with pytest.raises(SystemExit) as usage:
         main(["preflight", wide_path, "--device", "cpu"])
     assert usage.value.code == 2
+
+
+def test_a_package_from_coremltools_pytorch_path_gets_its_findings() -> None:
+    torch = pytest.importorskip("torch")
+
+    class Recurrent(torch.nn.Module):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = torch.nn.LSTM(8, 32, batch_first=True)
+
+        def forward(self, x: Any) -> Any:
+            return self.lstm(x)[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on the LSTM's Python-side checks
+        traced = torch.jit.trace(Recurrent().eval(), torch.zeros(1, 4, 8))
+        model = ct.convert(traced, inputs=[ct.TensorType(shape=(1, 4, 8))], minimum_deployment_target=ct.target.iOS18)
+    [finding] = rlx_mil.preflight(model, device="ane")
+    assert finding.rule == "ane-unsupported-op" and finding.op.startswith("lstm ")
+    assert rlx_mil.preflight(model, device="gpu") == []
 
 
 def test_the_docs_list_every_rule() -> None:
