@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from pathlib import Path
 
 EXIT_OK, EXIT_FINDINGS = 0, 1
@@ -27,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
         for finding in findings:
             print(finding.to_text())
         notes = len(findings) - len(broken)
+        per_rule = Counter(f.rule for f in broken)
+        rules = ", ".join(f"{rule} {count}" for rule, count in per_rule.items())
         print(f"{args.package}: {len(broken)} finding{'s' * (len(broken) != 1)} for the {args.device}"
-              + (f" ({notes} note{'s' * (notes != 1)})" if notes else ""))
+              + (f": {rules}" if rules else "") + (f" ({notes} note{'s' * (notes != 1)})" if notes else ""))
     return EXIT_FINDINGS if broken else EXIT_OK

@@ -219,6 +219,10 @@ def test_cli_exit_codes_and_json(
     listed = json.loads(capsys.readouterr().out)
     assert listed == [f.to_dict() for f in rlx_mil.preflight(wide_path)]
     assert {"rule", "severity", "function", "op", "var", "why", "source", "fix"} == set(listed[0])
+    assert main(["preflight", wide_path]) == 1
+    text = capsys.readouterr().out
+    assert "error: [rank-over-4] main: select five_1 -> five_1: rank 5 tensor fp16[1, 2, 2, 2, 2]" in text
+    assert "findings for the ane: rank-over-4 " in text.splitlines()[-1] and "(1 note)" in text
     assert main(["preflight", wide_path, "--device", "gpu"]) == 0  # only the embedding note
     assert "(1 note)" in capsys.readouterr().out
     assert main(["preflight", str(tmp_path / "missing.mlpackage")]) == 1
