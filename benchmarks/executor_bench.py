@@ -7,6 +7,14 @@ decoders at S=128, and one-token decode steps of a stateful Llama package (8 lay
 1024, `rlx_mil.generate.Session` on the executor).
 
     python benchmarks/executor_bench.py [--runs 5 --json executor.jsonl]
+    python benchmarks/executor_bench.py --llm [--llm-layers 28] [--int4]   # the 0.6B-shaped case
+
+`--llm`: the Qwen3-0.6B-shaped checkpoint of `bench_hf_checkpoint.py` (28 layers, vocab 151936,
+BF16) converted to a stateful fp16 package (max context 2048, prefill 64 + decode; `--int4`
+also an int4 one), then, for each memory mode, a fresh worker process: a 64-token prefill, 16
+decode steps (tokens/s), its own peak RSS (VmHWM) against the package's weight bytes, and the
+machine's bound for a decode step: the bytes of weights it reads (float32 in "fast", fp16 in
+"lean") over the measured copy bandwidth.
 
 OpenBLAS threads slow down badly when other processes hold the cores; run it on a quiet machine.
 """
@@ -83,14 +91,126 @@ def decode_case(runs: int, work: Path) -> dict[str, Any]:
     return {"case": "llama8x1024_decode_step", "median_s": median, "p90_s": p90, "tokens_per_s": 1 / median}
 
 
+def copy_bandwidth() -> float:
+    """Bytes per second of a 256 MiB float32 copy (read + write counted once), best of 5."""
+    import numpy as np
+
+    src = np.ones(1 << 26, np.float32)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return src.nbytes / best
+
+
+def llm_worker(package: str, memory: str, steps: int) -> dict[str, Any]:
+    """One Session in this process: prefill 64, `steps` decode steps, peak RSS."""
+    from peak_rss import peak_rss_bytes
+
+    from rlx_mil.generate import Session
+
+    start = time.perf_counter()
+    session = Session(package, engine="milexec", memory=memory)
+    opened = time.perf_counter() - start
+    prompt = [1 + (37 * i) % 1000 for i in range(64)]
+    start = time.perf_counter()
+    logits = session.feed(prompt)
+    prefill = time.perf_counter() - start
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        logits = session.feed([int(logits.argmax())])
+        times.append(time.perf_counter() - start)
+    median, p90 = _stats(times)
+    return {"memory": session.memory, "open_s": opened, "prefill64_s": prefill, "decode_median_s": median,
+            "decode_p90_s": p90, "decode_tokens_per_s": 1 / median, "peak_rss_bytes": peak_rss_bytes(),
+            "prepared_bytes": session._prepared.prepared_bytes}
+
+
+def llm_case(work: Path, layers: int, int4: bool, steps: int) -> list[dict[str, Any]]:
+    import os
+    import subprocess
+
+    from rlx_mil.llm.package import convert_llm_checkpoint
+    from rlx_mil.models.random_checkpoint import QWEN3_0_6B, write_random_checkpoint
+
+    config = dict(QWEN3_0_6B, num_hidden_layers=layers)
+    checkpoint = work / "qwen3"
+    if not (checkpoint / "config.json").is_file():
+        write_random_checkpoint(checkpoint, config, dtype="bfloat16", shards=2, seed=0)
+    packages = {"fp16": work / "fp16.mlpackage"}
+    if int4:
+        packages["int4"] = work / "int4.mlpackage"
+    rows = []
+    bandwidth = copy_bandwidth()
+    for kind, package in packages.items():
+        start = time.perf_counter()
+        options: dict[str, Any] = {"compress": "int4"} if kind == "int4" else {}
+        if not package.exists():  # --llm-work keeps the packages of an earlier run
+            convert_llm_checkpoint(checkpoint, package, max_context=2048, prefill=[64], **options)
+        converted = time.perf_counter() - start
+        weight_bytes = sum(p.stat().st_size for p in package.rglob("weight.bin"))
+        fp16_bytes = weight_bytes if kind == "fp16" else rows[0]["weight_bytes"]
+        for memory in ("fast", "lean"):
+            done = subprocess.run(
+                [sys.executable, __file__, "--llm-worker", str(package), memory, str(steps)],
+                capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+            )
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            read = row["prepared_bytes"] if memory == "fast" and row["prepared_bytes"] else fp16_bytes
+            bound = read / bandwidth
+            rows.append({"case": f"qwen3_0.6b_{layers}l_{kind}_{memory}", "kind": kind, "convert_s": converted,
+                         "weight_bytes": weight_bytes, "fp16_weight_bytes": fp16_bytes,
+                         "rss_over_weights": row["peak_rss_bytes"] / fp16_bytes, "copy_bandwidth": bandwidth,
+                         "bound_s": bound, "bound_ratio": row["decode_median_s"] / bound, **row})
+    return rows
+
+
+def print_llm(rows: list[dict[str, Any]]) -> None:
+    print("| case | open | prefill 64 | decode tok/s (median, p90) | peak RSS | RSS / fp16 weights | bound per step | x bound |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['case']} | {r['open_s']:.1f} s | {r['prefill64_s']:.2f} s | {r['decode_tokens_per_s']:.2f}"
+              f" ({r['decode_median_s']:.3f} s, {r['decode_p90_s']:.3f} s) | {r['peak_rss_bytes'] / 2**20:,.0f} MiB"
+              f" | {r['rss_over_weights']:.2f}x | {r['bound_s'] * 1e3:.0f} ms | {r['bound_ratio']:.1f}x |")
+    if rows:
+        print(f"copy bandwidth {rows[0]['copy_bandwidth'] / 1e9:.1f} GB/s; fp16 weights {rows[0]['fp16_weight_bytes'] / 2**20:,.0f} MiB;"
+              f" conversions " + ", ".join(f"{r['kind']} {r['convert_s']:.0f} s" for r in rows[::2]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--no-decode", action="store_true", help="skip the stateful decode case")
+    parser.add_argument("--llm", action="store_true", help="only the 0.6B-shaped stateful package (see the module doc)")
+    parser.add_argument("--llm-layers", type=int, default=28)
+    parser.add_argument("--llm-steps", type=int, default=16)
+    parser.add_argument("--int4", action="store_true", help="--llm: also an int4-compressed package")
+    parser.add_argument("--llm-work", type=Path, help="--llm: keep the checkpoint and packages here (reused if present)")
+    parser.add_argument("--llm-worker", nargs=3, metavar=("PACKAGE", "MEMORY", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     _quiet()
     sys.path.insert(0, str(HERE))
+    if args.llm_worker:
+        package, memory, steps = args.llm_worker
+        print(json.dumps(llm_worker(package, memory, int(steps))))
+        return
+    if args.llm:
+        if args.llm_work is not None:
+            args.llm_work.mkdir(parents=True, exist_ok=True)
+            rows = llm_case(args.llm_work, args.llm_layers, args.int4, args.llm_steps)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                rows = llm_case(Path(tmp), args.llm_layers, args.int4, args.llm_steps)
+        print_llm(rows)
+        if args.json:
+            with args.json.open("a") as f:
+                for r in rows:
+                    f.write(json.dumps(r) + "\n")
+        return
     from bench_models import DECODER16
 
     from rlx_mil.models.transformer import DecoderConfig
