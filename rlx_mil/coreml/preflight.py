@@ -152,6 +152,21 @@ class _Function:
         uses = self.consumers.get(var, [])
         return self.constant(var) and bool(uses) and all(op.type in ANE_GATHER_OPS and key == "x" for op, key in uses)
 
+    def bool_arg(self, op: Any, name: str) -> bool:
+        """The value of a bool input of `op` (a named const or an inline value); False if absent."""
+        arg = op.inputs.get(name)
+        if arg is None or not arg.arguments:
+            return False
+        binding = arg.arguments[0]
+        value = binding.value if not binding.name else None
+        if binding.name:
+            producer = self.producer.get(binding.name)
+            if producer is None or "val" not in producer.attributes:
+                return False
+            value = producer.attributes["val"]
+        bools = value.immediateValue.tensor.bools.values if value is not None else []
+        return bool(bools and bools[0])
+
     def arg_type(self, op: Any, name: str) -> _Tensor | None:
         """The type of input `name` of `op`: a named var's, or an inline value's."""
         arg = op.inputs.get(name)
@@ -216,24 +231,28 @@ class _Checker:
                 block = _per_block(f, op)
                 if block:
                     self.add("ane-per-block-int", block, f.name, op, op.outputs[0].name)
-            elif op.type in ("linear", "conv"):
+            elif op.type in ("linear", "conv", "matmul"):
                 self._notch(f, op)
 
     def _notch(self, f: _Function, op: Any) -> None:
-        names = _arg_names(op, "weight")
+        names = _arg_names(op, "y" if op.type == "matmul" else "weight")
         if not names or f.producer.get(names[0]) is None or f.producer[names[0]].type != "const":
             return  # compressed weights stream in their compressed form
         dims = f.types[names[0]].dims if names[0] in f.types else None
         if not dims or len(dims) < 2 or any(d is None for d in dims):
             return
+        if op.type == "matmul":  # y is [D, N], or [N, D] with transpose_y
+            if len(dims) != 2:
+                return
+            dims = dims if f.bool_arg(op, "transpose_y") else (dims[1], dims[0])
         n, d = int(dims[0] or 0), int(dims[1] or 0)
         kernel = 1
         for k in dims[2:]:
             kernel *= int(k or 1)
         payload = -(-n // ANE_CORES) * d * kernel * 2
         off = payload % MIB
-        if payload >= MIB and min(off, MIB - off) < NOTCH_WINDOW:
-            self.add("ane-dma-notch", f"weight {list(dims)}: {payload:,} bytes per core"
+        if payload > MIB - NOTCH_WINDOW and min(off, MIB - off) < NOTCH_WINDOW:
+            self.add("ane-dma-notch", f"weight [N, D, k...] = {list(dims)}: {payload:,} bytes per core"
                      f" ({payload / MIB:.3f} MiB)", f.name, op, names[0])
 
     def _states(self, f: _Function) -> None:

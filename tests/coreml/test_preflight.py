@@ -154,6 +154,18 @@ def test_flexible_shapes_with_states() -> None:
         assert finding.rule == "flexible-shape-state" and "'x'" in finding.why
 
 
+def test_enumerated_input_shapes_with_states() -> None:
+    model = _stateful((1, 2, 32, 32))
+    spec = model.get_spec()
+    shapes = spec.description.input[0].type.multiArrayType.enumeratedShapes.shapes
+    for rows in (1, 4):
+        shapes.add().shape.extend([rows, 32])
+    flexible = ct.models.MLModel(spec, weights_dir=model.weights_dir, skip_model_load=True)
+    [finding] = rlx_mil.preflight(flexible, device="gpu")
+    assert finding.rule == "flexible-shape-state" and "['x']" in finding.why
+    assert rlx_mil.preflight(model, device="gpu") == []
+
+
 def test_four_bit_palettes_with_states_built_by_coremltools_9_0() -> None:
     plain = _stateful((1, 2, 32, 32), weight=True)
     config = ct.optimize.coreml.OptimizationConfig(
@@ -185,6 +197,27 @@ def test_the_1_mib_dma_notch() -> None:
     [finding] = rlx_mil.preflight(model, device="ane")
     assert finding.rule == "ane-dma-notch" and "1,048,576 bytes per core" in finding.why
     assert rlx_mil.preflight(model, device="gpu") == []
+
+    # a matmul with a constant operand: [D, N], or [N, D] with transpose_y. Within 16 KiB of the
+    # notch (D = 8184: 1 KiB short of it) is flagged, 64 KiB short of it (D = 7680) is not.
+    @mb.program(input_specs=[mb.TensorSpec((1, 8192), dtype=types.fp16)], opset_version=ct.target.iOS18)
+    def prog2(x: Any) -> Any:
+        def first(d: int) -> Any:
+            return mb.slice_by_size(x=x, begin=[0, 0], size=[1, d])
+
+        return (mb.matmul(x=x, y=np.ones((8192, 1024), np.float16), name="kn"),
+                mb.matmul(x=x, y=np.ones((1024, 8192), np.float16), transpose_y=True, name="nk"),
+                mb.matmul(x=first(8184), y=np.ones((8184, 1024), np.float16), name="near"),
+                mb.matmul(x=first(7680), y=np.ones((7680, 1024), np.float16), name="clear"),
+                mb.matmul(x=x, y=np.ones((8192, 1024), np.float16), transpose_y=False, name="kn2"))
+
+    model = ct.convert(prog2, minimum_deployment_target=ct.target.iOS18, compute_precision=ct.precision.FLOAT16,
+                       pass_pipeline=ct.PassPipeline.EMPTY)
+    notch = rlx_mil.preflight(model, device="ane")
+    assert {f.rule for f in notch} == {"ane-dma-notch"}
+    assert sorted(f.op for f in notch) == ["matmul kn", "matmul kn2", "matmul near", "matmul nk"]
+    assert [f.why for f in notch if f.op == "matmul near"] == ["weight [N, D, k...] = [1024, 8184]: 1,047,552 bytes per core"
+                                                               " (0.999 MiB)"]
 
 
 @pytest.mark.parametrize(("size", "rule"), [(10**9 + 1, "weight-file-over-1GB"), (2 * 10**9 + 1, "weight-file-over-2GB")])
