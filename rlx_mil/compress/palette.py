@@ -153,7 +153,7 @@ def _grouped_luts(x: np.ndarray, k: int) -> np.ndarray:
     squares in float64), so a cluster's centroid is the exact mean of its values and its
     squared error exact; only a bin holding a midpoint moves as a whole. Runs from quantile
     seeds and from evenly spaced seeds and keeps, per group, the one with the lower error. A
-    group with at most k distinct values (each alone in its bin) gets them exactly."""
+    group with at most k distinct values gets them exactly."""
     groups = x.shape[0]
     bins = GROUP_BINS
     lo = x.min(axis=1).astype(np.float64)
@@ -208,12 +208,11 @@ def _grouped_luts(x: np.ndarray, k: int) -> np.ndarray:
     even = lo[:, None] + span[:, None] * np.linspace(0.0, 1.0, k)[None, :]
     (c1, e1), (c2, e2) = lloyd(quantile), lloyd(even)
     best = np.where((e2 < e1)[:, None], c2, c1)
-    # Exact tables where a group has at most k distinct values, each alone in its bin.
-    occupied = cnt > 0
-    pure = np.all(~occupied | (s2 * cnt - s1 * s1 <= 1e-12 * np.maximum(s2 * cnt, 1e-300)), axis=1)
-    for g in np.nonzero(pure & (occupied.sum(axis=1) <= k))[0]:
-        values = means[g][occupied[g]]
-        best[g] = np.concatenate([values, np.full(k - values.size, values[-1])])
+    # Exact tables where a group has at most k distinct values (then it occupies at most k bins).
+    for g in np.nonzero(np.count_nonzero(cnt, axis=1) <= k)[0]:
+        values = np.unique(x[g].astype(np.float64))
+        if values.size <= k:
+            best[g] = np.concatenate([values, np.full(k - values.size, values[-1])])
     return best
 
 

@@ -80,3 +80,40 @@ def test_dequantized_weights_match_coremltools_within_one_step(spec: str, target
         # coremltools also divides in fp16 (an 11-bit quotient), which moves some codes by one.
         agree = float(np.mean(gap <= 0.5 * step))
         assert agree > (0.99 if precision == "fp32" else 0.9), f"{spec} {name}: {agree:.3f} of the codes agree"
+
+
+def _luts(model: Any) -> dict[str, tuple[np.ndarray, tuple[int, ...]]]:
+    out = {}
+    for op in model._mil_program.functions["main"].operations:
+        if op.op_type == "constexpr_lut_to_dense":
+            for child in op.outputs[0].child_ops:
+                out[child.name] = (np.asarray(op.materialized_val_inference()), tuple(op.lut.val.shape))
+    return out
+
+
+@pytest.mark.parametrize(("spec", "bits", "group"), [("lut4", 4, 16), ("lut2-group8", 2, 8)])
+def test_grouped_palettes_match_coremltools_per_grouped_channel(spec: str, bits: int, group: int) -> None:
+    """Weights whose every group of output channels holds at most 2**bits values: coremltools'
+    `per_grouped_channel` palettization ("unique" mode: exact, no k-means) and rlx_mil's
+    grouped LUTs must decode to the same weights, with tables of the same shape."""
+    import coremltools.optimize.coreml as cto
+
+    rng = np.random.default_rng(bits)
+    params = dict(PARAMS)
+    for name, value in PARAMS.items():
+        if value.ndim != 2 or name.startswith("rope"):
+            continue
+        out_axis = 0 if name == "embed_tokens.weight" else 1  # rows of the stored [out, in] weight
+        rows = np.moveaxis(value, out_axis, 0).copy()
+        for g0 in range(0, rows.shape[0], group):
+            palette = (rng.standard_normal(1 << bits) * 0.1).astype(np.float16).astype(np.float32)
+            rows[g0:g0 + group] = palette[rng.integers(0, 1 << bits, rows[g0:g0 + group].shape)]
+        params[name] = np.moveaxis(rows, 0, out_axis)
+    ours = _luts(rlx_mil.convert(GRAPH, params, precision="fp16", compress=spec))
+    config = cto.OptimizationConfig(global_config=cto.OpPalettizerConfig(
+        mode="unique", granularity="per_grouped_channel", group_size=group, weight_threshold=2047))
+    theirs = _luts(cto.palettize_weights(rlx_mil.convert(GRAPH, params, precision="fp16"), config))
+    assert set(ours) == set(theirs) and len(ours) == 9
+    for name in sorted(ours):
+        assert ours[name][1] == theirs[name][1], name
+        np.testing.assert_array_equal(ours[name][0], theirs[name][0], err_msg=name)
