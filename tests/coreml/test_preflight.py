@@ -240,6 +240,16 @@ def test_bad_input_is_a_typed_error(clean: Any, tmp_path: Path) -> None:
         rlx_mil.preflight(clean, device="cpu")
     with pytest.raises(RlxMilError, match="no such package"):
         rlx_mil.preflight(tmp_path / "missing.mlpackage")
+    (tmp_path / "graph.json").write_text("{}")
+    with pytest.raises(RlxMilError, match="not a readable Core ML package"):
+        rlx_mil.preflight(tmp_path / "graph.json")
+    from coremltools.models import datatypes
+    from coremltools.models.neural_network import NeuralNetworkBuilder
+
+    builder = NeuralNetworkBuilder([("x", datatypes.Array(4))], [("y", datatypes.Array(4))])
+    builder.add_activation("relu", "RELU", "x", "y")
+    with pytest.raises(RlxMilError, match=r"not an ML Program \(model type neuralNetwork\)"):
+        rlx_mil.preflight(ct.models.MLModel(builder.spec, skip_model_load=True))
 
 
 def test_cli_exit_codes_and_json(
