@@ -107,9 +107,10 @@ def _str_map(value: Any, key: str, what: str) -> dict[str, str]:
 
 @dataclass
 class FunctionContract:
-    """What one function of a stateful LLM package takes per call."""
+    """What one function of a stateful LLM package takes per call (None: the package keeps
+    only recurrent states, whose functions take the graph's own token count)."""
 
-    query_len: int
+    query_len: int | None
 
 
 @dataclass
@@ -146,8 +147,8 @@ class LLMContract:
         if functions is not None:
             _want(functions, dict, key, "functions")
             functions = {
-                str(name): FunctionContract(int(_want(_want(f, dict, key, f"functions[{name!r}]").get("query_len"), int,
-                                                      key, f"functions[{name!r}].query_len")))
+                str(name): FunctionContract(_want(_want(f, dict, key, f"functions[{name!r}]").get("query_len"),
+                                                  (int, type(None)), key, f"functions[{name!r}].query_len"))
                 for name, f in functions.items()
             }
         states = _want(raw.get("states", {}), dict, key, "states")
@@ -196,13 +197,17 @@ class LLMContract:
 
     def query_lengths(self) -> dict[str | None, int]:
         """Function name (None: the package's only function) -> tokens it takes per call."""
-        if self.functions:
-            return {name: f.query_len for name, f in self.functions.items()}
-        if self.query_len is None:
-            raise PackageMetadataError(f"metadata {LLM!r} has no query_len and no functions")
-        return {None: self.query_len}
+        lengths: dict[str | None, int | None] = (
+            {name: f.query_len for name, f in self.functions.items()} if self.functions else {None: self.query_len}
+        )
+        missing = sorted(str(name) for name, n in lengths.items() if n is None)
+        if missing:
+            raise PackageMetadataError(
+                f"metadata {LLM!r} gives no query length for {', '.join(missing)} (a package without a KV cache)"
+            )
+        return {name: n for name, n in lengths.items() if n is not None}
 
-    def joined(self, default_function: str, lengths: Mapping[str, int]) -> LLMContract:
+    def joined(self, default_function: str, lengths: Mapping[str, int | None]) -> LLMContract:
         """This (the default function's) contract as the contract of a multifunction package."""
         from dataclasses import replace
 

@@ -98,7 +98,7 @@ def join_functions(work: Path, descriptor: Any, metas: Mapping[str, Mapping[str,
     if ranges:
         meta[INPUT_RANGES] = json.dumps(ranges, sort_keys=True)
     if contracts:
-        lengths = {name: c.query_lengths()[None] for name, c in contracts.items()}
+        lengths = {name: c.query_len for name, c in contracts.items()}
         contracts[default_function].joined(default_function, lengths).write(meta)
     # Write the metadata into the package itself, so every reader of it sees the contract.
     final = work / "functions.mlpackage"

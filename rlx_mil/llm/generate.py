@@ -114,7 +114,10 @@ class Session:
                     " graph with kv_cache= (docs/llm.md)"
                 )
             if contract.max_context is None:
-                raise PackageMetadataError(f"metadata {metadata.LLM!r} has no max_context")
+                raise GenerationError(
+                    f"{path} keeps only recurrent states (its decoder has no attention layer, so no KV cache);"
+                    " Session generates with packages that have a KV cache"
+                )
             self.contract = contract
             self.max_context = contract.max_context
             self._mask_kinds = set(contract.mask_kinds)
