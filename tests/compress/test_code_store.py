@@ -220,14 +220,17 @@ def test_the_file_lives_as_long_as_the_model_and_leaves_nothing_behind(tmp_path:
     model = rlx_mil.convert(GRAPH, PARAMS, compress="int4")
     held = [f for f in _open_files() - before if f.startswith(str(tmp_path))]
     assert held and all(f.endswith("(deleted)") for f in held)  # unnamed: nothing to litter
-    assert [p.suffix for p in tmp_path.iterdir()] == [".mlpackage"]  # coremltools' own temporary package
+    # Nothing named but coremltools' own temporary package, in the process's scratch folder
+    # (rlx_mil.coreml.scratch; made under this TMPDIR unless an earlier conversion made it).
+    assert all(p.name.startswith("rlx_mil-") for p in tmp_path.iterdir())
+    assert {p.suffix for p in tmp_path.glob("rlx_mil-*/*")} <= {".mlpackage"}
     from rlx_mil.api import release
 
     release(model)  # its temporary package
     del model
     gc.collect()
     assert [f for f in _open_files() - before if f.startswith(str(tmp_path))] == []
-    assert list(tmp_path.iterdir()) == []
+    assert [p for p in tmp_path.rglob("*") if not p.is_dir()] == []  # the empty scratch folder goes at exit
 
 
 _PEAK_CHILD = textwrap.dedent("""
