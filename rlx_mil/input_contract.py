@@ -86,10 +86,13 @@ def range_problem(array: np.ndarray, bounds: tuple[int, int]) -> str | None:
     lo, hi = bounds
     if not array.size:
         return None
-    bad = (array < lo) | (array > hi)
+    # A float feed of an index input is truncated to int32 by the program (the IR's Cast), as
+    # the reference does: 0.5 indexes row 0.
+    values = np.trunc(array) if array.dtype.kind == "f" else array
+    bad = (values < lo) | (values > hi)
     if not bad.any():
         return None
     where = tuple(int(i) for i in np.argwhere(bad)[0])
     count = int(bad.sum())
     return (f"{count} value{'s' if count > 1 else ''} outside the declared range [{lo}, {hi}], e.g."
-            f" {int(array[where])} at {list(where)}")
+            f" {array[where].item()} at {list(where)}")
