@@ -37,6 +37,7 @@ from rlx_mil.lowering.program import LoweredProgram, lower_graph, require_graph
 from rlx_mil.lowering.state.kv_cache import POSITION_INPUT, KVCachePlan, bind_cache_lengths, plan_kv_cache
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.naming import mil_identifier
+from rlx_mil.progress import Progress
 from rlx_mil.version import __version__
 
 if TYPE_CHECKING:
@@ -316,10 +317,12 @@ def convert_functions(
     default_function: str | None = None,
     path: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
+    progress: Progress | None = None,
     **options: Any,
 ) -> ct.models.MLModel:
     """Convert each `{function_name: graph or (graph, options)}` and join them into one
     multifunction `.mlpackage`; returns its `ct.models.MLModel` (not loaded for prediction).
+    `progress` reports each function's conversion, the join and the save as a stage.
 
     `options` are `rlx_mil.convert`'s keyword arguments (target, precision, kv_cache,
     max_context, cache_layout, ...), shared by every function; a function's own mapping may
@@ -353,13 +356,20 @@ def convert_functions(
         work = function_workspace()
         descriptor = ct.utils.MultiFunctionDescriptor()
         metas = {}
-        for name, (graph, own) in specs.items():
+        stages = progress or Progress(enabled=False)
+        for i, (name, (graph, own)) in enumerate(specs.items(), 1):
+            stages.begin(f"converting function {name} ({i}/{len(specs)})")
             model = convert(graph, params, **{**options, **own})
             metas[name] = add_function(work, descriptor, name, model)
             del model
+            stages.end(f"{len(graph)} IR nodes")
+        stages.begin(f"joining {len(specs)} functions (weights shared)")
         model = join_functions(work, descriptor, metas, default_function)
+        stages.end()
     if path is not None:
+        stages.begin("writing the package")
         save(model, path, overwrite=overwrite)
+        stages.end(str(path))
     return model
 
 

@@ -111,7 +111,8 @@ def run_stateful(args: argparse.Namespace) -> int:
     convert_llm_checkpoint(
         args.model, args.output, max_context=DEFAULT_MAX_CONTEXT if args.max_context is None else args.max_context,
         prefill=args.prefill, overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked", attention_mask=args.attention_mask, description=description_overrides(args),
-        loader=from_gguf, prepare=prepare_gguf_package, **convert_kwargs(args),
+        loader=from_gguf, prepare=prepare_gguf_package, progress=Progress(enabled=not (args.quiet or running_under_ci())),
+        **convert_kwargs(args),
     )
     info = package_info(args.output)
     print(f"wrote {args.output} (functions {', '.join(info.functions)}; {info.weight_bytes} bytes of weights)"

@@ -270,7 +270,8 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> i
         args.model_dir, args.output, max_context=DEFAULT_MAX_CONTEXT if args.max_context is None else args.max_context,
         prefill=args.prefill, overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked",
         attention_mask=args.attention_mask,
-        description=description_overrides(args), **convert_options,
+        description=description_overrides(args), progress=Progress(enabled=not (args.quiet or running_under_ci())),
+        **convert_options,
     )
     info = package_info(args.output)
     names = ", ".join(info.functions)

@@ -15,6 +15,7 @@ from typing import Any
 
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.milexec.prepared import MemoryMode
+from rlx_mil.progress import Progress
 
 
 def prefill_buckets(text: str | Sequence[int] | None, max_context: int) -> list[int]:
@@ -49,6 +50,7 @@ def convert_llm_checkpoint(
     description: dict[str, str | None] | None = None,
     loader: Any = None,
     prepare: Any = None,
+    progress: Progress | None = None,
     **convert_options: Any,
 ) -> Any:
     """Build decode (and `prefill_<n>`) graphs from the checkpoint and convert them into one
@@ -57,7 +59,8 @@ def convert_llm_checkpoint(
     precision, compute_units, attention, cache_layout). The package carries the checkpoint's
     tokenizer files and model description (`rlx_mil.llm.package_files`; `description`
     overrides its fields). `loader` (default `from_pretrained`) and `prepare` (default
-    `prepare_package`) read another source the same way (`from_gguf` for GGUF files)."""
+    `prepare_package`) read another source the same way (`from_gguf` for GGUF files).
+    `progress` reports each stage (reading, each function's conversion, joining, writing)."""
     from rlx_mil.api import convert_functions, save
     from rlx_mil.llm.package_files import prepare_package
     from rlx_mil.models.pretrained import from_pretrained
@@ -78,15 +81,21 @@ def convert_llm_checkpoint(
             attention_mask=attention_mask and new_tokens == 1,
         )
 
+    stages = progress or Progress(enabled=False)
+    stages.begin("reading the checkpoint")
     decode, params = graph(1)
     functions: dict[str, Any] = {f"prefill_{n}": graph(n)[0] for n in buckets}
     functions["decode"] = decode
+    stages.end(f"{len(functions)} functions ({', '.join(functions)}), {len(params)} params")
     model = convert_functions(
-        functions, params, kv_cache="auto", max_context=max_context, default_function="decode", **convert_options,
+        functions, params, kv_cache="auto", max_context=max_context, default_function="decode", progress=stages,
+        **convert_options,
     )
     (prepare or prepare_package)(model, model_dir, description)
     if output is not None:
+        stages.begin("writing the package")
         save(model, Path(output), overwrite=overwrite)
+        stages.end(str(output))
     return model
 
 
