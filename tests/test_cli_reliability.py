@@ -178,6 +178,15 @@ def _stateful_argv(checkpoint: Path, out: Path) -> list[str]:
             "--max-context", "16", "--prefill", "4", "-q"]
 
 
+def _scratch_packages(tmpdir: Path) -> list[Path]:
+    """The packages in rlx_mil's scratch folders under `tmpdir` (none while a folder being
+    listed is deleted under the walk: the running conversion removes its temporaries)."""
+    try:
+        return list(tmpdir.glob("rlx_mil-*/**/*.mlpackage"))
+    except FileNotFoundError:
+        return []
+
+
 def test_killed_and_full_disk_stateful_conversions_leave_nothing(checkpoint: Path, tmp_path: Path) -> None:
     """kill -9 in the middle of `convert-hf --stateful` leaves its scratch folder (a package
     copy of the model); the next conversion sweeps it, and that one, failing on a full disk,
@@ -190,7 +199,7 @@ def test_killed_and_full_disk_stateful_conversions_leave_nothing(checkpoint: Pat
     deadline = time.monotonic() + 300
     try:
         # Kill it once coremltools has written a package into the scratch folder.
-        while not list(tmpdir.glob("rlx_mil-*/**/*.mlpackage")):
+        while not _scratch_packages(tmpdir):
             assert victim.poll() is None, "the conversion ended before it could be killed"
             assert time.monotonic() < deadline
             time.sleep(0.05)
