@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlx_mil.coreml import metadata
+from rlx_mil.coreml.deploy import DeployForm, RewriteContext, lowering_attention, rewrite_program
 from rlx_mil.coreml.multifunction import add_function, function_workspace, join_functions
 from rlx_mil.coreml.patches import pass_bars_hidden
 from rlx_mil.coreml.pipeline import (
@@ -94,15 +95,19 @@ def lower_with_names(
     max_context: int | None = None,
     cache_layout: str = "stacked",
     compress: Any = None,
+    deploy: str | DeployForm = "plain",
 ) -> LoweredProgram:
     """Like `lower`, also returning the model-interface name maps."""
     graph = require_graph(graph)
+    tgt, prec, form = Target.parse(target), Precision.parse(precision), DeployForm.parse(deploy)
+    attention = lowering_attention(form, attention, tgt)
     if dims is not None:
         graph = graph.bind(dims)
-    tgt, prec = Target.parse(target), Precision.parse(precision)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
     compressor, params = _compressor(compress, graph, tgt, prec, params)
-    return lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
+    lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
+    rewrite_program(lowered.program, RewriteContext(form, tgt, prec))
+    return lowered
 
 
 KVCacheOption = str | bool | Mapping[str, str] | None
@@ -132,15 +137,17 @@ def lower(
     max_context: int | None = None,
     cache_layout: str = "stacked",
     compress: Any = None,
+    deploy: str | DeployForm = "plain",
 ) -> Any:
     """Build the coremltools MIL `Program` for `graph` (before Core ML's passes), for inspection.
 
     `dims` binds dynamic dims (`{symbol: size}`) for graphs that have them; `kv_cache`,
-    `max_context`, `cache_layout` and `compress` are as for `convert`.
+    `max_context`, `cache_layout`, `compress` and `deploy` are as for `convert` (the program
+    is the deployment form's, its rewrites applied).
     """
     return lower_with_names(
         graph, params, target=target, precision=precision, attention=attention, dims=dims,
-        kv_cache=kv_cache, max_context=max_context, cache_layout=cache_layout, compress=compress,
+        kv_cache=kv_cache, max_context=max_context, cache_layout=cache_layout, compress=compress, deploy=deploy,
     ).program
 
 
@@ -193,6 +200,7 @@ def convert(
     max_context: int | None = None,
     cache_layout: str = "stacked",
     compress: Any = None,
+    deploy: str | DeployForm = "plain",
 ) -> ct.models.MLModel:
     """Convert `graph` with `params` (name -> ndarray) into a `ct.models.MLModel`.
 
@@ -215,11 +223,18 @@ def convert(
     metadata), and `rlx_mil.compress.dequantized_params` gives the weights it computes with.
     `pass_pipeline` defaults to the Core ML passes that can change an rlx_mil program
     (`rlx_mil.coreml.pipeline`); `default_pass_pipeline(precision)` is Core ML's full one.
+
+    `deploy` shapes the program for a device (`rlx_mil.coreml.deploy`, docs/deploying.md):
+    "plain" (default) as above, "gpu" (fused attention, iOS18) or "ane" (the Neural Engine
+    form: channels-first activations, 1x1 convs, per-head attention). The outputs are the
+    same; the form is recorded in the metadata (`rlx_mil.deploy`).
     """
 
     graph = require_graph(graph)
     tgt = Target.parse(target)
     prec = Precision.parse(precision)
+    form = DeployForm.parse(deploy)
+    attention = lowering_attention(form, attention, tgt)
     if compute_units not in COMPUTE_UNITS:
         raise InvalidOptionError(f"compute_units must be one of {COMPUTE_UNITS}, got {compute_units!r}")
     if dims is not None:
@@ -232,14 +247,16 @@ def convert(
         program_text_only_when_logged(),
     ):
         lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
+        rewrite_program(lowered.program, RewriteContext(form, tgt, prec))
         if pass_pipeline is None:
-            pass_pipeline = rlx_pass_pipeline(prec, lowered.program)
+            pass_pipeline = rlx_pass_pipeline(prec, lowered.program, reduce_transposes=form is DeployForm.ANE)
         model = _ct_convert(lowered, graph, tgt, prec, compute_units, pass_pipeline)
     meta = model.user_defined_metadata
     metadata.write_io_names(meta, lowered.inputs, lowered.outputs)
     meta[metadata.GRAPH] = graph.name
     meta[metadata.TARGET] = tgt.label
     meta[metadata.PRECISION] = prec.value
+    metadata.write_deploy(meta, form)
     if plan is not None:
         metadata.LLMContract.from_dict(plan.describe()).write(meta)
     ranges = _input_ranges(graph, lowered.inputs, plan)
@@ -325,7 +342,7 @@ def convert_functions(
     `progress` reports each function's conversion, the join and the save as a stage.
 
     `options` are `rlx_mil.convert`'s keyword arguments (target, precision, kv_cache,
-    max_context, cache_layout, ...), shared by every function; a function's own mapping may
+    max_context, cache_layout, compress, deploy, ...), shared by every function; a function's own mapping may
     override `dims`, `kv_cache`, `attention` and `max_context`. `default_function` (default:
     "decode" if present, else the first) is what Core ML runs when no function is named.
     `path` also saves the package there (atomically, see `rlx_mil.save`).

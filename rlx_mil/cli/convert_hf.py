@@ -75,8 +75,11 @@ def build_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def convert_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """`rlx_mil.convert` keyword arguments from the parsed flags."""
-    return {"target": args.target, "precision": args.precision, "attention": args.attention,
-            "compress": compress_option(args)}
+    options = {"target": args.target, "precision": args.precision, "attention": args.attention,
+               "compress": compress_option(args)}
+    if getattr(args, "deploy", None) is not None:  # convert-gguf refuses its own --deploy before this
+        options["deploy"] = args.deploy
+    return options
 
 
 def compress_option(args: argparse.Namespace) -> Any:

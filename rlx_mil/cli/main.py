@@ -68,11 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("-q", "--quiet", action="store_true", help="no warnings on stderr")
     conv.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
                       help="bind a dynamic dim symbol (e.g. 1=128 for SEQ); repeatable")
+    _deploy_flag(conv)
     conversion_flags(conv)
     compression_flags(conv)
 
     hf = sub.add_parser("convert-hf", help="convert a Hugging Face checkpoint folder to .mlpackage")
     _convert_hf_arguments(hf)
+    _deploy_flag(hf)
     conversion_flags(hf)
     compression_flags(hf)
 
@@ -164,6 +166,7 @@ def _convert(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     options: dict[str, Any] = {
         "target": args.target, "precision": args.precision, "attention": args.attention, "dims": dims or None,
+        "deploy": args.deploy,
     }
     from rlx_mil.cli.convert_hf import compress_option
 
@@ -179,6 +182,14 @@ def _convert(args: argparse.Namespace) -> int:
 
     print_compression(model.user_defined_metadata)
     return EXIT_OK
+
+
+def _deploy_flag(p: argparse.ArgumentParser) -> None:
+    from rlx_mil.coreml.deploy import DEPLOY_FORMS
+
+    p.add_argument("--deploy", default="plain", choices=DEPLOY_FORMS,
+                   help="shape the program for a device (docs/deploying.md): plain (default), gpu (fused attention,"
+                   " iOS18) or ane (Neural Engine: channels-first 1x1 convs, per-head attention)")
 
 
 def _convert_hf_arguments(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ KeyError or TypeError from deep inside a reader.
 | `rlx_mil.functions` | `FunctionTable`: the default function and each function's IO names |
 | `rlx_mil.compression` | the `CompressionReport` (`rlx_mil.compress.report`) |
 | `rlx_mil.input_ranges` | `{function: {input: [min, max]}}`: value ranges of integer inputs (`rlx_mil.input_contract`) |
+| `rlx_mil.deploy` | the deployment form, `"gpu"` or `"ane"` (`rlx_mil.coreml.deploy`); absent: `"plain"` |
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rlx_mil.compress.report import METADATA_KEY as COMPRESSION
-from rlx_mil.errors import RlxMilError
+from rlx_mil.coreml.deploy import DeployForm
+from rlx_mil.errors import InvalidOptionError, RlxMilError
 from rlx_mil.input_contract import INPUT_RANGES_METADATA_KEY
 from rlx_mil.naming import IO_NAMES_METADATA_KEY as IO_NAMES
 
@@ -37,9 +39,10 @@ VERSION = "rlx_mil.version"
 LLM = "rlx_mil.llm"
 FUNCTIONS = "rlx_mil.functions"
 INPUT_RANGES = INPUT_RANGES_METADATA_KEY
+DEPLOY = "rlx_mil.deploy"
 
 #: Every key rlx_mil writes.
-KEYS = (IO_NAMES, GRAPH, TARGET, PRECISION, VERSION, LLM, FUNCTIONS, COMPRESSION, INPUT_RANGES)
+KEYS = (IO_NAMES, GRAPH, TARGET, PRECISION, VERSION, LLM, FUNCTIONS, COMPRESSION, INPUT_RANGES, DEPLOY)
 #: Keys that describe one function and are merged per function when functions are joined.
 PER_FUNCTION_KEYS = (IO_NAMES, LLM, INPUT_RANGES)
 
@@ -253,3 +256,20 @@ def read_io_names(metadata: Mapping[str, Any]) -> dict[str, dict[str, str]]:
 
 def write_io_names(metadata: MutableMapping[str, str], inputs: Mapping[str, str], outputs: Mapping[str, str]) -> None:
     metadata[IO_NAMES] = json.dumps({"inputs": dict(inputs), "outputs": dict(outputs)})
+
+
+def write_deploy(metadata: MutableMapping[str, str], form: DeployForm) -> None:
+    """Record `form` (nothing for the plain form: its packages are what rlx_mil always wrote)."""
+    if form is not DeployForm.PLAIN:
+        metadata[DEPLOY] = form.value
+
+
+def read_deploy(metadata: Mapping[str, Any]) -> DeployForm:
+    """The form a package was shaped for (`DeployForm.PLAIN` where the key is absent)."""
+    raw = metadata.get(DEPLOY)
+    if raw is None:
+        return DeployForm.PLAIN
+    try:
+        return DeployForm.parse(_want(raw, str, DEPLOY, "the form"))
+    except InvalidOptionError:
+        raise PackageMetadataError(f"metadata {DEPLOY!r}: unknown deployment form {raw!r}") from None

@@ -56,7 +56,7 @@ def convert_llm_checkpoint(
     """Build decode (and `prefill_<n>`) graphs from the checkpoint and convert them into one
     stateful multifunction package (`rlx_mil.convert_functions`); returns its MLModel and
     writes it to `output` when given. `convert_options` are `rlx_mil.convert`'s (target,
-    precision, compute_units, attention, cache_layout). The package carries the checkpoint's
+    precision, compute_units, attention, cache_layout, compress, deploy). The package carries the checkpoint's
     tokenizer files and model description (`rlx_mil.llm.package_files`; `description`
     overrides its fields). `loader` (default `from_pretrained`) and `prepare` (default
     `prepare_package`) read another source the same way (`from_gguf` for GGUF files).
