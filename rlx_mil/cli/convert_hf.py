@@ -209,7 +209,8 @@ def _vocab_size(graph: Graph) -> int:
 
     for node in graph:
         if isinstance(node.op, Param) and node.op.name in (
-                "model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "embeddings.word_embeddings.weight"):
+                "model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "embeddings.word_embeddings.weight",
+                "embeddings.tok_embeddings.weight"):
             return node.shape.sizes()[0]
     raise InvalidOptionError(f"graph {graph.name!r} has no token embedding to draw example ids for")
 

@@ -11,9 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlx_mil.models.families import family
 from rlx_mil.models.random_checkpoint import ROUND2_FAMILIES, TINY_CONFIGS, resized_round2_config
 
 DEMO_FAMILIES = tuple(TINY_CONFIGS)
+#: The text encoders among them (no KV heads, their own position tables).
+ENCODER_FAMILIES = frozenset(k for k, v in TINY_CONFIGS.items() if family(v["model_type"]).kind == "encoder")
 
 
 def demo_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -31,8 +34,10 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
     config = whole["text_config"] if isinstance(whole.get("text_config"), dict) else whole
     config.update(hidden_size=args.hidden, num_attention_heads=args.heads, intermediate_size=2 * args.hidden,
                   num_hidden_layers=args.layers, vocab_size=256)
-    if args.family == "bert":
-        config["max_position_embeddings"] = max(64, args.seq)
+    if config.get("model_type") in ENCODER_FAMILIES:
+        # RoBERTa's positions start after padding_idx: its table holds pad_token_id + 1 more rows.
+        offset = config["pad_token_id"] + 1 if config["model_type"] in ("roberta", "xlm-roberta") else 0
+        config["max_position_embeddings"] = max(64, args.seq) + offset
     else:
         config.update(num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads,
                       max_position_embeddings=max(256, args.seq))

@@ -40,7 +40,6 @@ NODES_PER_LAYER = {"decoder": 80, "encoder": 50}
 ROPE_CELL_BYTES = 8 * 4 + 4 * 2
 
 _DECODER_LAYER = re.compile(r"model\.(?:language_model\.)?layers\.(\d+)\.")  # Qwen3.5 VLM: model.language_model.
-_ENCODER_LAYER = re.compile(r"(?:bert\.)?encoder\.layer\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -148,13 +147,10 @@ def check_sizes_against_checkpoint(
             expect(layer0 + "self_attn.k_proj.weight", (hkv * d, e), heads)
         expect(layer0 + "mlp.down_proj.weight", (e, m), f"hidden_size {e:,}, intermediate_size {m:,}")
     else:
-        layers = _layer_count(names, _ENCODER_LAYER)
-        e = spec.hidden_size
-        expect("embeddings.word_embeddings.weight", (spec.vocab_size, e), f"vocab_size {spec.vocab_size:,}, hidden_size {e:,}")
-        expect("embeddings.position_embeddings.weight", (spec.max_position_embeddings, e),
-               f"max_position_embeddings {spec.max_position_embeddings:,}, hidden_size {e:,}")
-        expect("encoder.layer.0.intermediate.dense.weight", (spec.intermediate_size, e),
-               f"intermediate_size {spec.intermediate_size:,}, hidden_size {e:,}")
+        bare = [name[len(prefix):] for name in names if name.startswith(prefix)]
+        layers = _layer_count(bare, re.compile(spec.layer_pattern))
+        for name, shape, fields in spec.header_shapes():
+            expect(name, shape, fields)
     if layers != spec.num_layers:
         problems.append(f"num_hidden_layers is {spec.num_layers:,}, but the checkpoint's tensors hold {layers:,} layers")
     if problems:

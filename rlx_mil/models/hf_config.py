@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rlx_mil.errors import CheckpointError, UnsupportedConfigError
 from rlx_mil.fileio import nesting_depth, read_regular_file
@@ -78,9 +78,14 @@ class DecoderSpec:
         return self.layer_ropes[layer] if self.layer_ropes else self.rope
 
 
+#: Stored tensors a BERT-style encoder never reads: the pooler / pretraining heads and buffers.
+BERT_IGNORED = (r"pooler\..*", r"cls\..*", r"embeddings\.position_ids", r"lm_head\..*", r"classifier\..*")
+
+
 @dataclass(frozen=True)
 class EncoderSpec:
-    """A BERT-style post-LN encoder (BERT, MiniLM, sentence-transformers models)."""
+    """A BERT-style post-LN encoder (BERT, MiniLM, RoBERTa, XLM-RoBERTa, sentence-transformers
+    models); subclasses with their own `build_graph` (ModernBERT) share the options and pooling."""
 
     family: str
     vocab_size: int
@@ -93,6 +98,35 @@ class EncoderSpec:
     layer_norm_eps: float
     #: "gelu" (erf) or "gelu_tanh".
     activation: str = "gelu"
+    #: RoBERTa / XLM-RoBERTa: token i's position is padding_idx + 1 + (its index among the
+    #: non-padding tokens), padding tokens' is padding_idx (None: BERT's 0, 1, 2, ...).
+    padding_idx: int | None = None
+    #: The module a task model (`BertForMaskedLM`, `XLMRobertaModel` inside a classifier, ...)
+    #: stores the encoder under; checkpoints store names with or without it.
+    base_prefix: str = "bert"
+    #: Stored tensors the encoder never reads (regexes on the names less `base_prefix`).
+    ignored_tensors: tuple[str, ...] = BERT_IGNORED
+    #: The pooling when neither the caller nor a sentence-transformers config names one.
+    default_pooling: str | None = None
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence the position table covers."""
+        return self.max_position_embeddings - (0 if self.padding_idx is None else self.padding_idx + 1)
+
+    #: Stored layer names (less the prefix); group 1 is the layer index.
+    layer_pattern: ClassVar[str] = r"encoder\.layer\.(\d+)\."
+
+    def header_shapes(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(stored name less the prefix, the shape the config gives it, the fields that do) for
+        the tensors whose shapes carry the config's sizes; the first is the token embedding."""
+        e, m = self.hidden_size, self.intermediate_size
+        return [
+            ("embeddings.word_embeddings.weight", (self.vocab_size, e), f"vocab_size {self.vocab_size:,}, hidden_size {e:,}"),
+            ("embeddings.position_embeddings.weight", (self.max_position_embeddings, e),
+             f"max_position_embeddings {self.max_position_embeddings:,}, hidden_size {e:,}"),
+            ("encoder.layer.0.intermediate.dense.weight", (m, e), f"intermediate_size {m:,}, hidden_size {e:,}"),
+        ]
 
 
 ModelSpec = DecoderSpec | EncoderSpec
@@ -300,3 +334,35 @@ def read_rope(f: Fields, head_dim: int, *, default_theta: float = 10000.0,
         ropes = tuple(by_type[kind] for kind in types)
         return ropes[0], ropes
     return spec(params, field), ()
+
+
+def layer_type_ropes(f: Fields, head_dim: int, thetas: Mapping[str, tuple[str, float]], *, scaled: tuple[str, ...],
+                     what: str) -> dict[str, RopeSpec]:
+    """One RoPE per layer type, as the `convert_rope_params_to_dict` of Gemma 3's and
+    ModernBERT's config classes read it: `rope_parameters` nested by layer type (`thetas`'
+    keys), `rope_scaling` (the < 5 form) merged into the types in `scaled`, and each type's
+    base from its dict, else the top-level field `thetas[kind][0]`, else `thetas[kind][1]`."""
+    import copy
+
+    from rlx_mil.models.rope import RopeReader
+
+    reader = RopeReader(f.config, f.source, f.family)
+    given = f.config.get("rope_parameters")
+    if given is not None and (not isinstance(given, dict) or not set(given) <= set(thetas)):
+        raise f.refuse("rope_parameters", given, f"{what} takes one RoPE dict per layer type"
+                       f" ({', '.join(repr(kind) for kind in thetas)})")
+    scaling = f.config.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise f.refuse("rope_scaling", scaling, "expected an object or null")
+    out: dict[str, RopeSpec] = {}
+    for kind, (theta_field, theta_default) in thetas.items():
+        own = (given or {}).get(kind)
+        if own is not None and not isinstance(own, dict):
+            raise f.refuse(f"rope_parameters.{kind}", own, "expected an object or null")
+        params: dict[str, Any] = copy.deepcopy(own) if own else {"rope_type": "default"}
+        if scaling is not None and kind in scaled:
+            params = {**params, **scaling}
+        params.setdefault("rope_theta", f.float_(theta_field, theta_default))
+        out[kind] = reader.spec(params, f"rope_parameters.{kind}", head_dim=head_dim, default_theta=params["rope_theta"],
+                                max_position_embeddings=f.int_("max_position_embeddings"))
+    return out

@@ -64,7 +64,7 @@ def build(
         check_activation_sizes(spec, source, seq_len=encoder_options.seq_len, batch_size=batch_size)
         return build_encoder(spec, encoder_options, name)
     if pooling is not None or normalize or token_type_ids:
-        raise InvalidOptionError("pooling, normalize and token_type_ids apply to encoders (BERT / MiniLM) only")
+        raise InvalidOptionError("pooling, normalize and token_type_ids apply to encoders (BERT, RoBERTa, ModernBERT) only")
     if seq_len is None:
         seq_len = 1 if variant == "decode" else 128
     if variant == "decode" and cache_len is None:
@@ -90,9 +90,7 @@ def _ignorable(spec: ModelSpec) -> Any:
         if spec.tie_word_embeddings:
             patterns.append(r"lm_head\.weight")  # some exports store the tied head too
         return pattern_matcher(*patterns)
-    from rlx_mil.models.encoder import IGNORED_TENSORS
-
-    return pattern_matcher(*IGNORED_TENSORS)
+    return pattern_matcher(*spec.ignored_tensors)
 
 
 def from_pretrained(
@@ -123,8 +121,9 @@ def from_pretrained(
     the last position's logits; `kv_outputs` adds each prefill layer's K/V as outputs;
     `position_ids` makes prefill take positions as an input; `max_positions` sizes the RoPE
     tables; `attention_mask` gives a one-token decode graph a key-padding mask input over the
-    P + 1 keys. Encoders (BERT / MiniLM): `pooling` "mean", "cls" or None ("auto" reads a
-    sentence-transformers pooling config when present), `normalize` L2-normalises the pooled
+    P + 1 keys. Encoders (BERT / MiniLM, RoBERTa / XLM-RoBERTa, ModernBERT): `pooling` "mean",
+    "cls" or None ("auto" reads a sentence-transformers pooling config when present, else the
+    family's own: ModernBERT's `classifier_pooling`), `normalize` L2-normalises the pooled
     embedding (default: whether the sentence-transformers pipeline has a Normalize module),
     `token_type_ids` adds that input (default: every token in segment 0).
 
@@ -146,7 +145,7 @@ def from_pretrained(
         from rlx_mil.models.encoder import sentence_transformers_pipeline
 
         auto_pooling, auto_normalize = sentence_transformers_pipeline(checkpoint.directory)
-        pooling = auto_pooling if pooling == "auto" else pooling
+        pooling = (auto_pooling or spec.default_pooling) if pooling == "auto" else pooling
         normalize = auto_normalize if normalize is None else normalize
     else:
         pooling = None if pooling == "auto" else pooling
@@ -174,10 +173,13 @@ def _layout(spec: ModelSpec, checkpoint: Checkpoint) -> ModelSpec:
 
 
 def _stored_prefix(spec: ModelSpec, checkpoint: Checkpoint) -> str:
-    """BERT checkpoints store tensors either bare (sentence-transformers) or under `bert.`."""
-    if isinstance(spec, EncoderSpec) and "embeddings.word_embeddings.weight" not in checkpoint \
-            and "bert.embeddings.word_embeddings.weight" in checkpoint:
-        return "bert."
+    """Encoder checkpoints store tensors either bare (the base model's save_pretrained,
+    sentence-transformers) or under the task model's `bert.` / `roberta.` / `model.`."""
+    if isinstance(spec, EncoderSpec):
+        embedding = spec.header_shapes()[0][0]
+        prefix = f"{spec.base_prefix}."
+        if embedding not in checkpoint and prefix + embedding in checkpoint:
+            return prefix
     return ""
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlx_mil.cli.demo import DEMO_FAMILIES, demo_config
+from rlx_mil.cli.demo import DEMO_FAMILIES, ENCODER_FAMILIES, demo_config
 from rlx_mil.cli.main import main
 from rlx_mil.llm.package import verify_stateful
 from rlx_mil.mil_walk import iter_ops
@@ -24,7 +24,7 @@ from rlx_mil.testing import GreedyComparison, compare_greedy_step
 #: attention layers, so no KV cache) is not converted stateful yet. The quick profile runs one
 #: family of each kind (plain attention, QK-norm, softcapped, hybrid convolution); the thorough
 #: profile (RLX_MIL_HYPOTHESIS_PROFILE=thorough) every one.
-ALL_DECODERS = [f for f in DEMO_FAMILIES if f not in ("bert", "qwen3_5")]
+ALL_DECODERS = [f for f in DEMO_FAMILIES if f not in ENCODER_FAMILIES and f != "qwen3_5"]
 QUICK = ("llama", "qwen3", "gemma2", "lfm2")
 DECODERS = ALL_DECODERS if os.environ.get("RLX_MIL_HYPOTHESIS_PROFILE") == "thorough" else [
     f for f in ALL_DECODERS if f in QUICK]

@@ -19,13 +19,18 @@ BERT_DEFAULTS: dict[str, Any] = {
 _BERT_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
-@encoder_family("bert", name="BERT", defaults=BERT_DEFAULTS, config_class="BertConfig", aliases=("minilm",),
-                legacy=("position_embedding_type", "gradient_checkpointing"),
-                tiny={"architectures": ["BertModel"], "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2,
-                      "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 64,
-                      "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
-                      "position_embedding_type": "absolute"})
-def read_bert(f: Fields) -> EncoderSpec:
+#: Fields older transformers versions wrote (the published configs carry them).
+BERT_LEGACY = ("position_embedding_type", "gradient_checkpointing", "output_past")
+
+TINY_BERT: dict[str, Any] = {
+    **BERT_DEFAULTS, "architectures": ["BertModel"], "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 64, "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12, "hidden_act": "gelu", "position_embedding_type": "absolute",
+}
+
+
+def bert_fields(f: Fields) -> dict[str, Any]:
+    """The EncoderSpec fields of a BERT-layout config (BERT, RoBERTa, XLM-RoBERTa)."""
     hidden = f.int_("hidden_size")
     heads = f.int_("num_attention_heads")
     if hidden % heads:
@@ -34,9 +39,15 @@ def read_bert(f: Fields) -> EncoderSpec:
     f.must_be("position_embedding_type", ("absolute",), "only absolute position embeddings are built")
     if f.bool_("is_decoder") or f.bool_("add_cross_attention"):
         raise f.refuse("is_decoder", True, "only the encoder form is built")
-    return EncoderSpec(
-        family=f.family, vocab_size=f.int_("vocab_size"), hidden_size=hidden, num_layers=f.int_("num_hidden_layers"),
-        num_heads=heads, intermediate_size=f.int_("intermediate_size"),
-        max_position_embeddings=f.int_("max_position_embeddings"), type_vocab_size=f.int_("type_vocab_size"),
-        layer_norm_eps=f.float_("layer_norm_eps"), activation=f.choice("hidden_act", _BERT_ACTIVATIONS),
-    )
+    return {
+        "family": f.family, "vocab_size": f.int_("vocab_size"), "hidden_size": hidden,
+        "num_layers": f.int_("num_hidden_layers"), "num_heads": heads, "intermediate_size": f.int_("intermediate_size"),
+        "max_position_embeddings": f.int_("max_position_embeddings"), "type_vocab_size": f.int_("type_vocab_size"),
+        "layer_norm_eps": f.float_("layer_norm_eps"), "activation": f.choice("hidden_act", _BERT_ACTIVATIONS),
+    }
+
+
+@encoder_family("bert", name="BERT", defaults=BERT_DEFAULTS, config_class="BertConfig", aliases=("minilm",),
+                legacy=BERT_LEGACY, tiny=TINY_BERT)
+def read_bert(f: Fields) -> EncoderSpec:
+    return EncoderSpec(**bert_fields(f))

@@ -4,14 +4,20 @@ to one global by default), each kind with its own RoPE."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 from typing import Any
 
 from rlx_mil.models.families import decoder_family
 from rlx_mil.models.families.gemma2 import gemma_sandwich
-from rlx_mil.models.hf_config import DecoderSpec, Fields, decoder_common, layer_types, windows_of
-from rlx_mil.models.rope import RopeReader
+from rlx_mil.models.hf_config import (
+    DecoderSpec,
+    Fields,
+    decoder_common,
+    layer_type_ropes,
+    layer_types,
+    windows_of,
+)
+from rlx_mil.models.rope import RopeSpec
 
 #: transformers 5.23.0 Gemma3TextConfig defaults (RoPE: `default_theta` global 1e6, local 1e4).
 GEMMA3_DEFAULTS: dict[str, Any] = {
@@ -47,36 +53,19 @@ def read_gemma3(f: Fields) -> DecoderSpec:
     pattern = f.int_("sliding_window_pattern", SLIDING_WINDOW_PATTERN)
     default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(c["num_layers"])]
     types = layer_types(f, default)
-    ropes = _ropes(f, c["head_dim"], c["max_position_embeddings"])
+    ropes = _ropes(f, c["head_dim"])
     layer_ropes = tuple(ropes[kind] for kind in types)
     return DecoderSpec(**c, rope=layer_ropes[0], layer_ropes=layer_ropes, qk_norm=True, **gemma_sandwich(f, c),
                        layer_windows=windows_of(types, f.opt_int("sliding_window")))
 
 
-def _ropes(f: Fields, head_dim: int, max_positions: int) -> dict[str, Any]:
+def _ropes(f: Fields, head_dim: int) -> dict[str, RopeSpec]:
     """Gemma3TextConfig.convert_rope_params_to_dict: one RoPE per layer type; `rope_scaling`
     (the < 5 form) applies to the global layers, `rope_theta` is the global base and
     `rope_local_base_freq` the local one."""
-    reader = RopeReader(f.config, f.source, f.family)
-    given = f.config.get("rope_parameters")
-    if given is not None and (not isinstance(given, dict) or not set(given) <= {"full_attention", "sliding_attention"}):
-        raise f.refuse("rope_parameters", given, "Gemma 3 takes one RoPE dict per layer type"
-                       " ('full_attention', 'sliding_attention')")
-    params: dict[str, Any] = copy.deepcopy(given) if given else {}
-    scaling = f.config.get("rope_scaling")
-    full = params.get("full_attention") or {"rope_type": "default"}
-    if scaling is not None:
-        if not isinstance(scaling, dict):
-            raise f.refuse("rope_scaling", scaling, "expected an object or null")
-        full = {**full, **scaling}
-    local = params.get("sliding_attention") or {"rope_type": "default"}
-    full.setdefault("rope_theta", f.float_("rope_theta", GLOBAL_THETA))
-    local.setdefault("rope_theta", f.float_("rope_local_base_freq", LOCAL_THETA))
-    out = {}
-    for kind, dict_ in (("full_attention", full), ("sliding_attention", local)):
-        out[kind] = reader.spec(dict_, f"rope_parameters.{kind}", head_dim=head_dim, default_theta=dict_["rope_theta"],
-                                max_position_embeddings=max_positions)
-    return out
+    return layer_type_ropes(f, head_dim, {"full_attention": ("rope_theta", GLOBAL_THETA),
+                                          "sliding_attention": ("rope_local_base_freq", LOCAL_THETA)},
+                            scaled=("full_attention",), what="Gemma 3")
 
 
 #: transformers 5.23.0 Gemma3Config (the vision-language wrapper) defaults.
