@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
     """The output and decoder-graph flags convert-hf and convert-gguf share."""
-    p.add_argument("-o", "--output", type=Path, required=True, help="output .mlpackage path")
+    p.add_argument("-o", "--output", type=Path, required=True,
+                   help="output .mlpackage path (a folder with --chunk-bytes)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing package")
     p.add_argument("--variant", default="prefill", choices=VARIANTS,
                    help="decoders: prefill (S tokens, causal) or decode (new tokens against a KV cache)")
@@ -224,6 +225,10 @@ def add_stateful_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill", metavar="N,N,...", help="--stateful: prefill bucket lengths, e.g. 64,512")
     p.add_argument("--cache-layout", choices=["stacked", "per_layer"],
                    help="--stateful: two stacked states (default) or one state per layer's K and V")
+    p.add_argument("--chunk-bytes", metavar="SIZE",
+                   help="--stateful: write a chunked set to the folder -o DIR instead, cut at layer boundaries so"
+                        " every chunk's weight file stays under SIZE (200KB, 1GB = 10^9 bytes, 1GiB = 2^30 bytes;"
+                        " docs/deploying.md)")
 
 
 #: --max-context when not given.
@@ -234,7 +239,8 @@ def refuse_stateful_flags_without_stateful(args: argparse.Namespace) -> None:
     """--prefill, --max-context and --cache-layout shape a stateful package only: given without
     --stateful they would be ignored while a stateless package is written."""
     given = [flag for flag, value in (("--prefill", args.prefill), ("--max-context", args.max_context),
-                                      ("--cache-layout", args.cache_layout)) if value is not None]
+                                      ("--cache-layout", args.cache_layout),
+                                      ("--chunk-bytes", getattr(args, "chunk_bytes", None))) if value is not None]
     if given and not args.stateful:
         raise InvalidOptionError(f"{', '.join(given)} only apply with --stateful; add --stateful or drop them")
 
@@ -268,15 +274,29 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> i
     from rlx_mil.coreml.package_info import package_info
 
     refuse_graph_flags(args)
-    check_output(args.output, args.overwrite)
+    chunk_bytes = getattr(args, "chunk_bytes", None)
+    if chunk_bytes is None:
+        check_output(args.output, args.overwrite)
+    else:
+        from rlx_mil.llm.chunked import check_output_folder
+
+        check_output_folder(args.output, args.overwrite)
     start = time.perf_counter()
-    convert_llm_checkpoint(
+    result = convert_llm_checkpoint(
         args.model_dir, args.output, max_context=DEFAULT_MAX_CONTEXT if args.max_context is None else args.max_context,
         prefill=args.prefill, overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked",
-        attention_mask=args.attention_mask,
+        attention_mask=args.attention_mask, chunk_bytes=chunk_bytes,
         description=description_overrides(args), progress=Progress(enabled=not (args.quiet or running_under_ci())),
         **convert_options,
     )
+    if chunk_bytes is not None:
+        sizes = ", ".join(human_bytes(c.weight_bytes) for c in result.chunks)
+        print(f"wrote {args.output} ({len(result.chunks)} chunks, weights {sizes}; functions"
+              f" {', '.join(result.functions)}) in {time.perf_counter() - start:.1f} s")
+        if args.verify:
+            return verify_stateful_command(args.model_dir, args.output, args.precision,
+                                           result.metadata())
+        return 0
     info = package_info(args.output)
     names = ", ".join(info.functions)
     print(f"wrote {args.output} (functions {names}; {info.weight_bytes} bytes of weights) in {time.perf_counter() - start:.1f} s")

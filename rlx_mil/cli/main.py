@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -84,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     compression_flags(gg)
 
     insp = sub.add_parser("inspect", help="summarise a .mlpackage (IO, op histogram, weights, target) or a graph JSON")
-    insp.add_argument("package", type=Path, help="a .mlpackage folder, or a graph .json (inputs, params, op histogram)")
+    insp.add_argument("package", type=Path, help="a .mlpackage folder, a chunked set's folder, or a graph .json (inputs,"
+                      " params, op histogram)")
     insp.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     pre = sub.add_parser("preflight", help="check a .mlpackage against the known Core ML device rules"
@@ -246,6 +248,12 @@ def _inspect(args: argparse.Namespace) -> int:
         print(summary.to_json() if args.json else summary.to_text())
         return EXIT_OK
 
+    from rlx_mil.llm.chunked import is_chunked_set, read_chunked_set
+
+    if is_chunked_set(args.package):
+        chunked = read_chunked_set(args.package)
+        print(json.dumps(chunked.summary(), indent=2) if args.json else chunked.to_text())
+        return EXIT_OK
     info = package_info(args.package)
     print(info.to_json() if args.json else info.to_text())
     return EXIT_OK

@@ -87,7 +87,13 @@ class Session:
                 " (or 'auto')"
             )
         in_memory = None
-        if isinstance(package, (str, os.PathLike)):
+        from rlx_mil.llm.chunk_session import open_chunked
+
+        #: A chunked set (docs/deploying.md) runs chunk by chunk; its last chunk gives the logits.
+        self._chunks = open_chunked(package)
+        if self._chunks is not None:
+            path = str(self._chunks.last_package)
+        elif isinstance(package, (str, os.PathLike)):
             if not os.path.isdir(package):
                 raise GenerationError(f"no model package at {package}")
             path = str(check_package_tree(package))
@@ -98,7 +104,7 @@ class Session:
             # The model as converted: its metadata and program are the object's own (the
             # temporary package coremltools wrote predates rlx_mil's metadata).
             in_memory = package
-        self.path = path
+        self.path = str(package) if self._chunks is not None else path
         try:
             handle = in_memory if in_memory is not None else ct.models.MLModel(path, skip_model_load=True)
         except Exception as err:
@@ -107,7 +113,7 @@ class Session:
         # The contract is the package's own metadata, but a package is user input: any malformed
         # part of it is one typed error, never a raw KeyError/TypeError from deep inside.
         try:
-            contract = LLMContract.read(meta)
+            contract = self._chunks.contract if self._chunks is not None else LLMContract.read(meta)
             if contract is None:
                 raise GenerationError(
                     f"{path} is not a stateful LLM package (no '{metadata.LLM}' metadata); convert the decode"
@@ -134,7 +140,8 @@ class Session:
                 out_names = [o.name for o in outputs]
                 logits = "logits" if "logits" in out_names else out_names[0]
                 vocab = int(list(next(o for o in outputs if o.name == logits).type.multiArrayType.shape)[-1])
-                self.functions.append(FunctionInfo(name, query_len, frozenset(i.name for i in inputs), logits, vocab))
+                names = self._chunks.inputs(name) if self._chunks is not None else frozenset(i.name for i in inputs)
+                self.functions.append(FunctionInfo(name, query_len, names, logits, vocab))
                 self._io_names[name] = io_tables.get(name) if name is not None else read_io_names(meta)
         except PackageMetadataError as err:
             raise GenerationError(f"{path}: its LLM metadata is malformed ({err}); re-convert the package") from None
@@ -152,10 +159,13 @@ class Session:
         self.memory: str = memory
         self._tokenizer: TextTokenizer | None = None
         self.stats = GenerationStats()
-        if self.engine == "coreml":
-            units = getattr(ct.ComputeUnit, compute_units, None)
-            if units is None:
-                raise InvalidOptionError(f"unknown compute_units {compute_units!r}")
+        units = getattr(ct.ComputeUnit, compute_units, None) if self.engine == "coreml" else None
+        if self.engine == "coreml" and units is None:
+            raise InvalidOptionError(f"unknown compute_units {compute_units!r}")
+        if self._chunks is not None:
+            self._chunks.open(self.engine, units, memory, precision_model)
+            self.memory = self._chunks.memory
+        elif self.engine == "coreml":
             self._models = {
                 f.name: ct.models.MLModel(path, compute_units=units, function_name=f.name) for f in self.functions
             }
@@ -180,7 +190,9 @@ class Session:
         self._position = 0
         #: (function, tokens) of every call since the reset, for inspection.
         self.calls: list[tuple[str, int]] = []
-        if self.engine == "coreml":
+        if self._chunks is not None:
+            self._chunks.reset()
+        elif self.engine == "coreml":
             any_model = next(iter(self._models.values()))
             self._state = any_model.make_state()
         else:
@@ -202,7 +214,9 @@ class Session:
 
     def _call(self, fn: FunctionInfo, tokens: Sequence[int]) -> np.ndarray:
         feeds = self._feeds(fn, tokens)
-        if self.engine == "coreml":
+        if self._chunks is not None:
+            out = self._chunks.run(fn.name, feeds)
+        elif self.engine == "coreml":
             out = self._models[fn.name].predict(feeds, state=self._state)
         else:
             out = self._prepared.run(
@@ -331,7 +345,8 @@ class Session:
             from rlx_mil.llm.package_files import package_text_folder
             from rlx_mil.llm.text import TextTokenizer
 
-            folder = package_text_folder(self.path)
+            text = self._chunks.text_package if self._chunks is not None else self.path
+            folder = package_text_folder(text) if text is not None else None
             if folder is None:
                 raise GenerationError(
                     f"{self.path} carries no tokenizer (convert-hf stores the checkpoint's); assign"

@@ -51,6 +51,7 @@ def convert_llm_checkpoint(
     loader: Any = None,
     prepare: Any = None,
     progress: Progress | None = None,
+    chunk_bytes: int | str | None = None,
     **convert_options: Any,
 ) -> Any:
     """Build decode (and `prefill_<n>`) graphs from the checkpoint and convert them into one
@@ -60,7 +61,10 @@ def convert_llm_checkpoint(
     tokenizer files and model description (`rlx_mil.llm.package_files`; `description`
     overrides its fields). `loader` (default `from_pretrained`) and `prepare` (default
     `prepare_package`) read another source the same way (`from_gguf` for GGUF files).
-    `progress` reports each stage (reading, each function's conversion, joining, writing)."""
+    `progress` reports each stage (reading, each function's conversion, joining, writing).
+    `chunk_bytes` (an int or a size such as "1GB" or "1GiB") writes a chunked set instead: the
+    folder `output` holds consecutive packages cut at layer boundaries, each weight file under
+    that size, and a manifest (`rlx_mil.llm.chunked`); the `ChunkedSet` is returned."""
     from rlx_mil.api import convert_functions, save
     from rlx_mil.llm.package_files import prepare_package
     from rlx_mil.models.pretrained import from_pretrained
@@ -68,7 +72,15 @@ def convert_llm_checkpoint(
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise InvalidOptionError(f"max_context must be an int >= 2, got {max_context!r}")
     buckets = prefill_buckets(prefill, max_context)
-    if output is not None:
+    if chunk_bytes is not None:
+        from rlx_mil.llm.chunked import check_output_folder
+        from rlx_mil.units import parse_bytes
+
+        parse_bytes(chunk_bytes, "chunk_bytes")
+        if output is None:
+            raise InvalidOptionError("chunk_bytes writes a chunked set: give the output folder")
+        check_output_folder(Path(output), overwrite)
+    elif output is not None:
         from rlx_mil.llm.convert_hf import check_output
 
         check_output(Path(output), overwrite)
@@ -87,6 +99,15 @@ def convert_llm_checkpoint(
     functions: dict[str, Any] = {f"prefill_{n}": graph(n)[0] for n in buckets}
     functions["decode"] = decode
     stages.end(f"{len(functions)} functions ({', '.join(functions)}), {len(params)} params")
+    if chunk_bytes is not None:
+        from rlx_mil.llm.chunked import convert_chunked
+
+        assert output is not None
+        return convert_chunked(
+            functions, params, output, chunk_bytes=chunk_bytes, max_context=max_context, overwrite=overwrite,
+            prepare_first=lambda model: (prepare or prepare_package)(model, model_dir, description), progress=stages,
+            **convert_options,
+        )
     model = convert_functions(
         functions, params, kv_cache="auto", max_context=max_context, default_function="decode", progress=stages,
         **convert_options,

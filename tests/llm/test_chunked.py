@@ -1,0 +1,197 @@
+"""Chunked sets: a decoder cut at layer boundaries into consecutive packages under a byte limit,
+run by `Session(DIR)` exactly like the one package (against the unchunked package and the
+NumPy reference of the checkpoint), and their manifest, CLI and failure behaviour."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlx_mil.cli import main
+from rlx_mil.errors import ExistingFileError, InvalidOptionError
+from rlx_mil.ir.cut import cut_graph, layer_of, layer_segments
+from rlx_mil.llm.chunk_plan import BLOB_OVERHEAD, ChunkingError, data_inputs, plan_chunks, planned_param_bytes
+from rlx_mil.llm.chunked import MANIFEST, read_chunked_set
+from rlx_mil.llm.generate import Session
+from rlx_mil.llm.package import convert_llm_checkpoint, reference_greedy, reference_logits
+from rlx_mil.models.pretrained import from_pretrained
+from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+from rlx_mil.reference import evaluate
+from rlx_mil.units import parse_bytes
+
+MAX_CONTEXT = 16
+PROMPT = [5, 17, 3, 42, 8, 61]  # 6 tokens: prefill_4 then two decode calls
+#: Each of the 3 layers (embeddings with the first, the head with the last) fits alone, no two do.
+LIMITS = {"fp32": "56KB", "fp16": "30KB"}
+LIMIT = LIMITS["fp32"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = {**TINY_CONFIGS["llama"], "num_hidden_layers": 3}
+    return write_random_checkpoint(tmp_path_factory.mktemp("hf") / "llama3", config, seed=3)
+
+
+def _convert(checkpoint: Path, out: Path, precision: str, chunk_bytes: str | None = None) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tiny state dims: the Neural Engine notes are expected
+        convert_llm_checkpoint(checkpoint, out, max_context=MAX_CONTEXT, prefill=[4], precision=precision,
+                               chunk_bytes=chunk_bytes)
+
+
+@pytest.fixture(scope="module", params=["fp32", "fp16"])
+def packages(request: pytest.FixtureRequest, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    work = tmp_path_factory.mktemp(f"pkg_{request.param}")
+    single, folder = work / "one.mlpackage", work / "llama3"
+    _convert(checkpoint, single, request.param)
+    _convert(checkpoint, folder, request.param, LIMITS[request.param])
+    return single, folder, request.param
+
+
+def test_bytes_parse_si_and_iec_suffixes() -> None:
+    assert parse_bytes("200KB") == 200_000
+    assert parse_bytes("1GB") == 10**9
+    assert parse_bytes("1GiB") == 2**30
+    assert parse_bytes("1.5MiB") == 3 << 19
+    assert parse_bytes("7") == 7
+    for bad in ("1XB", "", "-1GB", "0", "GB", "1e9"):
+        with pytest.raises(InvalidOptionError, match="chunk_bytes"):
+            parse_bytes(bad, "chunk_bytes")
+
+
+def test_the_set_has_consecutive_chunks_under_the_limit(packages: tuple[Path, Path, str]) -> None:
+    _single, folder, precision = packages
+    chunked = read_chunked_set(folder)
+    assert [c.package for c in chunked.chunks] == [f"llama3_chunk_{i:02d}.mlpackage" for i in range(3)]
+    assert [c.layers for c in chunked.chunks] == [["model.layers.0"], ["model.layers.1"], ["model.layers.2"]]
+    for c in chunked.chunks:
+        weights = folder / c.package / "Data" / "com.apple.CoreML" / "weights" / "weight.bin"
+        assert weights.stat().st_size == c.weight_bytes < parse_bytes(LIMITS[precision])
+        # states travel with their layers: one layer's K and V per chunk
+        assert {name: shape[0] for name, shape in c.states.items()} == {"key_cache": 1, "value_cache": 1}
+    first, middle, last = chunked.chunks
+    assert first.receives == {} and middle.receives == {first.passes[0]: 0} and last.receives == {middle.passes[0]: 1}
+    assert last.passes == [] and last.logits and not first.logits
+    assert first.shapes["prefill_4"][first.passes[0]] == [1, 4, 32] and first.shapes["decode"][first.passes[0]] == [1, 1, 32]
+    assert chunked.functions == {"prefill_4": 4, "decode": 1} and chunked.contract.layers == 3
+    raw = json.loads((folder / MANIFEST).read_text())
+    assert raw["text"] is None or raw["text"]["chunk"] == 0
+
+
+def test_session_on_the_set_gives_the_single_package_tokens(packages: tuple[Path, Path, str], checkpoint: Path) -> None:
+    single, folder, precision = packages
+    exact = precision == "fp32"
+    model = "float32" if exact else "declared"
+    one = Session(single, engine="milexec", precision_model=model)
+    chunked = Session(folder, engine="milexec", precision_model=model)
+    assert chunked.max_context == MAX_CONTEXT and chunked.vocab == one.vocab
+    want, got = one.feed(PROMPT), chunked.feed(PROMPT)
+    assert chunked.calls == one.calls == [("prefill_4", 4), ("decode", 1), ("decode", 1)]
+    np.testing.assert_array_equal(got, want)  # the same ops on the same values, chunk by chunk
+    reference = reference_logits(checkpoint, PROMPT)
+    np.testing.assert_allclose(got, reference, atol=1e-4 if exact else 3e-2, rtol=0)
+    one.reset()
+    chunked.reset()
+    tokens = one.generate(PROMPT, 6)
+    assert chunked.generate(PROMPT, 6) == tokens
+    if exact:  # stateful decode against the NumPy reference over the whole sequence at every step
+        assert tokens == reference_greedy(checkpoint, PROMPT, 6)
+
+
+def test_cli_generate_and_inspect_read_the_set(packages: tuple[Path, Path, str], capsys: pytest.CaptureFixture[str]) -> None:
+    single, folder, _precision = packages
+    ids = ",".join(map(str, PROMPT))
+    assert main(["generate", str(single), "--prompt-ids", ids, "-n", "4", "--engine", "milexec", "-q"]) == 0
+    want = capsys.readouterr().out
+    assert main(["generate", str(folder), "--prompt-ids", ids, "-n", "4", "--engine", "milexec", "-q"]) == 0
+    assert capsys.readouterr().out == want
+    assert main(["inspect", str(folder), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [c["layers"] for c in info["chunks"]] == [["model.layers.0"], ["model.layers.1"], ["model.layers.2"]]
+    assert info["functions"] == {"prefill_4": 4, "decode": 1}
+    assert main(["inspect", str(folder)]) == 0
+    text = capsys.readouterr().out
+    assert "3 chunks" in text and "llama3_chunk_02.mlpackage" in text
+
+
+def test_every_decoder_family_cuts_at_each_layer(tmp_path: Path) -> None:
+    for family in ("qwen3_moe", "lfm2", "qwen3_5_text", "gemma3_text"):
+        config = TINY_CONFIGS[family]
+        folder = write_random_checkpoint(tmp_path / family, config, seed=0)
+        graph, params = from_pretrained(folder, "decode", seq_len=1, cache_len=1, max_positions=MAX_CONTEXT,
+                                        last_logits=True)
+        layers = config["num_hidden_layers"]
+        segments = layer_segments(graph, data_inputs(graph))
+        assert [s.layers for s in segments] == [(f"model.layers.{i}",) for i in range(layers)], family
+        pieces = cut_graph(graph, data_inputs(graph), [1] * layers, shared_inputs={"input_ids"})
+        # The pieces run one after another compute the whole graph's outputs.
+        feeds: dict[str, np.ndarray] = {"input_ids": np.array([[7]], np.int32), "position_ids": np.array([[0]], np.int32)}
+        for node in graph:
+            if node.op.type_name == "Input" and node.op.name not in feeds:
+                feeds[node.op.name] = np.zeros(node.shape.sizes(), node.shape.dtype.numpy)
+        whole = evaluate(graph, feeds, params)
+        values: dict[str, np.ndarray] = dict(feeds)
+        for piece in pieces:
+            names = {n.op.name for n in piece.graph if n.op.type_name == "Input"}
+            own = {name: params[name] for name in piece.params}
+            values.update(evaluate(piece.graph, {k: v for k, v in values.items() if k in names}, own))
+        for name, value in whole.items():
+            np.testing.assert_array_equal(values[name], value, err_msg=f"{family} {name}")
+
+
+def test_layer_keys() -> None:
+    assert layer_of("model.layers.12.mlp.experts.3.up_proj.weight") == "model.layers.12"
+    assert layer_of("model.embed_tokens.weight") is None and layer_of("lm_head.weight") is None
+
+
+def test_a_layer_over_the_limit_is_an_error_naming_it(checkpoint: Path, tmp_path: Path) -> None:
+    graph, _ = from_pretrained(checkpoint, "decode", seq_len=1, cache_len=1, max_positions=MAX_CONTEXT, last_logits=True)
+    sizes = planned_param_bytes(graph, precision="fp32")
+    with pytest.raises(ChunkingError, match=r"layer model\.layers\.0 alone needs .* more than the chunk limit"):
+        plan_chunks(graph, sizes, 45_000)
+    assert sizes["model.layers.0.mlp.up_proj.weight"] == 64 * 32 * 4 + BLOB_OVERHEAD
+    # int8 per channel: one byte a weight and an fp16 scale per output row; lut4: 4 bits and a
+    # table of 16 fp16 entries per 16 rows
+    small = planned_param_bytes(graph, precision="fp16", compress="int8;min_size=0")
+    assert small["model.layers.0.mlp.up_proj.weight"] == 64 * 32 + 64 * 2 + BLOB_OVERHEAD
+    lut = planned_param_bytes(graph, precision="fp16", compress="lut4;min_size=0")
+    assert lut["model.layers.0.mlp.up_proj.weight"] == 64 * 32 // 2 + 4 * 16 * 2 + BLOB_OVERHEAD
+    assert small["model.norm.weight"] == 32 * 2 + BLOB_OVERHEAD  # norms stay in float
+    assert len(plan_chunks(graph, small, 30_000).groups) < len(plan_chunks(graph, sizes, 60_000).groups)
+    with pytest.raises(ChunkingError, match=r"model\.layers\.0"):
+        convert_llm_checkpoint(checkpoint, tmp_path / "set", max_context=MAX_CONTEXT, chunk_bytes="10KB")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failure_leaves_no_folder(checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlx_mil.api
+
+    real = rlx_mil.api.convert_functions
+    calls = []
+
+    def failing(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("disk full")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rlx_mil.api, "convert_functions", failing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        _convert(checkpoint, tmp_path / "set", "fp32", LIMIT)
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor a staging folder
+
+
+def test_bad_outputs_are_refused_before_work(checkpoint: Path, tmp_path: Path) -> None:
+    with pytest.raises(InvalidOptionError, match="folder"):
+        convert_llm_checkpoint(checkpoint, tmp_path / "x.mlpackage", max_context=MAX_CONTEXT, chunk_bytes="1MB")
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(ExistingFileError):
+        convert_llm_checkpoint(checkpoint, tmp_path / "taken", max_context=MAX_CONTEXT, chunk_bytes="1MB")
+    with pytest.raises(InvalidOptionError, match="chunk_bytes"):
+        convert_llm_checkpoint(checkpoint, tmp_path / "y", max_context=MAX_CONTEXT, chunk_bytes="lots")
+    assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path / "z"), "--chunk-bytes", "1MB"]) == 1
+    assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path / "z"), "--stateful", "--chunk-bytes", "1QB"]) == 1
