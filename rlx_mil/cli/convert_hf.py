@@ -33,6 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                    help="encoders: L2-normalise the pooled embedding (default: the sentence-transformers config)")
     p.add_argument("--token-type-ids", action="store_true", help="encoders: take token_type_ids as an input")
+    p.add_argument("--image-size", type=_size_pair, metavar="N or HxW",
+                   help="DINOv2 / SigLIP: the image size in pixels (default: the trained size; others resize the"
+                        " position embeddings as transformers does)")
+    p.add_argument("--spatial-shape", type=_size_pair, metavar="ROWSxCOLS",
+                   help="SigLIP2: the patch grid of every image (default: the largest square within --seq-len patches)")
     p.add_argument("--save-graph", type=Path, metavar="GRAPH_JSON", help="also write the RLX graph as JSON")
     p.add_argument("--verify", action="store_true",
                    help="run the package through the NumPy MIL executor and compare with the reference")
@@ -63,9 +68,18 @@ def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode with --seq-len 1: take a key-padding attention_mask over the cache and the new token")
 
 
+def _size_pair(text: str) -> int | tuple[int, int]:
+    """`N` or `HxW` (positive integers)."""
+    parts = text.lower().split("x")
+    if len(parts) in (1, 2) and all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        return int(parts[0]) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
+    raise argparse.ArgumentTypeError(f"expected N or HxW with positive integers, got {text!r}")
+
+
 def build_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """`from_pretrained` keyword arguments from the parsed flags."""
-    return {
+    vision = {k: v for k in ("image_size", "spatial_shape") if (v := getattr(args, k, None)) is not None}
+    return {**vision,
         "variant": args.variant, "seq_len": args.seq_len, "cache_len": args.cache_len,
         "batch_size": args.batch_size, "last_logits": args.last_logits, "kv_outputs": args.kv_outputs,
         "position_ids": args.position_ids, "max_positions": args.max_positions, "attention_mask": args.attention_mask,
@@ -191,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {path} ({info.num_ops} ops, {human_bytes(info.package_bytes)}) in {time.perf_counter() - start:.1f} s")
     print_compression(info.metadata)
     if args.verify:
-        vocab = _vocab_size(graph)
+        vocab = _vocab_size(graph) if _takes_tokens(graph) else 1
         if getattr(args, "compress", None):
             # A compressed package computes with the dequantized weights: verify against those.
             from rlx_mil.compress import dequantized_params, report_of
@@ -203,6 +217,12 @@ def run(args: argparse.Namespace) -> int:
         if not all(c.ok for c in checks):
             return 1
     return 0
+
+
+def _takes_tokens(graph: Graph) -> bool:
+    from rlx_mil.ir import Input
+
+    return any(isinstance(n.op, Input) and n.op.name == "input_ids" for n in graph)
 
 
 def _vocab_size(graph: Graph) -> int:

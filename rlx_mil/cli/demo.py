@@ -30,6 +30,8 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
         return resized_round2_config(args.family, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
                                      layers=args.layers, vocab=256, max_positions=max(256, args.seq))
     whole = copy.deepcopy(TINY_CONFIGS[args.family])
+    if _is_image_encoder(whole):
+        return _image_encoder_config(whole, args)
     # A vision-language folder (gemma3) sizes its text decoder.
     config = whole["text_config"] if isinstance(whole.get("text_config"), dict) else whole
     config.update(hidden_size=args.hidden, num_attention_heads=args.heads, intermediate_size=2 * args.hidden,
@@ -44,6 +46,27 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
     if "query_pre_attn_scalar" in config:
         config["query_pre_attn_scalar"] = args.hidden // args.heads
     _resized_lists(config, args.layers, args.hidden // args.heads)
+    return whole
+
+
+def _is_image_encoder(config: dict[str, Any]) -> bool:
+    from rlx_mil.models.families import model_spec
+    from rlx_mil.models.hf_config import VisionSpec
+
+    return isinstance(model_spec(config), VisionSpec)
+
+
+def _image_encoder_config(whole: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """An image encoder's tiny config with the demo's width, heads and layers (its image or
+    patch count stays the tiny one's: --seq does not apply)."""
+    config = whole["vision_config"] if isinstance(whole.get("vision_config"), dict) else whole
+    config.update(hidden_size=args.hidden, num_attention_heads=args.heads, num_hidden_layers=args.layers)
+    if "intermediate_size" in config:
+        config["intermediate_size"] = 2 * args.hidden
+    if isinstance(whole.get("text_config"), dict):  # the dual encoder's text tower, not converted
+        whole["text_config"].update(hidden_size=args.hidden, num_attention_heads=args.heads, projection_size=args.hidden)
+    for key in ("out_features", "out_indices", "stage_names"):  # DINOv2's backbone stages follow the layers
+        config.pop(key, None)
     return whole
 
 
@@ -76,20 +99,22 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         t0 = time.perf_counter()
         write_random_checkpoint(folder, config, seed=0)
-        text = config.get("text_config", config)  # Qwen3.5 nests the decoder's config
+        image = _is_image_encoder(config)
+        # Qwen3.5 nests the decoder's config, SigLIP its vision tower's
+        text = config.get("vision_config" if image else "text_config", config)
         print(f"rlx_mil demo: random {args.family} checkpoint ({text['num_hidden_layers']} layers, hidden "
               f"{text['hidden_size']}, {text['num_attention_heads']} heads) written to {folder} "
               f"in {time.perf_counter() - t0:.2f} s")
         t1 = time.perf_counter()
         graph, params, path = convert_checkpoint(
-            folder, args.output, build={"seq_len": args.seq}, progress=progress, overwrite=True,
+            folder, args.output, build={} if image else {"seq_len": args.seq}, progress=progress, overwrite=True,
             convert={"target": args.target, "precision": args.precision, "attention": args.attention},
         )
         print(f"  graph:   {len(graph)} IR nodes; converted and saved in {time.perf_counter() - t1:.2f} s "
               f"[{args.target}, {args.precision}]")
         print(package_info(path).to_text())
         if args.verify:
-            vocab = int(text["vocab_size"])
+            vocab = int(text.get("vocab_size", 1))
             t2 = time.perf_counter()
             checks = verify_package(graph, params, path, example_inputs(graph, vocab, seed=1), args.precision)
             print(f"  executor ran the saved package in {time.perf_counter() - t2:.2f} s")

@@ -28,6 +28,9 @@ from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS
 from rlx_mil.models.hf_config import DecoderSpec, EncoderSpec, ModelSpec
 from rlx_mil.units import human_bytes
 
+#: The token models these checks size (the image encoders have their own: `rlx_mil.models.vision`).
+TextSpec = DecoderSpec | EncoderSpec
+
 #: Below this, building costs less than reading the checkpoint's headers does to explain.
 CHEAP_BUILD_BYTES = 64 * 2**20
 #: What building one graph may allocate before a weight is read (tables, constants, nodes).
@@ -56,7 +59,7 @@ class BuildCost:
         return "; ".join(f"{what}: {human_bytes(n)}" for what, n in sorted(self.parts, key=lambda p: -p[1]) if n)
 
 
-def build_cost(spec: ModelSpec, *, table_rows: int = 0, seq_len: int = 1, batch_size: int = 1) -> BuildCost:
+def build_cost(spec: TextSpec, *, table_rows: int = 0, seq_len: int = 1, batch_size: int = 1) -> BuildCost:
     """The estimate for one graph of `spec` with RoPE tables of `table_rows` rows."""
     if isinstance(spec, EncoderSpec):
         nodes = NODES_PER_LAYER["encoder"] * spec.num_layers + 40
@@ -75,7 +78,7 @@ def build_cost(spec: ModelSpec, *, table_rows: int = 0, seq_len: int = 1, batch_
 
 
 def check_build_cost(
-    spec: ModelSpec, source: str, precheck: Callable[[], None] | None = None, limit: int = MAX_BUILD_BYTES,
+    spec: TextSpec, source: str, precheck: Callable[[], None] | None = None, limit: int = MAX_BUILD_BYTES,
     **sizes: int,
 ) -> None:
     """Refuse (InvalidOptionError) to build a graph whose estimated allocation exceeds `limit`;
@@ -120,7 +123,7 @@ def _layer_count(names: list[str], pattern: re.Pattern[str]) -> int:
 
 
 def check_sizes_against_checkpoint(
-    spec: ModelSpec, names: list[str], shape_of: Callable[[str], tuple[int, ...]], source: str, prefix: str = "",
+    spec: TextSpec, names: list[str], shape_of: Callable[[str], tuple[int, ...]], source: str, prefix: str = "",
 ) -> None:
     """The config's sizes against the checkpoint's headers, before anything is built: every
     disagreement in one CheckpointError naming the config field, its value and the tensor."""

@@ -129,7 +129,46 @@ class EncoderSpec:
         ]
 
 
-ModelSpec = DecoderSpec | EncoderSpec
+@dataclass(frozen=True)
+class VisionSpec:
+    """A ViT image encoder: DINOv2 (with or without registers) or the vision tower of a SigLIP /
+    SigLIP2 dual encoder; graphs built by `rlx_mil.models.vision`."""
+
+    family: str
+    #: "dinov2" or "siglip": the block layout and tensor names.
+    layout: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    num_channels: int
+    patch_size: int
+    #: The trained image (height, width) in pixels; None for SigLIP2's NaFlex patches.
+    image_size: tuple[int, int] | None
+    #: Side of the learned square grid of patch position embeddings.
+    position_grid: int
+    layer_norm_eps: float
+    #: "gelu" (erf) or "gelu_tanh".
+    activation: str
+    qkv_bias: bool = True
+    #: DINOv2: the SwiGLU feed-forward (`mlp.weights_in` gate rows first, `mlp.weights_out`).
+    swiglu: bool = False
+    num_register_tokens: int = 0
+    #: DINOv2 with registers resizes its position grid with antialias.
+    antialias: bool = False
+    #: SigLIP: the multihead attention pooling head (`vision_use_head`).
+    use_head: bool = True
+    #: SigLIP2: pixel values arrive as patches with a mask (NaFlex).
+    naflex: bool = False
+    #: Where the tower's tensors live ("vision_model." in a dual-encoder folder).
+    root: str = ""
+    #: Stored tensors the image encoder never reads (regexes): a text tower, a mask token.
+    ignored_tensors: tuple[str, ...] = ()
+    #: Those a checkpoint of this family holds (name, shape), for the random checkpoints.
+    unread_tensors: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+ModelSpec = DecoderSpec | EncoderSpec | VisionSpec
 
 
 #: config.json files are a few kilobytes; anything near this is not one.

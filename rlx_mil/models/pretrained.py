@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -15,7 +16,7 @@ from rlx_mil.models.budget import check_activation_sizes, check_build_cost, chec
 from rlx_mil.models.checkpoint import Checkpoint, DerivedTensor, ModelParams, pattern_matcher
 from rlx_mil.models.decoder import DecoderOptions, build_decoder
 from rlx_mil.models.families import model_spec
-from rlx_mil.models.hf_config import DecoderSpec, EncoderSpec, ModelSpec
+from rlx_mil.models.hf_config import DecoderSpec, EncoderSpec, ModelSpec, VisionSpec
 
 #: Stored tensors the decoders never read: rotary buffers older exports saved.
 _DECODER_BUFFERS = (r"model\.rotary_emb\.inv_freq", r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
@@ -44,6 +45,8 @@ def build(
     pooling: str | None = None,
     normalize: bool = False,
     token_type_ids: bool = False,
+    image_size: int | tuple[int, int] | None = None,
+    spatial_shape: tuple[int, int] | None = None,
     name: str | None = None,
     source: str = "config.json",
     precheck: Callable[[], None] | None = None,
@@ -52,6 +55,20 @@ def build(
     the builder computes (RoPE tables). What building would allocate is estimated first and
     refused above `budget.MAX_BUILD_BYTES` (InvalidOptionError naming `source`); a costly
     build runs `precheck` (the config's sizes against the checkpoint's headers) first."""
+    if isinstance(spec, VisionSpec):
+        from rlx_mil.models.vision import build_vision, check_vision_sizes, vision_options
+
+        if variant != "prefill" or cache_len is not None or last_logits or kv_outputs or position_ids or max_positions \
+                or attention_mask or token_type_ids:
+            raise InvalidOptionError(f"{architecture_name(spec)} is an image encoder: it has no decode variant, KV cache,"
+                                     " logits, attention_mask or token_type_ids inputs")
+        vision = vision_options(spec, batch_size=batch_size, seq_len=seq_len, image_size=image_size,
+                                spatial_shape=spatial_shape, pooling=pooling, normalize=normalize)
+        vision.validate(spec)
+        check_vision_sizes(spec, vision, source, precheck)
+        return build_vision(spec, vision, name)
+    if image_size is not None or spatial_shape is not None:
+        raise InvalidOptionError("image_size and spatial_shape apply to the image encoders (DINOv2, SigLIP) only")
     if isinstance(spec, EncoderSpec):
         from rlx_mil.models.encoder import EncoderOptions, build_encoder
 
@@ -85,6 +102,8 @@ def build(
 
 
 def _ignorable(spec: ModelSpec) -> Any:
+    if isinstance(spec, VisionSpec):
+        return pattern_matcher(*spec.ignored_tensors)
     if isinstance(spec, DecoderSpec):
         patterns = list(_DECODER_BUFFERS) + list(getattr(spec, "ignored_tensors", ()))
         if spec.tie_word_embeddings:
@@ -108,6 +127,8 @@ def from_pretrained(
     pooling: str | None = "auto",
     normalize: bool | None = None,
     token_type_ids: bool = False,
+    image_size: int | tuple[int, int] | None = None,
+    spatial_shape: tuple[int, int] | None = None,
 ) -> tuple[Graph, Mapping[str, np.ndarray]]:
     """Build the RLX graph of the Hugging Face checkpoint folder `path` and its params.
 
@@ -127,6 +148,12 @@ def from_pretrained(
     embedding (default: whether the sentence-transformers pipeline has a Normalize module),
     `token_type_ids` adds that input (default: every token in segment 0).
 
+    Image encoders (DINOv2, the vision tower of a SigLIP / SigLIP2 folder; docs/models.md):
+    `pooling` "auto" outputs `pooler_output` (None: `last_hidden_state`), `normalize`
+    L2-normalises it (output `image_embeds`); `image_size` (pixels, default the trained size)
+    for DINOv2 and SigLIP; SigLIP2 takes `seq_len` patches per image (default `num_patches`)
+    laid out as `spatial_shape` (rows, columns; default the largest square within).
+
     The checkpoint's tensor names, shapes and dtypes are checked against the config before
     anything is read; every mismatch is listed in one `CheckpointError`.
     """
@@ -140,8 +167,17 @@ def from_pretrained(
     prefix = _stored_prefix(spec, checkpoint)
 
     def precheck() -> None:
-        check_sizes_against_checkpoint(spec, list(checkpoint), checkpoint.shape_of, source, prefix)
-    if isinstance(spec, EncoderSpec):
+        if isinstance(spec, VisionSpec):
+            from rlx_mil.models.vision import check_layers
+
+            check_layers(spec, list(checkpoint), source)
+        else:
+            check_sizes_against_checkpoint(spec, list(checkpoint), checkpoint.shape_of, source, prefix)
+    if isinstance(spec, VisionSpec):
+        normalize = bool(normalize)  # pooling "auto": the model's pooler_output
+        if pooling is None:  # last_hidden_state: the pooling head is not read
+            spec = replace(spec, ignored_tensors=(*spec.ignored_tensors, re.escape(spec.root) + r"head\..*"))
+    elif isinstance(spec, EncoderSpec):
         from rlx_mil.models.encoder import sentence_transformers_pipeline
 
         auto_pooling, auto_normalize = sentence_transformers_pipeline(checkpoint.directory)
@@ -154,6 +190,7 @@ def from_pretrained(
         spec, variant=variant, seq_len=seq_len, cache_len=cache_len, batch_size=batch_size,
         last_logits=last_logits, kv_outputs=kv_outputs, position_ids=position_ids, max_positions=max_positions,
         attention_mask=attention_mask, pooling=pooling, normalize=normalize, token_type_ids=token_type_ids,
+        image_size=image_size, spatial_shape=spatial_shape,
         name=checkpoint.directory.name or None, source=source, precheck=precheck,
     )
     checkpoint.check({prefix + k: v for k, v in expected.items()}, architecture_name(spec), _ignorable_prefixed(spec, prefix))

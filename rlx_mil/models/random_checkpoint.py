@@ -19,7 +19,7 @@ import numpy as np
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.models.checkpoint import INDEX_FILE, SINGLE_FILE
 from rlx_mil.models.families import model_spec, tiny_configs
-from rlx_mil.models.hf_config import DecoderSpec
+from rlx_mil.models.hf_config import DecoderSpec, VisionSpec
 
 #: Tiny configs of every family (from the family records), with the family's characteristic fields set.
 TINY_CONFIGS: dict[str, dict[str, Any]] = tiny_configs()
@@ -89,7 +89,9 @@ def _random_tensor(name: str, shape: tuple[int, ...], spec: Any, rng: np.random.
         width = shape[-1]
         scale = 1.0 / math.sqrt(width) if isinstance(spec, DecoderSpec) and spec.embed_scale else 0.5
         return scale * rng.standard_normal(shape, dtype=np.float32)
-    return rng.standard_normal(shape, dtype=np.float32) / np.float32(math.sqrt(shape[-1]))
+    # a convolution kernel [out, in, *k] sums over in * k taps
+    fan_in = math.prod(shape[1:]) if len(shape) == 4 else shape[-1]
+    return rng.standard_normal(shape, dtype=np.float32) / np.float32(math.sqrt(fan_in))
 
 
 def write_random_checkpoint(
@@ -114,7 +116,10 @@ def write_random_checkpoint(
         raise InvalidOptionError(f"shards must be an integer >= 1, got {shards!r}")
     np_dtype = _numpy_dtype(dtype)
     spec = model_spec(config)
-    _, expected, _ = build(spec, seq_len=1)
+    # an image encoder at its trained size; other models with one token (the tensors do not depend on it)
+    _, expected, _ = build(spec, pooling="auto") if isinstance(spec, VisionSpec) else build(spec, seq_len=1)
+    if isinstance(spec, VisionSpec):  # what the family's checkpoints hold besides the tower (a text tower...)
+        expected = {**expected, **dict(spec.unread_tensors)}
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(dict(config), indent=2) + "\n", encoding="utf-8")

@@ -49,7 +49,7 @@ def example_inputs(graph: Graph, vocab_size: int, seed: int = 0) -> dict[str, np
             feeds[name] = rng.integers(0, vocab_size, shape).astype(np.int32)
         elif name == "position_ids":
             feeds[name] = np.broadcast_to(np.arange(past, past + shape[-1], dtype=np.int32), shape).copy()
-        elif name == "attention_mask":
+        elif name in ("attention_mask", "pixel_attention_mask"):
             mask = np.ones(shape, np.int32)
             if shape[0] > 1:
                 mask[1, shape[1] - shape[1] // 4:] = 0

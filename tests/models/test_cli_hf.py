@@ -25,7 +25,11 @@ def test_convert_hf_every_family_verifies(family: str, folders: dict[str, Path],
                                           capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / f"{family}.mlpackage"
     extra = ["--variant", "decode", "--cache-len", "5"] if family in ("qwen3", "gemma2", "qwen3_moe", "lfm2", "qwen3_5") else []
-    code = main(["convert-hf", str(folders[family]), "-o", str(out), "--seq-len", "6", "--verify", "--quiet", *extra])
+    # the image encoders: a resized image / a patch grid instead of tokens
+    sizes = {"dinov2": ["--image-size", "20x12"], "dinov2_with_registers": ["--image-size", "12"],
+             "siglip": ["--image-size", "20"], "siglip2": ["--seq-len", "6", "--spatial-shape", "2x3"]}
+    extra += sizes.get(family, ["--seq-len", "6"])
+    code = main(["convert-hf", str(folders[family]), "-o", str(out), "--verify", "--quiet", *extra])
     printed = capsys.readouterr()
     assert code == 0, printed.err
     assert out.is_dir()
@@ -105,7 +109,7 @@ def test_inspect_graph_json(folders: dict[str, Path], tmp_path: Path, capsys: py
 
 
 @pytest.mark.parametrize("family", ["qwen3", "bert", "gemma3_text", "gemma3", "smollm3", "granite", "phi4_mini", "qwen3_5",
-                                    "granitemoehybrid"])
+                                    "granitemoehybrid", "dinov2_with_registers", "siglip", "siglip2"])
 def test_demo_other_families(family: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "demo.mlpackage"
     keep = tmp_path / "ckpt"

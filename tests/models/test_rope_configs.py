@@ -139,7 +139,8 @@ def test_missing_fields_take_transformers_defaults() -> None:
 
 def test_every_family_records_its_defaults_and_their_source() -> None:
     for record in records().values():
-        assert record.defaults and record.config_class.endswith("Config") and record.transformers_version == "5.23.0"
+        # the image encoders' tables were read from 5.24.0, the others' from 5.23.0
+        assert record.defaults and record.config_class.endswith("Config") and record.transformers_version in ("5.23.0", "5.24.0")
         assert record.tiny["model_type"] == record.model_type
         model_spec(record.tiny)
 

@@ -48,6 +48,8 @@ class FamilyRecord:
     aliases: tuple[str, ...] = ()
     #: more tiny configs of this model_type under their own demo names (e.g. Phi-4-mini's shape of phi3).
     variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: the transformers release `defaults` were read from, when not `TRANSFORMERS_VERSION`.
+    read_from: str | None = None
 
     @property
     def known(self) -> frozenset[str]:
@@ -55,7 +57,7 @@ class FamilyRecord:
 
     @property
     def transformers_version(self) -> str:
-        return TRANSFORMERS_VERSION
+        return self.read_from or TRANSFORMERS_VERSION
 
 
 _RECORDS: dict[str, FamilyRecord] = {}
@@ -66,13 +68,15 @@ Reader = TypeVar("Reader", bound=Callable[..., Any])
 
 def _family(kind: str, model_type: str, *, name: str, defaults: Mapping[str, Any], config_class: str,
             tiny: Mapping[str, Any], legacy: tuple[str, ...] = (), aliases: tuple[str, ...] = (),
-            variants: Mapping[str, Mapping[str, Any]] | None = None) -> Callable[[Reader], Reader]:
+            variants: Mapping[str, Mapping[str, Any]] | None = None,
+            transformers_version: str | None = None) -> Callable[[Reader], Reader]:
     def register(read: Reader) -> Reader:
         if model_type in _RECORDS:
             raise ValueError(f"model family {model_type!r} is registered twice")
         shaped = {k: {**v, "model_type": model_type} for k, v in (variants or {}).items()}
         _RECORDS[model_type] = FamilyRecord(model_type, name, kind, read, dict(defaults), config_class,
-                                            {**tiny, "model_type": model_type}, frozenset(legacy), aliases, shaped)
+                                            {**tiny, "model_type": model_type}, frozenset(legacy), aliases, shaped,
+                                            transformers_version)
         return read
 
     return register
@@ -88,10 +92,12 @@ def decoder_family(model_type: str, *, name: str, defaults: Mapping[str, Any], c
 
 def encoder_family(model_type: str, *, name: str, defaults: Mapping[str, Any], config_class: str,
                    tiny: Mapping[str, Any], legacy: tuple[str, ...] = (),
-                   aliases: tuple[str, ...] = ()) -> Callable[[Reader], Reader]:
-    """Register the decorated `read(fields) -> EncoderSpec` as the reader of `model_type`."""
+                   aliases: tuple[str, ...] = (), transformers_version: str | None = None) -> Callable[[Reader], Reader]:
+    """Register the decorated `read(fields) -> EncoderSpec` (or `VisionSpec`) as the reader of
+    `model_type`; `transformers_version`: the release its defaults were read from, when not
+    `TRANSFORMERS_VERSION`."""
     return _family("encoder", model_type, name=name, defaults=defaults, config_class=config_class, tiny=tiny,
-                   legacy=legacy, aliases=aliases)
+                   legacy=legacy, aliases=aliases, transformers_version=transformers_version)
 
 
 def records() -> dict[str, FamilyRecord]:
