@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlx_mil.coreml import metadata
 from rlx_mil.coreml.deploy import DeployForm, RewriteContext, lowering_attention, rewrite_program
+from rlx_mil.coreml.deploy.wide_split import name_split_outputs
 from rlx_mil.coreml.multifunction import add_function, function_workspace, join_functions
 from rlx_mil.coreml.patches import pass_bars_hidden
 from rlx_mil.coreml.pipeline import (
@@ -35,6 +36,7 @@ from rlx_mil.input_contract import encode_ranges, graph_input_ranges
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lowering.context import Compressor, LowerOptions
 from rlx_mil.lowering.program import LoweredProgram, lower_graph, require_graph
+from rlx_mil.lowering.state.capacity import neural_engine_capacity
 from rlx_mil.lowering.state.kv_cache import POSITION_INPUT, KVCachePlan, bind_cache_lengths, plan_kv_cache
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.naming import mil_identifier
@@ -53,6 +55,12 @@ __all__ = [
 
 ATTENTION_MODES = ("auto", "fused", "decomposed")
 COMPUTE_UNITS = ("ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE")
+
+
+def _flag(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidOptionError(f"{what} must be True or False, got {value!r}")
+    return value
 
 
 def _options(attention: str, compressor: Compressor | None = None) -> LowerOptions:
@@ -101,12 +109,16 @@ def lower_with_names(
     graph = require_graph(graph)
     tgt, prec, form = Target.parse(target), Precision.parse(precision), DeployForm.parse(deploy)
     attention = lowering_attention(form, attention, tgt)
+    if form is DeployForm.ANE:
+        max_context = neural_engine_capacity(max_context)
     if dims is not None:
         graph = graph.bind(dims)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
     compressor, params = _compressor(compress, graph, tgt, prec, params)
     lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
-    rewrite_program(lowered.program, RewriteContext(form, tgt, prec))
+    context = RewriteContext(form, tgt, prec)
+    rewrite_program(lowered.program, context)
+    name_split_outputs(lowered.outputs, context.split_outputs_made)
     return lowered
 
 
@@ -201,6 +213,7 @@ def convert(
     cache_layout: str = "stacked",
     compress: Any = None,
     deploy: str | DeployForm = "plain",
+    split_logits: bool = True,
 ) -> ct.models.MLModel:
     """Convert `graph` with `params` (name -> ndarray) into a `ct.models.MLModel`.
 
@@ -227,14 +240,21 @@ def convert(
     `deploy` shapes the program for a device (`rlx_mil.coreml.deploy`, docs/deploying.md):
     "plain" (default) as above, "gpu" (fused attention, iOS18) or "ane" (the Neural Engine
     form: channels-first activations, 1x1 convs, per-head attention). The outputs are the
-    same; the form is recorded in the metadata (`rlx_mil.deploy`).
+    same; the form is recorded in the metadata (`rlx_mil.deploy`). The Neural Engine form
+    returns an output wider than 16,384 (the LM head's logits) as `ceil(V / 16384)` pieces
+    (`logits_0`, `logits_1`, ...; the contract is `rlx_mil.split_outputs` in the metadata,
+    which `Session`, `rlx-mil run/eval/generate` and the executor read transparently);
+    `split_logits=False` returns one concatenated output instead (preflight reports its width).
     """
 
     graph = require_graph(graph)
     tgt = Target.parse(target)
     prec = Precision.parse(precision)
     form = DeployForm.parse(deploy)
+    split_outputs = _flag(split_logits, "split_logits")
     attention = lowering_attention(form, attention, tgt)
+    if form is DeployForm.ANE:
+        max_context = neural_engine_capacity(max_context)
     if compute_units not in COMPUTE_UNITS:
         raise InvalidOptionError(f"compute_units must be one of {COMPUTE_UNITS}, got {compute_units!r}")
     if dims is not None:
@@ -247,7 +267,9 @@ def convert(
         program_text_only_when_logged(),
     ):
         lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
-        rewrite_program(lowered.program, RewriteContext(form, tgt, prec))
+        context = RewriteContext(form, tgt, prec, split_outputs=split_outputs)
+        rewrite_program(lowered.program, context)
+        split = name_split_outputs(lowered.outputs, context.split_outputs_made)
         if pass_pipeline is None:
             pass_pipeline = rlx_pass_pipeline(prec, lowered.program, reduce_transposes=form is DeployForm.ANE)
         model = _ct_convert(lowered, graph, tgt, prec, compute_units, pass_pipeline)
@@ -257,6 +279,7 @@ def convert(
     meta[metadata.TARGET] = tgt.label
     meta[metadata.PRECISION] = prec.value
     metadata.write_deploy(meta, form)
+    metadata.SplitOutputs({"main": split}).write(meta)
     if plan is not None:
         metadata.LLMContract.from_dict(plan.describe()).write(meta)
     ranges = _input_ranges(graph, lowered.inputs, plan)

@@ -94,6 +94,7 @@ def convert_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                "compress": compress_option(args)}
     if getattr(args, "deploy", None) is not None:  # convert-gguf refuses its own --deploy before this
         options["deploy"] = args.deploy
+        options["split_logits"] = getattr(args, "split_logits", True)
     return options
 
 

@@ -168,7 +168,7 @@ def _convert(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     options: dict[str, Any] = {
         "target": args.target, "precision": args.precision, "attention": args.attention, "dims": dims or None,
-        "deploy": args.deploy,
+        "deploy": args.deploy, "split_logits": args.split_logits,
     }
     from rlx_mil.cli.convert_hf import compress_option
 
@@ -192,6 +192,9 @@ def _deploy_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deploy", default="plain", choices=DEPLOY_FORMS,
                    help="shape the program for a device (docs/deploying.md): plain (default), gpu (fused attention,"
                    " iOS18) or ane (Neural Engine: channels-first 1x1 convs, per-head attention)")
+    p.add_argument("--no-split-logits", dest="split_logits", action="store_false",
+                   help="with --deploy ane: return an LM head wider than 16,384 as one concatenated logits output"
+                   " instead of ceil(V/16384) pieces (preflight then reports its width)")
 
 
 def _convert_hf_arguments(p: argparse.ArgumentParser) -> None:

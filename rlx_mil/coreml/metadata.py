@@ -13,6 +13,7 @@ KeyError or TypeError from deep inside a reader.
 | `rlx_mil.functions` | `FunctionTable`: the default function and each function's IO names |
 | `rlx_mil.compression` | the `CompressionReport` (`rlx_mil.compress.report`) |
 | `rlx_mil.input_ranges` | `{function: {input: [min, max]}}`: value ranges of integer inputs (`rlx_mil.input_contract`) |
+| `rlx_mil.split_outputs` | `{function: {output: {"axis", "pieces", "sizes"}}}`: outputs computed as pieces (`SplitOutputs`) |
 | `rlx_mil.deploy` | the deployment form, `"gpu"` or `"ane"` (`rlx_mil.coreml.deploy`); absent: `"plain"` |
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 
 from rlx_mil.compress.report import METADATA_KEY as COMPRESSION
 from rlx_mil.coreml.deploy import DeployForm
+from rlx_mil.coreml.output_pieces import OutputPieces
 from rlx_mil.errors import InvalidOptionError, RlxMilError
 from rlx_mil.input_contract import INPUT_RANGES_METADATA_KEY
 from rlx_mil.naming import IO_NAMES_METADATA_KEY as IO_NAMES
@@ -40,11 +42,12 @@ LLM = "rlx_mil.llm"
 FUNCTIONS = "rlx_mil.functions"
 INPUT_RANGES = INPUT_RANGES_METADATA_KEY
 DEPLOY = "rlx_mil.deploy"
+SPLIT_OUTPUTS = "rlx_mil.split_outputs"
 
 #: Every key rlx_mil writes.
-KEYS = (IO_NAMES, GRAPH, TARGET, PRECISION, VERSION, LLM, FUNCTIONS, COMPRESSION, INPUT_RANGES, DEPLOY)
+KEYS = (IO_NAMES, GRAPH, TARGET, PRECISION, VERSION, LLM, FUNCTIONS, COMPRESSION, INPUT_RANGES, DEPLOY, SPLIT_OUTPUTS)
 #: Keys that describe one function and are merged per function when functions are joined.
-PER_FUNCTION_KEYS = (IO_NAMES, LLM, INPUT_RANGES)
+PER_FUNCTION_KEYS = (IO_NAMES, LLM, INPUT_RANGES, SPLIT_OUTPUTS)
 
 #: How deep a metadata JSON value may nest (a hostile package could nest it past the stack).
 MAX_DEPTH = 8
@@ -273,3 +276,52 @@ def read_deploy(metadata: Mapping[str, Any]) -> DeployForm:
         return DeployForm.parse(_want(raw, str, DEPLOY, "the form"))
     except InvalidOptionError:
         raise PackageMetadataError(f"metadata {DEPLOY!r}: unknown deployment form {raw!r}") from None
+
+
+@dataclass
+class SplitOutputs:
+    """`rlx_mil.split_outputs`: per function ("main" for a one-function package), the outputs
+    (by IR name) that the package returns as pieces. Readers concatenate the pieces back
+    (`rlx_mil.coreml.output_pieces.assemble`); docs/llm.md has the contract."""
+
+    functions: dict[str, dict[str, OutputPieces]] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, metadata: Mapping[str, Any]) -> SplitOutputs:
+        """The table in a package's metadata (empty where the package splits nothing)."""
+        raw = read_json(metadata, SPLIT_OUTPUTS)
+        if raw is None:
+            return cls()
+        key = SPLIT_OUTPUTS
+        _want(raw, dict, key, "the table")
+        functions: dict[str, dict[str, OutputPieces]] = {}
+        for function, outputs in raw.items():
+            _want(outputs, dict, key, f"{function!r}")
+            table = {}
+            for name, entry in outputs.items():
+                what = f"{function!r}.{name!r}"
+                _want(entry, dict, key, what)
+                axis = _want(entry.get("axis"), int, key, f"{what}.axis")
+                pieces = _want(entry.get("pieces"), list, key, f"{what}.pieces")
+                sizes = _want(entry.get("sizes"), list, key, f"{what}.sizes")
+                for piece in pieces:
+                    _want(piece, str, key, f"{what}.pieces[]")
+                for size in sizes:
+                    if _want(size, int, key, f"{what}.sizes[]") < 1:
+                        raise PackageMetadataError(f"metadata {key!r}: {what}.sizes holds {size}, not a width")
+                if not pieces or len(pieces) != len(sizes) or len(set(pieces)) != len(pieces):
+                    raise PackageMetadataError(f"metadata {key!r}: {what} needs as many distinct pieces as sizes")
+                table[str(name)] = OutputPieces(axis, tuple(pieces), tuple(sizes))
+            functions[str(function)] = table
+        return cls(functions)
+
+    def of(self, function: str | None) -> dict[str, OutputPieces]:
+        """The split outputs of `function` (None: a one-function package's "main")."""
+        return self.functions.get(function or "main", {})
+
+    def write(self, metadata: MutableMapping[str, str]) -> None:
+        tables = {f: {n: p.to_dict() for n, p in t.items()} for f, t in self.functions.items() if t}
+        if tables:
+            metadata[SPLIT_OUTPUTS] = json.dumps(tables, sort_keys=True)
+        else:
+            metadata.pop(SPLIT_OUTPUTS, None)

@@ -23,6 +23,7 @@ from rlx_mil.coreml.metadata import (
     PREFIX,
     FunctionTable,
     LLMContract,
+    SplitOutputs,
     read_io_names,
     read_json,
     write_io_names,
@@ -68,7 +69,9 @@ def join_functions(work: Path, descriptor: Any, metas: Mapping[str, Mapping[str,
     io_names: dict[str, dict[str, dict[str, str]]] = {}
     common: dict[str, str] = {}
     ranges: dict[str, Any] = {}
+    split = SplitOutputs()
     for name, meta in metas.items():
+        split.functions[name] = SplitOutputs.read(meta).of("main")
         io_names[name] = read_io_names(meta)
         contract = LLMContract.read(meta)
         if contract is not None:
@@ -97,6 +100,7 @@ def join_functions(work: Path, descriptor: Any, metas: Mapping[str, Mapping[str,
     FunctionTable(default_function, io_names).write(meta)
     if ranges:
         meta[INPUT_RANGES] = json.dumps(ranges, sort_keys=True)
+    split.write(meta)
     if contracts:
         lengths = {name: c.query_len for name, c in contracts.items()}
         contracts[default_function].joined(default_function, lengths).write(meta)

@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlx_mil.coreml import metadata
-from rlx_mil.coreml.metadata import FunctionTable, LLMContract, PackageMetadataError, read_io_names
+from rlx_mil.coreml.metadata import (
+    FunctionTable,
+    LLMContract,
+    PackageMetadataError,
+    SplitOutputs,
+    read_io_names,
+)
+from rlx_mil.coreml.output_pieces import OutputPieces, assemble
 from rlx_mil.errors import InvalidOptionError, RlxMilError
 from rlx_mil.fileio import check_package_tree
 from rlx_mil.lowering.state.kv_cache import POSITION_INPUT
@@ -50,6 +57,16 @@ class FunctionInfo:
     inputs: frozenset[str]
     logits: str
     vocab: int
+
+
+def _logits_output(outputs: Any, pieces: dict[str, OutputPieces]) -> tuple[str, int]:
+    """(name, vocabulary size) of a function's logits output: `logits` (whole, or in pieces),
+    else the first output."""
+    if "logits" in pieces:
+        return "logits", pieces["logits"].width
+    names = [o.name for o in outputs]
+    logits = "logits" if "logits" in names else names[0]
+    return logits, int(list(next(o for o in outputs if o.name == logits).type.multiArrayType.shape)[-1])
 
 
 def _features(spec: Any, function: str | None) -> tuple[Any, Any]:
@@ -135,11 +152,14 @@ class Session:
             io_tables = table.io_names if table is not None else {}
             self.functions: list[FunctionInfo] = []
             self._io_names: dict[str | None, Any] = {}
+            split = SplitOutputs.read(meta)
+            #: Outputs the package returns in pieces (the Neural Engine form's LM head), joined
+            #: after each call (`rlx_mil.coreml.output_pieces`).
+            self._pieces: dict[str | None, dict[str, OutputPieces]] = {}
             for name, query_len in lengths.items():
                 inputs, outputs = _features(spec, name)
-                out_names = [o.name for o in outputs]
-                logits = "logits" if "logits" in out_names else out_names[0]
-                vocab = int(list(next(o for o in outputs if o.name == logits).type.multiArrayType.shape)[-1])
+                pieces = self._pieces[name] = split.of(name)
+                logits, vocab = _logits_output(outputs, pieces)
                 names = self._chunks.inputs(name) if self._chunks is not None else frozenset(i.name for i in inputs)
                 self.functions.append(FunctionInfo(name, query_len, names, logits, vocab))
                 self._io_names[name] = io_tables.get(name) if name is not None else read_io_names(meta)
@@ -227,6 +247,7 @@ class Session:
         key = fn.logits
         if self.engine != "coreml":
             key = (self._io_names.get(fn.name) or {}).get("outputs", {}).get(key, key)
+        out = assemble(out, self._pieces.get(fn.name, {}))
         logits = np.asarray(out[key], dtype=np.float32)
         return logits.reshape(-1, logits.shape[-1])[-1]
 

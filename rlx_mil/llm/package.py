@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlx_mil.coreml.deploy import DeployForm
 from rlx_mil.errors import InvalidOptionError
+from rlx_mil.lowering.state.capacity import neural_engine_capacity
 from rlx_mil.milexec.prepared import MemoryMode
 from rlx_mil.progress import Progress
 
@@ -71,6 +73,8 @@ def convert_llm_checkpoint(
 
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise InvalidOptionError(f"max_context must be an int >= 2, got {max_context!r}")
+    if DeployForm.parse(convert_options.get("deploy", "plain")) is DeployForm.ANE:
+        max_context = neural_engine_capacity(max_context)  # the RoPE tables cover the rounded capacity
     buckets = prefill_buckets(prefill, max_context)
     if chunk_bytes is not None:
         from rlx_mil.llm.chunked import check_output_folder

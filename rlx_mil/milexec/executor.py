@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from rlx_mil.coreml.output_pieces import assemble
 from rlx_mil.errors import MilExecError
 from rlx_mil.input_contract import range_problem
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS
@@ -143,6 +144,8 @@ class _Interpreter:
         for var, value in zip(function.outputs, outputs, strict=True):
             key = output_names.get(var.name, var.name)
             result[key] = _for_caller(value)
+        if resolved.output_pieces:
+            result = assemble(result, resolved.output_pieces)
         if states is not None:
             for name, value in self.state_values.items():
                 states[name] = value

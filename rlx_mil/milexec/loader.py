@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.coreml.metadata import PackageMetadataError, SplitOutputs
+from rlx_mil.coreml.output_pieces import OutputPieces
 from rlx_mil.coreml.patches import replaced
 from rlx_mil.errors import MilExecError
 from rlx_mil.fileio import check_package_tree, nesting_depth
@@ -73,6 +75,9 @@ class ResolvedSource:
     io_names: IONames | None
     #: Declared value ranges of integer inputs by interface name (`rlx_mil.input_contract`).
     input_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    #: Outputs the package returns in pieces, by IR name (`rlx_mil.split_outputs`): the run
+    #: returns them joined.
+    output_pieces: Mapping[str, OutputPieces] = field(default_factory=dict)
 
 
 def load_program(path: str | os.PathLike[str]) -> Any:
@@ -274,5 +279,9 @@ def resolve_source(
         names = IONames.from_mapping(io_names)
     else:
         names = IONames.from_metadata(metadata)
+    try:
+        pieces = SplitOutputs.read(metadata).of(name)
+    except PackageMetadataError as err:
+        raise MilExecError(str(err)) from None
     return ResolvedSource(program=program, function=function, function_name=name, io_names=names,
-                          input_ranges=read_ranges(metadata, name))
+                          input_ranges=read_ranges(metadata, name), output_pieces=pieces)

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from rlx_mil.coreml.output_pieces import OutputPieces
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.lowering.target import Precision, Target
 
@@ -55,6 +56,11 @@ class RewriteContext:
     form: DeployForm
     target: Target
     precision: Precision
+    #: The Neural Engine form returns an output wider than 16,384 (the LM head) as pieces;
+    #: False concatenates them into the one output (`split_logits=False`).
+    split_outputs: bool = True
+    #: Filled by the rewrites: each output (interface name) now returned as pieces.
+    split_outputs_made: dict[str, OutputPieces] = field(default_factory=dict, compare=False)
 
 
 #: A rewrite of a lowered MIL program (coremltools `Program`), in place.
@@ -82,7 +88,9 @@ def lowering_attention(form: DeployForm, attention: str, target: Target) -> str:
 
 
 def _rewrites() -> dict[DeployForm, tuple[ProgramRewrite, ...]]:
-    return {DeployForm.PLAIN: (), DeployForm.GPU: (), DeployForm.ANE: ()}
+    from rlx_mil.coreml.deploy.wide_split import split_wide
+
+    return {DeployForm.PLAIN: (), DeployForm.GPU: (), DeployForm.ANE: (split_wide,)}
 
 
 #: The program rewrites of each form, in the order they run.
