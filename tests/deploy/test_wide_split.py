@@ -284,3 +284,19 @@ def test_llama3_vocabulary_head_is_eight_pieces_of_16032() -> None:
     assert len(heads) == 8 and {int(op.outputs[0].shape[-1]) for op in heads} == {16_032}
     assert [v.name for v in function.outputs] == [f"logits_{i}" for i in range(8)]
     assert _max_dim(function) <= 16_384
+
+
+def test_cli_no_split_logits(tmp_path: Any) -> None:
+    from rlx_mil.cli import main
+    from rlx_mil.coreml.package_info import package_info
+
+    graph, params = _head_graph(16_400)
+    graph.to_json_file(tmp_path / "g.json")
+    np.savez(tmp_path / "w.npz", **params)  # type: ignore[arg-type]
+    argv = ["convert", str(tmp_path / "g.json"), "--params", str(tmp_path / "w.npz"), "--precision", "fp32",
+            "--deploy", "ane"]
+    assert main([*argv, "-o", str(tmp_path / "split.mlpackage")]) == 0
+    assert main([*argv, "-o", str(tmp_path / "one.mlpackage"), "--no-split-logits"]) == 0
+    split = metadata.SplitOutputs.read(package_info(tmp_path / "split.mlpackage").metadata).of("main")
+    assert split["logits"].sizes == (8_208, 8_192)
+    assert metadata.SplitOutputs.read(package_info(tmp_path / "one.mlpackage").metadata).functions == {}
