@@ -24,8 +24,9 @@ mapping of that file instead, so the codes sit in the page cache, not in process
   it; a spilled array that is dropped (a duplicate a pass removed) drops its pages too.
 * comparing a spilled array with itself (coremltools' check that value inference did not change
   a const) does not read it.
-* tensors below `SPILL_MIN_BYTES` stay in memory (their bytes are noise; the view and its
-  page rounding are not free). Where the temporary directory is a memory filesystem (tmpfs,
+* tensors below `SPILL_MIN_BYTES` (64 KiB) stay in memory (the view and its page rounding are
+  not free; a 135M-parameter model's matrices are each under 1 MiB, so a higher threshold
+  kept all of its codes in memory). Where the temporary directory is a memory filesystem (tmpfs,
   ramfs) a file gives no saving, so the store keeps everything in memory; so it does when the
   platform lacks shared mappings with madvise, or when writing the file fails (a full disk):
   the conversion then needs the memory it would have needed without the store.
@@ -50,7 +51,7 @@ from typing import Any
 import numpy as np
 
 #: Arrays smaller than this stay in memory.
-SPILL_MIN_BYTES = 1 << 20
+SPILL_MIN_BYTES = 1 << 16
 #: The file is mapped this many bytes at a time (larger arrays get a segment of their own).
 SEGMENT_BYTES = 1 << 30
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs"})

@@ -47,7 +47,7 @@ from rlx_mil.reference.quant import (
 )
 
 #: Elements decoded at a time.
-SLAB_ELEMENTS = 1 << 21
+SLAB_ELEMENTS = 1 << 19
 
 
 @dataclass

@@ -36,7 +36,7 @@ def from_gguf(
     shape and type is checked against the architecture before any data is read."""
     from rlx_mil.models.pretrained import build
 
-    file = GGUFFile(path, large_arrays=False)  # the tokenizer's arrays are read when packaging
+    file = GGUFFile(path)
     spec = decoder_spec(file)
     graph, expected, computed = build(
         spec, variant=variant, seq_len=seq_len, cache_len=cache_len, batch_size=batch_size, last_logits=last_logits,

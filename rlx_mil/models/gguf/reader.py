@@ -12,7 +12,9 @@ parsed, before any tensor data is touched or any array allocated.
 from __future__ import annotations
 
 import math
+import mmap
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ _MIN_KV_BYTES = 8 + 4 + 1
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
 #: ggml tensors have at most 4 dimensions.
 MAX_DIMS = 4
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
 
 @dataclass(frozen=True)
@@ -51,13 +54,73 @@ class GGUFTensor:
         return self.block[0] > 1 or self.type_name == "BF16"
 
 
+@dataclass(frozen=True)
+class _Array:
+    """A metadata array left in the file: its element type, first byte, length and end."""
+
+    item_type: Any
+    start: int
+    count: int
+    end: int
+
+
+def _string_walk(buf: memoryview, start: int, count: int, size: int, order: str, keep: bool) -> tuple[int, list[str]]:
+    """The end of `count` GGUF strings (u64 length + bytes) from `start`, and the strings
+    themselves when `keep`; a length running past the file is a ValueError."""
+    pos, out = start, []
+    for _ in range(count):
+        if pos + 8 > size:
+            raise ValueError(f"a string array runs past the end of the file at byte {pos}")
+        n = int.from_bytes(buf[pos:pos + 8], order)  # type: ignore[arg-type]
+        pos += 8
+        if n > size - pos:
+            raise ValueError(f"a string of {n} bytes at byte {pos} runs past the end of the file")
+        if keep:
+            out.append(str(buf[pos:pos + n], "utf-8"))
+        pos += n
+    return pos, out
+
+
 def _validated_reader(path: Path, size: int) -> Any:
     """A `gguf.GGUFReader` whose header parsing refuses counts, shapes and offsets the file
-    cannot hold, naming the tensor."""
+    cannot hold, naming the tensor. Metadata arrays of strings or numbers are not split into
+    a view per entry (`gguf.GGUFReader` makes one, a few hundred bytes each: a 150k-token
+    vocabulary cost a few hundred MB): their place is recorded in `arrays` (by the offset of
+    the value) and `GGUFFile.value` decodes them when asked."""
     import gguf
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
     class Reader(gguf.GGUFReader):
+        arrays: dict[int, _Array]
+
+        def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
+            if raw_type != GGUFValueType.ARRAY:
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw_itype = self._get(orig_offs, np.uint32)
+            alen = self._get(orig_offs + 4, np.uint64)
+            if len(raw_itype) != 1 or len(alen) != 1:
+                raise ValueError(f"the metadata array at byte {orig_offs} is truncated")
+            item = GGUFValueType(int(raw_itype[0]))
+            count, start = int(alen[0]), orig_offs + 12
+            if item == GGUFValueType.STRING:
+                if count > (size - start) // 8:
+                    raise GGUFFormatError(f"{path}: the metadata array at byte {orig_offs} claims {count} strings; the"
+                                          f" file's {size} bytes cannot hold them")
+                order = sys.byteorder if self.byte_order == "I" else ("big" if sys.byteorder == "little" else "little")
+                end, _ = _string_walk(memoryview(self.data), start, count, size, order, keep=False)
+            else:
+                nptype = self.gguf_scalar_to_np.get(item)
+                if nptype is None:  # arrays of arrays: as gguf reads them
+                    return super()._get_field_parts(orig_offs, raw_type)
+                end = start + count * np.dtype(nptype).itemsize
+                if end > size:
+                    raise GGUFFormatError(f"{path}: the metadata array at byte {orig_offs} claims {count} {item.name}"
+                                          f" entries; the file's {size} bytes cannot hold them")
+            if not hasattr(self, "arrays"):
+                self.arrays = {}
+            self.arrays[orig_offs] = _Array(item, start, count, end)
+            return end - orig_offs, [raw_itype, alen], [], [GGUFValueType.ARRAY, item]
+
         def _build_fields(self, offs: int, count: int) -> int:
             count = int(count)
             if count * _MIN_KV_BYTES > size - offs:
@@ -118,20 +181,15 @@ def _validated_reader(path: Path, size: int) -> Any:
     return Reader(path)
 
 
-#: Metadata arrays longer than this are dropped by `GGUFFile(..., large_arrays=False)`.
-LARGE_ARRAY = 4096
-
-
 class GGUFFile:
     """A GGUF file's metadata (`value(key)`) and tensors (`tensor(name)`), memory-mapped.
 
-    `gguf.GGUFReader` keeps a NumPy view per entry of every metadata array: a 150k-token
-    vocabulary costs a few hundred MB. With `large_arrays=False` those arrays (the tokenizer's
-    tokens, merges, scores, types) are dropped once the header is parsed; `array_length` still
-    answers for them, `value` gives None (open the file again with them to read a tokenizer).
+    Metadata arrays (the tokenizer's tokens, merges, scores, types) stay in the file until
+    `value` decodes one: parsing the header of a 150k-token vocabulary allocates nothing per
+    entry.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, large_arrays: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         stream, size = open_regular_file(self.path, "GGUF file")  # FIFOs, devices, folders refused
         stream.close()
@@ -148,12 +206,13 @@ class GGUFFile:
             raise
         except (ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError, TypeError) as err:
             raise GGUFFormatError(f"{self.path}: not a readable GGUF file ({type(err).__name__}: {err}); truncated or corrupt") from None
-        self._dropped: dict[str, int] = {}
-        if not large_arrays:
-            for key, field in list(reader.fields.items()):
-                if len(field.data) > LARGE_ARRAY:
-                    self._dropped[key] = len(field.data)
-                    del reader.fields[key]
+        arrays: dict[int, _Array] = getattr(reader, "arrays", {})
+        self._arrays: dict[str, _Array] = {}
+        for key, field in reader.fields.items():
+            if len(field.parts) >= 3:  # key length, key, value type, then the value
+                at = int(field.offset) + sum(int(p.nbytes) for p in field.parts[:3])
+                if at in arrays:
+                    self._arrays[key] = arrays[at]
         self._reader = reader
         self.alignment = int(reader.alignment)
         self.tensors: dict[str, GGUFTensor] = {}
@@ -173,7 +232,7 @@ class GGUFFile:
         return (k for k in self._reader.fields if not k.startswith("GGUF."))
 
     def has(self, key: str) -> bool:
-        return key in self._reader.fields or key in self._dropped
+        return key in self._reader.fields
 
     def value(self, key: str, default: Any = None) -> Any:
         """The metadata value under `key` (a str, int, float, bool or list), or `default`."""
@@ -181,18 +240,49 @@ class GGUFFile:
         if field is None:
             return default
         try:
-            return field.contents()
+            array = self._arrays.get(key)
+            return field.contents() if array is None else self._decode(array)
         except (UnicodeDecodeError, IndexError, ValueError) as err:
             raise GGUFFormatError(f"{self.path}: metadata {key!r} is unreadable ({err})") from None
 
+    def _decode(self, array: _Array) -> list[Any]:
+        from gguf.constants import GGUFValueType
+
+        data = self._reader.data
+        swapped = self._reader.byte_order != "I"
+        if array.item_type == GGUFValueType.STRING:
+            order = sys.byteorder if not swapped else ("big" if sys.byteorder == "little" else "little")
+            return _string_walk(memoryview(data), array.start, array.count, self.size, order, keep=True)[1]
+        dtype = np.dtype(self._reader.gguf_scalar_to_np[array.item_type])
+        values = np.asarray(data[array.start:array.end]).view(dtype.newbyteorder("S") if swapped else dtype)
+        return values.tolist()
+
     def array_length(self, key: str) -> int:
         """Entries of an array value without decoding them (0 when absent)."""
+        array = self._arrays.get(key)
+        if array is not None:
+            return array.count
         field = self._reader.fields.get(key)
-        return self._dropped.get(key, 0) if field is None else len(field.data)
+        return 0 if field is None else len(field.data)
 
     # ------------------------------------------------------------------ tensors
     def tensor(self, name: str) -> GGUFTensor:
         return self.tensors[name]
+
+    def release_pages(self, name: str) -> None:
+        """Drop the pages of tensor `name` from the process (`madvise(MADV_DONTNEED)` on the
+        read-only file map: the bytes stay in the file and a later read faults them in again),
+        so a conversion that has taken a tensor's codes does not keep the file resident."""
+        t = self.tensors.get(name)
+        mapping = getattr(getattr(self._reader, "data", None), "_mmap", None)
+        if t is None or mapping is None or _DONTNEED is None or t.n_bytes == 0:
+            return
+        begin = t.offset - t.offset % mmap.PAGESIZE
+        end = min(self.size, t.offset + t.n_bytes)
+        try:
+            mapping.madvise(_DONTNEED, begin, end - begin)
+        except (OSError, ValueError):  # a platform or map that refuses: the pages just stay
+            pass
 
     @property
     def tensor_bytes(self) -> int:

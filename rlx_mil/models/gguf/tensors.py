@@ -139,6 +139,10 @@ class GGUFParams(Mapping[str, np.ndarray]):
         heads = qk_heads(name, self.spec) if self.permuted else None
         return None if heads is None else undo_qk_permutation(self.gguf_tensor(name).shape[0], heads)
 
+    def release_pages(self, name: str) -> None:
+        """Drop tensor `name`'s pages of the file map (see `GGUFFile.release_pages`)."""
+        self.file.release_pages(self.names[name])
+
     def raw_rows(self, name: str) -> np.ndarray:
         """The stored bytes of tensor `name` as [rows, bytes per row], rows in HF order."""
         t = self.gguf_tensor(name)
@@ -208,4 +212,7 @@ class GGUFWeight:
         from rlx_mil.models.gguf.codes import encode
 
         rows, cols = self.shape
-        return encode(self.params.raw_rows(self.name), self.type_name, (rows, cols), store, code_writer)
+        try:
+            return encode(self.params.raw_rows(self.name), self.type_name, (rows, cols), store, code_writer)
+        finally:
+            self.params.release_pages(self.name)

@@ -1,0 +1,132 @@
+"""Where a GGUF-converted package's weight bytes go, per llama.cpp tensor type.
+
+For each file kind (every 2-D tensor of one type, or a Q4_K_M-style mix) a small Llama GGUF
+file is written the way the tests write them (tests/models/gguf/gguf_files.py), converted with
+`from_gguf` + `rlx_mil.convert` (stateless, iOS18, the precision asked) and saved. The table
+gives the file's tensor bytes, the package's `weight.bin`, their ratio, and the package's
+bytes split by what the constexpr ops hold: codes (data / indices), block scales, block
+offsets, LUT entries (with the scales of a quantized LUT). Nothing is downloaded.
+
+    python benchmarks/gguf_size.py [--hidden 512] [--layers 2] [--precision fp16] [--kinds Q4_K Q6_K ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+#: llama.cpp's Q4_K_M keeps these at Q6_K (all layers here; llama.cpp does about half of
+#: attn_v / ffn_down, and the output or, tied, the token embedding).
+Q6_TENSORS = ("output.weight", "attn_v.weight", "ffn_down.weight")
+KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q4_K_M")
+
+
+def type_picker(kind: str) -> Callable[[str, tuple[int, ...]], str]:
+    if kind == "Q4_K_M":
+        return lambda name, shape: "Q6_K" if name.endswith(Q6_TENSORS) else "Q4_K"
+    return lambda name, shape: kind
+
+
+def _bits(dtype: Any) -> int:
+    from coremltools.converters.mil.mil import types
+
+    return int(types.type_mapping.nptype_from_builtin(dtype).itemsize * 8) if not hasattr(dtype, "get_bitwidth") \
+        else int(dtype.get_bitwidth())
+
+
+def _var_bytes(var: Any) -> int:
+    count = int(np.prod(var.shape)) if var.shape else 1
+    return (count * _bits(var.dtype) + 7) // 8
+
+
+def component_bytes(program: Any) -> dict[str, int]:
+    """Bytes of the program's compressed-weight constants by role, each const once (Core ML's
+    const_deduplication shares equal tables, e.g. the LUT of same-shaped IQ4 tensors)."""
+    roles: dict[int, tuple[str, Any]] = {}
+
+    def note(var: Any, role: str) -> None:
+        if var is not None and var.op is not None and var.op.op_type == "const":
+            roles.setdefault(id(var), (role, var))
+
+    for fn in program.functions.values():
+        for op in fn.operations:
+            if op.op_type == "constexpr_lut_to_dense":
+                note(op.indices, "codes")
+                note(op.lut, "lut")
+            elif op.op_type == "constexpr_blockwise_shift_scale":
+                into_lut = any(c.op_type == "constexpr_lut_to_dense" for c in op.outputs[0].child_ops)
+                prefix = "lut " if into_lut else ""
+                note(op.data, "lut" if into_lut else "codes")
+                note(op.scale, prefix + "scales")
+                note(op.offset, prefix + "offsets")
+        for op in fn.operations:
+            var = op.outputs[0] if op.op_type == "const" else None
+            if var is not None and var.shape and int(np.prod(var.shape)) >= 64:
+                note(var, "dense")
+    out: dict[str, int] = defaultdict(int)
+    for role, var in roles.values():
+        out[role] += _var_bytes(var)
+    return dict(out)
+
+
+def measure(kind: str, hidden: int, layers: int, precision: str, work: Path) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from models.gguf.gguf_files import write_gguf
+
+    import rlx_mil
+    from rlx_mil.models import from_gguf
+    from rlx_mil.models.checkpoint import Checkpoint
+    from rlx_mil.models.gguf.reader import GGUFFile
+    from rlx_mil.models.random_checkpoint import write_random_checkpoint
+
+    cfg = {"model_type": "llama", "vocab_size": 1024, "hidden_size": hidden, "num_hidden_layers": layers,
+           "num_attention_heads": hidden // 64, "num_key_value_heads": max(1, hidden // 128), "head_dim": 64,
+           "intermediate_size": 3 * hidden, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+           "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+           "architectures": ["LlamaForCausalLM"]}
+    folder = work / kind
+    ckpt = write_random_checkpoint(folder / "hf", cfg, seed=0)
+    weights = Checkpoint(ckpt)
+    path = folder / "m.gguf"
+    write_gguf(path, cfg, {k: weights[k] for k in weights}, types=type_picker(kind))
+    file = GGUFFile(path)
+    by_type: dict[str, int] = defaultdict(int)
+    for t in file.tensors.values():
+        by_type[t.type_name] += int(t.raw.nbytes)
+    graph, params = from_gguf(path, seq_len=8)
+    model = rlx_mil.convert(graph, params, precision=precision)
+    parts = component_bytes(model._mil_program)
+    out = folder / "p.mlpackage"
+    model.save(str(out))
+    package = (out / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").stat().st_size
+    gguf_bytes = sum(by_type.values())
+    return {"kind": kind, "gguf": gguf_bytes, "package": package, "parts": parts, "types": dict(by_type)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--kinds", nargs="*", default=list(KINDS))
+    args = ap.parse_args()
+    roles = ("codes", "scales", "offsets", "lut", "lut scales", "lut offsets", "dense")
+    print("| file | GGUF tensor bytes | weight.bin | ratio | " + " | ".join(roles) + " |")
+    print("|---|---|---|---|" + "---|" * len(roles))
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in args.kinds:
+            r = measure(kind, args.hidden, args.layers, args.precision, Path(tmp))
+            cells = " | ".join(str(r["parts"].get(role, 0)) for role in roles)
+            print(f"| {kind} | {r['gguf']} | {r['package']} | {r['package'] / r['gguf']:.3f} | {cells} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
