@@ -4,6 +4,7 @@ tensors kept as compressed weights and its tokenizer stored with the package."""
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from rlx_mil.cli.convert_hf import (
 )
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.llm.convert_hf import check_output, convert_checkpoint
+from rlx_mil.models.gguf.requantize import ANE_SCHEME
 from rlx_mil.progress import Progress, running_under_ci
 from rlx_mil.units import human_bytes
 
@@ -31,8 +33,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The convert-gguf flags (besides the shared --target/--precision/--compress flags)."""
     p.add_argument("model", type=Path, help="a GGUF file (llama, qwen2, qwen3, gemma2 or phi3 architecture)")
     add_decoder_arguments(p)
-    p.add_argument("--deploy", metavar="DEVICE",
-                   help="re-quantize the GGUF codes for a device (e.g. ane: grouped-channel LUTs); not available yet")
+    from rlx_mil.coreml.deploy import DEPLOY_FORMS
+
+    p.add_argument("--deploy", default="plain", choices=DEPLOY_FORMS,
+                   help="shape the package for a device (docs/deploying.md): plain (default) and gpu keep the file's"
+                   " codes (per-block, the GPU's form); ane re-quantizes every quantized tensor to grouped-channel LUT4"
+                   " (the Neural Engine's form; lossy, see --requantize)")
+    p.add_argument("--requantize", metavar="SPEC",
+                   help="re-quantize the file's quantized tensors instead of keeping their codes: one scheme for all"
+                   " (lut4) or TYPE=SCHEME pairs (Q6_K=lut6,Q5_K=lut6); lossy, the report gives the error"
+                   f" (default: {ANE_SCHEME} with --deploy ane, else none)")
     p.add_argument("--save-graph", type=Path, metavar="GRAPH_JSON", help="also write the RLX graph as JSON")
     p.add_argument("--verify", action="store_true",
                    help="run the package through the NumPy MIL executor and compare with the reference on the"
@@ -45,13 +55,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_stateful_arguments(p)
 
 
+def requantize_spec(args: argparse.Namespace) -> str | None:
+    """What `from_gguf(requantize=...)` gets: --requantize, else LUT4 for --deploy ane."""
+    if args.requantize is not None:
+        return str(args.requantize)
+    return ANE_SCHEME if args.deploy == "ane" else None
+
+
 def build_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """`from_gguf` keyword arguments from the parsed flags."""
     return {
         "variant": args.variant, "seq_len": args.seq_len, "cache_len": args.cache_len,
         "batch_size": args.batch_size, "last_logits": args.last_logits, "kv_outputs": args.kv_outputs,
         "position_ids": args.position_ids, "max_positions": args.max_positions, "attention_mask": args.attention_mask,
+        "requantize": requantize_spec(args),
     }
+
+
+def gguf_loader(args: argparse.Namespace) -> Any:
+    """`from_gguf` with the re-quantization the flags ask for (what the stateful path and its
+    verification build every graph with)."""
+    from rlx_mil.models.gguf import from_gguf
+
+    return functools.partial(from_gguf, requantize=requantize_spec(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,11 +87,6 @@ def run(args: argparse.Namespace) -> int:
     from rlx_mil.models.gguf import from_gguf
     from rlx_mil.models.verify import example_inputs, verify_package
 
-    if args.deploy is not None:
-        raise InvalidOptionError(
-            f"--deploy {args.deploy}: re-quantizing a GGUF file's codes for a device profile is not available in this"
-            " version; convert without --deploy to keep the file's own quantization"
-        )
     refuse_stateful_flags_without_stateful(args)
     check_inputs = compress_check_inputs(args)
     if args.stateful:
@@ -103,9 +124,9 @@ def run_stateful(args: argparse.Namespace) -> int:
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.llm.gguf_package import prepare_gguf_package
     from rlx_mil.llm.package import convert_llm_checkpoint
-    from rlx_mil.models.gguf import from_gguf
 
     refuse_graph_flags(args)
+    from_gguf = gguf_loader(args)
     check_output(args.output, args.overwrite)
     start = time.perf_counter()
     convert_llm_checkpoint(

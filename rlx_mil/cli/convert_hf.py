@@ -92,7 +92,7 @@ def convert_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """`rlx_mil.convert` keyword arguments from the parsed flags."""
     options = {"target": args.target, "precision": args.precision, "attention": args.attention,
                "compress": compress_option(args)}
-    if getattr(args, "deploy", None) is not None:  # convert-gguf refuses its own --deploy before this
+    if getattr(args, "deploy", None) is not None:
         options["deploy"] = args.deploy
         options["split_logits"] = getattr(args, "split_logits", True)
     return options

@@ -118,6 +118,8 @@ class PaletteCodes:
     scheme: PaletteScheme
     sq_error: float
     sq_norm: float
+    #: Largest |decoded - source| when the codes came from an already quantized source.
+    max_error: float | None = None
 
     @property
     def group_rows(self) -> int:

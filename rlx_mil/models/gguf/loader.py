@@ -29,12 +29,20 @@ def from_gguf(
     position_ids: bool = False,
     max_positions: int | None = None,
     attention_mask: bool = False,
+    requantize: str | Mapping[str, str] | None = None,
 ) -> tuple[Graph, Mapping[str, np.ndarray]]:
     """Build the RLX graph of the GGUF file `path` and its params (the options are
     `from_pretrained`'s). The metadata becomes the same model description a Hugging Face
     config gives, the tensors take the builders' Hugging Face names; every tensor's name,
-    shape and type is checked against the architecture before any data is read."""
+    shape and type is checked against the architecture before any data is read.
+
+    `requantize` re-quantizes the file's quantized tensors with rlx_mil's compression schemes
+    instead of keeping their codes: one scheme for all (`"lut4"`, what `deploy="ane"` wants),
+    or per llama.cpp type (`"Q6_K=lut6"`); see `rlx_mil.models.gguf.requantize`."""
+    from rlx_mil.models.gguf.requantize import parse_requantize
     from rlx_mil.models.pretrained import build
+
+    schemes = parse_requantize(requantize, frozenset(FORMATS))
 
     file = GGUFFile(path)
     spec = decoder_spec(file)
@@ -46,4 +54,4 @@ def from_gguf(
     permuted = architecture(file) in PERMUTED_QK
     names = tensor_map(file, spec, expected, permuted)
     check_types(file, names, SUPPORTED_TYPES)
-    return graph, GGUFParams(file, names, spec, permuted, computed)
+    return graph, GGUFParams(file, names, spec, permuted, computed, schemes)

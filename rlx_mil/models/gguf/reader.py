@@ -107,7 +107,7 @@ def _validated_reader(path: Path, size: int) -> Any:
                     raise GGUFFormatError(f"{path}: the metadata array at byte {orig_offs} claims {count} strings; the"
                                           f" file's {size} bytes cannot hold them")
                 order = sys.byteorder if self.byte_order == "I" else ("big" if sys.byteorder == "little" else "little")
-                end, _ = _string_walk(memoryview(self.data), start, count, size, order, keep=False)
+                end, _ = _string_walk(np.asarray(self.data).data, start, count, size, order, keep=False)
             else:
                 nptype = self.gguf_scalar_to_np.get(item)
                 if nptype is None:  # arrays of arrays: as gguf reads them
@@ -252,7 +252,7 @@ class GGUFFile:
         swapped = self._reader.byte_order != "I"
         if array.item_type == GGUFValueType.STRING:
             order = sys.byteorder if not swapped else ("big" if sys.byteorder == "little" else "little")
-            return _string_walk(memoryview(data), array.start, array.count, self.size, order, keep=True)[1]
+            return _string_walk(np.asarray(data).data, array.start, array.count, self.size, order, keep=True)[1]
         dtype = np.dtype(self._reader.gguf_scalar_to_np[array.item_type])
         values = np.asarray(data[array.start:array.end]).view(dtype.newbyteorder("S") if swapped else dtype)
         return values.tolist()

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.compress.code_store import WriterFactory
+from rlx_mil.compress.schemes import Scheme
 from rlx_mil.errors import CheckpointError, UnsupportedConfigError
 from rlx_mil.models.gguf.reader import GGUFFile, GGUFTensor
 from rlx_mil.models.hf_config import DecoderSpec
@@ -124,12 +125,14 @@ class GGUFParams(Mapping[str, np.ndarray]):
     takes their blocks as compressed weights (see `compression`)."""
 
     def __init__(self, file: GGUFFile, names: Mapping[str, str], spec: DecoderSpec, permuted: bool,
-                 computed: Mapping[str, np.ndarray]) -> None:
+                 computed: Mapping[str, np.ndarray], requantize: Mapping[str, Scheme] | None = None) -> None:
         self.file = file
         self.names = dict(names)
         self.spec = spec
         self.permuted = permuted
         self._computed = dict(computed)
+        #: GGUF type -> the scheme its tensors are re-quantized with (`rlx_mil.models.gguf.requantize`).
+        self.requantize = dict(requantize or {})
 
     def gguf_tensor(self, name: str) -> GGUFTensor:
         return self.file.tensors[self.names[name]]
@@ -198,21 +201,28 @@ class GGUFParams(Mapping[str, np.ndarray]):
 
 
 class GGUFWeight:
-    """A quantized GGUF tensor as a `rlx_mil.compress.prequantized.PrequantizedWeight`."""
+    """A quantized GGUF tensor as a `rlx_mil.compress.prequantized.PrequantizedWeight`: its
+    codes as the file holds them, or re-quantized with the scheme `params.requantize` gives
+    its type (label `gguf-Q6_K>lut6-group16`)."""
 
     def __init__(self, params: GGUFParams, name: str) -> None:
         self.params = params
         self.name = name
         t = params.gguf_tensor(name)
         self.type_name = t.type_name
-        self.label = f"gguf-{t.type_name}"
+        self.scheme = params.requantize.get(t.type_name)
+        self.label = f"gguf-{t.type_name}" + ("" if self.scheme is None else f">{self.scheme.label}")
         self.shape = t.shape
 
     def encode(self, store: type[np.floating[Any]], code_writer: WriterFactory) -> Any:
         from rlx_mil.models.gguf.codes import encode
+        from rlx_mil.models.gguf.requantize import requantized
 
         rows, cols = self.shape
         try:
-            return encode(self.params.raw_rows(self.name), self.type_name, (rows, cols), store, code_writer)
+            raw = self.params.raw_rows(self.name)
+            if self.scheme is not None:
+                return requantized(raw, self.type_name, (rows, cols), self.scheme, store, code_writer, self.name)
+            return encode(raw, self.type_name, (rows, cols), store, code_writer)
         finally:
             self.params.release_pages(self.name)

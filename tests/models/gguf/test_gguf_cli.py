@@ -45,9 +45,29 @@ def test_stateless_conversion_verifies(chat_gguf: Path, tmp_path: Path, capsys: 
     assert "ok" in capsys.readouterr().out
 
 
+def test_deploy_ane_requantizes_to_grouped_lut4(chat_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import coremltools as ct
+
+    from rlx_mil.compress import report_of
+
+    out = tmp_path / "ane.mlpackage"
+    assert main(["convert-gguf", str(chat_gguf), "-o", str(out), "--seq-len", "5", "--precision", "fp32", "--deploy", "ane",
+                 "--verify", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "gguf-Q8_0>lut4-group16" in printed and printed.rstrip().endswith("ok")
+    model = ct.models.MLModel(str(out), skip_model_load=True)
+    assert model.user_defined_metadata["rlx_mil.deploy"] == "ane"
+    report = report_of(model.user_defined_metadata)
+    assert report is not None and report.weights
+    assert {w.scheme for w in report.weights} == {"gguf-Q8_0>lut4-group16"}
+    assert all(w.max_error is not None and 0 < w.max_error < 1 for w in report.weights)
+
+
 def test_refusals(chat_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["convert-gguf", str(chat_gguf), "-o", str(tmp_path / "a.mlpackage"), "--deploy", "ane"]) == 1
-    assert "rlx-mil convert-gguf: error: --deploy ane" in capsys.readouterr().err
+    assert main(["convert-gguf", str(chat_gguf), "-o", str(tmp_path / "a.mlpackage"), "--requantize", "Q9_X=lut4"]) == 1
+    assert "rlx-mil convert-gguf: error: requantize: 'Q9_X'" in capsys.readouterr().err
+    assert main(["convert-gguf", str(chat_gguf), "-o", str(tmp_path / "a.mlpackage"), "--requantize", "Q8_0=lut5"]) == 1
+    assert "rlx-mil convert-gguf: error: requantize Q8_0=lut5" in capsys.readouterr().err
     assert main(["convert-gguf", str(chat_gguf), "-o", str(tmp_path / "b.mlpackage"), "--target", "iOS17"]) == 1
     assert "iOS18" in capsys.readouterr().err
     bad = tmp_path / "bad.gguf"

@@ -109,3 +109,39 @@ def test_not_gguf_and_fifo(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo.gguf")
     with pytest.raises(SpecialFileError):
         GGUFFile(tmp_path / "fifo.gguf")
+
+
+def _with_tokens(path: Path, tokens: list[str]) -> bytes:
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([float(i) for i in range(len(tokens))])
+    w.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path.read_bytes()
+
+
+def test_metadata_arrays_decode_when_asked(tmp_path: Path) -> None:
+    tokens = [f"t{i}é" for i in range(5000)] + [""]
+    _with_tokens(tmp_path / "m.gguf", tokens)
+    f = GGUFFile(tmp_path / "m.gguf")
+    assert f.array_length("tokenizer.ggml.tokens") == len(tokens)
+    assert f.value("tokenizer.ggml.tokens") == tokens
+    assert f.value("tokenizer.ggml.scores") == [float(i) for i in range(len(tokens))]
+
+
+@pytest.mark.parametrize("count", [10**12, 7])
+def test_string_array_claiming_more_entries_than_the_file_holds(tmp_path: Path, count: int) -> None:
+    data = bytearray(_with_tokens(tmp_path / "m.gguf", ["a", "bb", "ccc"]))
+    key = b"tokenizer.ggml.tokens"
+    at = data.index(key) + len(key) + 4 + 4  # value type (ARRAY), item type (STRING), then the count
+    assert struct.unpack_from("<Q", data, at)[0] == 3
+    data[at:at + 8] = struct.pack("<Q", count)
+    if count == 7:  # the next entries are read as strings of absurd lengths
+        data[at + 8 + 3 * 8 + 6:at + 8 + 3 * 8 + 6 + 8] = struct.pack("<Q", 2**50)
+    with pytest.raises(GGUFFormatError, match=r"claims 1000000000000 strings|runs past the end"):
+        GGUFFile(_write(tmp_path / "bad.gguf", bytes(data)))

@@ -1,0 +1,137 @@
+"""Re-quantizing a GGUF file's quantized tensors with one of rlx_mil's compression schemes:
+for a device whose weight form is not the file's (the Neural Engine's grouped-channel LUTs,
+`convert-gguf --deploy ane`) or for a smaller package (`--requantize Q6_K=lut6`).
+
+A re-quantized tensor is decoded exactly as llama.cpp decodes it (`gguf.quants.dequantize`)
+a slab of rows at a time, when the compressor reads those rows, and encoded by
+`rlx_mil.compress` (`palettize` / `quantize_linear`): one tensor is in float at a time, never
+the model, and never the whole tensor unless its scheme needs it (a per-tensor LUT). The
+report gives its error against llama.cpp's decode (`max.err`), as for the kept codes.
+
+`requantize` specs: a scheme alone (`"lut4"`: every quantized tensor), or `TYPE=SCHEME` pairs
+joined by commas (`"Q6_K=lut6,Q5_K=lut6"`), or a mapping type -> scheme; schemes as
+`compress=` writes them (docs/compression.md), types as llama.cpp names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.compress.code_store import WriterFactory
+from rlx_mil.compress.fit import fit_to_shape
+from rlx_mil.compress.linear import LinearCodes, quantize_linear
+from rlx_mil.compress.palette import PaletteCodes, palettize
+from rlx_mil.compress.schemes import LinearScheme, PaletteScheme, Scheme, parse_scheme
+from rlx_mil.errors import InvalidOptionError
+from rlx_mil.lowering.target import Target
+
+#: Rows decoded at a time are bounded by this many elements.
+SLAB_ELEMENTS = 1 << 20
+#: The scheme `deploy="ane"` re-quantizes to: the Neural Engine's 4-bit palettes per grouped channel.
+ANE_SCHEME = "lut4"
+
+
+def parse_requantize(spec: str | Mapping[str, str] | None, types: frozenset[str]) -> dict[str, Scheme]:
+    """GGUF type -> scheme from a `requantize` spec (see the module doc); `types` are the
+    quantized types a file can hold. A bad type or scheme is an `InvalidOptionError` naming
+    `requantize`."""
+    if spec is None:
+        return {}
+    if isinstance(spec, str):
+        pairs = [p.strip() for p in spec.split(",") if p.strip()]
+        if not pairs:
+            return {}
+        if len(pairs) == 1 and "=" not in pairs[0]:  # one scheme for every type
+            return dict.fromkeys(sorted(types), _scheme(pairs[0], pairs[0]))
+        mapping: dict[str, str] = {}
+        for pair in pairs:
+            kind, sep, written = pair.partition("=")
+            if not sep:
+                raise InvalidOptionError(f"requantize: {pair!r} is not TYPE=SCHEME (e.g. 'Q6_K=lut6'), nor one scheme alone")
+            mapping[kind.strip()] = written.strip()
+    else:
+        mapping = {str(k): str(v) for k, v in spec.items()}
+    out: dict[str, Scheme] = {}
+    for kind, written in mapping.items():
+        if kind not in types:
+            raise InvalidOptionError(f"requantize: {kind!r} is not a quantized GGUF type rlx_mil reads"
+                                     f" ({', '.join(sorted(types))})")
+        out[kind] = _scheme(written, f"{kind}={written}")
+    return out
+
+
+def _scheme(written: str, where: str) -> Scheme:
+    try:
+        scheme = parse_scheme(written)
+    except InvalidOptionError as err:
+        raise InvalidOptionError(f"requantize {where}: {err}") from None
+    if not isinstance(scheme, LinearScheme | PaletteScheme):
+        raise InvalidOptionError(f"requantize {where}: give a scheme (e.g. lut4, lut6, int8-block32), not 'none'")
+    return scheme
+
+
+class DecodedRows:
+    """A quantized GGUF tensor `[N, K]` whose rows are decoded (float32, llama.cpp's decode)
+    when sliced; what the compress encoders read instead of a float array."""
+
+    ndim = 2
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, raw_rows: np.ndarray, type_name: str, shape: tuple[int, int]) -> None:
+        self._raw = raw_rows
+        self._type_name = type_name
+        self.shape = shape
+
+    def reshape(self, *shape: Any) -> DecodedRows:
+        wanted = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple) else tuple(shape)
+        if wanted not in (self.shape, (self.shape[0], -1)):
+            raise ValueError(f"a decoded GGUF tensor {list(self.shape)} is read as rows only, not as {list(wanted)}")
+        return self
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        raw = np.ascontiguousarray(self._raw[rows])
+        values = dequantize(raw, GGMLQuantizationType[self._type_name])
+        return np.asarray(values, np.float32).reshape(-1, self.shape[1])
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self[0:self.shape[0]]
+        return out if dtype is None else out.astype(dtype)
+
+
+def _max_error(codes: LinearCodes | PaletteCodes, rows: DecodedRows) -> float:
+    """max |decoded codes - llama.cpp's decode|, a slab of rows at a time for palettes."""
+    n, k = rows.shape
+    if isinstance(codes, LinearCodes):
+        return float(np.max(np.abs(codes.dequantize().reshape(n, k) - np.asarray(rows)))) if n * k else 0.0
+    per_group = n // codes.lut.shape[0]
+    step = max(per_group, SLAB_ELEMENTS // max(k, 1) // per_group * per_group)
+    lut = codes.lut.astype(np.float32)
+    worst = 0.0
+    for r0 in range(0, n, step):
+        idx = np.asarray(codes.indices[r0:r0 + step]).astype(np.int64)
+        group = (np.arange(r0, r0 + idx.shape[0]) // per_group)[:, None]
+        worst = max(worst, float(np.max(np.abs(lut[group, idx] - rows[r0:r0 + step]))))
+    return worst
+
+
+def requantized(raw_rows: np.ndarray, type_name: str, shape: tuple[int, int], scheme: Scheme,
+                store: type[np.floating[Any]], code_writer: WriterFactory, name: str) -> LinearCodes | PaletteCodes:
+    """The codes of GGUF tensor `name` (`raw_rows`: its blocks as `[N, row bytes]`) re-quantized
+    with `scheme` (fitted to its shape), with their max error against llama.cpp's decode."""
+    rows = DecodedRows(raw_rows, type_name, shape)
+    fitted, _ = fit_to_shape(scheme, shape, Target.IOS18)
+    weight: Any = rows
+    if isinstance(fitted, PaletteScheme):
+        palette = palettize(weight, fitted, store, name, code_writer)
+        palette.max_error = _max_error(palette, rows)
+        return palette
+    assert isinstance(fitted, LinearScheme)
+    linear = quantize_linear(weight, fitted, store, name, code_writer)
+    linear.max_error = _max_error(linear, rows)
+    return linear

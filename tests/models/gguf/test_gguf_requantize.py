@@ -1,0 +1,120 @@
+"""Re-quantized GGUF tensors (`from_gguf(requantize=...)`, `convert-gguf --deploy ane`): each
+quantized tensor is decoded by llama.cpp's rules and palettized / quantized again; checked
+against the `gguf` package's own decode, independent NumPy properties of the tables, and the
+executor on the package."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from models.gguf.gguf_files import write_gguf
+from rlx_mil import reference
+from rlx_mil.compress import dequantized_params, report_of
+from rlx_mil.errors import InvalidOptionError
+from rlx_mil.models import from_gguf
+from rlx_mil.models.checkpoint import Checkpoint
+from rlx_mil.models.gguf.codes import FORMATS
+from rlx_mil.models.gguf.requantize import DecodedRows, parse_requantize
+from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+SEQ = 5
+
+
+def _file(tmp: Path, types: Any, **extra: Any) -> tuple[Path, dict[str, np.ndarray], dict[str, Any]]:
+    cfg: dict[str, Any] = {**copy.deepcopy(TINY_CONFIGS["llama"]), "rope_scaling": None, "num_hidden_layers": 1, **extra}
+    weights = Checkpoint(write_random_checkpoint(tmp / "hf", cfg, seed=3))
+    held = write_gguf(tmp / "m.gguf", cfg, {k: weights[k] for k in weights}, types=types)
+    return tmp / "m.gguf", held, cfg
+
+
+def test_lut4_tables_hold_every_group_and_the_error_is_measured(tmp_path: Path) -> None:
+    import rlx_mil
+    from rlx_mil import milexec
+
+    path, held, cfg = _file(tmp_path, lambda n, s: "Q4_0" if "ffn" in n else "Q8_0")
+    graph, params = from_gguf(path, seq_len=SEQ, requantize="lut4")
+    model = rlx_mil.convert(graph, params, precision="fp32")
+    report = report_of(model)
+    assert report is not None
+    decoded = dequantized_params(params, model)
+    by_name = {w.name: w for w in report.weights}
+    assert set(by_name) == set(params.prequantized_weights())  # type: ignore[attr-defined]
+    for name, w in by_name.items():
+        kind = "Q4_0" if "mlp" in name else "Q8_0"
+        assert w.scheme == f"gguf-{kind}>lut4-group16"
+        got = np.asarray(decoded[name], np.float64)
+        want = held[name]  # the gguf package's decode of the file
+        rows = got.reshape(got.shape[0], -1)
+        for g in range(0, rows.shape[0], 16):  # a 4-bit table per 16 output channels
+            assert np.unique(rows[g:g + 16]).size <= 16
+        error = float(np.max(np.abs(got - want)))
+        assert w.max_error == pytest.approx(error, rel=1e-6, abs=1e-7)
+        spread = float(np.max(want) - np.min(want))
+        assert 0 < error < spread / 4  # lossy, but a fitted table, not noise
+    ids = np.random.default_rng(1).integers(0, cfg["vocab_size"], (1, SEQ)).astype(np.int32)
+    want_logits = reference.evaluate(graph, {"input_ids": ids}, decoded)["logits"]
+    got_logits = milexec.run(model, {"input_ids": ids})["logits"]
+    np.testing.assert_allclose(got_logits, want_logits, atol=1e-4 * np.abs(want_logits).max(), rtol=1e-4)
+
+
+def test_per_type_spec_requantizes_only_that_type(tmp_path: Path) -> None:
+    import rlx_mil
+
+    path, _, _ = _file(tmp_path, lambda n, s: "Q4_1" if "attn" in n else "Q8_0")
+    graph, params = from_gguf(path, seq_len=SEQ, requantize="Q4_1=int8-block16")
+    model = rlx_mil.convert(graph, params, precision="fp32")
+    report = report_of(model)
+    assert report is not None
+    schemes = {w.name: w.scheme for w in report.weights}
+    assert schemes["model.layers.0.self_attn.q_proj.weight"] == "gguf-Q4_1>int8-sym-block16"
+    assert schemes["model.layers.0.mlp.up_proj.weight"] == "gguf-Q8_0"
+    decoded = dequantized_params(params, model)
+    exact = np.asarray(params["model.layers.0.self_attn.q_proj.weight"], np.float64)
+    got = np.asarray(decoded["model.layers.0.self_attn.q_proj.weight"], np.float64)
+    # int8 blocks of 16 re-quantizing 4-bit codes: within half an int8 step of each block.
+    blocks = exact.reshape(exact.shape[0], -1, 16)
+    step = np.abs(blocks).max(axis=2, keepdims=True) / 127
+    assert np.all(np.abs(got.reshape(blocks.shape) - blocks) <= step / 2 + 1e-6)
+
+
+def test_decoded_rows_are_the_gguf_decode(tmp_path: Path) -> None:
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    path, _, _ = _file(tmp_path, lambda n, s: "Q5_1")
+    _, params = from_gguf(path, seq_len=SEQ)
+    name = "model.layers.0.mlp.down_proj.weight"
+    t = params.gguf_tensor(name)  # type: ignore[attr-defined]
+    rows = DecodedRows(params.raw_rows(name), "Q5_1", t.shape)  # type: ignore[attr-defined]
+    full = dequantize(t.raw, GGMLQuantizationType.Q5_1).reshape(t.shape)
+    np.testing.assert_array_equal(rows[3:7], full[3:7])
+    np.testing.assert_array_equal(np.asarray(rows), full)
+    assert rows.reshape(t.shape[0], -1) is rows
+    with pytest.raises(ValueError, match="rows only"):
+        rows.reshape(-1)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("Q9_X=lut4", "'Q9_X' is not a quantized GGUF type"),
+    ("Q6_K=lut5", "requantize Q6_K=lut5"),
+    ("Q6_K=none", "give a scheme"),
+    ("Q6_K", "requantize Q6_K"),
+    ("Q6_K=lut6,lut4", "is not TYPE=SCHEME"),
+])
+def test_bad_specs_name_the_option(spec: str, message: str) -> None:
+    with pytest.raises(InvalidOptionError, match=message):
+        parse_requantize(spec, frozenset(FORMATS))
+
+
+def test_spec_forms() -> None:
+    types = frozenset(FORMATS)
+    assert parse_requantize(None, types) == {} and parse_requantize("", types) == {}
+    every = parse_requantize("lut4", types)
+    assert set(every) == types and {s.label for s in every.values()} == {"lut4-group16"}
+    some = parse_requantize({"Q6_K": "lut6", "Q5_K": "lut6-group4"}, types)
+    assert {k: s.label for k, s in some.items()} == {"Q6_K": "lut6-group16", "Q5_K": "lut6-group4"}
