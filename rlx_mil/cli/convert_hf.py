@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="DINOv2 / SigLIP: the image size in pixels (default: the trained size; others resize the"
                         " position embeddings as transformers does)")
     p.add_argument("--spatial-shape", type=_size_pair, metavar="ROWSxCOLS",
-                   help="SigLIP2: the patch grid of every image (default: the largest square within --seq-len patches)")
+                   help="SigLIP2: one patch grid for every image (default: each image's, the spatial_shapes input)")
     p.add_argument("--save-graph", type=Path, metavar="GRAPH_JSON", help="also write the RLX graph as JSON")
     p.add_argument("--verify", action="store_true",
                    help="run the package through the NumPy MIL executor and compare with the reference")

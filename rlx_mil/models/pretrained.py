@@ -152,7 +152,7 @@ def from_pretrained(
     `pooling` "auto" outputs `pooler_output` (None: `last_hidden_state`), `normalize`
     L2-normalises it (output `image_embeds`); `image_size` (pixels, default the trained size)
     for DINOv2 and SigLIP; SigLIP2 takes `seq_len` patches per image (default `num_patches`)
-    laid out as `spatial_shape` (rows, columns; default the largest square within).
+    with a `spatial_shapes` input, or one `spatial_shape` (rows, columns) for every image.
 
     The checkpoint's tensor names, shapes and dtypes are checked against the config before
     anything is read; every mismatch is listed in one `CheckpointError`.

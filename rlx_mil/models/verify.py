@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,13 +40,24 @@ class OutputCheck:
 
 def example_inputs(graph: Graph, vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Plausible feeds for a model graph's inputs: token ids below `vocab_size`, positions
-    continuing the KV cache, random caches, a padded attention mask for batches > 1."""
+    continuing the KV cache, random caches, a padded attention mask for batches > 1, SigLIP2
+    spatial shapes with their patch masks."""
     rng = np.random.default_rng(seed)
     shapes = {n.op.name: n.shape.sizes() for n in graph if isinstance(n.op, Input)}
     past = next((shape[2] for name, shape in shapes.items() if name.startswith("past_k_")), 0)
     feeds: dict[str, np.ndarray] = {}
     for name, shape in shapes.items():
-        if name == "input_ids":
+        if name == "spatial_shapes":  # SigLIP2: the first image a square of patches, the others one row
+            patches = shapes["pixel_values"][1]
+            side = math.isqrt(patches)
+            feeds[name] = np.array([[side, side]] + [[1, patches]] * (shape[0] - 1), np.int32)
+            mask = np.zeros(shapes["pixel_attention_mask"], np.int32)
+            mask[0, :side * side] = 1
+            mask[1:] = 1
+            feeds["pixel_attention_mask"] = mask
+        elif name == "pixel_attention_mask" and "spatial_shapes" in shapes:
+            continue
+        elif name == "input_ids":
             feeds[name] = rng.integers(0, vocab_size, shape).astype(np.int32)
         elif name == "position_ids":
             feeds[name] = np.broadcast_to(np.arange(past, past + shape[-1], dtype=np.int32), shape).copy()

@@ -3,12 +3,14 @@ SigLIP2, as transformers' `Dinov2Model` / `SiglipVisionModel` / `Siglip2VisionMo
 
 Inputs: `pixel_values` F32 `[B, C, H, W]` (DINOv2, SigLIP), or SigLIP2's NaFlex patches
 `pixel_values` F32 `[B, N, C * p * p]` with `pixel_attention_mask` I32 `[B, N]` (1 = patch,
-0 = padding). Patches: a stride-p convolution (DINOv2, SigLIP) or a linear layer (SigLIP2).
+0 = padding) and `spatial_shapes` I32 `[B, 2]` (each image's rows and columns of patches)
+unless the graph fixes one spatial shape. Patches: a stride-p convolution (DINOv2, SigLIP) or a linear layer (SigLIP2).
 Position embeddings are the checkpoint's; when the image's patch grid is not the trained one,
-the graph resizes the learned grid with two small constant matrices (`rlx_mil.models.resize`),
-as transformers' `interpolate_pos_encoding` does: bicubic (DINOv2, SigLIP), bicubic with
-antialias (DINOv2 with registers), bilinear with antialias (SigLIP2, to its spatial shape,
-fixed per graph). Pre-norm layers; DINOv2's carry LayerScale and optionally SwiGLU.
+the graph resizes the learned grid as transformers does: with two small constant matrices
+(`rlx_mil.models.resize`) bicubic (DINOv2, SigLIP), bicubic with antialias (DINOv2 with
+registers), bilinear with antialias (SigLIP2 with a fixed spatial shape); SigLIP2 with
+`spatial_shapes` computes the bilinear antialiased weights of each image's shape in the graph.
+Pre-norm layers; DINOv2's carry LayerScale and optionally SwiGLU.
 
 Outputs: `pooler_output [B, E]` — DINOv2's CLS token after the final norm, SigLIP's
 multihead-attention pooling head — or, with `normalize`, the L2-normalised `image_embeds`
@@ -17,7 +19,6 @@ multihead-attention pooling head — or, with `normalize`, the L2-normalised `im
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
 from collections.abc import Callable
@@ -56,8 +57,8 @@ class VisionOptions:
     image_size: tuple[int, int] | None = None
     #: SigLIP2: patches per image N (default: the config's `num_patches`).
     num_patches: int | None = None
-    #: SigLIP2: the (rows, columns) of patches every image of this graph has (default: the
-    #: largest square within N).
+    #: SigLIP2: the (rows, columns) of patches every image of this graph has; None: the graph
+    #: takes `spatial_shapes` I32 `[B, 2]` as an input, as transformers does.
     spatial_shape: tuple[int, int] | None = None
     pooled: bool = True
     normalize: bool = False
@@ -74,10 +75,11 @@ class VisionOptions:
             n = self.num_patches
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise InvalidOptionError(f"num_patches (seq_len) must be an integer >= 1, got {n!r}")
-            rows, cols = self.shape_of(spec)
-            if rows * cols > self.patches(spec):
-                raise InvalidOptionError(f"spatial_shape {rows} x {cols} holds more than the {self.patches(spec)}"
-                                         " patches per image (num_patches / seq_len)")
+            if self.spatial_shape is not None:
+                rows, cols = self.spatial_shape
+                if rows * cols > self.patches(spec):
+                    raise InvalidOptionError(f"spatial_shape {rows} x {cols} holds more than the {self.patches(spec)}"
+                                             " patches per image (num_patches / seq_len)")
             return
         if self.num_patches is not None or self.spatial_shape is not None:
             raise InvalidOptionError(f"{spec.family} takes whole images: give image_size, not num_patches (seq_len)"
@@ -92,9 +94,9 @@ class VisionOptions:
         return size
 
     def grid(self, spec: VisionSpec) -> tuple[int, int]:
-        """The image's patch grid (rows, columns)."""
+        """The image's patch grid (rows, columns); SigLIP2's fixed spatial shape (or (0, 0))."""
         if spec.naflex:
-            return self.shape_of(spec)
+            return self.spatial_shape or (0, 0)
         height, width = self.pixels(spec)
         return height // spec.patch_size, width // spec.patch_size
 
@@ -104,12 +106,6 @@ class VisionOptions:
             return self.num_patches or spec.position_grid ** 2
         rows, cols = self.grid(spec)
         return rows * cols
-
-    def shape_of(self, spec: VisionSpec) -> tuple[int, int]:
-        if self.spatial_shape is not None:
-            return self.spatial_shape
-        side = math.isqrt(self.patches(spec))
-        return side, side
 
     def tokens(self, spec: VisionSpec) -> int:
         extra = 1 + spec.num_register_tokens if spec.layout == "dinov2" else 0
@@ -255,11 +251,41 @@ class _Builder(WeightGraph):
         pixels = g.input("pixel_values", [b, n, width])
         mask = g.cast(g.input("pixel_attention_mask", [b, n], "i32"), "f32", name="pixel_attention_mask_float")
         x = self.linear(pixels, f"{r}embeddings.patch_embedding", e, width, True)
+        if o.spatial_shape is None:
+            return g.add(x, self.positions_of_shapes(table, f"{r}embeddings"), name=f"{r}embeddings.add_positions"), mask
         grid = self.resized_grid(table, rows, cols, "bilinear", True, f"{r}embeddings.resize_positional_embeddings")
         if n > rows * cols:  # padding positions take the first resized position, as transformers does
             pad = g.expand(g.narrow(grid, 0, 0, 1), [n - rows * cols, e], name=f"{r}embeddings.padding_positions")
             grid = g.concat([grid, pad], 0, name=f"{r}embeddings.positions")
         return g.add(x, grid, name=f"{r}embeddings.add_positions"), mask
+
+    def positions_of_shapes(self, table: int, module: str) -> int:
+        """`Siglip2VisionEmbeddings.resize_positional_embeddings` with `spatial_shapes` I32
+        `[B, 2]` an input: output position n of image b is patch (n // cols_b, n % cols_b)
+        (padding positions, n >= rows_b * cols_b, take patch (0, 0)); each axis weights the
+        grid as bilinear antialiased interpolation does (scale = grid / size, support
+        max(scale, 1), centre (i + 0.5) * scale - 0.5); `[B, N, g * g] @ table` -> `[B, N, E]`."""
+        s, o, g = self.spec, self.options, self.g
+        b, n, side = o.batch_size, o.patches(s), s.position_grid
+        shapes = g.input("spatial_shapes", [b, 2], "i32")
+        rows, cols = g.narrow(shapes, 1, 0, 1, name=f"{module}.rows"), g.narrow(shapes, 1, 1, 1, name=f"{module}.cols")
+        index = g.constant(np.arange(n, dtype=np.int32).reshape(1, n), name=f"{module}.position_index")
+        row_of = g.div(index, cols, name=f"{module}.row_of")  # integer division: exact in any precision
+        col_of = g.sub(index, g.mul(row_of, cols), name=f"{module}.col_of")
+        inside = g.cast(g.lt_(index, g.mul(rows, cols)), "f32", name=f"{module}.inside")
+        source = g.constant(np.arange(side, dtype=np.float32).reshape(1, 1, side), name=f"{module}.source")
+
+        def weights(at: int, size: int, axis: str) -> int:
+            scale = g.div(self.scalar(float(side)), g.cast(size, "f32"), name=f"{module}.{axis}_scale")  # [B, 1]
+            support = g.reshape(g.maximum(scale, self.scalar(1.0)), [b, 1, 1], name=f"{module}.{axis}_support")
+            centre = g.sub(g.mul(g.add(g.mul(g.cast(at, "f32"), inside), self.scalar(0.5)), scale), self.scalar(0.5))
+            distance = g.abs(g.sub(g.reshape(centre, [b, n, 1]), source), name=f"{module}.{axis}_distance")
+            w = g.maximum(g.sub(self.scalar(1.0), g.div(distance, support)), self.scalar(0.0), name=f"{module}.{axis}_taps")
+            return g.div(w, g.sum(w, [2], keep_dim=True), name=f"{module}.{axis}_weights")  # [B, N, g]
+
+        both = g.mul(g.reshape(weights(row_of, rows, "row"), [b, n, side, 1]),
+                     g.reshape(weights(col_of, cols, "col"), [b, n, 1, side]), name=f"{module}.weights")
+        return g.matmul(g.reshape(both, [b, n, side * side]), table, name=f"{module}.resize_positional_embeddings")
 
     def siglip_layer(self, x: int, p: str, mask: int | None) -> int:
         s, g = self.spec, self.g

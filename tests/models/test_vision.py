@@ -11,14 +11,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from models.vision_numpy import dinov2_forward, siglip2_forward, siglip_forward
+from models.vision_numpy import dinov2_forward, siglip2_forward, siglip_forward, taps
 from rlx_mil import convert, milexec, reference
 from rlx_mil.errors import CheckpointError, InvalidOptionError, UnsupportedConfigError
 from rlx_mil.ir import Param
 from rlx_mil.models import from_pretrained
 from rlx_mil.models.checkpoint import Checkpoint
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+from rlx_mil.models.resize import resize_matrix
 
 #: fp32: the done-when bound; fp16: rounding through two layers and the pooling head.
 RELATIVE = {"fp32": 1e-4, "fp16": 2e-2}
@@ -48,11 +51,16 @@ def _pixels(batch: int, height: int, width: int, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((batch, 3, height, width)).astype(np.float32)
 
 
-def _naflex(batch: int, n: int, shape: tuple[int, int]) -> dict[str, np.ndarray]:
-    mask = np.zeros((batch, n), np.int32)
-    mask[:, :shape[0] * shape[1]] = 1
-    patches = np.random.default_rng(2).standard_normal((batch, n, 3 * 4 * 4)).astype(np.float32)
-    return {"pixel_values": patches, "pixel_attention_mask": mask}
+def _naflex(n: int, shapes: list[tuple[int, int]], spatial_input: bool = True) -> dict[str, np.ndarray]:
+    """NaFlex feeds: one image per shape, each mask covering its rows x columns patches."""
+    mask = np.zeros((len(shapes), n), np.int32)
+    for b, (rows, cols) in enumerate(shapes):
+        mask[b, :rows * cols] = 1
+    patches = np.random.default_rng(2).standard_normal((len(shapes), n, 3 * 4 * 4)).astype(np.float32)
+    feeds = {"pixel_values": patches, "pixel_attention_mask": mask}
+    if spatial_input:
+        feeds["spatial_shapes"] = np.array(shapes, np.int32)
+    return feeds
 
 
 @pytest.mark.parametrize("name", ["dinov2", "dinov2_swiglu", "dinov2_with_registers"])
@@ -89,27 +97,34 @@ def test_siglip_matches_independent_forward(folders: dict[str, Path], size: tupl
     assert _relative(reference.evaluate(graph, {"pixel_values": pixels}, params)["last_hidden_state"], want_hidden) <= 1e-5
 
 
-@pytest.mark.parametrize(("n", "shape"), [(16, (4, 4)), (20, (3, 5)), (30, (6, 5)), (9, (2, 2))])
-def test_siglip2_naflex_matches_independent_forward(folders: dict[str, Path], n: int, shape: tuple[int, int]) -> None:
-    """Patches with their mask; the position grid resized (bilinear, antialias) to the spatial
-    shape, padded patches masked out of the attention and the pooling head."""
+@pytest.mark.parametrize(("n", "shapes"), [(16, [(4, 4), (2, 8)]), (20, [(3, 5), (5, 4)]), (30, [(6, 5), (1, 7)]),
+                                           (9, [(2, 2), (3, 3)])])
+def test_siglip2_naflex_matches_independent_forward(folders: dict[str, Path], n: int,
+                                                    shapes: list[tuple[int, int]]) -> None:
+    """Patches with their mask and each image's spatial shape (an input): the position grid
+    resized (bilinear, antialias) per image, padded patches masked out of the attention and
+    the pooling head."""
     folder = folders["siglip2"]
     config = json.loads((folder / "config.json").read_text())
-    feeds = _naflex(2, n, shape)
+    feeds = _naflex(n, shapes)
     want_pooled, want_hidden = siglip2_forward(Checkpoint(folder), config, feeds["pixel_values"],
-                                               feeds["pixel_attention_mask"], shape)
-    graph, params = from_pretrained(folder, batch_size=2, seq_len=n, spatial_shape=shape)
+                                               feeds["pixel_attention_mask"], shapes)
+    graph, params = from_pretrained(folder, batch_size=2, seq_len=n)
     assert _relative(reference.evaluate(graph, feeds, params)["pooler_output"], want_pooled) <= 1e-5
-    graph, params = from_pretrained(folder, batch_size=2, seq_len=n, spatial_shape=shape, pooling=None)
+    graph, params = from_pretrained(folder, batch_size=2, seq_len=n, pooling=None)
     assert _relative(reference.evaluate(graph, feeds, params)["last_hidden_state"], want_hidden) <= 1e-5
 
 
-def test_siglip2_default_shape_is_the_trained_grid(folders: dict[str, Path]) -> None:
-    graph, params = from_pretrained(folders["siglip2"])
-    feeds = _naflex(1, 16, (4, 4))
-    config = json.loads((folders["siglip2"] / "config.json").read_text())
-    want, _ = siglip2_forward(Checkpoint(folders["siglip2"]), config, feeds["pixel_values"],
-                              feeds["pixel_attention_mask"], (4, 4))
+@pytest.mark.parametrize(("n", "shape"), [(16, (4, 4)), (20, (3, 5)), (9, (2, 2))])
+def test_siglip2_fixed_spatial_shape(folders: dict[str, Path], n: int, shape: tuple[int, int]) -> None:
+    """`spatial_shape` fixes one shape for every image: no spatial_shapes input, the resize
+    two constant matrices."""
+    folder = folders["siglip2"]
+    config = json.loads((folder / "config.json").read_text())
+    feeds = _naflex(n, [shape, shape], spatial_input=False)
+    want, _ = siglip2_forward(Checkpoint(folder), config, feeds["pixel_values"], feeds["pixel_attention_mask"],
+                              [shape, shape])
+    graph, params = from_pretrained(folder, batch_size=2, seq_len=n, spatial_shape=shape)
     assert _relative(reference.evaluate(graph, feeds, params)["pooler_output"], want) <= 1e-5
 
 
@@ -117,8 +132,10 @@ CONVERSIONS = [
     ("dinov2_swiglu", {"image_size": (20, 16)}, lambda c, t, f: dinov2_forward(t, c, f["pixel_values"])[0]),
     ("dinov2_with_registers", {}, lambda c, t, f: dinov2_forward(t, c, f["pixel_values"])[0]),
     ("siglip", {}, lambda c, t, f: siglip_forward(t, c, f["pixel_values"])[0]),
-    ("siglip2", {"seq_len": 20, "spatial_shape": (3, 5)},
-     lambda c, t, f: siglip2_forward(t, c, f["pixel_values"], f["pixel_attention_mask"], (3, 5))[0]),
+    ("siglip2", {"seq_len": 20},
+     lambda c, t, f: siglip2_forward(t, c, f["pixel_values"], f["pixel_attention_mask"], [(3, 5), (5, 4)])[0]),
+    ("siglip2_fixed", {"seq_len": 20, "spatial_shape": (3, 5)},
+     lambda c, t, f: siglip2_forward(t, c, f["pixel_values"], f["pixel_attention_mask"], [(3, 5), (3, 5)])[0]),
 ]
 
 
@@ -126,11 +143,13 @@ CONVERSIONS = [
 def test_package_matches_independent_forward(folders: dict[str, Path], name: str, options: dict[str, Any],
                                              forward: Any) -> None:
     """The converted program (fp32 and fp16) through the MIL executor against the NumPy forward."""
-    folder = folders[name]
+    folder = folders[name.removesuffix("_fixed")]
     config = json.loads((folder / "config.json").read_text())
     graph, params = from_pretrained(folder, batch_size=2, **options)
-    if "seq_len" in options:
-        feeds = _naflex(2, options["seq_len"], options["spatial_shape"])
+    if "spatial_shape" in options:
+        feeds = _naflex(options["seq_len"], [options["spatial_shape"]] * 2, spatial_input=False)
+    elif "seq_len" in options:
+        feeds = _naflex(options["seq_len"], [(3, 5), (5, 4)])
     else:
         size = options.get("image_size", (16, 16))
         feeds = {"pixel_values": _pixels(2, *size)}
@@ -214,3 +233,16 @@ def test_convert_hf_stores_the_image_preprocessing(folders: dict[str, Path], tmp
     assert "check image_embeds" in capsys.readouterr().out
     stored = json.loads(package_info(out).metadata[METADATA_KEY])
     assert stored == {k: v for k, v in settings.items() if k != "processor_class"}
+
+
+@given(n_in=st.integers(1, 12), n_out=st.integers(1, 24), mode=st.sampled_from(["bicubic", "bilinear"]),
+       antialias=st.booleans())
+def test_resize_weights_match_the_tap_formulas(n_in: int, n_out: int, mode: str, antialias: bool) -> None:
+    """The graph's resize matrices against the per-sample taps of the NumPy forwards."""
+    matrix = resize_matrix(n_in, n_out, mode, antialias)
+    want = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        for j, weight in taps(n_in, n_out, mode, antialias, i).items():
+            want[i, j] += weight
+    np.testing.assert_allclose(matrix, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(matrix.sum(axis=1), 1.0, rtol=1e-5)  # every scheme preserves constants

@@ -32,7 +32,7 @@ def _keys(x: float, a: float) -> float:
     return 0.0
 
 
-def _taps(n_in: int, n_out: int, mode: str, antialias: bool, i: int) -> dict[int, float]:
+def taps(n_in: int, n_out: int, mode: str, antialias: bool, i: int) -> dict[int, float]:
     """Source index -> weight of output sample i along one axis."""
     scale = n_in / n_out
     out: dict[int, float] = {}
@@ -67,9 +67,9 @@ def interpolate(grid: np.ndarray, rows: int, cols: int, mode: str, antialias: bo
     h, w, _ = grid.shape
     out = np.zeros((rows, cols, grid.shape[2]))
     for i in range(rows):
-        row_taps = _taps(h, rows, mode, antialias, i)
+        row_taps = taps(h, rows, mode, antialias, i)
         for j in range(cols):
-            col_taps = _taps(w, cols, mode, antialias, j)
+            col_taps = taps(w, cols, mode, antialias, j)
             for a, wa in row_taps.items():
                 for b, wb in col_taps.items():
                     out[i, j] += wa * wb * grid[a, b]
@@ -188,17 +188,17 @@ def siglip_forward(t: Tensors, cfg: Mapping[str, Any], pixels: np.ndarray) -> tu
 
 
 def siglip2_forward(t: Tensors, cfg: Mapping[str, Any], patches: np.ndarray, mask: np.ndarray,
-                    shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """(pooler_output, last_hidden_state) of `Siglip2VisionModel` with every image of spatial
-    shape `shape` (patches `[B, N, C * p * p]`, mask `[B, N]`)."""
+                    shapes: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(pooler_output, last_hidden_state) of `Siglip2VisionModel`: patches `[B, N, C * p * p]`,
+    mask `[B, N]`, image b of `shapes[b]` = (rows, columns) of patches."""
     v = cfg["vision_config"]
     e = v["hidden_size"]
     r = "vision_model."
     x = dense(patches.astype(np.float64), t, f"{r}embeddings.patch_embedding")
     table = _w(t, f"{r}embeddings.position_embedding.weight")
     side = math.isqrt(table.shape[0])
-    rows, cols = shape
-    grid = interpolate(table.reshape(side, side, e), rows, cols, "bilinear", True).reshape(rows * cols, e)
     n = patches.shape[1]
-    positions = np.concatenate([grid, np.repeat(grid[:1], n - rows * cols, axis=0)])
-    return _siglip_tower(t, v, x + positions, mask.astype(np.float64))
+    for b, (rows, cols) in enumerate(shapes):
+        grid = interpolate(table.reshape(side, side, e), rows, cols, "bilinear", True).reshape(rows * cols, e)
+        x[b] += np.concatenate([grid, np.repeat(grid[:1], n - rows * cols, axis=0)])
+    return _siglip_tower(t, v, x, mask.astype(np.float64))
