@@ -88,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     insp.add_argument("package", type=Path, help="a .mlpackage folder, a chunked set's folder, or a graph .json (inputs,"
                       " params, op histogram)")
     insp.add_argument("--json", action="store_true", help="print JSON instead of text")
+    insp.add_argument("--estimate", action="store_true",
+                      help="the bytes a decode step streams and the resulting tokens/s upper bound per Apple chip"
+                           " (memory bandwidth table: docs/deploying.md)")
+    insp.add_argument("--context", type=int, metavar="N",
+                      help="--estimate: tokens in the KV cache (default: the package's max_context)")
 
     pre = sub.add_parser("preflight", help="check a .mlpackage against the known Core ML device rules"
                          " (docs/deploying.md); exit 1 when it breaks one")
@@ -244,7 +249,11 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
 def _inspect(args: argparse.Namespace) -> int:
     from rlx_mil.coreml.package_info import package_info
 
+    if args.context is not None and not args.estimate:
+        raise RlxMilError("--context goes with --estimate")
     if args.package.suffix == ".json" or args.package.is_file():
+        if args.estimate:
+            raise RlxMilError("--estimate reads a .mlpackage or a chunked set's folder, not a graph JSON")
         from rlx_mil.cli.graph_info import graph_info
 
         summary = graph_info(args.package)
@@ -253,6 +262,12 @@ def _inspect(args: argparse.Namespace) -> int:
 
     from rlx_mil.llm.chunked import is_chunked_set, read_chunked_set
 
+    if args.estimate:
+        from rlx_mil.llm.estimate import estimate_decode
+
+        estimate = estimate_decode(args.package, args.context)
+        print(estimate.to_json() if args.json else estimate.to_text())
+        return EXIT_OK
     if is_chunked_set(args.package):
         chunked = read_chunked_set(args.package)
         print(json.dumps(chunked.summary(), indent=2) if args.json else chunked.to_text())

@@ -16,6 +16,7 @@ from rlx_mil.errors import ExistingFileError, InvalidOptionError
 from rlx_mil.ir.cut import cut_graph, layer_of, layer_segments
 from rlx_mil.llm.chunk_plan import BLOB_OVERHEAD, ChunkingError, data_inputs, plan_chunks, planned_param_bytes
 from rlx_mil.llm.chunked import MANIFEST, read_chunked_set
+from rlx_mil.llm.estimate import estimate_decode
 from rlx_mil.llm.generate import Session
 from rlx_mil.llm.package import convert_llm_checkpoint, reference_greedy, reference_logits
 from rlx_mil.models.pretrained import from_pretrained
@@ -116,6 +117,11 @@ def test_cli_generate_and_inspect_read_the_set(packages: tuple[Path, Path, str],
     assert main(["inspect", str(folder)]) == 0
     text = capsys.readouterr().out
     assert "3 chunks" in text and "llama3_chunk_02.mlpackage" in text
+    # A decode step streams the same weights and caches in the set as in the one package (the
+    # RoPE tables, copied into every chunk, aside).
+    one, chunked = estimate_decode(single), estimate_decode(folder)
+    assert chunked.state_bytes == one.state_bytes
+    assert one.weight_bytes <= chunked.weight_bytes <= one.weight_bytes * 1.03
 
 
 def test_every_decoder_family_cuts_at_each_layer(tmp_path: Path) -> None:

@@ -1,0 +1,60 @@
+"""`rlx-mil inspect --estimate`: the bytes a decode step streams, counted from the package's
+program, against the checkpoint's own tensor sizes; the tokens/s bounds from the bandwidth table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_llm_package import CFG, MAX_CONTEXT, tiny_checkpoint, tiny_stateful_package
+
+from rlx_mil.cli import main
+from rlx_mil.errors import InvalidOptionError
+from rlx_mil.llm.estimate import CHIPS, estimate_decode
+from rlx_mil.models.checkpoint import Checkpoint
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    work = tmp_path_factory.mktemp("estimate")
+    checkpoint = tiny_checkpoint(work, seed=2)
+    return checkpoint, tiny_stateful_package(checkpoint, work)
+
+
+def test_decode_bytes_follow_the_checkpoint(package: tuple[Path, Path]) -> None:
+    checkpoint, path = package
+    tensors = Checkpoint(checkpoint)
+    hidden, layers = CFG["hidden_size"], CFG["num_hidden_layers"]
+    kv_width = CFG["num_key_value_heads"] * hidden // CFG["num_attention_heads"]
+    # fp32 package: every tensor but the embedding table (read one row a token) at 4 bytes
+    streamed = sum(int(np.prod(tensors.shape_of(n))) for n in tensors if n != "model.embed_tokens.weight") * 4
+    got = estimate_decode(path)
+    # plus the program's own small constants (the zero biases of its linear ops, RoPE tables, masks)
+    assert streamed <= got.weight_bytes <= streamed * 1.05 + 1024
+    head_dim = hidden // CFG["num_attention_heads"]
+    rope_rows = 2 * (head_dim // 2) * 4  # cos and sin rows at the position
+    assert got.lookup_bytes == hidden * 4 + rope_rows
+    # K and V caches (fp16 states): MAX_CONTEXT slots read, one written
+    cache = 2 * layers * kv_width * 2
+    assert got.state_bytes == cache * (MAX_CONTEXT + 1)
+    half = estimate_decode(path, context=8)
+    assert half.state_bytes == cache * (8 + 1) and half.weight_bytes == got.weight_bytes
+    for chip, rate in got.bounds():
+        assert rate == pytest.approx(chip.bandwidth_gbs * 1e9 / got.bytes_per_token)
+    with pytest.raises(InvalidOptionError, match="max_context"):
+        estimate_decode(path, context=MAX_CONTEXT + 1)
+
+
+def test_cli_prints_the_bound_and_its_sources(package: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    _checkpoint, path = package
+    assert main(["inspect", str(path), "--estimate"]) == 0
+    text = capsys.readouterr().out
+    assert "UPPER BOUND" in text and "A18 Pro" in text and "M4 Max (16-core CPU)" in text
+    assert main(["inspect", str(path), "--estimate", "--json", "--context", "4"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["context"] == 4 and len(info["upper_bound_tokens_per_s"]) == len(CHIPS)
+    assert all(row["source"] for row in info["upper_bound_tokens_per_s"])
+    assert main(["inspect", str(path), "--context", "4"]) == 1
+    assert "--context goes with --estimate" in capsys.readouterr().err
