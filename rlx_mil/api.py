@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlx_mil.coreml import metadata
 from rlx_mil.coreml.deploy import DeployForm, RewriteContext, lowering_attention, rewrite_program
+from rlx_mil.coreml.deploy.compression import form_compression
 from rlx_mil.coreml.deploy.wide_split import name_split_outputs
 from rlx_mil.coreml.multifunction import add_function, function_workspace, join_functions
 from rlx_mil.coreml.patches import pass_bars_hidden
@@ -114,7 +115,7 @@ def lower_with_names(
     if dims is not None:
         graph = graph.bind(dims)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
-    compressor, params = _compressor(compress, graph, tgt, prec, params)
+    compressor, params = _compressor(form_compression(compress, form), graph, tgt, prec, params)
     lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
     context = RewriteContext(form, tgt, prec)
     rewrite_program(lowered.program, context)
@@ -260,7 +261,7 @@ def convert(
     if dims is not None:
         graph = graph.bind(dims)
     graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
-    compressor, params = _compressor(compress, graph, tgt, prec, params)
+    compressor, params = _compressor(form_compression(compress, form), graph, tgt, prec, params)
     with (
         conversion_temporaries(), objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(),
         nonreplaceable_marks_only_with_constexprs(), fusion_patterns_built_once(), pass_bars_hidden(),

@@ -108,6 +108,10 @@ def compress_option(args: argparse.Namespace) -> Any:
         if budget is not None or max_error is not None or calibration is not None:
             raise InvalidOptionError("--compress-budget, --max-error and --compress-calibration need --compress")
         return None
+    from rlx_mil.coreml.deploy import DeployForm
+    from rlx_mil.coreml.deploy.compression import four_bit_text
+
+    spec = four_bit_text(spec, DeployForm.parse(getattr(args, "deploy", None) or "plain"))
     if budget is not None:
         spec += f";budget={budget!r}"
     if max_error is not None:

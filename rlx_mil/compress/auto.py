@@ -94,13 +94,14 @@ def _weighted_error(sample: np.ndarray, back: np.ndarray, importance: np.ndarray
 
 def options_for(
     storage: np.ndarray, bits: int, target: Target, store: type[np.floating[Any]], importance: np.ndarray | None = None,
+    candidates: tuple[str, ...] | None = None,
 ) -> list[Option]:
     """Each candidate the target holds, with its estimated error and bytes, cheapest first;
     candidates another one beats on both are dropped."""
     shape = tuple(int(d) for d in storage.shape)
     channels = rows_view(storage).shape[0]
     found = []
-    for text in CANDIDATES[bits]:
+    for text in candidates or CANDIDATES[bits]:
         base = parse_scheme(text)
         assert base is not None
         scheme, _ = fit_to_shape(base, shape, target)
@@ -191,13 +192,13 @@ def choose(
 def plan_auto(
     bits: int, storages: Mapping[str, Any], roles: Mapping[str, str], target: Target, store: type[np.floating[Any]],
     fixed_bytes: int, total_before: int, budget: float | None, max_error: float | None,
-    importance: Mapping[str, np.ndarray] | None = None,
+    importance: Mapping[str, np.ndarray] | None = None, candidates: tuple[str, ...] | None = None,
 ) -> AutoPlan:
     """The mix for the weights `storages` (name -> a callable giving the storage-layout array,
     read one weight at a time), `fixed_bytes` being what the other weights take."""
     options: dict[str, list[Option]] = {}
     for name, read in storages.items():
-        options[name] = options_for(read(), bits, target, store, (importance or {}).get(name))
+        options[name] = options_for(read(), bits, target, store, (importance or {}).get(name), candidates)
     layers = layer_count(list(storages))
     weights = {n: sensitivity(n, roles.get(n, "weight"), layers) for n in options}
     pick, why, reached = choose(options, weights, fixed_bytes, total_before, bits, budget, max_error)

@@ -231,7 +231,8 @@ class WeightCompressor:
             ):
                 roles[node.op.name] = "lm_head"
         self.plan = plan_auto(self.config.auto, {n: reader(n) for n in names}, roles, self.target,
-                              store_dtype(self.precision), fixed, total, self.config.budget, self.config.max_error, importance)
+                              store_dtype(self.precision), fixed, total, self.config.budget, self.config.max_error, importance,
+                              self.config.candidates)
         self.schemes.update(self.plan.schemes)
         self.notes = dict(self.plan.notes)
 

@@ -11,7 +11,8 @@ Text form (the CLI's ``--compress`` and ``convert(compress="...")``)::
       modifiers joined by '-':  sym | asym | float | tensor | channel | block | blockN | groupN
       e.g. int4 (= int4-sym-block32), int8 (= int8-sym-channel), int8-asym-tensor,
            int4-block64, uint4-float (= uint4 codes, float offset, block 32: llama.cpp's Q4_1 grid),
-           lut4 (= lut4-group16: a table per 16 output channels), lut4-tensor, lut4-group4, lut6
+           lut4 (= lut4-group16: a table per 16 output channels), lut4-tensor, lut4-group4, lut6,
+           4bit (the deployment form's 4-bit default: int4 per block; lut4 with deploy="ane")
     CONFIG                      items separated by ';'
       SCHEME                    the default for every eligible weight
       embeddings=SCHEME         tables read by Gather (token embeddings)
@@ -241,6 +242,9 @@ PRESETS: dict[str, str] = {
     "int8": "int8-sym-channel",
     "uint8": "uint8-asym-channel",
     "int4": "int4-sym-block32",
+    # The 4-bit default: per-block int4 here; the Neural Engine form (`deploy="ane"`) reads it as
+    # lut4 before parsing (`rlx_mil.coreml.deploy.compression`).
+    "4bit": "int4-sym-block32",
     "uint4": "uint4-asym-block32",
     "lut2": "lut2",
     "lut3": "lut3",
@@ -311,6 +315,10 @@ class CompressionConfig:
     #: Calibration inputs (input name -> array) for activation-aware choices and a measured
     #: output error.
     calibration: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    #: With `auto`: the schemes (text form, cheapest first) it chooses from instead of
+    #: `rlx_mil.compress.auto.CANDIDATES` (a deployment form's own, e.g. no per-block ints on
+    #: the Neural Engine).
+    candidates: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0:

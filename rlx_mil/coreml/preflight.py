@@ -16,7 +16,6 @@ from typing import Any
 
 from rlx_mil.coreml.package_info import open_model
 from rlx_mil.coreml.preflight_rules import (
-    ANE_CORES,
     ANE_GATHER_OPS,
     ANE_MAX_DIM,
     ANE_UNSUPPORTED_OPS,
@@ -25,10 +24,11 @@ from rlx_mil.coreml.preflight_rules import (
     IOS_MAX_WEIGHT_FILE,
     MACOS_MAX_WEIGHT_FILE,
     MIB,
-    NOTCH_WINDOW,
     RULES,
     Device,
     Severity,
+    core_payload,
+    on_notch,
 )
 from rlx_mil.errors import InvalidOptionError, RlxMilError
 
@@ -249,9 +249,8 @@ class _Checker:
         kernel = 1
         for k in dims[2:]:
             kernel *= int(k or 1)
-        payload = -(-n // ANE_CORES) * d * kernel * 2
-        off = payload % MIB
-        if payload > MIB - NOTCH_WINDOW and min(off, MIB - off) < NOTCH_WINDOW:
+        payload = core_payload(n, d, kernel)
+        if on_notch(payload):
             self.add("ane-dma-notch", f"weight [N, D, k...] = {list(dims)}: {payload:,} bytes per core"
                      f" ({payload / MIB:.3f} MiB)", f.name, op, names[0])
 

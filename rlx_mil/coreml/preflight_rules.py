@@ -22,6 +22,18 @@ MACOS_MAX_WEIGHT_FILE = 2 * 10**9
 MIB = 1 << 20
 NOTCH_WINDOW = 16 << 10
 ANE_CORES = 16
+
+
+def core_payload(rows: int, width: int, kernel: int = 1) -> int:
+    """Bytes of an fp16 `[rows, width, kernel...]` weight one Neural Engine core streams: its
+    `ceil(rows / 16)` output channels."""
+    return -(-rows // ANE_CORES) * width * kernel * 2
+
+
+def on_notch(payload: int) -> bool:
+    """A per-core weight slice within `NOTCH_WINDOW` of a non-zero multiple of 1 MiB."""
+    off = payload % MIB
+    return payload > MIB - NOTCH_WINDOW and min(off, MIB - off) < NOTCH_WINDOW
 #: Ops the Neural Engine does not run (they fall back to the CPU/GPU).
 ANE_UNSUPPORTED_OPS = frozenset({"lstm", "gru", "rnn"})
 ANE_GATHER_OPS = frozenset({"gather", "gather_nd", "gather_along_axis"})

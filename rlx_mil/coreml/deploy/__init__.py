@@ -88,9 +88,12 @@ def lowering_attention(form: DeployForm, attention: str, target: Target) -> str:
 
 
 def _rewrites() -> dict[DeployForm, tuple[ProgramRewrite, ...]]:
+    from rlx_mil.coreml.deploy.notch import notch_rewrite
     from rlx_mil.coreml.deploy.wide_split import split_wide
 
-    return {DeployForm.PLAIN: (), DeployForm.GPU: (), DeployForm.ANE: (split_wide,)}
+    # The size rules run last: they cut whatever projections the layout rewrites leave, wide
+    # ones first (its pieces are then checked for the notch too).
+    return {DeployForm.PLAIN: (), DeployForm.GPU: (), DeployForm.ANE: (split_wide, notch_rewrite)}
 
 
 #: The program rewrites of each form, in the order they run.

@@ -33,7 +33,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rlx_mil.coreml.deploy.weight_slices import granularity, is_constant, remove_if_unused, slice_weight
+from rlx_mil.coreml.deploy.projections import (
+    PROJECTIONS,
+    contracted_axes,
+    out_axis,
+    output_pieces,
+    partial_sums,
+    weight_of,
+)
+from rlx_mil.coreml.deploy.weight_slices import granularity, remove_if_unused
 from rlx_mil.coreml.output_pieces import OutputPieces
 from rlx_mil.coreml.preflight_rules import ANE_MAX_DIM
 from rlx_mil.errors import ConversionError
@@ -62,7 +70,6 @@ _BINARY = frozenset({
     "add", "sub", "mul", "real_div", "floor_div", "mod", "pow", "maximum", "minimum", "equal", "not_equal", "greater",
     "greater_equal", "less", "less_equal", "logical_and", "logical_or", "logical_xor",
 })
-_PROJECTIONS = ("linear", "matmul", "conv")
 
 
 @dataclass
@@ -113,30 +120,6 @@ def _static(shape: Sequence[Any]) -> bool:
     return all(isinstance(d, (int, np.integer)) for d in shape)
 
 
-def _weight_of(op: Any) -> tuple[str, Any, int] | None:
-    """(input name, constant weight var, its output-channel axis) of a projection op."""
-    if op.op_type == "linear":
-        w = op.inputs.get("weight")
-        return ("weight", w, 0) if w is not None and is_constant(w) and len(w.shape) == 2 else None
-    if op.op_type == "conv":
-        w = op.inputs.get("weight")
-        groups = op.inputs.get("groups")
-        if w is None or not is_constant(w) or (groups is not None and int(groups.val) != 1):
-            return None
-        return "weight", w, 0
-    if op.op_type == "matmul":
-        y = op.inputs.get("y")
-        if y is None or not is_constant(y) or len(y.shape) != 2:
-            return None
-        transpose_y = op.inputs.get("transpose_y")
-        return "y", y, (0 if transpose_y is not None and bool(transpose_y.val) else 1)
-    return None
-
-
-def _out_axis(op: Any) -> int:
-    return 1 if op.op_type == "conv" else len(op.outputs[0].shape) - 1
-
-
 class _Splitter:
     def __init__(self, function: Any, limit: int, split_outputs: bool) -> None:
         self.block = function
@@ -178,34 +161,19 @@ class _Splitter:
             if split_inputs:
                 if self._consume(op):
                     continue
-            if op.op_type in _PROJECTIONS and op.outputs and _static(op.outputs[0].shape):
-                width = int(op.outputs[0].shape[_out_axis(op)])
-                if width > self.limit and _weight_of(op) is not None:
+            if op.op_type in PROJECTIONS and op.outputs and _static(op.outputs[0].shape):
+                width = int(op.outputs[0].shape[out_axis(op)])
+                if width > self.limit and weight_of(op) is not None:
                     self._split_projection(op)
         self._finish()
         return self.report
 
     def _split_projection(self, op: Any) -> None:
-        from coremltools.converters.mil import Builder as mb
-
-        found = _weight_of(op)
+        found = weight_of(op)
         assert found is not None
-        key, weight, w_axis = found
-        width = int(weight.shape[w_axis])
-        sizes = piece_sizes(width, self.limit, granularity(weight, w_axis))
-        bias = op.inputs.get("bias")
-        outs, start = [], 0
-        for i, size in enumerate(sizes):
-            kwargs = dict(op.inputs)
-            kwargs[key] = slice_weight(weight, w_axis, start, start + size, self.fresh(f"{weight.name}_part{i}"), op)
-            if bias is not None:
-                if bias.val is None:
-                    raise ConversionError(f"op {op.name!r}: a computed bias cannot be split")
-                kwargs["bias"] = mb.const(val=bias.val[start:start + size], name=self.fresh(f"{bias.name}_part{i}"),
-                                          before_op=op)
-            outs.append(getattr(mb, op.op_type)(**kwargs, name=self.fresh(f"{op.name}_part{i}"), before_op=op))
-            start += size
-        self.pieces[op.outputs[0]] = _Pieces(_out_axis(op), outs, sizes, op)
+        _, weight, w_axis = found
+        sizes = piece_sizes(int(weight.shape[w_axis]), self.limit, granularity(weight, w_axis))
+        self.pieces[op.outputs[0]] = _Pieces(out_axis(op), output_pieces(op, sizes, self.fresh), sizes, op)
         self.report.projections[op.name] = sizes
         self.replaced.append(op)
 
@@ -221,7 +189,7 @@ class _Splitter:
             return self._reshape(op)
         if kind == "transpose":
             return self._transpose(op)
-        if kind in _PROJECTIONS:
+        if kind in PROJECTIONS:
             return self._partial_sums(op)
         return False
 
@@ -303,37 +271,14 @@ class _Splitter:
     def _partial_sums(self, op: Any) -> bool:
         """`op` contracting the split axis of its input: the sum of each piece's product with
         the matching slice of the weight (the bias added once)."""
-        from coremltools.converters.mil import Builder as mb
-
-        found = _weight_of(op)
         x = op.inputs.get("x")
-        if found is None or x not in self.pieces:
+        axes = contracted_axes(op)
+        if x not in self.pieces or axes is None or self.pieces[x].axis != axes[0] % len(x.shape):
             return False
-        key, weight, _ = found
         src = self.pieces[x]
-        rank = len(x.shape)
-        if op.op_type == "linear":
-            ok, w_axis = src.axis == rank - 1, 1
-        elif op.op_type == "conv":
-            ok, w_axis = src.axis == 1, 1
-        else:
-            transpose_x = op.inputs.get("transpose_x")
-            ok = src.axis == rank - 1 and not (transpose_x is not None and bool(transpose_x.val))
-            w_axis = 1 if found[2] == 0 else 0
-        step = granularity(weight, w_axis)
-        starts = np.cumsum((0, *src.sizes))
-        if not ok or any(int(s) % step for s in starts[1:-1]):
+        total = partial_sums(op, src.vars, src.sizes, self.fresh)
+        if total is None:
             return False
-        total: Any = None
-        for i, piece in enumerate(src.vars):
-            kwargs = dict(op.inputs)
-            kwargs["x"] = piece
-            kwargs[key] = slice_weight(weight, w_axis, int(starts[i]), int(starts[i + 1]),
-                                       self.fresh(f"{weight.name}_part{i}"), op)
-            if i and "bias" in kwargs:
-                del kwargs["bias"]
-            part = getattr(mb, op.op_type)(**kwargs, name=self.fresh(f"{op.name}_part{i}"), before_op=op)
-            total = part if total is None else mb.add(x=total, y=part, name=self.fresh(f"{op.name}_sum{i}"), before_op=op)
         self.block.replace_uses_of_var_after_op(anchor_op=total.op, old_var=op.outputs[0], new_var=total)
         self.replaced.append(op)
         self.report.projections.setdefault(op.name, src.sizes)

@@ -1,0 +1,60 @@
+"""The 4-bit default of each deployment form.
+
+| form | `compress="4bit"` | `compress="auto4"` chooses from |
+|---|---|---|
+| `plain` | per-block int4 (block 32; today's default) | `rlx_mil.compress.auto.CANDIDATES` |
+| `gpu` | per-block int4 (block 32): fastest on the GPU, where a 4-bit LUT is 2.3x slower (FluidInference/mobius#81) | int4, uint4-float, int8 (no LUTs) |
+| `ane` | `lut4`: a 4-bit LUT per grouped channel (16 output channels per table), the Neural Engine's palettes; per-block ints run on the GPU/CPU only (coremltools #2510) | lut4, lut6, int8 per channel (no per-block ints) |
+
+An explicit scheme (`int4`, `lut4-group8`, ...) is always what it says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from rlx_mil.coreml.deploy import DeployForm
+
+#: `compress="4bit"` per form.
+FOUR_BIT: dict[DeployForm, str] = {DeployForm.PLAIN: "int4", DeployForm.GPU: "int4", DeployForm.ANE: "lut4"}
+#: `auto4` per form: the scheme every weight starts from and the candidates, cheapest first.
+AUTO4: dict[DeployForm, tuple[str, tuple[str, ...]]] = {
+    DeployForm.GPU: ("int4", ("int4", "uint4-float", "int8")),
+    DeployForm.ANE: ("lut4", ("lut4", "lut6", "int8")),
+}
+_FOUR_BIT = re.compile(r"^\s*4-?bit\s*$", re.IGNORECASE)
+
+
+def _four_bit(value: Any, form: DeployForm) -> Any:
+    return FOUR_BIT[form] if isinstance(value, str) and _FOUR_BIT.match(value) else value
+
+
+def four_bit_text(spec: str, form: DeployForm) -> str:
+    """A `--compress` text with every `4bit` scheme (default or `key=4bit`) as `form`'s."""
+    items = []
+    for item in spec.split(";"):
+        key, eq, value = item.rpartition("=")
+        items.append(f"{key}{eq}{_four_bit(value, form)}" if eq else _four_bit(item, form))
+    return ";".join(items)
+
+
+def form_compression(compress: Any, form: DeployForm) -> Any:
+    """`compress` (any form `convert` takes) with `4bit` and `auto4` meaning `form`'s; other
+    values are returned unchanged."""
+    from rlx_mil.compress import CompressionConfig, parse_compress, parse_scheme
+
+    if isinstance(compress, str):
+        compress = four_bit_text(compress, form)
+    elif isinstance(compress, Mapping) and not isinstance(compress, CompressionConfig):
+        compress = {k: ([(p, _four_bit(s, form)) for p, s in v] if k == "rules" and not isinstance(v, Mapping)
+                        else _four_bit(v, form)) for k, v in compress.items()}
+    if form not in AUTO4 or compress is None:
+        return compress
+    config = parse_compress(compress)
+    if config is None or config.auto != 4 or config.candidates is not None:
+        return config
+    start, candidates = AUTO4[form]
+    return dataclasses.replace(config, default=parse_scheme(start), candidates=candidates)

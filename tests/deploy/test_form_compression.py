@@ -1,0 +1,63 @@
+"""The 4-bit default of each deployment form (`rlx_mil.coreml.deploy.compression`): grouped-channel
+LUT4 on the Neural Engine, per-block int4 on the GPU (and in the plain form)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlx_mil
+from rlx_mil.compress import parse_compress, report_of
+from rlx_mil.coreml.deploy import DeployForm
+from rlx_mil.coreml.deploy.compression import form_compression, four_bit_text
+from rlx_mil.ir.graph import Graph
+
+
+def _graph() -> tuple[Graph, dict[str, np.ndarray]]:
+    g = Graph("two_layers")
+    x = g.input("x", [1, 2, 64])
+    h = g.relu(g.matmul(x, g.param("up.weight", [64, 128])))
+    g.set_outputs([g.matmul(h, g.param("down.weight", [128, 64]), name="y")])
+    rng = np.random.default_rng(0)
+    return g, {"up.weight": rng.standard_normal((64, 128)).astype(np.float32),
+               "down.weight": rng.standard_normal((128, 64)).astype(np.float32)}
+
+
+def test_four_bit_text_per_form() -> None:
+    assert four_bit_text("4bit", DeployForm.ANE) == "lut4"
+    assert four_bit_text("4-bit;lm_head=4bit;embeddings=int8", DeployForm.ANE) == "lut4;lm_head=lut4;embeddings=int8"
+    assert four_bit_text("4bit;re:proj=4BIT", DeployForm.GPU) == "int4;re:proj=int4"
+    assert four_bit_text("lut4-group8;int4", DeployForm.ANE) == "lut4-group8;int4"  # explicit schemes stay
+    assert form_compression({"default": "4bit", "rules": [("up*", "4bit")]}, DeployForm.ANE) == parse_compress(
+        {"default": "lut4", "rules": [("up*", "lut4")]})
+    assert form_compression(None, DeployForm.ANE) is None and form_compression("int8", DeployForm.PLAIN) == "int8"
+
+
+@pytest.mark.parametrize("deploy, op, scheme", [
+    ("ane", "constexpr_lut_to_dense", "lut4-group16"),
+    ("gpu", "constexpr_blockwise_shift_scale", "int4-sym-block32"),
+    ("plain", "constexpr_blockwise_shift_scale", "int4-sym-block32"),
+])
+def test_four_bit_is_the_forms_default(deploy: str, op: str, scheme: str) -> None:
+    graph, params = _graph()
+    model = rlx_mil.convert(graph, params, compress="4bit", deploy=deploy)
+    report = report_of(model)
+    assert report is not None and {w.scheme for w in report.weights} == {scheme}
+    ops = [o.op_type for o in model._mil_program.functions["main"].operations]
+    assert ops.count(op) == 2
+    if deploy == "ane":  # one LUT per 16 output channels: [N / 16, 1, 16, 1]
+        luts = [o.inputs["lut"].shape for o in model._mil_program.functions["main"].operations if o.op_type == op]
+        assert sorted(tuple(s) for s in luts) == [(4, 1, 16, 1), (8, 1, 16, 1)]
+    preflight = [f.rule for f in rlx_mil.preflight(model, device="ane")]
+    assert ("ane-per-block-int" in preflight) == (deploy != "ane")
+
+
+@pytest.mark.parametrize("deploy, allowed", [("ane", ("lut", "int8")), ("gpu", ("int4", "uint4", "int8"))])
+def test_auto4_chooses_among_the_forms_candidates(deploy: str, allowed: tuple[str, ...]) -> None:
+    graph, params = _graph()
+    model = rlx_mil.convert(graph, params, compress="auto4;budget=0.5", deploy=deploy)
+    report = report_of(model)
+    assert report is not None and report.weights
+    assert all(w.scheme.startswith(allowed) for w in report.weights), [w.scheme for w in report.weights]
+    if deploy == "ane":
+        assert not any("block" in w.scheme for w in report.weights)
