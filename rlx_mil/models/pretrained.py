@@ -201,7 +201,13 @@ def from_pretrained(
 
 def _layout(spec: ModelSpec, checkpoint: Checkpoint) -> ModelSpec:
     """A VLM decoder (root `model.language_model`) stored as transformers 4 wrote it
-    (`language_model.model.`) is read from there."""
+    (`language_model.model.`) is read from there; so is a vision-only SigLIP tower stored under
+    `vision_model.` (transformers 4's `SiglipVisionModel`)."""
+    if isinstance(spec, VisionSpec):
+        patches = "embeddings.patch_embedding.weight"
+        if spec.root == "" and patches not in checkpoint and f"vision_model.{patches}" in checkpoint:
+            return replace(spec, root="vision_model.")
+        return spec
     old_root = "language_model.model"
     if isinstance(spec, DecoderSpec) and spec.root == "model.language_model" \
             and f"{spec.root}.embed_tokens.weight" not in checkpoint and f"{old_root}.embed_tokens.weight" in checkpoint:

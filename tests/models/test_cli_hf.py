@@ -27,7 +27,8 @@ def test_convert_hf_every_family_verifies(family: str, folders: dict[str, Path],
     extra = ["--variant", "decode", "--cache-len", "5"] if family in ("qwen3", "gemma2", "qwen3_moe", "lfm2", "qwen3_5") else []
     # the image encoders: a resized image / a patch grid instead of tokens
     sizes = {"dinov2": ["--image-size", "20x12"], "dinov2_with_registers": ["--image-size", "12"],
-             "siglip": ["--image-size", "20"], "siglip2": ["--seq-len", "6", "--spatial-shape", "2x3"]}
+             "siglip": ["--image-size", "20"], "siglip2": ["--seq-len", "6", "--spatial-shape", "2x3"],
+             "siglip_vision_model": [], "siglip2_vision_model": ["--seq-len", "12"]}
     extra += sizes.get(family, ["--seq-len", "6"])
     code = main(["convert-hf", str(folders[family]), "-o", str(out), "--verify", "--quiet", *extra])
     printed = capsys.readouterr()

@@ -246,3 +246,28 @@ def test_resize_weights_match_the_tap_formulas(n_in: int, n_out: int, mode: str,
             want[i, j] += weight
     np.testing.assert_allclose(matrix, want, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(matrix.sum(axis=1), 1.0, rtol=1e-5)  # every scheme preserves constants
+
+
+@pytest.mark.parametrize("family", ["siglip", "siglip2"])
+@pytest.mark.parametrize("prefixed", [False, True])
+def test_vision_only_folders_read_as_the_dual_encoder(folders: dict[str, Path], tmp_path: Path, family: str,
+                                                      prefixed: bool) -> None:
+    """`SiglipVisionModel` / `Siglip2VisionModel` folders: the tower's config at the top level,
+    its tensors at the root (transformers 5's save_pretrained) or under `vision_model.` (4's)."""
+    from safetensors.numpy import save_file
+
+    dual = folders[family]
+    config = json.loads((dual / "config.json").read_text())["vision_config"]
+    config["architectures"] = ["SiglipVisionModel" if family == "siglip" else "Siglip2VisionModel"]
+    folder = tmp_path / "vision_only"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    stored = Checkpoint(dual)
+    keep = "vision_model."
+    tensors = {(name if prefixed else name[len(keep):]): np.asarray(stored[name]) for name in stored if name.startswith(keep)}
+    save_file(tensors, str(folder / "model.safetensors"))
+    feeds = _naflex(16, [(4, 4), (2, 8)]) if family == "siglip2" else {"pixel_values": _pixels(2, 16, 16)}
+    graph, params = from_pretrained(folder, batch_size=2)
+    want_graph, want_params = from_pretrained(dual, batch_size=2)
+    np.testing.assert_array_equal(reference.evaluate(graph, feeds, params)["pooler_output"],
+                                  reference.evaluate(want_graph, feeds, want_params)["pooler_output"])

@@ -1,6 +1,7 @@
 """SigLIP / SigLIP2 image encoders from their dual-encoder folders (`SiglipModel` /
 `Siglip2Model`: the vision tower's config under `vision_config`, its tensors under
-`vision_model.`; the text tower, `logit_scale` and `logit_bias` are not read); graphs built by
+`vision_model.`; the text tower, `logit_scale` and `logit_bias` are not read) and from
+vision-only folders (`SiglipVisionModel` / `Siglip2VisionModel`); graphs built by
 `rlx_mil.models.vision`."""
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def _text_tower(config: object) -> tuple[tuple[str, tuple[int, ...]], ...]:
 
 
 def _read(f: Fields, naflex: bool) -> VisionSpec:
+    """A dual-encoder folder: the vision tower's config under `vision_config`."""
     vision = f.config.get("vision_config")
     if not isinstance(vision, dict):
         raise UnsupportedConfigError(f"{f.source}: a {f.family} config needs a vision_config object",
@@ -84,6 +86,12 @@ def _read(f: Fields, naflex: bool) -> VisionSpec:
     defaults = SIGLIP2_VISION_DEFAULTS if naflex else SIGLIP_VISION_DEFAULTS
     v = Fields(vision, f.family, f"{f.source} vision_config", defaults)
     v.check_known(frozenset(defaults))
+    return _tower(v, naflex, "vision_model.", _IGNORED, _text_tower(f.config.get("text_config")))
+
+
+def _tower(v: Fields, naflex: bool, root: str, ignored: tuple[str, ...],
+           unread: tuple[tuple[str, tuple[int, ...]], ...]) -> VisionSpec:
+    """The vision tower of a SigLIP (NaFlex: SigLIP2) vision config."""
     hidden, heads = v.int_("hidden_size"), v.int_("num_attention_heads")
     if hidden % heads:
         raise v.refuse("num_attention_heads", heads, f"must divide hidden_size {hidden}")
@@ -98,16 +106,16 @@ def _read(f: Fields, naflex: bool) -> VisionSpec:
     else:
         image = square(v, "image_size")
         if image[0] != image[1]:
-            raise v.refuse("image_size", vision["image_size"], "transformers builds square SigLIP images only")
+            raise v.refuse("image_size", v.config["image_size"], "transformers builds square SigLIP images only")
         grid = image[0] // patch
         if grid < 1:
             raise v.refuse("image_size", image[0], f"smaller than one {patch}-pixel patch")
     return VisionSpec(
-        family=f.family, layout="siglip", hidden_size=hidden, num_layers=v.int_("num_hidden_layers"), num_heads=heads,
+        family=v.family, layout="siglip", hidden_size=hidden, num_layers=v.int_("num_hidden_layers"), num_heads=heads,
         intermediate_size=v.int_("intermediate_size"), num_channels=v.int_("num_channels"), patch_size=patch,
         image_size=image, position_grid=grid, layer_norm_eps=v.float_("layer_norm_eps"),
         activation=v.choice("hidden_act", _ACTIVATIONS), use_head=v.bool_("vision_use_head", True), naflex=naflex,
-        root="vision_model.", ignored_tensors=_IGNORED, unread_tensors=_text_tower(f.config.get("text_config")),
+        root=root, ignored_tensors=ignored, unread_tensors=unread,
     )
 
 
@@ -125,3 +133,24 @@ def read_siglip(f: Fields) -> VisionSpec:
                       "vision_config": {**_TINY_VISION, "model_type": "siglip2_vision_model", "num_patches": 16}})
 def read_siglip2(f: Fields) -> VisionSpec:
     return _read(f, naflex=True)
+
+
+#: A vision-only folder's buffers (transformers 4 stored the tower under `vision_model.`).
+_STANDALONE_IGNORED = (r"(vision_model\.)?embeddings\.position_ids",)
+
+
+@encoder_family("siglip_vision_model", name="SigLIP vision", defaults=SIGLIP_VISION_DEFAULTS,
+                config_class="SiglipVisionConfig", transformers_version="5.24.0",
+                tiny={"architectures": ["SiglipVisionModel"], **_TINY_VISION, "image_size": 16})
+def read_siglip_vision_model(f: Fields) -> VisionSpec:
+    """A `SiglipVisionModel` folder: the tower's config at the top level, its tensors at the
+    root (transformers 5) or under `vision_model.` (transformers 4; `pretrained` reads either)."""
+    return _tower(f, False, "", _STANDALONE_IGNORED, ())
+
+
+@encoder_family("siglip2_vision_model", name="SigLIP2 vision", defaults=SIGLIP2_VISION_DEFAULTS,
+                config_class="Siglip2VisionConfig", transformers_version="5.24.0",
+                tiny={"architectures": ["Siglip2VisionModel"], **_TINY_VISION, "num_patches": 16})
+def read_siglip2_vision_model(f: Fields) -> VisionSpec:
+    """A `Siglip2VisionModel` folder (as `siglip_vision_model`)."""
+    return _tower(f, True, "", _STANDALONE_IGNORED, ())
