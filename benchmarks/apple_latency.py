@@ -5,7 +5,9 @@ For each compute-unit setting (CPU_ONLY, CPU_AND_GPU, CPU_AND_NE, ALL):
   * attention variants at S=128/1024 (fused `scaled_dot_product_attention` vs decomposed):
     prediction latency, median and p90 over --runs after --warmup;
   * the 16-layer decoder (prefill latency) and, from a random Llama checkpoint, a stateful
-    package (prefill bucket + decode, `rlx_mil.llm.package`): prefill latency and decode tokens/s;
+    package (prefill bucket + decode, `rlx_mil.llm.package`) in each deployment form
+    (`deploy="plain"`, `"gpu"`, `"ane"`; docs/deploying.md): prefill latency, decode tokens/s
+    and the op placement counts;
   * where the OS offers MLComputePlan (macOS 14.4+, coremltools' `MLComputePlan`), the device
     each op is placed on, counted per device.
 Results print as a Markdown table and go to --json as JSON lines.
@@ -33,6 +35,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 COMPUTE_UNITS = ("CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE", "ALL")
+#: The deployment forms of `rlx_mil.convert(deploy=...)` measured on the stateful package.
+DEPLOY_FORMS = ("plain", "gpu", "ane")
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000, "hidden_size": 1024,
     "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 2816,
@@ -101,7 +105,7 @@ def measure_package(name: str, path: Path, feeds: dict[str, np.ndarray], args: a
     return rows
 
 
-def measure_stateful(path: Path, prompt: int, steps: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure_stateful(path: Path, prompt: int, steps: int, args: argparse.Namespace, form: str = "plain") -> list[dict[str, Any]]:
     from rlx_mil.generate import Session
 
     rows = []
@@ -123,8 +127,9 @@ def measure_stateful(path: Path, prompt: int, steps: int, args: argparse.Namespa
             decode_times.append(steps / (time.perf_counter() - start))
         rate_median, _ = median_p90(decode_times)
         rows.append({
-            "case": f"llama_stateful_p{prompt}", "compute_units": units, "prefill_median_s": prefill_median,
+            "case": f"llama_stateful_{form}_p{prompt}", "compute_units": units, "prefill_median_s": prefill_median,
             "prefill_p90_s": prefill_p90, "decode_tokens_per_s_median": rate_median, "decode_tokens_per_s_p10": min(decode_times),
+            "placement": placement(path, units),
         })
     return rows
 
@@ -165,9 +170,10 @@ def main() -> int:
         path = rlx_mil.save(rlx_mil.convert(decoder, random_params(decoder, DECODER16)), work / "decoder16.mlpackage")
         rows += measure_package("decoder16_prefill", path, example_inputs(DECODER16), args)
         checkpoint = write_random_checkpoint(work / "llama", TINY_LLAMA, dtype="bfloat16")
-        stateful = work / "llama_stateful.mlpackage"
-        convert_llm_checkpoint(checkpoint, stateful, max_context=512, prefill=[64])
-        rows += measure_stateful(stateful, prompt=64, steps=32, args=args)
+        for form in DEPLOY_FORMS:
+            stateful = work / f"llama_stateful_{form}.mlpackage"
+            convert_llm_checkpoint(checkpoint, stateful, max_context=512, prefill=[64], deploy=form)
+            rows += measure_stateful(stateful, prompt=64, steps=32, args=args, form=form)
 
     keys = sorted({k for r in rows for k in r if k not in ("case", "compute_units", "placement")})
     print("| case | compute units | " + " | ".join(keys) + " | placement |")
