@@ -143,8 +143,8 @@ def prepare_package(
     model: Any, model_dir: str | os.PathLike[str], overrides: Mapping[str, str | None] | None = None
 ) -> list[str]:
     """Before saving `model` converted from the checkpoint `model_dir`: set its model
-    description (the checkpoint's, with `overrides`), store an image processor's settings in
-    its metadata and add the text files item. Returns the names of the files added."""
+    description (the checkpoint's, with `overrides`), store an image encoder's image-processor
+    settings in its metadata and add the text files item. Returns the names of the files added."""
     from rlx_mil.errors import UnsupportedConfigError
     from rlx_mil.models.families import family_of_model_type
 
@@ -155,7 +155,8 @@ def prepare_package(
     except UnsupportedConfigError:
         architecture = None
     describe_checkpoint(folder, architecture).merged(overrides or {}).apply(model)
-    from rlx_mil.models.image_preprocessing import add_preprocessing_metadata
+    from rlx_mil.models.image_preprocessing import add_preprocessing_metadata, is_image_encoder
 
-    add_preprocessing_metadata(model, folder)  # an image encoder's resize / normalisation settings
+    if is_image_encoder(config):  # its resize / normalisation settings (a VLM's text package: not its images')
+        add_preprocessing_metadata(model, folder)
     return add_text_files(model, folder)

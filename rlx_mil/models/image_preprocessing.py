@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,18 @@ FIELDS = (
     "do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std", "do_pad", "patch_size",
     "max_num_patches",
 )
+
+
+def is_image_encoder(config: Mapping[str, Any]) -> bool:
+    """Whether `config` (a config.json) describes one of the image encoders (DINOv2, SigLIP)."""
+    from rlx_mil.errors import RlxMilError
+    from rlx_mil.models.families import model_spec
+    from rlx_mil.models.hf_config import VisionSpec
+
+    try:
+        return isinstance(model_spec(config), VisionSpec)
+    except RlxMilError:
+        return False
 
 
 def image_preprocessing(folder: str | os.PathLike[str]) -> dict[str, Any] | None:

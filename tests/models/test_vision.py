@@ -271,3 +271,22 @@ def test_vision_only_folders_read_as_the_dual_encoder(folders: dict[str, Path], 
     want_graph, want_params = from_pretrained(dual, batch_size=2)
     np.testing.assert_array_equal(reference.evaluate(graph, feeds, params)["pooler_output"],
                                   reference.evaluate(want_graph, feeds, want_params)["pooler_output"])
+
+
+def test_only_image_encoders_carry_the_image_preprocessing(folders: dict[str, Path], tmp_path: Path) -> None:
+    """A vision-language folder converted as text keeps its image processor out of the package."""
+    from types import SimpleNamespace
+
+    from rlx_mil.llm.package_files import prepare_package
+    from rlx_mil.models.image_preprocessing import METADATA_KEY
+
+    settings = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "size": {"shortest_edge": 256}}
+    text = write_random_checkpoint(tmp_path / "gemma3", TINY_CONFIGS["gemma3"])
+    for folder, carried in ((folders["dinov2"], True), (text, False)):
+        (folder / "preprocessor_config.json").write_text(json.dumps(settings))
+        model = SimpleNamespace(user_defined_metadata={}, package_path=None)
+        prepare_package(model, folder)
+        assert (METADATA_KEY in model.user_defined_metadata) is carried
+        if carried:
+            assert json.loads(model.user_defined_metadata[METADATA_KEY]) == settings
+        (folder / "preprocessor_config.json").unlink()
