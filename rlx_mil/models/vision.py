@@ -40,7 +40,7 @@ NODES_PER_LAYER = 50
 NODES_AROUND = 120
 
 
-def _pair(value: int | tuple[int, int] | list[int] | None, what: str) -> tuple[int, int] | None:
+def _pair(value: object, what: str) -> tuple[int, int] | None:
     if value is None:
         return None
     pair = (value, value) if isinstance(value, int) and not isinstance(value, bool) else value
@@ -370,11 +370,11 @@ def build_vision(spec: VisionSpec, options: VisionOptions, name: str | None = No
                  ) -> tuple[Graph, dict[str, tuple[int, ...]], dict[str, np.ndarray]]:
     """The graph, the checkpoint tensors it reads (name -> shape), and no computed arrays."""
     options.validate(spec)
-    if not options.pooled or spec.layout != "siglip" or spec.use_head:
-        builder = _Builder(spec, options, name or f"{spec.family}_vision")
-        return builder.build(), builder.expected, {}
-    raise InvalidOptionError(f"{spec.family}: this vision tower has no pooling head (vision_use_head false), so it has no"
-                             " pooler_output; build last_hidden_state (pooling=None)")
+    if options.pooled and spec.layout == "siglip" and not spec.use_head:
+        raise InvalidOptionError(f"{spec.family}: this vision tower has no pooling head (vision_use_head false), so it has"
+                                 " no pooler_output; build last_hidden_state (pooling=None)")
+    builder = _Builder(spec, options, name or f"{spec.family}_vision")
+    return builder.build(), builder.expected, {}
 
 
 def vision_options(spec: VisionSpec, *, batch_size: int, seq_len: int | None, image_size: object,
@@ -384,7 +384,7 @@ def vision_options(spec: VisionSpec, *, batch_size: int, seq_len: int | None, im
         raise InvalidOptionError(f"{spec.family} pools as its model does: pooling 'auto' (pooler_output) or None"
                                  f" (last_hidden_state), got {pooling!r}")
     return VisionOptions(
-        batch_size=batch_size, image_size=_pair(image_size, "image_size"),  # type: ignore[arg-type]
-        num_patches=seq_len, spatial_shape=_pair(spatial_shape, "spatial_shape"),  # type: ignore[arg-type]
+        batch_size=batch_size, image_size=_pair(image_size, "image_size"),
+        num_patches=seq_len, spatial_shape=_pair(spatial_shape, "spatial_shape"),
         pooled=pooling == "auto", normalize=normalize,
     )

@@ -41,6 +41,7 @@ def _config(family: str, **changes: Any) -> dict[str, Any]:
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("vision")
     configs = {"dinov2": _config("dinov2"), "dinov2_swiglu": _config("dinov2", use_swiglu_ffn=True),
+               "dinov2_nobias": _config("dinov2", qkv_bias=False, hidden_act="gelu_pytorch_tanh"),
                "dinov2_with_registers": _config("dinov2_with_registers"), "siglip": _config("siglip"),
                "siglip2": _config("siglip2")}
     return {name: write_random_checkpoint(root / name, config, dtype="bfloat16", shards=2, seed=index)
@@ -63,7 +64,7 @@ def _naflex(n: int, shapes: list[tuple[int, int]], spatial_input: bool = True) -
     return feeds
 
 
-@pytest.mark.parametrize("name", ["dinov2", "dinov2_swiglu", "dinov2_with_registers"])
+@pytest.mark.parametrize("name", ["dinov2", "dinov2_swiglu", "dinov2_nobias", "dinov2_with_registers"])
 @pytest.mark.parametrize("size", [(16, 16), (24, 20), (12, 12)])
 def test_dinov2_matches_independent_forward(folders: dict[str, Path], name: str, size: tuple[int, int]) -> None:
     """The trained 16 x 16 image keeps the position table; other sizes resize it (bicubic;

@@ -83,7 +83,9 @@ def layer_norm(x: np.ndarray, t: Tensors, name: str, eps: float) -> np.ndarray:
 
 
 def dense(x: np.ndarray, t: Tensors, name: str) -> np.ndarray:
-    return x @ _w(t, f"{name}.weight").T + _w(t, f"{name}.bias")
+    """`x @ W.T + b` (no b when the checkpoint stores none: DINOv2 with qkv_bias false)."""
+    y = x @ _w(t, f"{name}.weight").T
+    return y + _w(t, f"{name}.bias") if f"{name}.bias" in t else y
 
 
 def gelu(x: np.ndarray, kind: str) -> np.ndarray:
