@@ -77,11 +77,12 @@ def component_bytes(program: Any) -> dict[str, int]:
     return dict(out)
 
 
-def measure(kind: str, hidden: int, layers: int, precision: str, work: Path) -> dict[str, Any]:
+def measure(kind: str, hidden: int, layers: int, precision: str, work: Path, requantize: str | None = None) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from models.gguf.gguf_files import write_gguf
 
     import rlx_mil
+    from rlx_mil.compress import report_of
     from rlx_mil.models import from_gguf
     from rlx_mil.models.checkpoint import Checkpoint
     from rlx_mil.models.gguf.reader import GGUFFile
@@ -101,14 +102,19 @@ def measure(kind: str, hidden: int, layers: int, precision: str, work: Path) -> 
     by_type: dict[str, int] = defaultdict(int)
     for t in file.tensors.values():
         by_type[t.type_name] += int(t.raw.nbytes)
-    graph, params = from_gguf(path, seq_len=8)
+    graph, params = from_gguf(path, seq_len=8, requantize=requantize)
     model = rlx_mil.convert(graph, params, precision=precision)
     parts = component_bytes(model._mil_program)
+    report = report_of(model)
+    errors: dict[str, float] = defaultdict(float)
+    for w in report.weights if report is not None else []:
+        errors[w.scheme] = max(errors[w.scheme], w.relative_error)
     out = folder / "p.mlpackage"
     model.save(str(out))
     package = (out / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").stat().st_size
     gguf_bytes = sum(by_type.values())
-    return {"kind": kind, "gguf": gguf_bytes, "package": package, "parts": parts, "types": dict(by_type)}
+    return {"kind": kind, "gguf": gguf_bytes, "package": package, "parts": parts, "types": dict(by_type),
+            "errors": dict(errors)}
 
 
 def main() -> None:
@@ -117,15 +123,17 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--kinds", nargs="*", default=list(KINDS))
+    ap.add_argument("--requantize", help="from_gguf(requantize=...), e.g. Q6_K=lut6")
     args = ap.parse_args()
     roles = ("codes", "scales", "offsets", "lut", "lut scales", "lut offsets", "dense")
-    print("| file | GGUF tensor bytes | weight.bin | ratio | " + " | ".join(roles) + " |")
-    print("|---|---|---|---|" + "---|" * len(roles))
+    print("| file | GGUF tensor bytes | weight.bin | ratio | " + " | ".join(roles) + " | largest relative error |")
+    print("|---|---|---|---|" + "---|" * len(roles) + "---|")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.kinds:
-            r = measure(kind, args.hidden, args.layers, args.precision, Path(tmp))
+            r = measure(kind, args.hidden, args.layers, args.precision, Path(tmp), args.requantize)
             cells = " | ".join(str(r["parts"].get(role, 0)) for role in roles)
-            print(f"| {kind} | {r['gguf']} | {r['package']} | {r['package'] / r['gguf']:.3f} | {cells} |", flush=True)
+            errors = ", ".join(f"{k} {v:.2e}" for k, v in sorted(r["errors"].items()))
+            print(f"| {kind} | {r['gguf']} | {r['package']} | {r['package'] / r['gguf']:.3f} | {cells} | {errors} |", flush=True)
 
 
 if __name__ == "__main__":

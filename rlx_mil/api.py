@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlx_mil.coreml import metadata
+from rlx_mil.coreml.dedup import consts_compared_in_chunks
 from rlx_mil.coreml.deploy import DeployForm, RewriteContext, lowering_attention, rewrite_program
 from rlx_mil.coreml.deploy.compression import form_compression
 from rlx_mil.coreml.deploy.wide_split import name_split_outputs
@@ -265,7 +266,7 @@ def convert(
     with (
         conversion_temporaries(), objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(),
         nonreplaceable_marks_only_with_constexprs(), fusion_patterns_built_once(), pass_bars_hidden(),
-        program_text_only_when_logged(),
+        program_text_only_when_logged(), consts_compared_in_chunks(),
     ):
         lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
         context = RewriteContext(form, tgt, prec, split_outputs=split_outputs)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlx_mil.coreml.dedup import consts_compared_in_chunks
 from rlx_mil.coreml.metadata import (
     INPUT_RANGES,
     PER_FUNCTION_KEYS,
@@ -88,7 +89,8 @@ def join_functions(work: Path, descriptor: Any, metas: Mapping[str, Mapping[str,
         raise InvalidOptionError(f"the functions declare different states, which one package cannot share: {states}")
     descriptor.default_function_name = default_function
     joined = work / "package.mlpackage"
-    ct.utils.save_multifunction(descriptor, str(joined))
+    with consts_compared_in_chunks():
+        ct.utils.save_multifunction(descriptor, str(joined))
     for name in metas:
         shutil.rmtree(work / f"{name}.mlpackage", ignore_errors=True)
 

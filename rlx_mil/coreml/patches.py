@@ -52,6 +52,9 @@ PATCHES: dict[str, str] = {
         "map weight-file blobs instead of copying them, once for all functions (milexec/loader.py)",
     "coremltools.converters.mil.mil.program:Program.__str__":
         "skip printing the program for the pass pipeline's debug log while that log is off (coreml/pipeline.py)",
+    "coremltools.converters.mil.mil.passes.defs.cleanup.const_deduplication:np":
+        "compare deduplication candidates a chunk at a time instead of allclose on float copies of"
+        " whole code tensors (coreml/dedup.py)",
     "coremltools.converters.mil.mil.passes.pass_pipeline:tqdm":
         "show each pass pipeline as a progress stage, or no bar at all during library conversions"
         " (coreml/patches.py: passes_shown_on, pass_bars_hidden)",
