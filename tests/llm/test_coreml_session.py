@@ -36,3 +36,17 @@ def test_core_ml_generates_the_executor_tokens(units: str, tmp_path: Path) -> No
     want = Session(path, engine="milexec").generate(prompt, 8)
     got = Session(path, engine="coreml", compute_units=units).generate(prompt, 8)
     assert got == want
+
+
+def test_core_ml_runs_a_chunked_set_like_the_executor(tmp_path: Path) -> None:
+    from rlx_mil.llm.package import convert_llm_checkpoint
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+    checkpoint = write_random_checkpoint(tmp_path / "llama", {**TINY_CONFIGS["llama"], "num_hidden_layers": 3}, seed=1)
+    folder = tmp_path / "set"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NeuralEngineWarning)
+        convert_llm_checkpoint(checkpoint, folder, max_context=32, prefill=[4], chunk_bytes="30KB")
+    prompt = [5, 17, 3, 41, 8, 2, 9]
+    want = Session(folder, engine="milexec").generate(prompt, 8)
+    assert Session(folder, engine="coreml", compute_units="CPU_ONLY").generate(prompt, 8) == want
