@@ -14,16 +14,18 @@ from rlx_mil.cli.convert_hf import (
     _vocab_size,
     add_decoder_arguments,
     add_stateful_arguments,
+    check_stateful_output,
     compress_check_inputs,
     convert_kwargs,
     description_overrides,
     print_compression,
     refuse_graph_flags,
     refuse_stateful_flags_without_stateful,
+    report_chunked,
     verify_stateful_command,
 )
 from rlx_mil.errors import InvalidOptionError
-from rlx_mil.llm.convert_hf import check_output, convert_checkpoint
+from rlx_mil.llm.convert_hf import convert_checkpoint
 from rlx_mil.models.gguf.requantize import ANE_SCHEME
 from rlx_mil.progress import Progress, running_under_ci
 from rlx_mil.units import human_bytes
@@ -127,14 +129,16 @@ def run_stateful(args: argparse.Namespace) -> int:
 
     refuse_graph_flags(args)
     from_gguf = gguf_loader(args)
-    check_output(args.output, args.overwrite)
+    chunk_bytes = check_stateful_output(args)
     start = time.perf_counter()
-    convert_llm_checkpoint(
+    result = convert_llm_checkpoint(
         args.model, args.output, max_context=DEFAULT_MAX_CONTEXT if args.max_context is None else args.max_context,
         prefill=args.prefill, overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked", attention_mask=args.attention_mask, description=description_overrides(args),
         loader=from_gguf, prepare=prepare_gguf_package, progress=Progress(enabled=not (args.quiet or running_under_ci())),
-        **convert_kwargs(args),
+        chunk_bytes=chunk_bytes, **convert_kwargs(args),
     )
+    if chunk_bytes is not None:
+        return report_chunked(args, args.model, result, time.perf_counter() - start, loader=from_gguf)
     info = package_info(args.output)
     print(f"wrote {args.output} (functions {', '.join(info.functions)}; {info.weight_bytes} bytes of weights)"
           f" in {time.perf_counter() - start:.1f} s")

@@ -299,13 +299,7 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> i
     from rlx_mil.coreml.package_info import package_info
 
     refuse_graph_flags(args)
-    chunk_bytes = getattr(args, "chunk_bytes", None)
-    if chunk_bytes is None:
-        check_output(args.output, args.overwrite)
-    else:
-        from rlx_mil.llm.chunked import check_output_folder
-
-        check_output_folder(args.output, args.overwrite)
+    chunk_bytes = check_stateful_output(args)
     start = time.perf_counter()
     result = convert_llm_checkpoint(
         args.model_dir, args.output, max_context=DEFAULT_MAX_CONTEXT if args.max_context is None else args.max_context,
@@ -315,18 +309,35 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> i
         **convert_options,
     )
     if chunk_bytes is not None:
-        sizes = ", ".join(human_bytes(c.weight_bytes) for c in result.chunks)
-        print(f"wrote {args.output} ({len(result.chunks)} chunks, weights {sizes}; functions"
-              f" {', '.join(result.functions)}) in {time.perf_counter() - start:.1f} s")
-        if args.verify:
-            return verify_stateful_command(args.model_dir, args.output, args.precision,
-                                           result.metadata())
-        return 0
+        return report_chunked(args, args.model_dir, result, time.perf_counter() - start)
     info = package_info(args.output)
     names = ", ".join(info.functions)
     print(f"wrote {args.output} (functions {names}; {info.weight_bytes} bytes of weights) in {time.perf_counter() - start:.1f} s")
     if args.verify:
         return verify_stateful_command(args.model_dir, args.output, args.precision, info.metadata)
+    return 0
+
+
+def check_stateful_output(args: argparse.Namespace) -> str | None:
+    """Refuse a bad output (a .mlpackage path, or a folder with --chunk-bytes) before any work;
+    returns --chunk-bytes."""
+    chunk_bytes: str | None = getattr(args, "chunk_bytes", None)
+    if chunk_bytes is None:
+        check_output(args.output, args.overwrite)
+    else:
+        from rlx_mil.llm.chunked import check_output_folder
+
+        check_output_folder(args.output, args.overwrite)
+    return chunk_bytes
+
+
+def report_chunked(args: argparse.Namespace, model: Any, chunked: Any, seconds: float, loader: Any = None) -> int:
+    """What a stateful conversion prints for a chunked set; `--verify` runs the whole set."""
+    sizes = ", ".join(human_bytes(c.weight_bytes) for c in chunked.chunks)
+    print(f"wrote {args.output} ({len(chunked.chunks)} chunks, weights {sizes}; functions"
+          f" {', '.join(chunked.functions)}) in {seconds:.1f} s")
+    if args.verify:
+        return verify_stateful_command(model, args.output, args.precision, chunked.metadata(), loader=loader)
     return 0
 
 
