@@ -31,7 +31,7 @@ DECODERS = [n for n, c in TINY_CONFIGS.items()
 CONVERTED_ELSEWHERE = {"gemma3_text", "smollm3", "phi4_mini", "granite", "granitemoehybrid"}
 CONFIGS: dict[str, dict[str, Any]] = {name: copy.deepcopy(TINY_CONFIGS[name]) for name in DECODERS}
 # Llama 3.1-style scaling whose medium band is hit by the tiny head_dim (wavelengths 6.3 .. 6283).
-CONFIGS["llama"]["rope_scaling"]["original_max_position_embeddings"] = 128
+CONFIGS["llama"]["rope_parameters"]["original_max_position_embeddings"] = 128
 CONFIGS["llama_linear_bias"] = {**copy.deepcopy(TINY_CONFIGS["llama"]), "rope_scaling": {"type": "linear", "factor": 2.0},
                                 "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True}
 CONFIGS["qwen2_windowed"] = {**copy.deepcopy(TINY_CONFIGS["qwen2"]), "use_sliding_window": True, "sliding_window": 3,

@@ -203,3 +203,20 @@ def test_modernbert_window_covering_the_sequence_is_global(folders: dict[str, Pa
     graph, _ = from_pretrained(folders["modernbert"], seq_len=SEQ, batch_size=1, pooling=None)
     assert {str(n.op.mask_kind) for n in graph if type(n.op).__name__ == "Attention"} == {"Custom", "Bias"}
 
+
+def test_tiny_configs_hold_every_config_class_field() -> None:
+    """Every family's tiny config is written as transformers' `to_dict()` writes one: every
+    field of its config class (the family's defaults table) present, RoPE as `rope_parameters`."""
+    from rlx_mil.models.families import records
+
+    #: GraniteMoeHybridConfig's `time_step_limit` default (0.0, inf) is not JSON; to_dict()
+    #: writes Qwen3.5's `partial_rotary_factor` inside `rope_parameters`.
+    unwritable = {"granitemoehybrid": {"time_step_limit"}, "qwen3_5_text": {"partial_rotary_factor"}}
+    for model_type, record in records().items():
+        tiny = record.tiny
+        lacking = set(record.defaults) - set(tiny) - unwritable.get(model_type, set())
+        assert not lacking, f"{model_type}: tiny config lacks {sorted(lacking)}"
+        # transformers 5 writes RoPE as rope_parameters only (the < 5 form is tested on its own).
+        assert not {"rope_theta", "rope_scaling"} & set(tiny.get("text_config", tiny)), model_type
+        for name, variant in record.variants.items():
+            assert not set(record.defaults) - set(variant), name

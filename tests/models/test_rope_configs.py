@@ -22,7 +22,7 @@ from rlx_mil.models.rope import rope_tables
 
 HEAD_DIM = 16
 BASE: dict[str, Any] = {**TINY_CONFIGS["llama"], "head_dim": HEAD_DIM, "max_position_embeddings": 4096}
-BASE.pop("rope_scaling")
+BASE.pop("rope_parameters")
 
 #: One config per RoPE type (legacy rope_scaling form), with the values that exercise each branch.
 ROPES: dict[str, dict[str, Any]] = {

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from rlx_mil.models.families import decoder_family
-from rlx_mil.models.families.llama import TINY_LLAMA
+from rlx_mil.models.families.llama import NO_TOKEN_IDS, TINY_LLAMA, default_rope
 from rlx_mil.models.hf_config import (
     GEMMA_ACTIVATIONS,
     ROPE_LEGACY_KEYS,
@@ -47,7 +47,8 @@ def gemma_sandwich(f: Fields, c: dict[str, Any]) -> dict[str, Any]:
 
 @decoder_family("gemma2", name="Gemma 2", defaults=GEMMA2_DEFAULTS, config_class="Gemma2Config",
                 legacy=(*ROPE_LEGACY_KEYS, "hidden_act"),
-                tiny={**TINY_LLAMA, "architectures": ["Gemma2ForCausalLM"], "head_dim": 16,
+                tiny={**GEMMA2_DEFAULTS, **TINY_LLAMA, **NO_TOKEN_IDS, "architectures": ["Gemma2ForCausalLM"],
+                      "head_dim": 16, "rope_parameters": default_rope(10000.0),
                       "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
                       "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 24,
                       "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 4})

@@ -88,7 +88,7 @@ VLM_IGNORED = (r"(model\.)?vision_tower\..*", r"(model\.)?multi_modal_projector\
                                         "patch_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
                                         "intermediate_size": 32},
                       "mm_tokens_per_image": 4, "boi_token_index": 90, "eoi_token_index": 91,
-                      "image_token_index": 92, "tie_word_embeddings": True})
+                      "image_token_index": 92, "initializer_range": 0.02, "tie_word_embeddings": True})
 def read_gemma3_vlm(f: Fields) -> DecoderSpec:
     """Gemma 3 4B and larger as published (Gemma3ForConditionalGeneration): the text decoder's
     config under `text_config`, its tensors under `model.language_model.` (or transformers 4's

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlx_mil.models.families import decoder_family
-from rlx_mil.models.families.llama import TINY_LLAMA
+from rlx_mil.models.families.llama import TINY_LLAMA, default_rope
 from rlx_mil.models.hf_config import (
     GATE_ACTIVATIONS,
     ROPE_LEGACY_KEYS,
@@ -29,6 +29,7 @@ GRANITE_DEFAULTS: dict[str, Any] = {
 @decoder_family("granite", name="Granite", defaults=GRANITE_DEFAULTS, config_class="GraniteConfig",
                 legacy=(*ROPE_LEGACY_KEYS, "head_dim"),
                 tiny={**GRANITE_DEFAULTS, **TINY_LLAMA, "architectures": ["GraniteForCausalLM"],
+                      "rope_parameters": default_rope(10000.0),
                       "tie_word_embeddings": True, "embedding_multiplier": 12.0, "logits_scaling": 8.0,
                       "residual_multiplier": 0.22, "attention_multiplier": 0.0078125})
 def read_granite(f: Fields) -> DecoderSpec:
@@ -64,6 +65,7 @@ _ATTENTION_LAYERS = ("full_attention", "attention")
                 config_class="GraniteMoeHybridConfig", legacy=(*ROPE_LEGACY_KEYS, "head_dim", "normalization_function"),
                 tiny={**{k: v for k, v in GRANITE4_DEFAULTS.items() if k != "time_step_limit"},
                       **TINY_LLAMA, "architectures": ["GraniteMoeHybridForCausalLM"], "tie_word_embeddings": True,
+                      "rope_parameters": default_rope(10000.0),
                       "embedding_multiplier": 12.0, "logits_scaling": 4.0, "residual_multiplier": 0.22,
                       "attention_multiplier": 0.0078125, "num_local_experts": 0, "num_experts_per_tok": 0,
                       "shared_intermediate_size": 48, "position_embedding_type": "rope",

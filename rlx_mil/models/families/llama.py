@@ -32,17 +32,29 @@ MISTRAL_DEFAULTS: dict[str, Any] = {
     "rope_parameters": None, "sliding_window": 4096, "attention_dropout": 0.0,
 }
 
+#: The tiny decoders' sizes. A family's tiny config is its defaults table updated with these and
+#: its own fields, as transformers' `to_dict()` writes a config: every field of the config class,
+#: RoPE as `rope_parameters`; fields transformers derives when null (`head_dim`, `layer_types`)
+#: stay null, so a test or the demo that resizes a tiny config gets them derived again.
 TINY_LLAMA: dict[str, Any] = {
     "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
 }
+#: No special token ids: random tiny models have no tokenizer of their own.
+NO_TOKEN_IDS: dict[str, Any] = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
+
+def default_rope(theta: float, **extra: Any) -> dict[str, Any]:
+    """A `rope_parameters` dict as transformers 5 writes a default RoPE."""
+    return {"rope_type": "default", "rope_theta": theta, **extra}
 
 
 @decoder_family("llama", name="Llama", defaults=LLAMA_DEFAULTS, config_class="LlamaConfig", legacy=ROPE_LEGACY_KEYS,
-                tiny={**TINY_LLAMA, "architectures": ["LlamaForCausalLM"],
-                      "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32}})
+                tiny={**LLAMA_DEFAULTS, **TINY_LLAMA, **NO_TOKEN_IDS, "architectures": ["LlamaForCausalLM"],
+                      "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32,
+                                                         "rope_theta": 10000.0}})
 def read_llama(f: Fields) -> DecoderSpec:
     c = decoder_common(f)
     f.choice("hidden_act", GATE_ACTIVATIONS)
@@ -54,7 +66,8 @@ def read_llama(f: Fields) -> DecoderSpec:
 
 @decoder_family("mistral", name="Mistral", defaults=MISTRAL_DEFAULTS, config_class="MistralConfig",
                 legacy=(*ROPE_LEGACY_KEYS, "layer_types"),
-                tiny={**TINY_LLAMA, "architectures": ["MistralForCausalLM"], "sliding_window": 5})
+                tiny={**MISTRAL_DEFAULTS, **TINY_LLAMA, **NO_TOKEN_IDS, "architectures": ["MistralForCausalLM"],
+                      "sliding_window": 5, "rope_parameters": default_rope(10000.0)})
 def read_mistral(f: Fields) -> DecoderSpec:
     c = decoder_common(f)
     f.choice("hidden_act", GATE_ACTIVATIONS)

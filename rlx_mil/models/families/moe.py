@@ -97,7 +97,8 @@ def read_qwen3_moe(f: Fields) -> MoeSpec:
 
 @decoder_family("qwen2_moe", name="Qwen2-MoE", defaults=QWEN2_MOE_DEFAULTS, config_class="Qwen2MoeConfig",
                 legacy=(*ROPE_LEGACY_KEYS, "head_dim"),
-                tiny={**_TINY, "architectures": ["Qwen2MoeForCausalLM"], "intermediate_size": 48, "rms_norm_eps": 1e-6,
+                tiny={**QWEN2_MOE_DEFAULTS, **_TINY, "architectures": ["Qwen2MoeForCausalLM"], "intermediate_size": 48,
+                      "rms_norm_eps": 1e-6,
                       "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "use_sliding_window": False,
                       "decoder_sparse_step": 2, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24,
                       "num_experts_per_tok": 2, "num_experts": 4, "norm_topk_prob": False, "qkv_bias": True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlx_mil.models.families import decoder_family
-from rlx_mil.models.families.llama import TINY_LLAMA
+from rlx_mil.models.families.llama import NO_TOKEN_IDS, TINY_LLAMA, default_rope
 from rlx_mil.models.hf_config import (
     GATE_ACTIVATIONS,
     ROPE_LEGACY_KEYS,
@@ -49,8 +49,9 @@ TINY_PHI4_MINI: dict[str, Any] = {
 
 @decoder_family("phi3", name="Phi-3", defaults=PHI3_DEFAULTS, config_class="Phi3Config",
                 legacy=(*ROPE_LEGACY_KEYS, "head_dim", *_MICROSOFT_FIELDS),
-                tiny={**TINY_LLAMA, "architectures": ["Phi3ForCausalLM"], "num_key_value_heads": 4,
-                      "sliding_window": 6, "rope_scaling": None},
+                tiny={**PHI3_DEFAULTS, **TINY_LLAMA, **NO_TOKEN_IDS, "architectures": ["Phi3ForCausalLM"],
+                      "num_key_value_heads": 4, "sliding_window": 6,
+                      "rope_parameters": default_rope(10000.0, partial_rotary_factor=1.0)},
                 variants={"phi4_mini": TINY_PHI4_MINI})
 def read_phi3(f: Fields) -> DecoderSpec:
     c = decoder_common(f)

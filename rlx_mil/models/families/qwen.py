@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlx_mil.models.families import decoder_family
-from rlx_mil.models.families.llama import TINY_LLAMA
+from rlx_mil.models.families.llama import NO_TOKEN_IDS, TINY_LLAMA, default_rope
 from rlx_mil.models.hf_config import (
     GATE_ACTIVATIONS,
     ROPE_LEGACY_KEYS,
@@ -44,8 +44,9 @@ def qwen_layers(f: Fields, layers: int) -> tuple[tuple[str, ...], tuple[int | No
 
 @decoder_family("qwen2", name="Qwen2", defaults=QWEN2_DEFAULTS, config_class="Qwen2Config",
                 legacy=(*ROPE_LEGACY_KEYS, "head_dim"),
-                tiny={**TINY_LLAMA, "architectures": ["Qwen2ForCausalLM"], "tie_word_embeddings": True,
-                      "rope_theta": 1000000.0, "use_sliding_window": False})
+                tiny={**QWEN2_DEFAULTS, **TINY_LLAMA, **NO_TOKEN_IDS, "architectures": ["Qwen2ForCausalLM"],
+                      "tie_word_embeddings": True, "rope_parameters": default_rope(1000000.0),
+                      "use_sliding_window": False, "sliding_window": None})
 def read_qwen2(f: Fields) -> DecoderSpec:
     # Qwen2 has no head_dim field; its attention reads one when the config carries it.
     c = decoder_common(f)
@@ -56,8 +57,9 @@ def read_qwen2(f: Fields) -> DecoderSpec:
 
 
 @decoder_family("qwen3", name="Qwen3", defaults=QWEN3_DEFAULTS, config_class="Qwen3Config", legacy=ROPE_LEGACY_KEYS,
-                tiny={**TINY_LLAMA, "architectures": ["Qwen3ForCausalLM"], "head_dim": 16,
-                      "tie_word_embeddings": True, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6})
+                tiny={**QWEN3_DEFAULTS, **TINY_LLAMA, **NO_TOKEN_IDS, "architectures": ["Qwen3ForCausalLM"],
+                      "head_dim": 16, "tie_word_embeddings": True, "rope_parameters": default_rope(1000000.0),
+                      "rms_norm_eps": 1e-6, "sliding_window": None})
 def read_qwen3(f: Fields) -> DecoderSpec:
     c = decoder_common(f)
     f.choice("hidden_act", GATE_ACTIVATIONS)

@@ -53,11 +53,18 @@ def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _rope_of(cfg: Mapping[str, Any]) -> tuple[float, Mapping[str, Any]]:
+    """(base, scaling dict) from either config form: `rope_theta` + `rope_scaling`, or
+    transformers 5's `rope_parameters` (`rope_scaling` first, as transformers reads them)."""
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    return float(scaling.get("rope_theta", cfg.get("rope_theta", 10000.0))), scaling
+
+
 def _rope_freqs(cfg: Mapping[str, Any], head_dim: int) -> np.ndarray:
     """convert_hf_to_gguf's Llama 3 `rope_freqs`: one divisor per frequency."""
-    s = cfg["rope_scaling"]
+    theta, s = _rope_of(cfg)
     factor, low, high, old = s["factor"], s["low_freq_factor"], s["high_freq_factor"], s["original_max_position_embeddings"]
-    freqs = 1.0 / cfg.get("rope_theta", 10000.0) ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     out = []
     for freq in freqs:
         wavelen = 2 * math.pi / freq
@@ -106,8 +113,8 @@ def write_gguf(
     model_type = cfg["model_type"]
     arch = ARCH[model_type]
     hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads", heads)
-    head_dim = cfg.get("head_dim", hidden // heads)
+    kv_heads = cfg.get("num_key_value_heads") or heads  # null: derived, as transformers does
+    head_dim = cfg.get("head_dim") or hidden // heads
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny")
     w.add_context_length(cfg.get("max_position_embeddings", 2048))
@@ -117,9 +124,9 @@ def write_gguf(
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
-    w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    w.add_rope_freq_base(_rope_of(cfg)[0])
     w.add_rope_dimension_count(head_dim)
-    if "head_dim" in cfg:
+    if cfg.get("head_dim"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     if cfg.get("sliding_window") and model_type in ("mistral", "gemma2", "phi3"):
@@ -127,7 +134,7 @@ def write_gguf(
     if model_type == "gemma2":
         w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
-    scaling = cfg.get("rope_scaling") or {}
+    scaling = _rope_of(cfg)[1]
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)

@@ -19,7 +19,7 @@ from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoi
 def chat_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("gguf_cli")
     tok = trained_bpe("smollm")
-    cfg: dict[str, Any] = {**copy.deepcopy(TINY_CONFIGS["llama"]), "vocab_size": tok.get_vocab_size(), "rope_scaling": None,
+    cfg: dict[str, Any] = {**copy.deepcopy(TINY_CONFIGS["llama"]), "vocab_size": tok.get_vocab_size(), "rope_parameters": None,
                            "tie_word_embeddings": True, "num_hidden_layers": 1}
     weights = Checkpoint(write_random_checkpoint(root / "hf", cfg, seed=4))
     path = root / "chat.gguf"

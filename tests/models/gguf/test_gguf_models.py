@@ -23,7 +23,7 @@ from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoi
 CONFIGS: dict[str, dict[str, Any]] = {n: copy.deepcopy(c) for n, c in TINY_CONFIGS.items() if n in ARCH}
 # GGUF has no query_pre_attn_scalar: llama.cpp scales Gemma 2 scores by head_dim (27B aside).
 CONFIGS["gemma2"]["query_pre_attn_scalar"] = CONFIGS["gemma2"]["head_dim"]
-CONFIGS["llama"]["rope_scaling"]["original_max_position_embeddings"] = 128
+CONFIGS["llama"]["rope_parameters"]["original_max_position_embeddings"] = 128
 CONFIGS["llama_linear_tied"] = {**copy.deepcopy(TINY_CONFIGS["llama"]), "rope_scaling": {"type": "linear", "factor": 2.0},
                                 "tie_word_embeddings": True}
 SEQ = 8

@@ -62,7 +62,7 @@ def _ids(vocab: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray], dict[str, Any]]:
     """A 2-layer Llama whose 16 matrices cycle through every type (embeddings and head too)."""
-    cfg = _config("llama", rope_scaling=None)
+    cfg = _config("llama", rope_parameters=None)
     path, held = _write(tmp_path_factory.mktemp("mixed"), cfg, _cycling(TYPES))
     return path, held, cfg
 
