@@ -69,6 +69,30 @@ def _logits_output(outputs: Any, pieces: dict[str, OutputPieces]) -> tuple[str, 
     return logits, int(list(next(o for o in outputs if o.name == logits).type.multiArrayType.shape)[-1])
 
 
+def _query_lengths(contract: LLMContract, spec: Any) -> dict[str | None, int]:
+    """Function -> tokens per call: the contract's, or for a package keeping only recurrent
+    states (no KV cache, so no query length in the contract) each function's `input_ids` width."""
+    if contract.max_context is not None:
+        return contract.query_lengths()
+    names: list[str | None] = list(contract.functions) if contract.functions else [None]
+    out: dict[str | None, int] = {}
+    for name in names:
+        inputs, _ = _features(spec, name)
+        ids = next(i for i in inputs if i.name == "input_ids")
+        out[name] = int(list(ids.type.multiArrayType.shape)[-1])
+    return out
+
+
+def _position_limit(meta: dict[str, Any], lengths: dict[str | None, int]) -> int:
+    """How many tokens a package without a KV cache can take: one more than the largest
+    `position_ids` its functions declare (rlx_mil.input_ranges), else no limit."""
+    from rlx_mil.input_contract import read_ranges
+
+    limits = [read_ranges(meta, name or "main").get("position_ids") for name in lengths]
+    found = [bounds[1] + 1 for bounds in limits if bounds is not None]
+    return min(found) if found else sys.maxsize
+
+
 def _features(spec: Any, function: str | None) -> tuple[Any, Any]:
     if function is None:
         return spec.description.input, spec.description.output
@@ -136,18 +160,17 @@ class Session:
                     f"{path} is not a stateful LLM package (no '{metadata.LLM}' metadata); convert the decode"
                     " graph with kv_cache= (docs/llm.md)"
                 )
-            if contract.max_context is None:
-                raise GenerationError(
-                    f"{path} keeps only recurrent states (its decoder has no attention layer, so no KV cache);"
-                    " Session generates with packages that have a KV cache"
-                )
-            self.contract = contract
-            self.max_context = contract.max_context
-            self._mask_kinds = set(contract.mask_kinds)
             #: Recurrent state (conv windows, gated delta-net): every token fed enters it.
             self._recurrent = bool(contract.recurrent_states)
+            if contract.max_context is None and not self._recurrent:
+                raise PackageMetadataError(f"metadata {metadata.LLM!r} has no max_context and no recurrent states")
+            self.contract = contract
+            self._mask_kinds = set(contract.mask_kinds)
             spec = handle.get_spec()
-            lengths = contract.query_lengths()
+            lengths = _query_lengths(contract, spec)
+            #: Tokens a session holds: the KV cache's length, or for a package keeping only
+            #: recurrent states, the positions its `position_ids` may take (else unbounded).
+            self.max_context = contract.max_context or _position_limit(meta, lengths)
             table = FunctionTable.read(meta)
             io_tables = table.io_names if table is not None else {}
             self.functions: list[FunctionInfo] = []
@@ -221,7 +244,9 @@ class Session:
     # -- calls -----------------------------------------------------------------------------------
     def _feeds(self, fn: FunctionInfo, tokens: Sequence[int]) -> dict[str, np.ndarray]:
         n, pos = len(tokens), self._position
-        feeds = {"input_ids": np.asarray([tokens], np.int32), POSITION_INPUT: np.array([pos], np.int32)}
+        feeds = {"input_ids": np.asarray([tokens], np.int32)}
+        if self.contract.max_context is not None:  # the KV cache's write position
+            feeds[POSITION_INPUT] = np.array([pos], np.int32)
         if "position_ids" in fn.inputs:
             feeds["position_ids"] = np.arange(pos, pos + n, dtype=np.int32)[None, :]
         if "attention_mask" in fn.inputs:
