@@ -35,6 +35,7 @@ _TINY: dict[str, Any] = {
     "layer_norm_eps": 1e-6, "image_size": 16, "patch_size": 4, "num_channels": 3, "qkv_bias": True,
     "layerscale_value": 1.0, "use_swiglu_ffn": False, "apply_layernorm": True, "reshape_hidden_states": True,
     "out_features": ["stage2"], "out_indices": [2], "stage_names": ["stem", "stage1", "stage2"],
+    "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "drop_path_rate": 0.0, "initializer_range": 0.02,
 }
 
 
