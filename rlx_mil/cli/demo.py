@@ -15,7 +15,7 @@ from rlx_mil.models.families import family
 from rlx_mil.models.random_checkpoint import ROUND2_FAMILIES, TINY_CONFIGS, resized_round2_config
 
 DEMO_FAMILIES = tuple(TINY_CONFIGS)
-#: The text encoders among them (no KV heads, their own position tables).
+#: The encoders among them, text and image (no KV heads, no decode variant).
 ENCODER_FAMILIES = frozenset(k for k, v in TINY_CONFIGS.items() if family(v["model_type"]).kind == "encoder")
 
 
