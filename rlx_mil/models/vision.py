@@ -274,17 +274,21 @@ class _Builder(WeightGraph):
         col_of = g.sub(index, g.mul(row_of, cols), name=f"{module}.col_of")
         inside = g.cast(g.lt_(index, g.mul(rows, cols)), "f32", name=f"{module}.inside")
         source = g.constant(np.arange(side, dtype=np.float32).reshape(1, 1, side), name=f"{module}.source")
+        # scale = grid / size looked up in a table of sizes 0..N: the package so declares
+        # spatial_shapes within [0, N] (rlx_mil.input_contract); size 0 has no scale (NaN)
+        by_size = np.array([np.nan] + [side / size for size in range(1, n + 1)], np.float32)
+        scales = g.gather(g.constant(by_size, name=f"{module}.scale_table"), shapes, name=f"{module}.scales")  # [B, 2]
 
-        def weights(at: int, size: int, axis: str) -> int:
-            scale = g.div(self.scalar(float(side)), g.cast(size, "f32"), name=f"{module}.{axis}_scale")  # [B, 1]
+        def weights(at: int, axis: str) -> int:
+            scale = g.narrow(scales, 1, 0 if axis == "row" else 1, 1, name=f"{module}.{axis}_scale")  # [B, 1]
             support = g.reshape(g.maximum(scale, self.scalar(1.0)), [b, 1, 1], name=f"{module}.{axis}_support")
             centre = g.sub(g.mul(g.add(g.mul(g.cast(at, "f32"), inside), self.scalar(0.5)), scale), self.scalar(0.5))
             distance = g.abs(g.sub(g.reshape(centre, [b, n, 1]), source), name=f"{module}.{axis}_distance")
             w = g.maximum(g.sub(self.scalar(1.0), g.div(distance, support)), self.scalar(0.0), name=f"{module}.{axis}_taps")
             return g.div(w, g.sum(w, [2], keep_dim=True), name=f"{module}.{axis}_weights")  # [B, N, g]
 
-        both = g.mul(g.reshape(weights(row_of, rows, "row"), [b, n, side, 1]),
-                     g.reshape(weights(col_of, cols, "col"), [b, n, 1, side]), name=f"{module}.weights")
+        both = g.mul(g.reshape(weights(row_of, "row"), [b, n, side, 1]),
+                     g.reshape(weights(col_of, "col"), [b, n, 1, side]), name=f"{module}.weights")
         return g.matmul(g.reshape(both, [b, n, side * side]), table, name=f"{module}.resize_positional_embeddings")
 
     def siglip_layer(self, x: int, p: str, mask: int | None) -> int:

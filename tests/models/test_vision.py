@@ -291,3 +291,17 @@ def test_only_image_encoders_carry_the_image_preprocessing(folders: dict[str, Pa
         if carried:
             assert json.loads(model.user_defined_metadata[METADATA_KEY]) == settings
         (folder / "preprocessor_config.json").unlink()
+
+
+def test_spatial_shapes_range_is_declared_and_checked(folders: dict[str, Path]) -> None:
+    """A SigLIP2 package declares spatial_shapes within [0, N]; the executor refuses more."""
+    from rlx_mil.errors import MilExecError
+    from rlx_mil.input_contract import INPUT_RANGES_METADATA_KEY
+
+    graph, params = from_pretrained(folders["siglip2"], seq_len=12)
+    model = convert(graph, params, target="iOS18", precision="fp32")
+    assert json.loads(model.user_defined_metadata[INPUT_RANGES_METADATA_KEY])["main"]["spatial_shapes"] == [0, 12]
+    feeds = _naflex(12, [(3, 4)])
+    feeds["spatial_shapes"] = np.array([[1, 13]], np.int32)
+    with pytest.raises(MilExecError, match="spatial_shapes"):
+        milexec.run(model, feeds)
