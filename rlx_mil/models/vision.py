@@ -70,8 +70,8 @@ class VisionOptions:
             raise InvalidOptionError("normalize applies to the pooled image embedding; it needs pooling")
         if spec.naflex:
             if self.image_size is not None:
-                raise InvalidOptionError(f"{spec.family} takes NaFlex patches: give num_patches (seq_len) and"
-                                         " spatial_shape, not image_size")
+                raise InvalidOptionError(f"{spec.family} takes NaFlex patches: give the patches per image (seq_len)"
+                                         " and, to fix one, a spatial_shape; not image_size")
             n = self.num_patches
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise InvalidOptionError(f"num_patches (seq_len) must be an integer >= 1, got {n!r}")
@@ -129,6 +129,8 @@ def check_vision_sizes(spec: VisionSpec, options: VisionOptions, source: str,
     if not spec.naflex:
         height, width = options.pixels(spec)
         sizes["pixel_values [batch, channels, height, width]"] = b * spec.num_channels * height * width
+    elif options.spatial_shape is None:
+        sizes["position weights [batch, patches, grid * grid]"] = b * t * spec.position_grid ** 2
     for what, count in sizes.items():
         if count > MAX_TENSOR_ELEMENTS:
             raise InvalidOptionError(f"{source}: {what} would hold {count:,} elements, more than the"
