@@ -201,3 +201,32 @@ def test_bad_outputs_are_refused_before_work(checkpoint: Path, tmp_path: Path) -
         convert_llm_checkpoint(checkpoint, tmp_path / "y", max_context=MAX_CONTEXT, chunk_bytes="lots")
     assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path / "z"), "--chunk-bytes", "1MB"]) == 1
     assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path / "z"), "--stateful", "--chunk-bytes", "1QB"]) == 1
+
+
+def test_a_damaged_manifest_is_a_typed_error(packages: tuple[Path, Path, str], tmp_path: Path) -> None:
+    import shutil
+
+    from rlx_mil.errors import RlxMilError
+
+    _single, folder, _precision = packages
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    manifest = copy / MANIFEST
+    good = json.loads(manifest.read_text())
+    cases = {
+        "not JSON": "{",
+        "escaping package": json.dumps({**good, "chunks": [{**good["chunks"][0], "package": "../x.mlpackage"},
+                                                            *good["chunks"][1:]]}),
+        "receives nothing passed": json.dumps({**good, "chunks": [good["chunks"][0], good["chunks"][2]]}),
+        "wrong format": json.dumps({**good, "format": "other/9"}),
+        "missing key": json.dumps({k: v for k, v in good.items() if k != "functions"}),
+    }
+    for why, text in cases.items():
+        manifest.write_text(text)
+        with pytest.raises(RlxMilError, match=r"chunks\.json"):
+            Session(copy, engine="milexec")
+        assert main(["inspect", str(copy)]) == 1, why
+    manifest.write_text(json.dumps(good))
+    shutil.rmtree(copy / good["chunks"][1]["package"])
+    with pytest.raises(RlxMilError, match=r"chunk 1 package .* is missing"):
+        read_chunked_set(copy)

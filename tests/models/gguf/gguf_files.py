@@ -242,3 +242,19 @@ def write_metadata_only(path: str | Path, arch: str, add: Callable[[Any], None])
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def tiny_chat_gguf(path: Path, *, layers: int, seed: int) -> Path:
+    """A tiny Llama-style GGUF file (Q8_0 weights, tied embeddings) with a trained BPE tokenizer
+    in its metadata, its float checkpoint written beside it in `<path>.hf`."""
+    import copy
+
+    from rlx_mil.models.checkpoint import Checkpoint
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+    tok = trained_bpe("smollm")
+    cfg: dict[str, Any] = {**copy.deepcopy(TINY_CONFIGS["llama"]), "vocab_size": tok.get_vocab_size(),
+                           "rope_parameters": None, "tie_word_embeddings": True, "num_hidden_layers": layers}
+    weights = Checkpoint(write_random_checkpoint(path.with_suffix(".hf"), cfg, seed=seed))
+    write_gguf(path, cfg, {k: weights[k] for k in weights}, types=lambda n, s: "Q8_0", tokenizer=bpe_metadata(tok, "smollm"))
+    return path

@@ -4,32 +4,21 @@ same codes (`--verify`: greedy steps against the NumPy reference of the whole mo
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from models.gguf.gguf_files import bpe_metadata, trained_bpe, write_gguf
+from models.gguf.gguf_files import tiny_chat_gguf
 from rlx_mil.cli import main
 from rlx_mil.ir.cut import layer_segments
 from rlx_mil.llm.chunk_plan import CHUNK_MARGIN, data_inputs, planned_param_bytes
 from rlx_mil.llm.chunked import read_chunked_set
-from rlx_mil.models.checkpoint import Checkpoint
 from rlx_mil.models.gguf import from_gguf
-from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 
 
 @pytest.fixture(scope="module")
 def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("gguf_chunks")
-    tok = trained_bpe("smollm")
-    cfg: dict[str, Any] = {**copy.deepcopy(TINY_CONFIGS["llama"]), "vocab_size": tok.get_vocab_size(), "rope_scaling": None,
-                           "tie_word_embeddings": True, "num_hidden_layers": 2}
-    weights = Checkpoint(write_random_checkpoint(root / "hf", cfg, seed=5))
-    path = root / "two.gguf"
-    write_gguf(path, cfg, {k: weights[k] for k in weights}, types=lambda n, s: "Q8_0", tokenizer=bpe_metadata(tok, "smollm"))
-    return path
+    return tiny_chat_gguf(tmp_path_factory.mktemp("gguf_chunks") / "two.gguf", layers=2, seed=5)
 
 
 def test_a_gguf_set_keeps_its_codes_and_verifies(gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,28 +3,17 @@ that verifies against the reference on the same codes and chats through `rlx-mil
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from models.gguf.gguf_files import bpe_metadata, trained_bpe, write_gguf
+from models.gguf.gguf_files import tiny_chat_gguf
 from rlx_mil.cli import main
-from rlx_mil.models.checkpoint import Checkpoint
-from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 
 
 @pytest.fixture(scope="module")
 def chat_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("gguf_cli")
-    tok = trained_bpe("smollm")
-    cfg: dict[str, Any] = {**copy.deepcopy(TINY_CONFIGS["llama"]), "vocab_size": tok.get_vocab_size(), "rope_parameters": None,
-                           "tie_word_embeddings": True, "num_hidden_layers": 1}
-    weights = Checkpoint(write_random_checkpoint(root / "hf", cfg, seed=4))
-    path = root / "chat.gguf"
-    write_gguf(path, cfg, {k: weights[k] for k in weights}, types=lambda n, s: "Q8_0", tokenizer=bpe_metadata(tok, "smollm"))
-    return path
+    return tiny_chat_gguf(tmp_path_factory.mktemp("gguf_cli") / "chat.gguf", layers=1, seed=4)
 
 
 def test_stateful_conversion_verifies_and_chats(chat_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
