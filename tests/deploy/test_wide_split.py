@@ -276,13 +276,18 @@ def test_fp16_split_package_matches_the_plain_one_within_fp16_tolerance() -> Non
     np.testing.assert_allclose(got, 0.5 * x @ params["lm_head.weight"], rtol=2e-2, atol=2e-2)
 
 
-def test_llama3_vocabulary_head_is_eight_pieces_of_16032() -> None:
-    graph, params = _head_graph(128_256, hidden=4)
+@pytest.mark.parametrize("vocab, pieces", [(128_256, 8), (151_936, 10)])
+def test_published_vocabulary_heads_are_ceil_v_over_16384_pieces(vocab: int, pieces: int) -> None:
+    graph, params = _head_graph(vocab, hidden=4)
     program = rlx_mil.lower(graph, params, precision="fp16", deploy="ane")
     function = program.functions["main"]
     heads = [op for op in function.operations if op.op_type in ("linear", "matmul", "conv")]
-    assert len(heads) == 8 and {int(op.outputs[0].shape[-1]) for op in heads} == {16_032}
-    assert [v.name for v in function.outputs] == [f"logits_{i}" for i in range(8)]
+    assert len(heads) == pieces
+    widths = [int(op.outputs[0].shape[1 if op.op_type == "conv" else -1]) for op in heads]
+    assert sum(widths) == vocab and max(widths) <= 16_384
+    if vocab == 128_256:
+        assert set(widths) == {16_032}
+    assert [v.name for v in function.outputs] == [f"logits_{i}" for i in range(pieces)]
     assert _max_dim(function) <= 16_384
 
 
