@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlx_mil.coreml.metadata import GRAPH, LLM, LLMContract, PackageMetadataError
+from rlx_mil.coreml.metadata import GRAPH, LLM, SPLIT_OUTPUTS, LLMContract, PackageMetadataError, SplitOutputs
 from rlx_mil.coreml.package_items import TEXT_ITEM, item_folder
 from rlx_mil.errors import RlxMilError
 from rlx_mil.fileio import check_package_tree
@@ -104,6 +104,14 @@ class PackageInfo:
         except PackageMetadataError as err:
             # inspect describes what is there; a damaged contract is part of that description
             lines.append(f"kv cache: the {LLM!r} metadata is malformed ({err})")
+        try:
+            split = SplitOutputs.read(self.metadata)
+        except PackageMetadataError as err:
+            return [*lines, f"split outputs: the {SPLIT_OUTPUTS!r} metadata is malformed ({err})"]
+        for function, outputs in split.functions.items():
+            for name, entry in outputs.items():
+                lines.append(f"split output: {function}: {name} = concat({', '.join(entry.pieces)}; axis {entry.axis})"
+                             f", widths {list(entry.sizes)}")
         return lines
 
     def to_json(self) -> str:

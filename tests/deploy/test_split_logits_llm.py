@@ -54,6 +54,8 @@ def test_package_records_the_pieces_per_function(packages: dict[str, Path]) -> N
         entry = table.of(function)["logits"]
         assert entry.pieces == ("logits_0", "logits_1", "logits_2") and entry.sizes == (32, 32, 32)
     assert metadata.SplitOutputs.read(package_info(packages["plain_fp32"]).metadata).functions == {}
+    text = info.to_text()
+    assert "split output: decode: logits = concat(logits_0, logits_1, logits_2; axis 2), widths [32, 32, 32]" in text
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
