@@ -63,9 +63,13 @@ def build_cost(spec: TextSpec, *, table_rows: int = 0, seq_len: int = 1, batch_s
     """The estimate for one graph of `spec` with RoPE tables of `table_rows` rows."""
     if isinstance(spec, EncoderSpec):
         nodes = NODES_PER_LAYER["encoder"] * spec.num_layers + 40
+        ropes = len(set(getattr(spec, "layer_ropes", ())))  # ModernBERT: one table pair per RoPE
+        half = spec.hidden_size // spec.num_heads // 2
         return BuildCost((
             (f"{nodes:,} graph nodes ({spec.num_layers:,} layers)", nodes * NODE_BYTES),
             (f"{seq_len * batch_size:,} input positions", 8 * seq_len * batch_size),
+            (f"{ropes} RoPE table pairs of {seq_len:,} positions x {half:,} frequencies",
+             ropes * seq_len * (8 + half * ROPE_CELL_BYTES)),
         ))
     nodes = NODES_PER_LAYER["decoder"] * spec.num_layers + 40
     half = spec.head_dim // 2
@@ -107,6 +111,8 @@ def check_activation_sizes(
         widths["attention projections"] = (seq_len, (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim)
         if spec.fused_gate_up:
             widths["fused gate/up projection"] = (seq_len, 2 * spec.intermediate_size)
+    elif isinstance(spec, EncoderSpec):  # every query's scores over the S keys, per head
+        widths["num_attention_heads x seq_len (attention scores)"] = (seq_len, spec.num_heads * seq_len)
     what, (tokens, width) = max(widths.items(), key=lambda item: item[1][0] * item[1][1])
     elements = batch_size * tokens * width
     if elements > MAX_TENSOR_ELEMENTS:

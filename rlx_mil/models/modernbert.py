@@ -10,7 +10,8 @@ carry a bias only with `norm_bias`, the projections only with `attention_bias` /
 Inputs and outputs are the BERT encoders' (`rlx_mil.models.encoder`): `input_ids`,
 `attention_mask`; `last_hidden_state` or the pooled `sentence_embedding`. The key-padding
 mask of a global layer is the Attention op's Custom mask; a local layer adds the window as
-an additive Bias mask `[B, 1, S, S]` (0 where a key is visible, `-MASKED` elsewhere).
+an additive Bias mask `[B, 1, S, S]` (0 where a key is visible, `-MASKED` elsewhere), made
+once per window at run time from the positions (no `[S, S]` constant in the package).
 Outputs at padding positions are unspecified (a padded query of a local layer may see no
 visible key at all); every token's and every pooled output is exact.
 """
@@ -84,6 +85,8 @@ class ModernBertSpec(EncoderSpec):
 
 class _Builder(EncoderBuilder):
     spec: ModernBertSpec
+    #: Each token's position + 1 (`[B, S]` int32), made once for the local layers' masks.
+    _positions: int | None = None
 
     def build(self) -> Graph:
         s, o, g = self.spec, self.options, self.g
@@ -98,21 +101,29 @@ class _Builder(EncoderBuilder):
         for i in range(s.num_layers):
             window = s.layer_windows[i]
             if window is not None and window < n - 1 and window not in biases:
-                biases[window] = self.window_bias(mask, window)
+                biases[window] = self.window_bias(ids, mask, window)
             bias = None if window is None or window >= n - 1 else biases[window]
             x = self.layer(x, mask, bias, tables[s.layer_ropes[i]], i)
         x = self.layer_norm(x, "final_norm", s.norm_bias)
         return self.finish(x, mask)
 
-    def window_bias(self, mask: int, window: int) -> int:
-        """`[B, 1, S, S]`: 0 where key j is a token within `window` of query i, else -MASKED."""
+    def window_bias(self, ids: int, mask: int, window: int) -> int:
+        """`[B, 1, S, S]`: 0 where key j is a token within `window` of query i, else -MASKED.
+        The distances are computed at run time from the token positions (int32, exact at any
+        length), so the package holds no `[S, S]` constant."""
         g, b, n = self.g, self.options.batch_size, self.options.seq_len
-        distance = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])
-        near = g.constant((distance <= window).astype(np.float32).reshape(1, 1, n, n), name=f"window_{window}.near")
-        keys = g.reshape(mask, [b, 1, 1, n], name=f"window_{window}.keys")
-        visible = g.mul(near, keys, name=f"window_{window}.visible")
-        return g.mul(g.sub(visible, self.scalar(1.0), name=f"window_{window}.hidden"), self.scalar(MASKED),
-                     name=f"window_{window}.bias")
+        p = f"window_{window}"
+        if self._positions is None:  # 1 .. S per row, from the input so no pass folds it
+            ones = g.cast(g.ge_(ids, ids, name="positions.ones"), "i32", name="positions.ones_i32")
+            self._positions = g.cumsum(ones, 1, name="positions")
+        rows = g.reshape(self._positions, [b, 1, n, 1], name=f"{p}.rows")
+        cols = g.reshape(self._positions, [b, 1, 1, n], name=f"{p}.cols")
+        distance = g.abs(g.sub(rows, cols, name=f"{p}.offset"), name=f"{p}.distance")
+        limit = g.constant(np.array([window], np.int32), name=f"{p}.limit")
+        near = g.cast(g.le_(distance, limit, name=f"{p}.near"), "f32", name=f"{p}.near_f32")
+        keys = g.reshape(mask, [b, 1, 1, n], name=f"{p}.keys")
+        visible = g.mul(near, keys, name=f"{p}.visible")
+        return g.mul(g.sub(visible, self.scalar(1.0), name=f"{p}.hidden"), self.scalar(MASKED), name=f"{p}.bias")
 
     def layer(self, x: int, mask: int, bias: int | None, table: tuple[int, int], i: int) -> int:
         s, o, g = self.spec, self.options, self.g

@@ -31,7 +31,7 @@ def recurrent_only(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     folder = write_random_checkpoint(root / "qwen3_5", config, dtype="bfloat16", seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NeuralEngineWarning)
-        model = convert_llm_checkpoint(folder, root / "qwen3_5.mlpackage", max_context=MAX_CONTEXT, prefill=[4],
+        model = convert_llm_checkpoint(folder, root / "qwen3_5.mlpackage", max_context=MAX_CONTEXT, prefill=[2],
                                        precision="fp32")
     contract = json.loads(model.user_defined_metadata["rlx_mil.llm"])
     assert contract["max_context"] is None and contract["caches"] == {} and len(contract["recurrent_states"]) == 4
@@ -42,11 +42,10 @@ def test_recurrent_only_package_generates_the_stateless_tokens(recurrent_only: t
     folder, package, config = recurrent_only
     session = Session(package, engine="milexec", precision_model="float32")
     assert session.max_context == MAX_CONTEXT  # the positions its position_ids declare
-    assert sorted(f.query_len for f in session.functions) == [1, 4]
-    prompt = [5, 17, 42, 3, 88, 9]
+    assert sorted(f.query_len for f in session.functions) == [1, 2]  # from each function's input_ids
+    prompt = [5, 17, 42, 3, 88]
     logits = session.feed(prompt)
-    # Every token enters the recurrent state: the 2-token tail runs through decode, unpadded.
-    assert session.calls == [("prefill_4", 4), ("decode", 1), ("decode", 1)]
+    assert session.calls == [("prefill_2", 2), ("prefill_2", 2), ("decode", 1)]
     full, _ = FORWARDS["qwen3_5_text"](Checkpoint(folder), config, np.asarray([prompt], np.int32))
     want = full[0, -1]
     # States are fp16 (Core ML's only state dtype): about 1e-3 of the logits' scale.

@@ -195,6 +195,20 @@ def test_encoder_refusals(folders: dict[str, Path], tmp_path: Path) -> None:
         from_pretrained(bad, seq_len=SEQ)
 
 
+def test_encoder_sizes_are_checked_before_building() -> None:
+    """Attention scores Core ML cannot address, and RoPE tables beyond the build budget, are
+    refused naming what, before a table or mask exists."""
+    from rlx_mil.models.families import model_spec
+    from rlx_mil.models.pretrained import build
+
+    long = model_spec({**MODERNBERT, "max_position_embeddings": 10**7})
+    with pytest.raises(InvalidOptionError, match="attention scores"):
+        build(long, seq_len=10**6)
+    wide = model_spec({**MODERNBERT, "max_position_embeddings": 10**7, "hidden_size": 4096, "num_attention_heads": 4})
+    with pytest.raises(InvalidOptionError, match="RoPE table pairs"):
+        build(wide, seq_len=10**5)
+
+
 def test_modernbert_window_covering_the_sequence_is_global(folders: dict[str, Path]) -> None:
     """A local window reaching every key is the key-padding mask alone (no Bias mask built)."""
     graph, _ = from_pretrained(folders["modernbert"], seq_len=3, batch_size=1, pooling=None)
