@@ -165,12 +165,28 @@ def test_e5_and_bge_folders_convert_to_their_embeddings(style: str, mode: str, f
     np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, rtol=1e-5)
 
 
-def test_xlm_roberta_fp16_package(folders: dict[str, Path], tmp_path: Path) -> None:
-    graph, params = from_pretrained(folders["xlm-roberta"], seq_len=SEQ, batch_size=2)
-    f = feeds(XLMR)
-    want = roberta_forward(Checkpoint(folders["xlm-roberta"]), XLMR, f["input_ids"], f["attention_mask"])
-    path = rlx_mil.save(rlx_mil.convert(graph, params, target="iOS18", precision="fp16"), tmp_path / "xlmr.mlpackage")
-    assert relative_error(milexec.run(path, f)["last_hidden_state"], want) < RELATIVE["fp16"]
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("family", ["xlm-roberta", "roberta"])
+def test_roberta_packages(family: str, precision: str, folders: dict[str, Path], tmp_path: Path) -> None:
+    cfg = TINY_CONFIGS[family]
+    graph, params = from_pretrained(folders[family], seq_len=SEQ, batch_size=2)
+    f = feeds(cfg)
+    want = roberta_forward(Checkpoint(folders[family]), cfg, f["input_ids"], f["attention_mask"])
+    path = rlx_mil.save(rlx_mil.convert(graph, params, target="iOS18", precision=precision),
+                        tmp_path / f"{family}-{precision}.mlpackage")
+    assert relative_error(milexec.run(path, f)["last_hidden_state"], want) < RELATIVE[precision]
+
+
+@pytest.mark.parametrize("family", ["modernbert", "xlm-roberta"])
+def test_demo_family(family: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlx-mil demo --family` writes, converts and verifies a tiny checkpoint of the family."""
+    from rlx_mil.cli import main
+
+    out = tmp_path / f"{family}.mlpackage"
+    assert main(["demo", "--family", family, "-o", str(out), "--layers", "2", "--hidden", "32", "--heads", "4",
+                 "--kv-heads", "2", "--seq", "8", "--precision", "fp32", "-q"]) == 0
+    checks = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("check ")]
+    assert checks and all(ln.endswith(" ok") for ln in checks)
 
 
 def test_encoder_refusals(folders: dict[str, Path], tmp_path: Path) -> None:
