@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model_dir", type=Path, help="checkpoint folder: config.json + model.safetensors (or shards)")
     add_decoder_arguments(p)
     p.add_argument("--pooling", default="auto", choices=["auto", "mean", "cls", "none"],
-                   help="encoders: sentence embedding pooling (auto: the sentence-transformers config)")
+                   help="encoders: sentence embedding pooling (auto: the sentence-transformers config, else"
+                        " ModernBERT's classifier_pooling)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                    help="encoders: L2-normalise the pooled embedding (default: the sentence-transformers config)")
     p.add_argument("--token-type-ids", action="store_true", help="encoders: take token_type_ids as an input")
