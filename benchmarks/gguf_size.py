@@ -29,6 +29,36 @@ Q6_TENSORS = ("output.weight", "attn_v.weight", "ffn_down.weight")
 KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q4_K_M")
 
 
+def q6_k_blocks(x: np.ndarray) -> np.ndarray:
+    """Q6_K blocks of `[rows, K]` float weights as llama.cpp's reference quantizer makes them,
+    without its scale search: per 16 weights the scale puts the largest on -32, the int8
+    sub-scales are against d = max |scale| / 127 per 256 (block layout of ggml-common.h)."""
+    rows = x.shape[0]
+    sb = x.reshape(-1, 256).astype(np.float64)
+    sub = sb.reshape(-1, 16, 16)
+    amax_idx = np.argmax(np.abs(sub), axis=2)
+    peak = np.take_along_axis(sub, amax_idx[..., None], axis=2)[..., 0]
+    scale = -peak / 32.0
+    d = np.max(np.abs(scale), axis=1) / 127.0
+    d16 = d.astype(np.float16)
+    dd = d16.astype(np.float64)
+    sc = np.clip(np.rint(np.divide(scale, dd[:, None], out=np.zeros_like(scale), where=dd[:, None] > 0)), -128, 127).astype(np.int8)
+    eff = dd[:, None] * sc
+    q = np.clip(np.rint(np.divide(sub, eff[..., None], out=np.zeros_like(sub), where=eff[..., None] != 0)), -32, 31).astype(np.int16) + 32
+    q = q.reshape(-1, 256).astype(np.uint8)
+    out = np.zeros((sb.shape[0], 210), np.uint8)
+    for half in range(2):
+        qq = q[:, 128 * half:128 * (half + 1)]
+        i = np.arange(32)
+        q1, q2, q3, q4 = qq[:, i], qq[:, i + 32], qq[:, i + 64], qq[:, i + 96]
+        out[:, 64 * half + i] = (q1 & 0xF) | ((q3 & 0xF) << 4)
+        out[:, 64 * half + 32 + i] = (q2 & 0xF) | ((q4 & 0xF) << 4)
+        out[:, 128 + 32 * half + i] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6)
+    out[:, 192:208] = sc.view(np.uint8)
+    out[:, 208:210] = d16.reshape(-1, 1).view(np.uint8)
+    return out.reshape(rows, -1)
+
+
 def type_picker(kind: str) -> Callable[[str, tuple[int, ...]], str]:
     if kind == "Q4_K_M":
         return lambda name, shape: "Q6_K" if name.endswith(Q6_TENSORS) else "Q4_K"
@@ -77,7 +107,8 @@ def component_bytes(program: Any) -> dict[str, int]:
     return dict(out)
 
 
-def measure(kind: str, hidden: int, layers: int, precision: str, work: Path, requantize: str | None = None) -> dict[str, Any]:
+def measure(kind: str, hidden: int, layers: int, precision: str, work: Path, requantize: str | None = None,
+            realistic: bool = False) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from models.gguf.gguf_files import write_gguf
 
@@ -94,6 +125,11 @@ def measure(kind: str, hidden: int, layers: int, precision: str, work: Path, req
            "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
            "architectures": ["LlamaForCausalLM"]}
     folder = work / kind
+    if realistic:  # Q6_K from the float weights, not the tests' random block fields
+        import models.gguf.gguf_files as files
+
+        random_fields = files.encode
+        files.encode = lambda values, type_name: q6_k_blocks(values) if type_name == "Q6_K" else random_fields(values, type_name)
     ckpt = write_random_checkpoint(folder / "hf", cfg, seed=0)
     weights = Checkpoint(ckpt)
     path = folder / "m.gguf"
@@ -124,13 +160,15 @@ def main() -> None:
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--kinds", nargs="*", default=list(KINDS))
     ap.add_argument("--requantize", help="from_gguf(requantize=...), e.g. Q6_K=lut6")
+    ap.add_argument("--realistic-q6k", action="store_true",
+                    help="Q6_K tensors quantized from the float weights (q6_k_blocks) instead of random block fields")
     args = ap.parse_args()
     roles = ("codes", "scales", "offsets", "lut", "lut scales", "lut offsets", "dense")
     print("| file | GGUF tensor bytes | weight.bin | ratio | " + " | ".join(roles) + " | largest relative error |")
     print("|---|---|---|---|" + "---|" * len(roles) + "---|")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.kinds:
-            r = measure(kind, args.hidden, args.layers, args.precision, Path(tmp), args.requantize)
+            r = measure(kind, args.hidden, args.layers, args.precision, Path(tmp), args.requantize, args.realistic_q6k)
             cells = " | ".join(str(r["parts"].get(role, 0)) for role in roles)
             errors = ", ".join(f"{k} {v:.2e}" for k, v in sorted(r["errors"].items()))
             print(f"| {kind} | {r['gguf']} | {r['package']} | {r['package'] / r['gguf']:.3f} | {cells} | {errors} |", flush=True)
