@@ -9,7 +9,7 @@ from rlx_mil.models.families import encoder_family
 from rlx_mil.models.hf_config import EncoderSpec, Fields, layer_type_ropes, layer_types
 from rlx_mil.models.modernbert import MODERNBERT_IGNORED, ModernBertSpec
 
-#: transformers 5.23.0 ModernBertConfig defaults (RoPE: `default_theta` global 160,000,
+#: transformers 5.24.0 ModernBertConfig defaults (RoPE: `default_theta` global 160,000,
 #: local 10,000; `layer_types` None: every `global_attn_every_n_layers` = 3rd layer from 0 global).
 MODERNBERT_DEFAULTS: dict[str, Any] = {
     "vocab_size": 50368, "hidden_size": 768, "intermediate_size": 1152, "num_hidden_layers": 22,
@@ -43,7 +43,7 @@ TINY_MODERNBERT: dict[str, Any] = {
 
 
 @encoder_family("modernbert", name="ModernBERT", defaults=MODERNBERT_DEFAULTS, config_class="ModernBertConfig",
-                legacy=_LEGACY, tiny=TINY_MODERNBERT)
+                legacy=_LEGACY, tiny=TINY_MODERNBERT, transformers_version="5.24.0")
 def read_modernbert(f: Fields) -> EncoderSpec:
     hidden = f.int_("hidden_size")
     heads = f.int_("num_attention_heads")

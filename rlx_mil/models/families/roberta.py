@@ -9,7 +9,7 @@ from rlx_mil.models.families import encoder_family
 from rlx_mil.models.families.bert import BERT_LEGACY, bert_fields
 from rlx_mil.models.hf_config import EncoderSpec, Fields
 
-#: transformers 5.23.0 RobertaConfig defaults.
+#: transformers 5.24.0 RobertaConfig defaults.
 ROBERTA_DEFAULTS: dict[str, Any] = {
     "vocab_size": 50265, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
     "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
@@ -17,7 +17,7 @@ ROBERTA_DEFAULTS: dict[str, Any] = {
     "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "use_cache": True, "classifier_dropout": None,
     "is_decoder": False, "add_cross_attention": False, "tie_word_embeddings": True,
 }
-#: transformers 5.23.0 XLMRobertaConfig defaults (RoBERTa's but for the vocabulary).
+#: transformers 5.24.0 XLMRobertaConfig defaults (RoBERTa's but for the vocabulary).
 XLM_ROBERTA_DEFAULTS: dict[str, Any] = {**ROBERTA_DEFAULTS, "vocab_size": 30522}
 
 #: The published configs' shape (xlm-roberta-base, multilingual-e5, bge-m3): 514 positions for
@@ -36,12 +36,14 @@ def _read(f: Fields) -> EncoderSpec:
 
 
 @encoder_family("roberta", name="RoBERTa", defaults=ROBERTA_DEFAULTS, config_class="RobertaConfig",
-                legacy=BERT_LEGACY, tiny={**ROBERTA_DEFAULTS, **_TINY, "architectures": ["RobertaModel"]})
+                legacy=BERT_LEGACY, tiny={**ROBERTA_DEFAULTS, **_TINY, "architectures": ["RobertaModel"]},
+                transformers_version="5.24.0")
 def read_roberta(f: Fields) -> EncoderSpec:
     return _read(f)
 
 
 @encoder_family("xlm-roberta", name="XLM-RoBERTa", defaults=XLM_ROBERTA_DEFAULTS, config_class="XLMRobertaConfig",
-                legacy=BERT_LEGACY, tiny={**XLM_ROBERTA_DEFAULTS, **_TINY, "architectures": ["XLMRobertaModel"]})
+                legacy=BERT_LEGACY, tiny={**XLM_ROBERTA_DEFAULTS, **_TINY, "architectures": ["XLMRobertaModel"]},
+                transformers_version="5.24.0")
 def read_xlm_roberta(f: Fields) -> EncoderSpec:
     return _read(f)
