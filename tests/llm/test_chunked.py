@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from rlx_mil.cli import main
+from rlx_mil.coreml.package_info import package_info
 from rlx_mil.errors import ExistingFileError, InvalidOptionError
 from rlx_mil.ir.cut import cut_graph, layer_of, layer_segments
 from rlx_mil.llm.chunk_plan import BLOB_OVERHEAD, ChunkingError, data_inputs, plan_chunks, planned_param_bytes
@@ -230,3 +231,22 @@ def test_a_damaged_manifest_is_a_typed_error(packages: tuple[Path, Path, str], t
     shutil.rmtree(copy / good["chunks"][1]["package"])
     with pytest.raises(RlxMilError, match=r"chunk 1 package .* is missing"):
         read_chunked_set(copy)
+
+
+def test_a_neural_engine_set_splits_the_head_and_matches_the_reference(tmp_path: Path) -> None:
+    """deploy="ane" applies to every chunk: the last returns the logits in pieces, which Session
+    joins, and the capacity is rounded up as for one package."""
+    config = {**TINY_CONFIGS["llama"], "vocab_size": 40000}  # a head over 16,384 rows: 3 pieces
+    checkpoint = write_random_checkpoint(tmp_path / "wide", config, seed=2)
+    folder = tmp_path / "set"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        chunked = convert_llm_checkpoint(checkpoint, folder, max_context=MAX_CONTEXT, precision="fp32", deploy="ane",
+                                         chunk_bytes="6MB")
+    assert len(chunked.chunks) == 2 and chunked.contract.max_context == 32
+    head = package_info(chunked.package(1)).functions["decode"]["outputs"]
+    assert [t.name for t in head] == ["logits_0", "logits_1", "logits_2"]
+    session = Session(folder, engine="milexec", precision_model="float32")
+    assert session.vocab == 40000
+    prompt = [5, 39999, 17]
+    np.testing.assert_allclose(session.feed(prompt), reference_logits(checkpoint, prompt), atol=1e-4, rtol=0)
