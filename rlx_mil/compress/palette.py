@@ -246,12 +246,13 @@ def _nearest_grouped(x: np.ndarray, luts: np.ndarray) -> np.ndarray:
 
 def palettize(
     weight: np.ndarray, scheme: PaletteScheme, store: type[np.floating], name: str = "weight",
-    code_writer: WriterFactory = CodeWriter,
+    code_writer: WriterFactory = CodeWriter, slab_elements: int = SLAB_ELEMENTS,
 ) -> PaletteCodes:
     """Fit one LUT per group of output channels (axis 0 of the storage layout) and index every
     element. The LUT is rounded to `store` before indexing, so indices fit the stored table;
     the indices go to `code_writer` a slab at a time. Grouped tables are fitted a slab of
-    groups at a time, vectorised over the groups (`_grouped_luts`)."""
+    groups at a time (about `slab_elements` weights: the fit's temporaries are some 60 bytes a
+    weight), vectorised over the groups (`_grouped_luts`)."""
     shape = tuple(int(d) for d in weight.shape)
     rows = rows_view(weight)
     channels, width = rows.shape
@@ -275,7 +276,7 @@ def palettize(
             sq_error += float(np.sum(np.square(lut64[idx] - slab)))
             sq_norm += float(np.sum(np.square(slab, dtype=np.float64)))
         return PaletteCodes(indices.result().reshape(shape), luts, scheme, sq_error, sq_norm)
-    group_step = max(1, SLAB_ELEMENTS // max(per_group * width, 1))
+    group_step = max(1, slab_elements // max(per_group * width, 1))
     for g0 in range(0, channels // per_group, group_step):
         r0 = g0 * per_group
         slab = finite_slab(rows[r0:r0 + group_step * per_group], name, r0)

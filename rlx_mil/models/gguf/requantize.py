@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.compress.code_store import WriterFactory
+from rlx_mil.compress.code_store import WriterFactory, release_pages
 from rlx_mil.compress.fit import fit_to_shape
 from rlx_mil.compress.linear import LinearCodes, quantize_linear
 from rlx_mil.compress.palette import PaletteCodes, palettize
@@ -105,7 +105,15 @@ class DecodedRows:
 
 
 def _max_error(codes: LinearCodes | PaletteCodes, rows: DecodedRows) -> float:
-    """max |decoded codes - llama.cpp's decode|, a slab of rows at a time for palettes."""
+    """max |decoded codes - llama.cpp's decode|, a slab of rows at a time for palettes. The
+    code store's pages the comparison read are dropped again (they would stay resident)."""
+    try:
+        return _worst(codes, rows)
+    finally:
+        release_pages(codes.data if isinstance(codes, LinearCodes) else codes.indices)
+
+
+def _worst(codes: LinearCodes | PaletteCodes, rows: DecodedRows) -> float:
     n, k = rows.shape
     if isinstance(codes, LinearCodes):
         return float(np.max(np.abs(codes.dequantize().reshape(n, k) - np.asarray(rows)))) if n * k else 0.0
@@ -128,7 +136,7 @@ def requantized(raw_rows: np.ndarray, type_name: str, shape: tuple[int, int], sc
     fitted, _ = fit_to_shape(scheme, shape, Target.IOS18)
     weight: Any = rows
     if isinstance(fitted, PaletteScheme):
-        palette = palettize(weight, fitted, store, name, code_writer)
+        palette = palettize(weight, fitted, store, name, code_writer, slab_elements=SLAB_ELEMENTS)
         palette.max_error = _max_error(palette, rows)
         return palette
     assert isinstance(fitted, LinearScheme)
