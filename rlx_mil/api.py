@@ -65,10 +65,16 @@ def _flag(value: Any, what: str) -> bool:
     return value
 
 
-def _options(attention: str, compressor: Compressor | None = None) -> LowerOptions:
+def _attention_mode(attention: str, form: DeployForm, target: Target) -> str:
     if attention not in ATTENTION_MODES:
         raise InvalidOptionError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
-    return LowerOptions(attention=attention, compressor=compressor)
+    return lowering_attention(form, attention, target)
+
+
+def _options(attention: str, compressor: Compressor | None = None, form: DeployForm = DeployForm.PLAIN) -> LowerOptions:
+    if attention not in ATTENTION_MODES:
+        raise InvalidOptionError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+    return LowerOptions(attention=attention, compressor=compressor, neural_engine=form is DeployForm.ANE)
 
 
 def _compressor(compress: Any, graph: Graph, target: Target, precision: Precision, params: Any = None) -> tuple[WeightCompressor | None, Any]:
@@ -110,14 +116,14 @@ def lower_with_names(
     """Like `lower`, also returning the model-interface name maps."""
     graph = require_graph(graph)
     tgt, prec, form = Target.parse(target), Precision.parse(precision), DeployForm.parse(deploy)
-    attention = lowering_attention(form, attention, tgt)
+    attention = _attention_mode(attention, form, tgt)
     if form is DeployForm.ANE:
         max_context = neural_engine_capacity(max_context)
     if dims is not None:
         graph = graph.bind(dims)
-    graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
+    graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt, form)
     compressor, params = _compressor(form_compression(compress, form), graph, tgt, prec, params)
-    lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
+    lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor, form), kv_cache=plan)
     context = RewriteContext(form, tgt, prec)
     rewrite_program(lowered.program, context)
     name_split_outputs(lowered.outputs, context.split_outputs_made)
@@ -128,7 +134,8 @@ KVCacheOption = str | bool | Mapping[str, str] | None
 
 
 def _kv_plan(
-    graph: Graph, kv_cache: KVCacheOption, max_context: int | None, cache_layout: str, target: Target
+    graph: Graph, kv_cache: KVCacheOption, max_context: int | None, cache_layout: str, target: Target,
+    form: DeployForm = DeployForm.PLAIN,
 ) -> tuple[Graph, KVCachePlan | None]:
     """The graph to lower (dynamic cache lengths bound) and its stateful plan, if any."""
     if kv_cache is None or kv_cache is False:
@@ -136,7 +143,9 @@ def _kv_plan(
             raise InvalidOptionError("max_context is the capacity of a stateful KV cache; it needs kv_cache=")
         return graph, None
     graph = bind_cache_lengths(graph, kv_cache)
-    return graph, plan_kv_cache(graph, kv_cache, max_context=max_context, layout=cache_layout, target=target)
+    return graph, plan_kv_cache(
+        graph, kv_cache, max_context=max_context, layout=cache_layout, target=target, rank4=form is DeployForm.ANE
+    )
 
 
 def lower(
@@ -254,21 +263,21 @@ def convert(
     prec = Precision.parse(precision)
     form = DeployForm.parse(deploy)
     split_outputs = _flag(split_logits, "split_logits")
-    attention = lowering_attention(form, attention, tgt)
+    attention = _attention_mode(attention, form, tgt)
     if form is DeployForm.ANE:
         max_context = neural_engine_capacity(max_context)
     if compute_units not in COMPUTE_UNITS:
         raise InvalidOptionError(f"compute_units must be one of {COMPUTE_UNITS}, got {compute_units!r}")
     if dims is not None:
         graph = graph.bind(dims)
-    graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt)
+    graph, plan = _kv_plan(graph, kv_cache, max_context, cache_layout, tgt, form)
     compressor, params = _compressor(form_compression(compress, form), graph, tgt, prec, params)
     with (
         conversion_temporaries(), objects_frozen(), direct_weight_writes(), validation_once_per_pipeline(),
         nonreplaceable_marks_only_with_constexprs(), fusion_patterns_built_once(), pass_bars_hidden(),
         program_text_only_when_logged(), consts_compared_in_chunks(),
     ):
-        lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor), kv_cache=plan)
+        lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor, form), kv_cache=plan)
         context = RewriteContext(form, tgt, prec, split_outputs=split_outputs)
         rewrite_program(lowered.program, context)
         split = name_split_outputs(lowered.outputs, context.split_outputs_made)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rlx_mil.compress.report import METADATA_KEY as COMPRESSION
-from rlx_mil.coreml.deploy import DeployForm
+from rlx_mil.coreml.deploy.forms import DeployForm
 from rlx_mil.coreml.output_pieces import OutputPieces
 from rlx_mil.errors import InvalidOptionError, RlxMilError
 from rlx_mil.input_contract import INPUT_RANGES_METADATA_KEY

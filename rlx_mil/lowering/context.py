@@ -72,6 +72,10 @@ class LowerOptions:
     #: Weight compression (`rlx_mil.compress.WeightCompressor` implements it), or None for
     #: float weights.
     compressor: Compressor | None = field(default=None, compare=False)
+    #: The Neural Engine form (`deploy="ane"`): attention masks filled with fp16-safe values
+    #: whatever the precision, RmsNorm / LayerNorm through MIL's `layer_norm` (RmsNorm over
+    #: `[x, -x]`, whose mean is zero).
+    neural_engine: bool = False
 
 
 @dataclass(frozen=True)

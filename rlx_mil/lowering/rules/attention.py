@@ -97,7 +97,7 @@ def _masked_scores(scores: Any, masking: Masking, ctx: LowerContext) -> Any:
         scores = mb.add(x=scores, y=masking.bias, name=ctx.name("scores_biased"))
     if masking.keep is not None:
         scores = mb.select(
-            cond=masking.keep, a=scores, b=ctx.scalar(mask_fill(ctx.precision)), name=ctx.name("scores_masked")
+            cond=masking.keep, a=scores, b=ctx.scalar(mask_fill(ctx.precision, ctx.options.neural_engine)), name=ctx.name("scores_masked")
         )
     return scores
 

@@ -33,8 +33,10 @@ FILL_FP32 = -1e9
 FILL_FP16 = -3.0e4
 
 
-def mask_fill(precision: Precision) -> float:
-    return FILL_FP16 if precision is Precision.FP16 else FILL_FP32
+def mask_fill(precision: Precision, neural_engine: bool = False) -> float:
+    """The score of a masked key: one that survives fp16 (the Neural Engine computes in fp16
+    whatever the program's precision), else a lower one under fp32."""
+    return FILL_FP16 if precision is Precision.FP16 or neural_engine else FILL_FP32
 
 
 def attention_dims(ctx: LowerContext, num_heads: int, head_dim: int, v_head_dim: int | None = None) -> AttentionGeometry:
@@ -279,7 +281,7 @@ def bias_scores(ctx: LowerContext, index: int, dims: AttentionGeometry, full_key
             bias = mb.tile(x=bias, reps=[1, 1, g, 1], name=ctx.name("bias_folded"))
     if full_keys and k1 == 1 and sk > 1:
         bias = mb.tile(x=bias, reps=[1, 1, 1, sk], name=ctx.name("bias_keys"))
-    if ctx.precision is Precision.FP16:
+    if ctx.precision is Precision.FP16 or ctx.options.neural_engine:
         bias = mb.maximum(x=bias, y=ctx.scalar(FILL_FP16), name=ctx.name("bias_floor"))
     return bias
 

@@ -176,17 +176,21 @@ def normalize_last_axis(ctx: LowerContext, x: Any, eps: float, *, center: bool, 
 
 
 def _layer_norm_affine(ctx: LowerContext, x: Any, eps: float, gamma_index: int, beta_index: int, length: int) -> Any:
-    """LayerNorm over the last axis with the affine; under fp32 constant gamma/beta go straight
-    into MIL's `layer_norm` (which only takes them as consts)."""
+    """LayerNorm over the last axis with the affine; under fp32 (and in the Neural Engine
+    form) constant gamma/beta go straight into MIL's `layer_norm` (which only takes them as
+    consts)."""
     from coremltools.converters.mil import Builder as mb
 
     gamma, beta = ctx.known_value(gamma_index), ctx.known_value(beta_index)
-    if ctx.precision is Precision.FP32 and gamma is not None and beta is not None:
+    if ctx.options.neural_engine and (gamma is None or beta is None):
+        normed = mb.layer_norm(x=x, axes=[-1], epsilon=_layer_norm_eps(ctx, eps), name=ctx.name("normed"))
+        return _apply_affine(ctx, normed, gamma_index, beta_index, length, [length])
+    if (ctx.precision is Precision.FP32 or ctx.options.neural_engine) and gamma is not None and beta is not None:
         return mb.layer_norm(
             x=x, axes=[-1],
-            gamma=np.asarray(gamma, dtype=np.float32).reshape(length),
-            beta=np.asarray(beta, dtype=np.float32).reshape(length),
-            epsilon=ctx.scalar(eps), name=ctx.name(),
+            gamma=np.asarray(gamma, dtype=np.float32).reshape(length).astype(ctx.float_dtype),
+            beta=np.asarray(beta, dtype=np.float32).reshape(length).astype(ctx.float_dtype),
+            epsilon=_layer_norm_eps(ctx, eps), name=ctx.name(),
         )
     normed = normalize_last_axis(ctx, x, eps, center=True)
     return _apply_affine(ctx, normed, gamma_index, beta_index, length, [length])
@@ -208,7 +212,28 @@ def _rms_norm_fp16(ctx: LowerContext, x: Any, eps: float, length: int) -> Any:
     return mb.mul(x=row, y=inv, name=ctx.name("normed"))
 
 
+def _layer_norm_eps(ctx: LowerContext, eps: float) -> Any:
+    """`layer_norm`'s epsilon: under fp16 at least fp16's smallest number, so that a tiny eps
+    does not round to 0 (an all-zero row would divide by 0)."""
+    return ctx.scalar(max(eps, FP16_RSQRT_GUARD) if ctx.precision is Precision.FP16 else eps)
+
+
+def _rms_norm_pair(ctx: LowerContext, x: Any, eps: float, length: int) -> Any:
+    """The Neural Engine's RmsNorm (Anemll): MIL's `layer_norm` over `[x, -x]`, whose mean is
+    zero and whose variance is mean(x^2), then the first half. The device's own layer norm
+    keeps it fp16-safe; the graph has 4 ops."""
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = [int(d) for d in x.shape]
+    negated = mb.mul(x=x, y=ctx.scalar(-1.0), name=ctx.name("negated"))
+    pair = mb.concat(values=[x, negated], axis=-1, name=ctx.name("pair"))
+    normed = mb.layer_norm(x=pair, axes=[-1], epsilon=_layer_norm_eps(ctx, eps), name=ctx.name("pair_normed"))
+    return mb.slice_by_size(x=normed, begin=[0] * len(sizes), size=sizes, name=ctx.name("normed"))
+
+
 def _rms_norm_affine(ctx: LowerContext, x: Any, eps: float, gamma_index: int, beta_index: int, length: int) -> Any:
+    if ctx.options.neural_engine:
+        return _apply_affine(ctx, _rms_norm_pair(ctx, x, eps, length), gamma_index, beta_index, length, [length])
     if ctx.precision is Precision.FP32 or length + 1 > FP16_SUM_LIMIT:
         normed = normalize_last_axis(ctx, x, eps, center=False)
         return _apply_affine(ctx, normed, gamma_index, beta_index, length, [length])

@@ -9,7 +9,8 @@ sequence axis, the concatenation is the Attention's k (or v) and is also a graph
 * each cache becomes an fp16 state of fixed capacity `max_context` in `[B, H_kv, C, D]` order
   (the order `scaled_dot_product_attention` takes keys in), either one state per cache
   (`layout="per_layer"`) or the caches of all layers stacked into one `key_cache` and one
-  `value_cache` state `[L, B, H_kv, C, D]` (`layout="stacked"`, the default);
+  `value_cache` state `[L, B, H_kv, C, D]` (`layout="stacked"`, the default), or `[L*B, H_kv,
+  C, D]` when the program must stay within rank 4 (`rank4=True`, the Neural Engine form);
 * the model takes `cache_position: int32[1]`, the number of tokens already in the cache, which
   is also the slot the first new row is written to; the new rows go in with one `slice_update`
   per cache per call, written back with `coreml_update_state`;
@@ -98,6 +99,8 @@ class KVCachePlan:
     mask_kinds: list[str] = field(default_factory=list)
     #: Carried recurrent states kept as Core ML states too (`rlx_mil.lowering.state.recurrent_state`).
     recurrent: list[RecurrentState] = field(default_factory=list)
+    #: Stacked caches fold the layer axis into the batch axis: `[L*B, H_kv, C, D]` (rank 4).
+    rank4: bool = False
 
     @property
     def layers(self) -> int:
@@ -127,7 +130,8 @@ class KVCachePlan:
             return []
         first = self.pairs[0]
         if self.layout == "stacked":
-            shape = (self.layers, first.batch, first.kv_heads, self.max_context, first.head_dim)
+            lead: tuple[int, ...] = (self.layers * first.batch,) if self.rank4 else (self.layers, first.batch)
+            shape = (*lead, first.kv_heads, self.max_context, first.head_dim)
             return [StateSpec(STACKED_STATES[r], shape) for r in ("k", "v")]
         return [
             StateSpec(p.state_name(self.layout), (p.batch, p.kv_heads, self.max_context, p.head_dim))
@@ -344,8 +348,10 @@ def plan_kv_cache(
     max_context: int | None,
     layout: str = "stacked",
     target: Target,
+    rank4: bool = False,
 ) -> KVCachePlan:
-    """Check the options and the graph and say what the stateful lowering will do."""
+    """Check the options and the graph and say what the stateful lowering will do (`rank4`:
+    stacked caches as `[L*B, H_kv, C, D]`)."""
     if target < Target.IOS18:
         raise InvalidOptionError(f"kv_cache needs Core ML states, which exist from iOS18 on (target is {target.label})")
     if layout not in CACHE_LAYOUTS:
@@ -353,10 +359,10 @@ def plan_kv_cache(
     recurrent = find_recurrent_states(graph, kv_cache)
     pairs = find_cache_pairs(graph, kv_cache, skip={r.input_name for r in recurrent}, required=not recurrent)
     if not pairs:  # only recurrent states: no cache, no capacity, no write position
-        return KVCachePlan(pairs=[], max_context=0, layout=layout, recurrent=recurrent)
+        return KVCachePlan(pairs=[], max_context=0, layout=layout, recurrent=recurrent, rank4=rank4)
     if isinstance(max_context, bool) or not isinstance(max_context, (int, np.integer)) or max_context < 1:
         raise InvalidOptionError(f"kv_cache needs max_context, the cache capacity in tokens (an int >= 1), got {max_context!r}")
-    plan = KVCachePlan(pairs=pairs, max_context=int(max_context), layout=layout, recurrent=recurrent)
+    plan = KVCachePlan(pairs=pairs, max_context=int(max_context), layout=layout, recurrent=recurrent, rank4=rank4)
     if plan.query_len > plan.max_context:
         raise InvalidOptionError(
             f"max_context={max_context} is smaller than the {plan.query_len} new tokens each call writes"

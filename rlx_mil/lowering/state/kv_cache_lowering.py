@@ -97,7 +97,11 @@ class KVCacheLowering:
         current = self._latest.get(state_name)
         if current is None:
             current = mb.read_state(input=self.state_vars[state_name], name=ctx.name("read_state"))
-        if self.plan.layout == "stacked":
+        if self.plan.layout == "stacked" and self.plan.rank4:
+            begin = self._int_vector([pair.layer * b, 0, pos, 0], ctx, "write_begin")
+            end = self._int_vector([(pair.layer + 1) * b, h, end_pos, d], ctx, "write_end")
+            rows = new
+        elif self.plan.layout == "stacked":
             layer = pair.layer
             begin = self._int_vector([layer, 0, 0, pos, 0], ctx, "write_begin")
             end = self._int_vector([layer + 1, b, h, end_pos, d], ctx, "write_end")
@@ -110,7 +114,12 @@ class KVCacheLowering:
         written = mb.coreml_update_state(state=self.state_vars[state_name], value=updated, name=ctx.name("cache_state"))
         self._latest[state_name] = written
         cache = written
-        if self.plan.layout == "stacked":
+        if self.plan.layout == "stacked" and self.plan.rank4:
+            cache = mb.slice_by_index(
+                x=written, begin=[pair.layer * b, 0, 0, 0], end=[(pair.layer + 1) * b, h, c, d],
+                name=ctx.name("cache_layer"),
+            )
+        elif self.plan.layout == "stacked":
             cache = mb.slice_by_index(
                 x=written, begin=[pair.layer, 0, 0, 0, 0], end=[pair.layer + 1, b, h, c, d],
                 squeeze_mask=[True, False, False, False, False], name=ctx.name("cache_layer"),
