@@ -23,7 +23,10 @@ from rlx_mil.testing import supported_targets
 from .ane_checks import assert_neural_engine_form, max_relative_error, run_both, run_steps, structure
 
 FAMILIES = sorted(TINY_CONFIGS)
-DECODERS = [f for f in FAMILIES if f != "bert"]
+#: Families without a decode graph: text encoders (S tokens) and image encoders (their own size).
+ENCODERS = frozenset({"bert", "modernbert", "roberta", "xlm-roberta"})
+IMAGE_ENCODERS = frozenset({"dinov2", "dinov2_with_registers", "siglip", "siglip2"})
+DECODERS = [f for f in FAMILIES if f not in ENCODERS | IMAGE_ENCODERS]
 MAX_CONTEXT = 16
 #: fp32 programs: the conv and the linear sum the same products in another order.
 FP32_EXACT = 1e-5
@@ -35,10 +38,26 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {family: write_random_checkpoint(root / family, TINY_CONFIGS[family], seed=5) for family in FAMILIES}
 
 
+def _feeds(graph: Graph) -> dict[str, np.ndarray]:
+    """Inputs in range: token ids within the vocabulary, every patch / token kept, NaFlex
+    patches on a square grid."""
+    feeds = leaf_values(graph, seed=1)[0]
+    for name in ("attention_mask", "pixel_attention_mask"):
+        if name in feeds:
+            feeds[name] = np.ones_like(feeds[name])
+    if "spatial_shapes" in feeds:
+        side = int(np.sqrt(feeds["pixel_attention_mask"].shape[-1]))
+        feeds["spatial_shapes"] = np.full_like(feeds["spatial_shapes"], side)
+    return feeds
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_prefill_program_is_the_neural_engine_form_and_equals_plain(family: str, checkpoints: dict[str, Path]) -> None:
-    graph, params = from_pretrained(checkpoints[family], "prefill", seq_len=5)
-    feeds = leaf_values(graph, seed=1)[0]
+    if family in IMAGE_ENCODERS:
+        graph, params = from_pretrained(checkpoints[family])
+    else:
+        graph, params = from_pretrained(checkpoints[family], "prefill", seq_len=5)
+    feeds = _feeds(graph)
     plain = rlx_mil.lower(graph, params, precision="fp32")
     ane = rlx_mil.lower(graph, params, precision="fp32", deploy="ane")
     assert_neural_engine_form(ane)
@@ -79,7 +98,8 @@ def test_stacked_cache_is_rank_4_with_layers_folded_into_the_batch(checkpoints: 
     config = TINY_CONFIGS["llama"]
     kv_heads = config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    assert contract.states["key_cache"] == [layers, kv_heads, MAX_CONTEXT, head_dim]
+    capacity = -(-MAX_CONTEXT // 32) * 32  # rounded up to the Neural Engine's multiple of 32
+    assert contract.states["key_cache"] == [layers, kv_heads, capacity, head_dim]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
