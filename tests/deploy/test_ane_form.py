@@ -16,6 +16,7 @@ import rlx_mil
 from rlx_mil import reference
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lowering.state.kv_cache import NeuralEngineWarning
+from rlx_mil.models.families import model_spec
 from rlx_mil.models.pretrained import from_pretrained
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 from rlx_mil.testing import supported_targets
@@ -24,8 +25,9 @@ from .ane_checks import assert_neural_engine_form, max_relative_error, run_both,
 
 FAMILIES = sorted(TINY_CONFIGS)
 #: Families without a decode graph: text encoders (S tokens) and image encoders (their own size).
-ENCODERS = frozenset({"bert", "modernbert", "roberta", "xlm-roberta"})
-IMAGE_ENCODERS = frozenset({"dinov2", "dinov2_with_registers", "siglip", "siglip2"})
+_SPECS = {family: type(model_spec(config)).__name__ for family, config in TINY_CONFIGS.items()}
+IMAGE_ENCODERS = frozenset(f for f, kind in _SPECS.items() if kind == "VisionSpec")
+ENCODERS = frozenset(f for f, kind in _SPECS.items() if kind in ("EncoderSpec", "ModernBertSpec"))
 DECODERS = [f for f in FAMILIES if f not in ENCODERS | IMAGE_ENCODERS]
 MAX_CONTEXT = 16
 #: fp32 programs: the conv and the linear sum the same products in another order.

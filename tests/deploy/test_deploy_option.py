@@ -111,3 +111,13 @@ def test_cli_deploy_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         main([*argv, "--overwrite", "--deploy", "tpu"])
     assert exc.value.code == 2
     assert "--deploy: invalid choice: 'tpu'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("form", ["plain", "gpu", "ane"])
+def test_convert_hf_passes_deploy_to_the_conversion(form: str, tmp_path: Path) -> None:
+    from rlx_mil.cli.convert_hf import convert_kwargs
+    from rlx_mil.cli.main import _parser
+
+    args = _parser().parse_args(["convert-hf", str(tmp_path), "-o", str(tmp_path / "m.mlpackage"), "--deploy", form])
+    assert convert_kwargs(args)["deploy"] == form
+    assert convert_kwargs(_parser().parse_args(["convert-hf", str(tmp_path), "-o", "m.mlpackage"]))["deploy"] == "plain"
