@@ -269,7 +269,10 @@ def convert_chunked(
     pieces = {fn: cut_graph(g, data_inputs(g), plan.groups, shared_inputs={TOKEN_INPUT}) for fn, g in graphs.items()}
     stem = name or out.name
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.rlx-staging-", dir=out.parent))
+    from rlx_mil.coreml.saving import remove_stale_staging, staging_prefix
+
+    remove_stale_staging(out)  # what a killed conversion left (its set completed or dropped)
+    staging = Path(tempfile.mkdtemp(prefix=staging_prefix(out, os.getpid()), dir=out.parent))
     try:
         folder = staging / out.name
         folder.mkdir()
@@ -369,13 +372,21 @@ def _query_len(graph: Graph) -> int:
 
 
 def _move_into_place(folder: Path, out: Path, staging: Path) -> None:
-    from rlx_mil.coreml.saving import exchange, fsync_tree
+    """As `rlx_mil.save` does for one package: the staged set marked complete, then swapped
+    (or renamed) into place, so a crash leaves the old set or the new one."""
+    from rlx_mil.coreml.saving import COMPLETE_FILE, STAGED_OLD, exchange, fsync_tree
     from rlx_mil.fileio import apply_default_modes
 
     apply_default_modes(folder)
     fsync_tree(folder)
+    (staging / COMPLETE_FILE).write_bytes(b"")
     if out.is_dir() and not out.is_symlink() and exchange(folder, out):
         return  # the old set is now in the staging folder, removed with it
     if out.exists() or out.is_symlink():
-        os.replace(out, staging / "old")
-    os.replace(folder, out)
+        os.replace(out, staging / STAGED_OLD)
+    try:
+        os.replace(folder, out)
+    except OSError:
+        if (staging / STAGED_OLD).exists():
+            os.replace(staging / STAGED_OLD, out)
+        raise

@@ -186,6 +186,11 @@ def test_a_failure_leaves_no_folder(checkpoint: Path, tmp_path: Path, monkeypatc
             raise RuntimeError("disk full")
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
+    from rlx_mil.coreml.saving import host_tag, staging_prefix
+
+    # a killed earlier conversion's staging folder (its process is gone) is cleared too
+    stale = tmp_path / f"{staging_prefix(tmp_path / 'set')}999999999-{host_tag()}-x1"
+    (stale / "set").mkdir(parents=True)
     monkeypatch.setattr(rlx_mil.api, "convert_functions", failing)
     with pytest.raises(RuntimeError, match="disk full"):
         _convert(checkpoint, tmp_path / "set", "fp32", LIMIT)
