@@ -24,6 +24,7 @@ from rlx_mil.milexec.crosscheck import CrossChecker, Tolerance
 from rlx_mil.milexec.loader import IONames, ResolvedSource, release, resolve_source
 from rlx_mil.milexec.plan import Plan, build_plan, root_key
 from rlx_mil.milexec.registry import KERNELS, OpContext, declared_dtype
+from rlx_mil.milexec.streamed import materialize
 from rlx_mil.values import BFLOAT16, numeric_kind
 
 if TYPE_CHECKING:
@@ -107,6 +108,8 @@ class _Interpreter:
         #: root_key -> number of live env values in that buffer (only with a plan).
         self.roots: dict[int, int] = {}
         self.meta = plan.meta if plan is not None else {}
+        #: id(op) -> the op's inputs by name, built once (coremltools rebuilds `op.inputs` per access).
+        self.op_inputs: dict[int, dict[str, Any]] = plan.inputs if plan is not None else {}
         self.env: dict[int, Any] = {}
         self.finite: dict[int, bool] = {}
         self.state_values: dict[str, np.ndarray] = {}
@@ -123,8 +126,9 @@ class _Interpreter:
         states: MutableMapping[str, np.ndarray] | None,
     ) -> ExecutionResult:
         function = resolved.function
-        _require_kernels(function)
-        _require_addressable(function)
+        if self.plan is None or not self.plan.checked:
+            _require_kernels(function)
+            _require_addressable(function)
         feeds, state_feeds = _bind_inputs(
             function, inputs, states, resolved.io_names, self.precision, resolved.input_ranges, self.states_in_place
         )
@@ -134,7 +138,8 @@ class _Interpreter:
             for var, value in state_feeds:
                 self.state_values[var.name] = value
                 self.state_names[id(var)] = var.name
-            outputs = self.run_block(function, None)
+            with np.errstate(all="ignore"):
+                outputs = self.run_block(function, None)
         finally:
             if self.checker is not None:
                 self.checker.restore()
@@ -180,7 +185,7 @@ class _Interpreter:
                     self._drop(var)
                 for weight in plan.release_after.get(id(op), ()):
                     release(weight)
-        return [self.lookup(var) for var in block.outputs]
+        return [materialize(self.lookup(var)) for var in block.outputs]
 
     def _store(self, var: Var, value: Any) -> None:
         key = id(var)
@@ -247,14 +252,16 @@ class _Interpreter:
                 f"no milexec kernel for op type '{op.op_type}' (op '{op.name}'); "
                 f"add one with @kernel({op.op_type!r}) in rlx_mil.milexec.kernels"
             )
+        inputs = self.op_inputs.get(id(op))
+        if inputs is None:
+            inputs = self.op_inputs[id(op)] = dict(op.inputs)
         ctx = OpContext(
             op, self.lookup, self.run_block, self.state_values, self.donatable,
-            self.plan.shared_states if self.plan is not None else frozenset(),
+            self.plan.shared_states if self.plan is not None else frozenset(), inputs,
         )
         start = time.perf_counter()
         try:
-            with np.errstate(all="ignore"):
-                produced = fn(ctx)
+            produced = fn(ctx)
         except MilExecError:
             raise
         except Exception as exc:

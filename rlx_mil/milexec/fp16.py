@@ -43,3 +43,45 @@ def widen_into(source: np.ndarray, out: np.ndarray) -> np.ndarray:
 def widen(source: np.ndarray) -> np.ndarray:
     """`source` (fp16) as a new float32 array, through `widen_into`."""
     return widen_into(source, np.empty(source.shape, np.float32))
+
+
+#: float32 bit patterns: the 13 low mantissa bits fp16 has not, and half of their range.
+_DROP = np.int32(-(1 << 13))
+_HALF = np.int32(0x0FFF)
+#: Finite float32 values in [FP16_NORMAL_MIN, FP16_MAX] (and zeros) round to fp16 by the bit
+#: form of `round_into`; fp16 subnormals, overflow, inf and NaN need NumPy's cast.
+FP16_NORMAL_MIN = 2.0**-14
+FP16_MAX = 65504.0
+
+
+def round_into(values: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
+    """Round float32 `values` (C-contiguous) in place to the nearest fp16 value, ties to even,
+    keeping them float32: equal bit for bit to ``values.astype(np.float16).astype(np.float32)``
+    *for zeros and magnitudes in [FP16_NORMAL_MIN, FP16_MAX]* (the caller guarantees the range;
+    `round_exact_into` checks it). Five integer passes (~0.3 ns per element) against NumPy's
+    ~3 ns cast. `scratch`: an int32 buffer of at least values.size elements, reused."""
+    bits = values.reshape(-1).view(np.int32)
+    carry = scratch.reshape(-1)[: bits.size] if scratch is not None else np.empty(bits.size, np.int32)
+    np.right_shift(bits, 13, out=carry)
+    np.bitwise_and(carry, 1, out=carry)
+    np.add(carry, _HALF, out=carry)  # round half to even: the kept lowest bit decides a tie
+    np.add(bits, carry, out=bits)
+    np.bitwise_and(bits, _DROP, out=bits)
+    return values
+
+
+def round_exact_into(values: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
+    """`round_into` for any float32 values: a chunk holding a value outside the bit form's range
+    (subnormal in fp16, beyond FP16_MAX, inf, NaN) is rounded by NumPy's cast instead."""
+    flat = values.reshape(-1)
+    for start in range(0, flat.size, CHUNK):
+        part = flat[start:start + CHUNK]
+        magnitude = np.abs(part)
+        top = magnitude.max(initial=0.0)
+        low = magnitude[magnitude > 0].min(initial=FP16_NORMAL_MIN)
+        if top <= FP16_MAX and low >= FP16_NORMAL_MIN:  # NaN fails both comparisons
+            round_into(part, scratch)
+        else:
+            with np.errstate(all="ignore"):
+                np.copyto(part, part.astype(np.float16))
+    return values

@@ -135,6 +135,7 @@ def _program_from_model(model: Any, where: Any) -> Any:
 #: MIL blob storage dtype codes (MILBlob StorageFormat) of the byte-aligned types mapped here.
 _BLOB_DTYPES = {1: np.float16, 2: np.float32, 3: np.uint8, 4: np.int8, 6: np.int16, 7: np.uint16}
 _BLOB_SENTINEL = 0xDEADBEEF
+_INT4, _UINT4 = 8, 11  # StorageFormat codes of the packed 4-bit types
 _BLOB_METADATA = struct.Struct("<IIQQ")  # sentinel, dtype code, size in bytes, data offset
 _MAP_LOCK = threading.Lock()
 
@@ -168,7 +169,10 @@ def _mapped_weights() -> Iterator[None]:
                 filename = os.path.join(context.weights_dir, blob.fileName.split("/")[-1])
                 value = _mapped_blob(maps, filename, int(blob.offset), valuetype.get_primitive())
                 shape = tuple(int(d) for d in valuetype.get_shape())
-                if value is not None and value.size == int(np.prod(shape, dtype=np.int64)):
+                count = int(np.prod(shape, dtype=np.int64))
+                if value is not None and value.size == count + 1 and count % 2:  # 4-bit: one pad nibble
+                    value = value[:count]
+                if value is not None and value.size == count:
                     return value.reshape(shape)
         return original(context, value_spec)
 
@@ -182,17 +186,13 @@ def _mapped_blob(maps: dict[str, mmap.mmap | None], filename: str, offset: int, 
     then reads it itself)."""
     from coremltools.converters.mil.mil import types
 
+    if dtype in (types.int4, types.uint4):
+        return _unpacked_nibbles(maps, filename, offset, dtype)
     wanted = {types.fp16: np.float16, types.fp32: np.float32, types.uint8: np.uint8, types.int8: np.int8,
               types.int16: np.int16, types.uint16: np.uint16}.get(dtype)
     if wanted is None:
         return None
-    if filename not in maps:
-        try:
-            with open(filename, "rb") as f:
-                maps[filename] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):
-            maps[filename] = None
-    mapped = maps[filename]
+    mapped = _mapped_file(maps, filename)
     if mapped is None or offset < 0 or offset + _BLOB_METADATA.size > len(mapped):
         return None
     sentinel, code, size, data_offset = _BLOB_METADATA.unpack_from(mapped, offset)
@@ -201,6 +201,46 @@ def _mapped_blob(maps: dict[str, mmap.mmap | None], filename: str, offset: int, 
             or data_offset % itemsize or data_offset + size > len(mapped)):
         return None
     return np.frombuffer(mapped, dtype=wanted, count=size // itemsize, offset=data_offset)
+
+
+def _mapped_file(maps: dict[str, mmap.mmap | None], filename: str) -> mmap.mmap | None:
+    if filename not in maps:
+        try:
+            with open(filename, "rb") as f:
+                maps[filename] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            maps[filename] = None
+    return maps[filename]
+
+
+def _unpacked_nibbles(maps: dict[str, mmap.mmap | None], filename: str, offset: int, dtype: Any) -> np.ndarray | None:
+    """An int4 / uint4 blob unpacked into a new int8 / uint8 array (the dtype coremltools gives
+    it), a chunk at a time: coremltools' own reader expands every bit into a byte first, eight
+    times the packed size at once."""
+    from coremltools.converters.mil.mil import types
+
+    mapped = _mapped_file(maps, filename)
+    if mapped is None or offset < 0 or offset + _BLOB_METADATA.size > len(mapped):
+        return None
+    sentinel, code, size, data_offset = _BLOB_METADATA.unpack_from(mapped, offset)
+    signed = dtype == types.int4
+    if sentinel != _BLOB_SENTINEL or code != (_INT4 if signed else _UINT4) or data_offset + size > len(mapped):
+        return None
+    packed = np.frombuffer(mapped, dtype=np.uint8, count=size, offset=data_offset)
+    out = np.empty(2 * size, dtype=np.dtype(types.nptype_from_builtin(dtype)))
+    plain = out.view(np.uint8)
+    step = 1 << 20
+    for start in range(0, size, step):
+        part = packed[start:start + step]
+        low, high = plain[2 * start:2 * (start + part.size):2], plain[2 * start + 1:2 * (start + part.size):2]
+        np.bitwise_and(part, 0x0F, out=low)  # the first element of a byte is its low nibble
+        np.right_shift(part, 4, out=high)
+    if signed:  # two's complement of a nibble: (v ^ 8) - 8, wrapping in uint8
+        for start in range(0, plain.size, step):
+            chunk = plain[start:start + step]
+            np.bitwise_xor(chunk, 8, out=chunk)
+            np.subtract(chunk, 8, out=chunk)
+    return out
 
 
 def release(value: np.ndarray) -> None:

@@ -41,6 +41,10 @@ class Plan:
     precomputed: set[int] = field(default_factory=set)
     #: memo of each var's declared (dtype, shape).
     meta: dict[int, tuple[Any, tuple[Any, ...]]] = field(default_factory=dict)
+    #: memo of each op's inputs by name.
+    inputs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: the function's kernels and tensor sizes were checked once (runs skip the checks).
+    checked: bool = False
 
 
 def root_key(value: Any) -> int:

@@ -4,15 +4,25 @@
 see `rlx_mil.milexec.loader`) and builds a `Plan` per function (consts resolved once,
 liveness, in-place state writes). Two memory modes decide what happens to the weights:
 
-* ``"fast"``: every fp16 weight of at least `WIDEN_MIN` elements is widened to float32 once
-  (the values are the fp16 ones, exactly: the precision model is unchanged) and compressed
-  weights (``constexpr_*`` ops) are decoded once; the functions of a package share these
-  arrays. Runs then do float32 BLAS straight on them. About 2x the fp16 weight bytes.
+* ``"fast"``: weights are kept in the float32 form the kernels multiply with, up to a cache
+  budget of `FAST_CACHE_RATIO` times the weights' fp16 bytes: every fp16 weight of at least
+  `WIDEN_MIN` elements is widened once (the values are the fp16 ones, exactly: the precision
+  model is unchanged) and compressed weights (``constexpr_*`` ops) are decoded once, in
+  program order while the budget lasts; the functions of a package share these arrays. The
+  weights past the budget are read as in ``"lean"``.
 * ``"lean"``: nothing is widened or kept decoded. A large fp16 weight stays a view of the
   mapped file, is widened a block of rows at a time inside `linear`, and its resident pages
-  are dropped once the op that read it ran; compressed weights are decoded by each run, op by
-  op, and freed after their last use. About the states plus one layer's weights resident.
+  are dropped once the op that read it ran; a `constexpr_blockwise_shift_scale` weight (int8,
+  int4) is decoded a block of rows at a time by the `linear` reading it and row by row by an
+  embedding `gather` (`rlx_mil.milexec.streamed`); other compressed weights are decoded by
+  each run, op by op, and freed after their last use. About the states plus one layer's
+  weights resident.
 * ``"auto"``: ``"fast"`` when its estimate fits in half the memory available now, else lean.
+
+BLAS runs on `blas_threads` threads (default 1) during a prepared run: a decode step is
+matrix-vector products bound by memory bandwidth, and OpenBLAS' worker threads spin against
+each other when other processes hold the cores (a 0.6B decode step went from 2.4 s to 0.16 s
+with one thread on a loaded 2-core machine). ``blas_threads=None`` keeps OpenBLAS' setting.
 
 Runs update the caller's state arrays in place (no copy of a KV cache per call) and track no
 inf/NaN origins (`milexec.run(..., return_all=True)` does).
@@ -20,6 +30,7 @@ inf/NaN origins (`milexec.run(..., return_all=True)` does).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
@@ -36,14 +47,18 @@ from rlx_mil.milexec.executor import (
     _require_kernels,
 )
 from rlx_mil.milexec.fp16 import widen
-from rlx_mil.milexec.loader import IONames, ResolvedSource, load_program, release, resolve_source
+from rlx_mil.milexec.loader import IONames, ResolvedSource, load_program, mapped_file, release, resolve_source
 from rlx_mil.milexec.plan import Plan, build_plan, root_key
+from rlx_mil.milexec.registry import declared_dtype
+from rlx_mil.milexec.streamed import ShiftScaleWeight
 
 MemoryMode = Literal["auto", "fast", "lean"]
 MEMORY_MODES: tuple[str, ...] = ("auto", "fast", "lean")
 
 #: fp16 consts of at least this many elements are weights that "fast" widens once.
 WIDEN_MIN = 1 << 16
+#: "fast" keeps float32 forms of weights up to this many times the weights' fp16 bytes.
+FAST_CACHE_RATIO = 1.5
 
 
 def prepare(
@@ -52,10 +67,12 @@ def prepare(
     memory: MemoryMode = "auto",
     precision_model: PrecisionModel = "declared",
     functions: Sequence[str] | None = None,
+    blas_threads: int | None = 1,
 ) -> PreparedProgram:
     """Load `source` (a `.mlpackage` path, MIL Program or MLModel) and prepare `functions`
     (default: every function) for repeated runs; see the module doc."""
-    return PreparedProgram(source, memory=memory, precision_model=precision_model, functions=functions)
+    return PreparedProgram(source, memory=memory, precision_model=precision_model, functions=functions,
+                           blas_threads=blas_threads)
 
 
 class PreparedProgram:
@@ -68,6 +85,7 @@ class PreparedProgram:
         memory: MemoryMode = "auto",
         precision_model: PrecisionModel = "declared",
         functions: Sequence[str] | None = None,
+        blas_threads: int | None = 1,
     ) -> None:
         import rlx_mil.milexec.kernels  # noqa: F401  (registers every kernel)
 
@@ -75,6 +93,10 @@ class PreparedProgram:
             raise InvalidOptionError(f"memory must be one of {MEMORY_MODES}, got {memory!r}")
         if precision_model not in PRECISION_MODELS:
             raise InvalidOptionError(f"precision_model must be one of {PRECISION_MODELS}, got {precision_model!r}")
+        if blas_threads is not None and (isinstance(blas_threads, bool) or not isinstance(blas_threads, int)
+                                         or blas_threads < 1):
+            raise InvalidOptionError(f"blas_threads must be an int >= 1 or None, got {blas_threads!r}")
+        self.blas_threads = blas_threads
         self.source = source
         program = load_program(source) if isinstance(source, (str, os.PathLike)) else None
         first = resolve_source(program if program is not None else source, None, None)
@@ -92,14 +114,16 @@ class PreparedProgram:
         self.precision_model = precision_model
         self.memory = _choose(memory, self._resolved.values())
         self._plans: dict[str, Plan] = {}
-        shared: dict[tuple[Any, ...], np.ndarray] = {}
-        for name, resolved in self._resolved.items():
+        shared: dict[tuple[Any, ...], Any] = {}
+        weights = [_weights(resolved.function) for resolved in self._resolved.values()]
+        budget = _Budget(int(FAST_CACHE_RATIO * _fp16_bytes(weights)) if self.memory == "fast" else 0)
+        for (name, resolved), found in zip(self._resolved.items(), weights, strict=True):
             plan = build_plan(resolved.function, lean=self.memory == "lean")
-            if self.memory == "fast":
-                self._decode_once(resolved.function, plan, shared)
+            plan.checked = True
+            self._prepare_weights(found, plan, shared, budget)
             self._plans[name] = plan
         #: bytes of the weights held in their prepared (float32) form.
-        self.prepared_bytes = sum(a.nbytes for a in {id(a): a for a in shared.values()}.values())
+        self.prepared_bytes = budget.used
 
     @property
     def functions(self) -> tuple[str, ...]:
@@ -125,36 +149,129 @@ class PreparedProgram:
         interpreter = _Interpreter(
             self.precision_model, None, False, self._plans[name], track_nonfinite=False, states_in_place=True
         )
-        return interpreter.run(resolved, inputs, states).outputs
+        with _blas_limit(self.blas_threads):
+            return interpreter.run(resolved, inputs, states).outputs
 
-    # -- fast: weights widened and decoded once -------------------------------------------------
-    def _decode_once(self, function: Any, plan: Plan, shared: dict[tuple[Any, ...], np.ndarray]) -> None:
-        for var_id, value in list(plan.consts.items()):
-            if value.dtype == np.float16 and value.size >= WIDEN_MIN:
-                plan.consts[var_id] = self._widened(value, shared)
+    # -- weights: cached (fast, within the budget) or streamed --------------------------------
+    def _prepare_weights(self, weights: list[Any], plan: Plan, shared: dict[tuple[Any, ...], Any],
+                         budget: _Budget) -> None:
         scratch = _Interpreter(self.precision_model, None, False, plan, track_nonfinite=False)
-        for op in function.operations:
-            if not op.op_type.startswith("constexpr_"):
+        for op in weights:
+            if op.op_type == "const":
+                var = op.outputs[0]
+                value = plan.consts[id(var)]
+                key = ("const", *_identity(value))
+                if key in shared or budget.take(4 * value.size):
+                    if key not in shared:
+                        shared[key] = widen(value)
+                        release(value)
+                    plan.consts[id(var)] = shared[key]
                 continue
             key = (op.op_type, *(_identity(plan.consts.get(id(v))) for v in op.inputs.values()))
-            scratch._execute(op)
-            for index, var in enumerate(op.outputs):
-                value = scratch.env.pop(id(var))
-                if isinstance(value, np.ndarray) and value.dtype == np.float16 and value.size >= WIDEN_MIN:
-                    value = shared.setdefault((*key, index), widen(value))
-                plan.consts[id(var)] = value
-                if isinstance(value, np.ndarray):
-                    plan.pinned.add(root_key(value))
-            plan.precomputed.add(id(op))
-        plan.release_after.clear()
+            out = op.outputs[0]
+            streamed = None
+            if op.op_type == "constexpr_blockwise_shift_scale" and len(op.outputs) == 1:
+                round_fp16 = declared_dtype(out) == np.float16 and self.precision_model == "declared"
+                streamed = ShiftScaleWeight.of(op, scratch.lookup, round_fp16)
+            if key in shared or budget.take(_elements(op) * 4):
+                if key not in shared:
+                    shared[key] = self._decoded(op, streamed, scratch)
+                for index, var in enumerate(op.outputs):
+                    plan.consts[id(var)] = shared[key][index]
+                    if isinstance(shared[key][index], np.ndarray):
+                        plan.pinned.add(root_key(shared[key][index]))
+                plan.precomputed.add(id(op))
+            elif streamed is not None:
+                plan.consts[id(out)] = shared.setdefault(("streamed", *key), streamed)
+                plan.precomputed.add(id(op))
+                data = streamed.data
+                if self.memory == "lean" and mapped_file(data) is not None:
+                    for user in out.child_ops:
+                        plan.release_after.setdefault(id(user), []).append(data)
+        if self.memory == "fast":
+            plan.release_after.clear()
 
-    def _widened(self, value: np.ndarray, shared: dict[tuple[Any, ...], np.ndarray]) -> np.ndarray:
-        key = ("const", *_identity(value))
-        wide = shared.get(key)
-        if wide is None:
-            wide = shared[key] = widen(value)
-            release(value)
-        return wide
+    def _decoded(self, op: Any, streamed: ShiftScaleWeight | None, scratch: _Interpreter) -> list[Any]:
+        """The outputs of constexpr `op`, computed once; a large fp16 one kept widened."""
+        if streamed is not None:
+            return [streamed.fill(np.empty(streamed.shape, np.float32))]
+        with np.errstate(all="ignore"):
+            scratch._execute(op)
+        values = []
+        for var in op.outputs:
+            value = scratch.env.pop(id(var))
+            if isinstance(value, np.ndarray) and value.dtype == np.float16 and value.size >= WIDEN_MIN:
+                value = widen(value)
+            values.append(value)
+        return values
+
+
+class _Budget:
+    """Bytes "fast" may still spend on float32 forms of weights."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, nbytes: int) -> bool:
+        if self.used + nbytes > self.limit:
+            return False
+        self.used += nbytes
+        return True
+
+
+def _weights(function: Any) -> list[Any]:
+    """The ops of `function` that hold weights, in program order: fp16 consts of at least
+    WIDEN_MIN elements read by a non-constexpr op, and the top-level constexpr ops."""
+    found = []
+    for op in function.operations:
+        if op.op_type == "const":
+            var = op.outputs[0]
+            value = var.val
+            if (isinstance(value, np.ndarray) and value.dtype == np.float16 and value.size >= WIDEN_MIN
+                    and not all(user.op_type.startswith("constexpr_") for user in var.child_ops)):
+                found.append(op)
+        elif op.op_type.startswith("constexpr_"):
+            found.append(op)
+    return found
+
+
+def _elements(op: Any) -> int:
+    """Elements of the outputs of `op` (the static dims)."""
+    total = 0
+    for var in op.outputs:
+        shape = [int(d) for d in var.shape if isinstance(d, (int, np.integer))]
+        total += int(np.prod(shape, dtype=np.int64))
+    return total
+
+
+def _fp16_bytes(weights: list[list[Any]]) -> int:
+    """fp16 bytes of every distinct weight of the functions."""
+    seen: set[tuple[Any, ...]] = set()
+    total = 0
+    for ops in weights:
+        for op in ops:
+            values = [op.outputs[0].val] if op.op_type == "const" else [v.val for v in op.inputs.values()]
+            key = (op.op_type, *(_identity(v) for v in values))
+            if key not in seen:
+                seen.add(key)
+                total += 2 * _elements(op)
+    return total
+
+
+def _blas_limit(threads: int | None) -> Any:
+    """A context that runs BLAS on `threads` threads (no-op for None)."""
+    if threads is None:
+        return contextlib.nullcontext()
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        from threadpoolctl import ThreadpoolController
+
+        _CONTROLLER = ThreadpoolController()
+    return _CONTROLLER.limit(limits=threads, user_api="blas")
+
+
+_CONTROLLER: Any = None
 
 
 def _identity(value: Any) -> tuple[Any, ...]:
@@ -167,26 +284,9 @@ def _identity(value: Any) -> tuple[Any, ...]:
 def _choose(memory: str, functions: Any) -> str:
     if memory != "auto":
         return memory
-    seen: set[Any] = set()
-    need = 0
-    for resolved in functions:
-        from rlx_mil.mil_walk import iter_ops
-
-        for op in iter_ops(resolved.function):
-            if op.op_type == "const":
-                value = op.outputs[0].val
-                if isinstance(value, np.ndarray) and value.dtype == np.float16 and value.size >= WIDEN_MIN:
-                    if _identity(value) not in seen:
-                        seen.add(_identity(value))
-                        need += 2 * value.nbytes
-            elif op.op_type.startswith("constexpr_"):
-                key = (op.op_type, *(_identity(v.val) for v in op.inputs.values()))
-                if key in seen:
-                    continue
-                seen.add(key)
-                for var in op.outputs:
-                    shape = [int(d) for d in var.shape if isinstance(d, (int, np.integer))]
-                    need += 4 * int(np.prod(shape, dtype=np.int64))
+    weights = [_weights(resolved.function) for resolved in functions]
+    # float32 forms of the weights up to the budget, the rest read from the mapped file.
+    need = min(2 * _fp16_bytes(weights), int(FAST_CACHE_RATIO * _fp16_bytes(weights))) + _fp16_bytes(weights) // 2
     available = _available_bytes()
     return "fast" if available is None or need <= available // 2 else "lean"
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from rlx_mil.errors import MilExecError
+from rlx_mil.milexec.streamed import ShiftScaleWeight, materialize
 
 if TYPE_CHECKING:
     from coremltools.converters.mil.mil import Block, Operation, Var
@@ -66,8 +67,11 @@ class OpContext:
         states: dict[str, np.ndarray],
         donate: Callable[[Operation, Var], bool] | None = None,
         shared_states: frozenset[str] = frozenset(),
+        inputs: dict[str, Any] | None = None,
     ) -> None:
         self.op = op
+        #: the op's inputs by name (coremltools builds `op.inputs` anew on every access).
+        self._inputs = inputs if inputs is not None else op.inputs
         self._lookup = lookup
         self.run_block = run_block
         self.states = states
@@ -95,7 +99,7 @@ class OpContext:
 
     # -- inputs -----------------------------------------------------------------------------
     def _var(self, name: str) -> Any:
-        return self.op.inputs.get(name)
+        return self._inputs.get(name)
 
     def has(self, name: str) -> bool:
         return self._var(name) is not None
@@ -105,7 +109,14 @@ class OpContext:
         var = self._var(name)
         if var is None:
             raise self.error(f"required input '{name}' is missing")
-        return self._lookup(var)
+        return materialize(self._lookup(var))
+
+    def streamed(self, name: str) -> ShiftScaleWeight | None:
+        """Input `name` when a prepared run streams it (`rlx_mil.milexec.streamed`): a kernel
+        that reads it a block of rows at a time asks for it here instead of `raw`."""
+        var = self._var(name)
+        value = self._lookup(var) if var is not None else None
+        return value if isinstance(value, ShiftScaleWeight) else None
 
     def val(self, name: str) -> np.ndarray:
         """The input for computing: fp16 upcast to float32, other dtypes as stored."""
@@ -125,7 +136,7 @@ class OpContext:
         var = self._var(name)
         if var is None:
             raise self.error(f"required input '{name}' is missing")
-        return [as_compute(self._lookup(v)) for v in var]
+        return [as_compute(materialize(self._lookup(v))) for v in var]
 
     def param(self, name: str, default: Any = None) -> Any:
         """A (const) parameter as a Python value: str, bool, int, float or nested list."""

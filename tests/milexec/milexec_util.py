@@ -78,3 +78,20 @@ def converted(
         yield model
     finally:
         shutil.rmtree(package, ignore_errors=True)
+
+
+def unprepared_logits(path: Path, calls: list[tuple[str, list[int], int]]) -> list[np.ndarray]:
+    """Each call through `milexec.run` keeping every value (no plan: nothing freed or in place)."""
+    from rlx_mil import milexec
+
+    program = milexec.load_program(path)
+    states: dict[str, np.ndarray] = {}
+    logits = []
+    for function, tokens, position in calls:
+        feeds = {"input_ids": np.array([tokens], np.int32),
+                 "position_ids": np.arange(position, position + len(tokens), dtype=np.int32)[None],
+                 "cache_position": np.array([position], np.int32)}
+        out = milexec.run(program, feeds, function_name=function, states=states, return_all=True).outputs
+        array = out["logits"] if "logits" in out else next(iter(out.values()))
+        logits.append(array.reshape(-1, array.shape[-1])[-1])
+    return logits

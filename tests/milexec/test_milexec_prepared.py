@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from milexec_util import build_function
+from milexec_util import build_function, unprepared_logits
 
 from rlx_mil import milexec
 from rlx_mil.generate import Session
 from rlx_mil.llm.package import convert_llm_checkpoint
+from rlx_mil.milexec import prepared
 from rlx_mil.milexec.fp16 import widen
 from rlx_mil.milexec.kernels.linalg import _blocked_linear
 from rlx_mil.milexec.loader import mapped_file
@@ -46,21 +47,6 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _unprepared_logits(path: Path, calls: list[tuple[str, list[int], int]]) -> list[np.ndarray]:
-    """Each call through `milexec.run` keeping every value (no plan: nothing freed or in place)."""
-    program = milexec.load_program(path)
-    states: dict[str, np.ndarray] = {}
-    logits = []
-    for function, tokens, position in calls:
-        feeds = {"input_ids": np.array([tokens], np.int32),
-                 "position_ids": np.arange(position, position + len(tokens), dtype=np.int32)[None],
-                 "cache_position": np.array([position], np.int32)}
-        out = milexec.run(program, feeds, function_name=function, states=states, return_all=True).outputs
-        array = out["logits"] if "logits" in out else next(iter(out.values()))
-        logits.append(array.reshape(-1, array.shape[-1])[-1])
-    return logits
-
-
 @pytest.mark.parametrize("memory", ["fast", "lean"])
 def test_session_memory_modes_give_the_plain_runs_numbers(package: Path, memory: str) -> None:
     session = Session(package, engine="milexec", memory=memory)
@@ -71,13 +57,15 @@ def test_session_memory_modes_give_the_plain_runs_numbers(package: Path, memory:
     for token in (11, 12, 13):
         got.append(session.feed([token]))
         calls.append(("decode", [token], len(calls) + 3))
-    want = _unprepared_logits(package, calls)
+    want = unprepared_logits(package, calls)
     np.testing.assert_array_equal(got[0], want[2])
     for g, w in zip(got[1:], want[3:], strict=True):
         np.testing.assert_array_equal(g, w)
 
 
-def test_states_are_written_in_place_and_weights_shared(package: Path) -> None:
+def test_states_are_written_in_place_and_weights_shared(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A budget that holds the one weight past WIDEN_MIN here (the embedding / LM head).
+    monkeypatch.setattr(prepared, "FAST_CACHE_RATIO", 2.0)
     session = Session(package, engine="milexec", memory="fast")
     session.feed([1, 2, 3, 4, 5])
     buffers = {name: id(value) for name, value in session._states.items()}
@@ -88,9 +76,14 @@ def test_states_are_written_in_place_and_weights_shared(package: Path) -> None:
 
     fast = session._prepared
     lean = prepare(package, memory="lean")
-    # The embedding / LM head (the one weight past WIDEN_MIN here) widened once for all three
+    # The embedding / LM head (the one weight past WIDEN_MIN here) widened once for both
     # functions; nothing widened in lean.
     assert fast.prepared_bytes == 4 * 4096 * TINY_CONFIGS["qwen3"]["hidden_size"] and lean.prepared_bytes == 0
+    widened = [next(v for v in plan.consts.values() if v.shape == (4096, 32)) for plan in fast._plans.values()]
+    assert len(widened) == 2 and all(w is widened[0] and w.dtype == np.float32 for w in widened)
+    # The default budget (1.5x the fp16 bytes) cannot hold a float32 copy of the only weight.
+    monkeypatch.setattr(prepared, "FAST_CACHE_RATIO", 1.5)
+    assert prepare(package, memory="fast").prepared_bytes == 0
     embed = next(v for v in lean._plans["decode"].consts.values() if v.ndim == 2 and v.shape[0] == 4096)
     assert embed.dtype == np.float16 and mapped_file(embed) is not None and not embed.flags.writeable
 

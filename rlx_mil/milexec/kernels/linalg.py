@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from rlx_mil.milexec.fp16 import widen_into
-from rlx_mil.milexec.registry import OpContext, kernel
+from rlx_mil.milexec.registry import OpContext, as_compute, kernel
+from rlx_mil.milexec.streamed import ShiftScaleWeight
 
 #: An fp16 weight of at least this many elements is widened a block of rows at a time into one
 #: cache-sized buffer (`_blocked_linear`) instead of into a float32 copy of the whole weight.
@@ -24,18 +25,26 @@ def _float_or_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a.astype(np.int64), b.astype(np.int64))
 
 
-def _blocked_linear(flat: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """`flat @ weight.T` for a 2-D fp16 `weight`, widened a block of rows at a time: the same
-    float32 products of the same fp16 values, each output column from one block."""
+def _blocked_linear(flat: np.ndarray, weight: np.ndarray | ShiftScaleWeight) -> np.ndarray:
+    """`flat @ weight.T` for a 2-D fp16 `weight` widened (or a streamed compressed weight
+    decoded) a block of rows at a time into one cache-sized buffer: the same float32 products
+    of the same weight values, each output column from one block."""
     rows, depth = weight.shape
-    step = max(1, _BLOCK_BYTES // (4 * depth))
+    if isinstance(weight, ShiftScaleWeight):
+        step = weight.row_step
+    else:
+        step = max(1, _BLOCK_BYTES // (4 * depth))
     out = np.empty((flat.shape[0], rows), np.float32)
     block = np.empty((min(step, rows), depth), np.float32)
+    scratch = np.empty(block.size, np.int32) if isinstance(weight, ShiftScaleWeight) else None
     lhs = flat.astype(np.float32, copy=False)
     for start in range(0, rows, step):
         stop = min(rows, start + step)
         part = block[: stop - start]
-        widen_into(weight[start:stop], part)
+        if isinstance(weight, ShiftScaleWeight):
+            weight.rows_into(start, stop, part, scratch)
+        else:
+            widen_into(weight[start:stop], part)
         np.matmul(lhs, part.T, out=out[:, start:stop])
     return out
 
@@ -43,16 +52,22 @@ def _blocked_linear(flat: np.ndarray, weight: np.ndarray) -> np.ndarray:
 @kernel("linear")
 def linear(ctx: OpContext) -> np.ndarray:
     x = ctx.val("x")
-    stored = ctx.raw("weight")
     flat = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
-    if stored.dtype == np.float16 and stored.ndim == 2 and stored.size >= BLOCKED_WEIGHT_MIN and x.dtype.kind == "f":
-        out = _blocked_linear(flat, stored)
+    streamed = ctx.streamed("weight")
+    if streamed is not None and len(streamed.shape) == 2 and x.dtype.kind == "f":
+        out = _blocked_linear(flat, streamed)
+        rows = streamed.shape[0]
     else:
-        weight = ctx.val("weight")
-        out = _float_or_int_matmul(flat, weight.T)
+        stored = ctx.raw("weight")
+        rows = stored.shape[0]
+        if stored.dtype == np.float16 and stored.ndim == 2 and stored.size >= BLOCKED_WEIGHT_MIN and x.dtype.kind == "f":
+            out = _blocked_linear(flat, stored)
+        else:
+            weight = as_compute(stored)
+            out = _float_or_int_matmul(flat, weight.T)
     if ctx.has("bias"):
         out = out + ctx.val("bias")
-    return out.reshape((*x.shape[:-1], stored.shape[0]))
+    return out.reshape((*x.shape[:-1], rows))
 
 
 @kernel("matmul")

@@ -386,11 +386,15 @@ def _checked_indices(ctx: OpContext, indices: np.ndarray, dim: int | np.ndarray,
 
 @kernel("gather")
 def gather(ctx: OpContext) -> np.ndarray:
-    x = ctx.raw("x")  # data movement: an embedding table is not widened whole
+    streamed = ctx.streamed("x")
     axis = int(ctx.param("axis", 0))
+    batch_dims = int(ctx.param("batch_dims", 0))
+    if streamed is not None and axis in (0, -len(streamed.shape)) and batch_dims == 0:
+        # A compressed embedding table: only the rows asked for are decoded.
+        return streamed.take(_checked_indices(ctx, ctx.val("indices"), streamed.shape[0], "gather"))
+    x = ctx.raw("x")  # data movement: an embedding table is not widened whole
     if axis < 0:
         axis += x.ndim
-    batch_dims = int(ctx.param("batch_dims", 0))
     indices = _checked_indices(ctx, ctx.val("indices"), x.shape[axis], "gather")
     if batch_dims == 0:
         return np.take(x, indices, axis=axis)
