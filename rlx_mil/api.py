@@ -19,7 +19,7 @@ from rlx_mil.coreml.dedup import consts_compared_in_chunks
 from rlx_mil.coreml.deploy import DeployForm, RewriteContext, lowering_attention, rewrite_program
 from rlx_mil.coreml.deploy.compression import form_compression
 from rlx_mil.coreml.deploy.wide_split import name_split_outputs
-from rlx_mil.coreml.multifunction import add_function, function_workspace, join_functions
+from rlx_mil.coreml.multifunction import PassedFunction, collecting, collecting_functions, join_programs
 from rlx_mil.coreml.patches import pass_bars_hidden
 from rlx_mil.coreml.pipeline import (
     FP16_UNSAFE_PASSES,
@@ -37,7 +37,7 @@ from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 from rlx_mil.input_contract import encode_ranges, graph_input_ranges
 from rlx_mil.ir.graph import Graph
 from rlx_mil.lowering.context import Compressor, LowerOptions
-from rlx_mil.lowering.program import LoweredProgram, lower_graph, require_graph
+from rlx_mil.lowering.program import LoweredProgram, lower_graph, require_graph, weights_shared_across_graphs
 from rlx_mil.lowering.state.capacity import neural_engine_capacity
 from rlx_mil.lowering.state.kv_cache import POSITION_INPUT, KVCachePlan, bind_cache_lengths, plan_kv_cache
 from rlx_mil.lowering.target import Precision, Target
@@ -192,10 +192,11 @@ def objects_frozen() -> Iterator[None]:
 def _ct_convert(lowered: LoweredProgram, graph: Graph, tgt: Target, prec: Precision, compute_units: str, pass_pipeline: Any) -> Any:
     import coremltools as ct
 
+    collect = collecting()  # convert_functions joins the passed programs and writes them once
     try:
         model = ct.convert(
             lowered.program,
-            convert_to="mlprogram",
+            convert_to="milinternal" if collect else "mlprogram",
             minimum_deployment_target=tgt.ct_target,
             compute_precision=prec.ct_precision,
             compute_units=getattr(ct.ComputeUnit, compute_units),
@@ -206,7 +207,7 @@ def _ct_convert(lowered: LoweredProgram, graph: Graph, tgt: Target, prec: Precis
         raise
     except Exception as err:
         raise ConversionError(f"coremltools failed to convert graph {graph.name!r}: {type(err).__name__}: {err}") from err
-    return model
+    return PassedFunction(model, pass_pipeline) if collect else model
 
 
 def convert(
@@ -400,22 +401,21 @@ def convert_functions(
             raise InvalidOptionError(f"path must be a str or os.PathLike ending in .mlpackage, got {path!r}")
         check_destination(Path(path), overwrite)  # before converting every function
 
-    import coremltools as ct
-
-    # A failure removes every function package made so far; joining runs pass pipelines too.
-    with conversion_temporaries(), pass_bars_hidden():
-        work = function_workspace()
-        descriptor = ct.utils.MultiFunctionDescriptor()
-        metas = {}
-        stages = progress or Progress(enabled=False)
+    # Every function is lowered against one set of weight arrays and taken through Core ML's
+    # passes in memory; the join then writes each weight once (rlx_mil.coreml.multifunction).
+    stages = progress or Progress(enabled=False)
+    with conversion_temporaries(), pass_bars_hidden(), weights_shared_across_graphs():
+        passed = {}
         for i, (name, (graph, own)) in enumerate(specs.items(), 1):
             stages.begin(f"converting function {name} ({i}/{len(specs)})")
-            model = convert(graph, params, **{**options, **own})
-            metas[name] = add_function(work, descriptor, name, model)
-            del model
+            with collecting_functions():
+                passed[name] = convert(graph, params, **{**options, **own})
             stages.end(f"{len(graph)} IR nodes")
-        stages.begin(f"joining {len(specs)} functions (weights shared)")
-        model = join_functions(work, descriptor, metas, default_function)
+        stages.begin(f"joining {len(specs)} functions, writing each weight once")
+        with direct_weight_writes():
+            model = join_programs(passed, default_function, Target.parse(options.get("target", "iOS18")).ct_target)
+        del passed
+        release_when_collected(model)
         stages.end()
     if path is not None:
         stages.begin("writing the package")

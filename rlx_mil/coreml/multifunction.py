@@ -1,23 +1,28 @@
 """Several graphs as the functions of one Core ML package, sharing one copy of the weights
 (and, for stateful LLM packages, the same KV-cache states).
 
-Each function is converted on its own, then `coremltools.utils.save_multifunction` merges the
-packages; it stores a weight blob once however many functions use it, so a prefill + decode
-package is about the size of one function. Functions of one package must declare the same
-states (names and shapes): an `MLState` made for the package serves every function.
+`rlx_mil.convert_functions` lowers every function's graph against one set of weight arrays
+(`rlx_mil.lowering.program.weights_shared_across_graphs`: a weight is read and cast once),
+takes each through Core ML's pass pipeline in memory (`collecting_functions`: no package is
+written per function), and `join_programs` writes one package in which every weight is one
+blob however many functions use it: a prefill + decode package costs about what one function
+does to convert and to store. Functions of one package must declare the same states (names
+and shapes): an `MLState` made for the package serves every function.
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
+import contextvars
+import hashlib
 import json
-import shutil
-import tempfile
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlx_mil.coreml.dedup import consts_compared_in_chunks
+import numpy as np
+
 from rlx_mil.coreml.metadata import (
     INPUT_RANGES,
     PER_FUNCTION_KEYS,
@@ -29,43 +34,13 @@ from rlx_mil.coreml.metadata import (
     read_json,
     write_io_names,
 )
-from rlx_mil.coreml.scratch import scratch_dir
+from rlx_mil.coreml.pipeline import validation_once_per_pipeline
 from rlx_mil.errors import InvalidOptionError
 
-_TEMP_DIRS: list[str] = []
 
-
-def _remove_temp_dirs() -> None:
-    while _TEMP_DIRS:
-        shutil.rmtree(_TEMP_DIRS.pop(), ignore_errors=True)
-
-
-atexit.register(_remove_temp_dirs)
-
-
-def function_workspace() -> Path:
-    """A temporary folder for the function packages of one join, removed at exit at the latest."""
-    work = tempfile.mkdtemp(prefix="functions-", dir=scratch_dir())
-    _TEMP_DIRS.append(work)
-    return Path(work)
-
-
-def add_function(work: Path, descriptor: Any, name: str, model: Any) -> dict[str, str]:
-    """Save one converted function's model into `work` and add it to `descriptor` as `name`;
-    returns its metadata. The model's own temporary package is removed."""
-    part = work / f"{name}.mlpackage"
-    model.save(str(part))
-    shutil.rmtree(str(model.package_path), ignore_errors=True)
-    descriptor.add_function(str(part), src_function_name="main", target_function_name=name)
-    return dict(model.user_defined_metadata)
-
-
-def join_functions(work: Path, descriptor: Any, metas: Mapping[str, Mapping[str, str]], default_function: str) -> Any:
-    """Join the functions added to `descriptor` into one package sharing the weights, with the
-    metadata of every function merged (IO names per function, one LLM contract); returns its
-    `ct.models.MLModel` (not loaded for prediction)."""
-    import coremltools as ct
-
+def merged_metadata(metas: Mapping[str, Mapping[str, str]], default_function: str) -> dict[str, str]:
+    """The package metadata of functions whose own metadata is `metas`: rlx_mil's common keys,
+    IO names, split outputs and input ranges per function, one LLM contract."""
     contracts: dict[str, LLMContract] = {}
     io_names: dict[str, dict[str, dict[str, str]]] = {}
     common: dict[str, str] = {}
@@ -87,27 +62,147 @@ def join_functions(work: Path, descriptor: Any, metas: Mapping[str, Mapping[str,
     states = {name: c.states for name, c in contracts.items()}
     if len({json.dumps(s, sort_keys=True) for s in states.values()}) > 1:
         raise InvalidOptionError(f"the functions declare different states, which one package cannot share: {states}")
-    descriptor.default_function_name = default_function
-    joined = work / "package.mlpackage"
-    with consts_compared_in_chunks():
-        ct.utils.save_multifunction(descriptor, str(joined))
-    for name in metas:
-        shutil.rmtree(work / f"{name}.mlpackage", ignore_errors=True)
-
-    model = ct.models.MLModel(str(joined), skip_model_load=True)
-    meta = model.user_defined_metadata
-    for key, value in common.items():
-        meta[key] = value
-    write_io_names(meta, **io_names[default_function])
-    FunctionTable(default_function, io_names).write(meta)
+    merged: dict[str, str] = dict(common)
+    write_io_names(merged, **io_names[default_function])
+    FunctionTable(default_function, io_names).write(merged)
     if ranges:
-        meta[INPUT_RANGES] = json.dumps(ranges, sort_keys=True)
-    split.write(meta)
+        merged[INPUT_RANGES] = json.dumps(ranges, sort_keys=True)
+    split.write(merged)
     if contracts:
         lengths = {name: c.query_len for name, c in contracts.items()}
-        contracts[default_function].joined(default_function, lengths).write(meta)
-    # Write the metadata into the package itself, so every reader of it sees the contract.
-    final = work / "functions.mlpackage"
-    model.save(str(final))
-    shutil.rmtree(joined, ignore_errors=True)
-    return ct.models.MLModel(str(final), skip_model_load=True)
+        contracts[default_function].joined(default_function, lengths).write(merged)
+    return merged
+
+
+# -- functions joined in memory: one lowering of the weights, one write --------------------------
+_COLLECTING: contextvars.ContextVar[bool] = contextvars.ContextVar("rlx_mil_collect_functions", default=False)
+
+
+@contextlib.contextmanager
+def collecting_functions() -> Iterator[None]:
+    """Within the block, `rlx_mil.convert` stops after Core ML's pass pipeline: it returns a
+    `PassedFunction` (the passed MIL program and the model's metadata) instead of writing a
+    package, for `join_programs`."""
+    token = _COLLECTING.set(True)
+    try:
+        yield
+    finally:
+        _COLLECTING.reset(token)
+
+
+def collecting() -> bool:
+    return _COLLECTING.get()
+
+
+class PassedFunction:
+    """One function converted up to serialisation: its program after Core ML's main and
+    backend pass pipelines (what `ct.convert` would have serialised), and its metadata."""
+
+    def __init__(self, program: Any, pass_pipeline: Any) -> None:
+        from coremltools.converters.mil.converter import _construct_other_pipelines
+        from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipelineManager
+
+        # `ct.convert(..., convert_to="milinternal")` stops before the backend's passes.
+        _, backend = _construct_other_pipelines(pass_pipeline, "milinternal", "mlprogram")
+        PassPipelineManager.apply_pipeline(program, backend)
+        program._check_early_error_out_for_invalid_program()
+        self._mil_program = program
+        self.user_defined_metadata: dict[str, str] = {}
+        self.package_path = None
+
+
+def join_programs(functions: Mapping[str, PassedFunction], default_function: str, target: Any) -> Any:
+    """One multifunction package from the passed programs of its functions: a const whose
+    array another function's const holds too (the weights lowered once, see
+    `rlx_mil.lowering.program.weights_shared_across_graphs`), or holds bytes equal to it, is
+    written once and shared; nothing is read back or written twice. Returns the
+    `ct.models.MLModel` (not loaded for prediction) with the merged metadata."""
+    from coremltools.converters.mil.converter import mil_convert
+    from coremltools.converters.mil.mil import Program
+
+    program = Program()
+    for name, function in functions.items():
+        program.add_function(name, function._mil_program.functions["main"])
+    share_weights(program)
+    program.default_function_name = default_function
+    program.skip_all_passes = True
+    program.export_as_multifunction = True
+    with validation_once_per_pipeline():  # the passes are skipped; coremltools would validate ~100 times
+        model = mil_convert(
+            program, convert_to="mlprogram", convert_from="milinternal",
+            specification_version=max(int(target.value), _IOS18_SPEC), compute_units=_cpu_only(), skip_model_load=True,
+        )
+    model.user_defined_metadata.update(merged_metadata({n: f.user_defined_metadata for n, f in functions.items()},
+                                                       default_function))
+    _write_spec(model)
+    return model
+
+
+_IOS18_SPEC = 9
+
+
+def _cpu_only() -> Any:
+    import coremltools as ct
+
+    return ct.ComputeUnit.CPU_ONLY
+
+
+def share_weights(program: Any) -> int:
+    """Give every group of consts of different functions holding the same values one
+    `weight_id` (the serialiser writes one blob per id); returns the number of groups. Consts
+    of one array (the weights lowered once) are found by identity; the bytes of a const are
+    read (hashed) only when no other function holds its array but one holds a const of its
+    dtype and shape that is not shared either."""
+    holders: dict[tuple[Any, ...], list[Any]] = {}
+    for function in program.functions.values():
+        for op in function.operations:
+            value = op.outputs[0].val if op.op_type == "const" else None
+            if isinstance(value, np.ndarray) and value.size >= _BLOB_MIN:
+                holders.setdefault(_buffer_key(value), []).append(op)
+    groups: list[list[Any]] = []
+    alone: dict[tuple[Any, ...], list[list[Any]]] = {}
+    for ops in holders.values():
+        if len({id(op.enclosing_block) for op in ops}) > 1:
+            groups.append(ops)
+        else:
+            value = ops[0].outputs[0].val
+            alone.setdefault((value.dtype.str, value.shape), []).append(ops)
+    for candidates in alone.values():
+        if len({id(ops[0].enclosing_block) for ops in candidates}) < 2:
+            continue
+        by_content: dict[tuple[Any, ...], list[Any]] = {}
+        for ops in candidates:
+            by_content.setdefault(_content_key(ops[0].outputs[0].val), []).extend(ops)
+        groups += [ops for ops in by_content.values() if len({id(op.enclosing_block) for op in ops}) > 1]
+    for index, ops in enumerate(groups):
+        for op in ops:
+            op.weight_id = str(index)
+    return len(groups)
+
+
+#: coremltools writes consts of at least this many elements to the weight file.
+_BLOB_MIN = 10
+
+
+def _buffer_key(value: np.ndarray) -> tuple[Any, ...]:
+    return (value.dtype.str, value.__array_interface__["data"][0], value.shape, value.strides)
+
+
+def _content_key(value: np.ndarray) -> tuple[Any, ...]:
+    digest = hashlib.blake2b(digest_size=16)
+    flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+    step = 1 << 24
+    for start in range(0, flat.size, step):
+        digest.update(flat[start:start + step].data)
+    return (value.dtype.str, value.shape, digest.hexdigest())
+
+
+def _write_spec(model: Any) -> None:
+    """Store `model`'s spec (with the metadata just set) in its package, replacing the one
+    coremltools wrote: the package is then complete for any reader, without copying it."""
+    from coremltools.models.utils import _get_model_spec_path
+
+    path = Path(_get_model_spec_path(str(model.package_path)))
+    staged = path.with_name(path.name + ".tmp")
+    staged.write_bytes(model._spec.SerializeToString())
+    os.replace(staged, path)

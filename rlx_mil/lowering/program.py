@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+import contextlib
+import contextvars
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +114,25 @@ def decode_constant(op: Constant, shape: Shape, node_id: int) -> np.ndarray:
 
 
 _ROUNDED_STORAGE = {DType.F16: np.dtype(np.float16), DType.BF16: BFLOAT16}
+
+#: The values the top-level graphs lowered inside `weights_shared_across_graphs` share.
+_ACROSS_GRAPHS: contextvars.ContextVar[SharedValues | None] = contextvars.ContextVar("rlx_mil_across_graphs", default=None)
+#: The scope of Params read inside `weights_shared_across_graphs` (`new_scope` starts at 1).
+_SHARED_PARAM_SCOPE = 0
+
+
+@contextlib.contextmanager
+def weights_shared_across_graphs() -> Iterator[SharedValues]:
+    """Within the block, the top-level graphs lowered read their Params into one set of
+    program arrays: the graphs of one package's functions, converted against one params
+    mapping, then hold each weight once (the same array in every function, which the join
+    writes once). Constants and MIL vars stay each graph's own."""
+    shared = SharedValues()
+    token = _ACROSS_GRAPHS.set(shared)
+    try:
+        yield shared
+    finally:
+        _ACROSS_GRAPHS.reset(token)
 _SAME_VALUES = (ActivationKind.NEG, ActivationKind.ABS, ActivationKind.RELU, ActivationKind.ROUND)
 
 
@@ -165,6 +186,7 @@ class NodeLowerer:
         live: set[int] | None = None,
         name_prefix: str = "",
         shared: SharedValues | None = None,
+        param_scope: int | None = None,
     ) -> None:
         self.graph = graph
         self.params = params
@@ -191,6 +213,8 @@ class NodeLowerer:
         self.outer_values: dict[int, tuple[NodeLowerer, int]] = {}
         self.shared = SharedValues() if shared is None else shared
         self._scope = self.shared.new_scope()
+        #: the scope Params are shared under (`weights_shared_across_graphs`: every graph's).
+        self._param_scope = self._scope if param_scope is None else param_scope
         # The last raw value read: a rule asking for one input's value several times reads a
         # lazily loaded tensor once, and no more than one raw tensor is held at a time.
         self._last_read: tuple[int, np.ndarray] | None = None
@@ -219,7 +243,7 @@ class NodeLowerer:
             return outer.value_key(outer_id)
         op = self.graph.node(node_id).op
         if isinstance(op, Param):
-            return (self._scope, "param", op.name)
+            return (self._param_scope, "param", op.name)
         if isinstance(op, Constant):
             return (self._scope, "constant", node_id)
         if isinstance(op, Transpose):
@@ -454,8 +478,10 @@ def lower_graph(
     float_mil = "fp16" if precision is Precision.FP16 else "fp32"
 
     with Function(placeholders, opset_version=target.ct_target) as func:
+        across = _ACROSS_GRAPHS.get()
         lowerer = NodeLowerer(
-            graph, arrays, target=target, precision=precision, options=options, names=names, live=live
+            graph, arrays, target=target, precision=precision, options=options, names=names, live=live,
+            shared=across, param_scope=None if across is None else _SHARED_PARAM_SCOPE,
         )
         if stateful is not None:
             stateful.bind(func)

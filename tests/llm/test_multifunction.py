@@ -61,6 +61,36 @@ def test_functions_share_weights_and_states(package: Path, tmp_path: Path) -> No
     assert contract["default_function"] == "decode" and contract["max_context"] == MAX_CONTEXT
 
 
+def test_functions_are_lowered_against_one_copy_of_the_weights(tmp_path: Path) -> None:
+    """Each weight is one array for every function (identity, not equal copies) and one blob;
+    compressed codes, encoded per function, are still written once."""
+    from rlx_mil.coreml import multifunction
+
+    joined: list[object] = []
+    original = multifunction.join_programs
+
+    def spy(functions: dict[str, object], *args: object) -> object:
+        programs = [f._mil_program.functions["main"] for f in functions.values()]  # type: ignore[attr-defined]
+        arrays = [{id(op.outputs[0].val) for op in fn.operations if op.op_type == "const"
+                   and getattr(op.outputs[0].val, "size", 0) >= 64} for fn in programs]
+        joined.append(arrays)
+        return original(functions, *args)  # type: ignore[arg-type]
+
+    graphs = {"prefill_4": decode_graph(C, 4, 1), "decode": decode_graph(C, 1, 1)}
+    with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
+        warnings.simplefilter("ignore", NeuralEngineWarning)
+        patch.setattr(rlx_mil.api, "join_programs", spy)
+        plain = rlx_mil.convert_functions(graphs, PARAMS, kv_cache="auto", max_context=MAX_CONTEXT)
+        int8 = rlx_mil.convert_functions(graphs, PARAMS, kv_cache="auto", max_context=MAX_CONTEXT, compress="int8",
+                                         path=tmp_path / "int8.mlpackage")
+        single = rlx_mil.save(rlx_mil.convert(decode_graph(C, 1, 1), PARAMS, kv_cache="auto", max_context=MAX_CONTEXT,
+                                              compress="int8"), tmp_path / "single.mlpackage")
+    weights, _ = joined
+    assert weights[0] == weights[1] and len(weights[0]) >= 4  # the very same arrays
+    assert _weights(tmp_path / "int8.mlpackage") <= 1.05 * _weights(single)
+    del plain, int8
+
+
 def test_every_function_runs_and_matches_the_reference(package: Path) -> None:
     from rlx_mil import milexec
 

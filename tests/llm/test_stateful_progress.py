@@ -24,7 +24,7 @@ def test_every_stage_of_a_stateful_conversion_is_reported(tmp_path: Path) -> Non
         "reading the checkpoint",
         f"converting function prefill_{BUCKET} (1/2)",
         "converting function decode (2/2)",
-        "joining 2 functions (weights shared)",
+        "joining 2 functions, writing each weight once",
         "writing the package",
     ], lines
     assert all(re.search(r"\(\d+\.\d s\)$", line) for line in lines), lines
