@@ -7,14 +7,18 @@ decoders at S=128, and one-token decode steps of a stateful Llama package (8 lay
 1024, `rlx_mil.generate.Session` on the executor).
 
     python benchmarks/executor_bench.py [--runs 5 --json executor.jsonl]
-    python benchmarks/executor_bench.py --llm [--llm-layers 28] [--int4]   # the 0.6B-shaped case
+    python benchmarks/executor_bench.py --llm [--llm-layers 28] [--int4] [--generate] [--llm-work DIR]
 
 `--llm`: the Qwen3-0.6B-shaped checkpoint of `bench_hf_checkpoint.py` (28 layers, vocab 151936,
 BF16) converted to a stateful fp16 package (max context 2048, prefill 64 + decode; `--int4`
 also an int4 one), then, for each memory mode, a fresh worker process: a 64-token prefill, 16
 decode steps (tokens/s), its own peak RSS (VmHWM) against the package's weight bytes, and the
 machine's bound for a decode step: the bytes of weights it reads (float32 in "fast", fp16 in
-"lean") over the measured copy bandwidth.
+"lean") over the measured copy bandwidth. Each row says the machine's 1-minute load before and
+after it, the CPU time next to the wall time (what other processes' load does not stretch),
+and the ratio of each figure to issue 20's target; `--generate` also times
+`rlx-mil generate -n 32` on the fp16 package. The workers run with PyTorch blocked (coremltools
+imports it whenever it is installed; rlx_mil never needs it).
 
 OpenBLAS threads slow down badly when other processes hold the cores; run it on a quiet machine.
 """
@@ -115,21 +119,47 @@ def llm_worker(package: str, memory: str, steps: int) -> dict[str, Any]:
     session = Session(package, engine="milexec", memory=memory)
     opened = time.perf_counter() - start
     prompt = [1 + (37 * i) % 1000 for i in range(64)]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     logits = session.feed(prompt)
-    prefill = time.perf_counter() - start
+    prefill, prefill_cpu = time.perf_counter() - start, time.process_time() - cpu
     times = []
+    cpu = time.process_time()
     for _ in range(steps):
         start = time.perf_counter()
         logits = session.feed([int(logits.argmax())])
         times.append(time.perf_counter() - start)
     median, p90 = _stats(times)
-    return {"memory": session.memory, "open_s": opened, "prefill64_s": prefill, "decode_median_s": median,
-            "decode_p90_s": p90, "decode_tokens_per_s": 1 / median, "peak_rss_bytes": peak_rss_bytes(),
+    return {"memory": session.memory, "open_s": opened, "prefill64_s": prefill, "prefill64_cpu_s": prefill_cpu,
+            "decode_median_s": median, "decode_p90_s": p90, "decode_tokens_per_s": 1 / median,
+            "decode_cpu_s": (time.process_time() - cpu) / steps, "peak_rss_bytes": peak_rss_bytes(),
             "prepared_bytes": session._prepared.prepared_bytes}
 
 
-def llm_case(work: Path, layers: int, int4: bool, steps: int) -> list[dict[str, Any]]:
+def uptime() -> str:
+    import subprocess
+
+    line = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout
+    return line.rsplit("load average:", 1)[-1].strip().split(",")[0] if "load average" in line else "?"
+
+
+def generate_case(package: Path) -> dict[str, Any]:
+    """`rlx-mil generate PACKAGE --prompt-ids 1,2,3 -n 32` in a fresh process: the command's wall time."""
+    import os
+    import subprocess
+
+    before = uptime()
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "rlx_mil.cli", "generate", str(package), "--prompt-ids", "1,2,3", "-n", "32",
+         "--engine", "milexec"],
+        capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(HERE.parent), "TQDM_DISABLE": "1"},
+    )
+    return {"generate32_s": time.perf_counter() - start, "load_before": before, "load_after": uptime(),
+            "report": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""}
+
+
+def llm_case(work: Path, layers: int, int4: bool, steps: int, generate: bool = False) -> list[dict[str, Any]]:
     import os
     import subprocess
 
@@ -154,30 +184,56 @@ def llm_case(work: Path, layers: int, int4: bool, steps: int) -> list[dict[str, 
         weight_bytes = sum(p.stat().st_size for p in package.rglob("weight.bin"))
         fp16_bytes = weight_bytes if kind == "fp16" else rows[0]["weight_bytes"]
         for memory in ("fast", "lean"):
+            load = uptime()
             done = subprocess.run(
                 [sys.executable, __file__, "--llm-worker", str(package), memory, str(steps)],
-                capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+                capture_output=True, text=True, check=True,
+                env={**os.environ, "PYTHONPATH": str(HERE.parent), "RLX_BENCH_WITHOUT_TORCH": "1"},
             )
             row = json.loads(done.stdout.strip().splitlines()[-1])
+            row["load"] = f"{load} -> {uptime()}"
             read = row["prepared_bytes"] if memory == "fast" and row["prepared_bytes"] else fp16_bytes
             bound = read / bandwidth
             rows.append({"case": f"qwen3_0.6b_{layers}l_{kind}_{memory}", "kind": kind, "convert_s": converted,
                          "weight_bytes": weight_bytes, "fp16_weight_bytes": fp16_bytes,
                          "rss_over_weights": row["peak_rss_bytes"] / fp16_bytes, "copy_bandwidth": bandwidth,
                          "bound_s": bound, "bound_ratio": row["decode_median_s"] / bound, **row})
+        if kind == "fp16" and generate:
+            rows[-1].update(generate_case(package))
     return rows
 
 
+#: Issue 20's targets: (row kind, memory) -> (decode tok/s at least, peak RSS / fp16 weights at most).
+TARGETS = {("fp16", "fast"): (3.0, 2.5), ("fp16", "lean"): (None, 1.3), ("int4", "fast"): (2.0, 1.3),
+           ("int4", "lean"): (2.0, 1.3)}
+
+
 def print_llm(rows: list[dict[str, Any]]) -> None:
-    print("| case | open | prefill 64 | decode tok/s (median, p90) | peak RSS | RSS / fp16 weights | bound per step | x bound |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| case | load | open | prefill 64 (CPU) | decode tok/s (median, p90; CPU per step) | peak RSS | / fp16 weights"
+          " | bound per step | x bound |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['case']} | {r['open_s']:.1f} s | {r['prefill64_s']:.2f} s | {r['decode_tokens_per_s']:.2f}"
-              f" ({r['decode_median_s']:.3f} s, {r['decode_p90_s']:.3f} s) | {r['peak_rss_bytes'] / 2**20:,.0f} MiB"
+        print(f"| {r['case']} | {r['load']} | {r['open_s']:.1f} s | {r['prefill64_s']:.2f} s ({r['prefill64_cpu_s']:.2f} s)"
+              f" | {r['decode_tokens_per_s']:.2f} ({r['decode_median_s']:.3f} s, {r['decode_p90_s']:.3f} s;"
+              f" {r['decode_cpu_s']:.3f} s) | {r['peak_rss_bytes'] / 2**20:,.0f} MiB"
               f" | {r['rss_over_weights']:.2f}x | {r['bound_s'] * 1e3:.0f} ms | {r['bound_ratio']:.1f}x |")
     if rows:
         print(f"copy bandwidth {rows[0]['copy_bandwidth'] / 1e9:.1f} GB/s; fp16 weights {rows[0]['fp16_weight_bytes'] / 2**20:,.0f} MiB;"
               f" conversions " + ", ".join(f"{r['kind']} {r['convert_s']:.0f} s" for r in rows[::2]))
+    print("targets (ratio = measured / target; decode >= 1 and RSS <= 1 meet them):")
+    for r in rows:
+        speed, rss = TARGETS.get((r["kind"], r["memory"]), (None, None))
+        parts = [f"prefill 64 <= 5 s: {r['prefill64_s'] / 5:.2f}"]
+        if speed is not None:
+            parts.append(f"decode >= {speed:g} tok/s: {r['decode_tokens_per_s'] / speed:.2f}"
+                         f" (from CPU time {1 / r['decode_cpu_s'] / speed:.2f})")
+        if rss is not None:
+            parts.append(f"RSS <= {rss:g}x: {r['rss_over_weights'] / rss:.2f}")
+        print(f"  {r['case']} (load {r['load']}): " + "; ".join(parts))
+    for r in rows:
+        if "generate32_s" in r:
+            print(f"  rlx-mil generate -n 32 on {r['kind']} (load {r['load_before']} -> {r['load_after']}):"
+                  f" {r['generate32_s']:.1f} s, target < 60 s: {r['generate32_s'] / 60:.2f} ({r['report']})")
 
 
 def main() -> None:
@@ -189,22 +245,27 @@ def main() -> None:
     parser.add_argument("--llm-layers", type=int, default=28)
     parser.add_argument("--llm-steps", type=int, default=16)
     parser.add_argument("--int4", action="store_true", help="--llm: also an int4-compressed package")
+    parser.add_argument("--generate", action="store_true", help="--llm: also time `rlx-mil generate -n 32` on the fp16 package")
     parser.add_argument("--llm-work", type=Path, help="--llm: keep the checkpoint and packages here (reused if present)")
     parser.add_argument("--llm-worker", nargs=3, metavar=("PACKAGE", "MEMORY", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     _quiet()
     sys.path.insert(0, str(HERE))
     if args.llm_worker:
+        import os
+
+        if os.environ.get("RLX_BENCH_WITHOUT_TORCH") == "1":  # as peak_rss.py: coremltools would import it
+            sys.modules["torch"] = None  # type: ignore[assignment]
         package, memory, steps = args.llm_worker
         print(json.dumps(llm_worker(package, memory, int(steps))))
         return
     if args.llm:
         if args.llm_work is not None:
             args.llm_work.mkdir(parents=True, exist_ok=True)
-            rows = llm_case(args.llm_work, args.llm_layers, args.int4, args.llm_steps)
+            rows = llm_case(args.llm_work, args.llm_layers, args.int4, args.llm_steps, args.generate)
         else:
             with tempfile.TemporaryDirectory() as tmp:
-                rows = llm_case(Path(tmp), args.llm_layers, args.int4, args.llm_steps)
+                rows = llm_case(Path(tmp), args.llm_layers, args.int4, args.llm_steps, args.generate)
         print_llm(rows)
         if args.json:
             with args.json.open("a") as f:

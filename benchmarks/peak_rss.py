@@ -8,6 +8,10 @@ this process's own memory; off Linux, ru_maxrss is what there is.
 Run as a script it runs a module the way `python -m` does and writes its peak to a file:
 
     python benchmarks/peak_rss.py PEAK_FILE MODULE [ARGS...]
+
+With `RLX_BENCH_WITHOUT_TORCH=1` in the environment the module runs as if PyTorch were not
+installed: coremltools imports it whenever it is (~200 MB of RSS), and rlx_mil itself never
+needs it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ def peak_rss_bytes() -> int:
 
 def main() -> None:
     report, module, *args = sys.argv[1:]
+    if os.environ.get("RLX_BENCH_WITHOUT_TORCH") == "1":
+        sys.modules["torch"] = None  # type: ignore[assignment]
     sys.argv = [module, *args]
     sys.path[0] = os.getcwd()  # as `python -m` has it (not this script's folder)
     try:

@@ -1,0 +1,108 @@
+"""Issue 20's conversion targets: a stateful 3-function package (decode, prefill 64, prefill 512)
+against the plain prefill conversion of the same checkpoint.
+
+Writes the Qwen3-0.6B-shaped BF16 checkpoint of `bench_hf_checkpoint.py` (or, with
+`--model llama1b`, the Llama-3.2-1B-shaped one of `convert_bench.py`) once, then runs each
+conversion as `rlx-mil convert-hf` in a fresh process through `peak_rss.py` (its own VmHWM;
+PyTorch blocked, as rlx_mil runs without the bench extra) and prints wall time, CPU time
+(user + system of the process: what the machine's load does not stretch), peak RSS, and the
+ratios to the targets: stateful time <= 2x the plain prefill conversion's, stateful peak RSS
+<= 1.3x the fp16 weight bytes. The machine's `uptime` is printed before and after each run.
+
+    flock /tmp/rlx_bigmem.lock python benchmarks/stateful_convert_bench.py [--work DIR] [--model llama1b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def run_convert(checkpoint: Path, output: Path, extra: list[str]) -> dict[str, Any]:
+    """One `rlx-mil convert-hf` in a fresh process: wall s, CPU s, peak RSS bytes."""
+    shutil.rmtree(output, ignore_errors=True)
+    peak = output.with_suffix(".peak")
+    command = [sys.executable, str(HERE / "peak_rss.py"), str(peak), "rlx_mil.cli", "convert-hf", str(checkpoint),
+               "-o", str(output), "-q", *extra]
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "RLX_BENCH_WITHOUT_TORCH": "1", "TQDM_DISABLE": "1"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load = uptime()
+    start = time.perf_counter()
+    subprocess.run(command, cwd=HERE.parent, env=env, check=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    weights = sum(p.stat().st_size for p in output.rglob("weight.bin"))
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": int(peak.read_text()), "weight_bytes": weights,
+            "uptime_before": load, "uptime_after": uptime()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, help="keep the checkpoint and packages here (reused)")
+    parser.add_argument("--model", choices=["qwen3_0.6b", "llama1b"], default="qwen3_0.6b")
+    parser.add_argument("--max-context", type=int, default=2048)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(HERE))
+    from rlx_mil.models.random_checkpoint import QWEN3_0_6B, write_random_checkpoint
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="rlx_mil_stateful_bench_"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        checkpoint = work / args.model
+        if not (checkpoint / "config.json").is_file():
+            if args.model == "llama1b":
+                from bench_models import LLAMA_1B_CONFIG
+                config = dict(LLAMA_1B_CONFIG)
+            else:
+                config = dict(QWEN3_0_6B)
+            write_random_checkpoint(checkpoint, config, dtype="bfloat16", shards=2, seed=0)
+        plain = run_convert(checkpoint, work / "plain.mlpackage", ["--variant", "prefill", "--seq-len", "128"])
+        stateful = run_convert(checkpoint, work / "stateful.mlpackage",
+                               ["--stateful", "--max-context", str(args.max_context), "--prefill", "64,512"])
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    fp16 = plain["weight_bytes"]
+    rows = {"model": args.model, "plain_prefill": plain, "stateful_3_functions": stateful,
+            "time_ratio": stateful["wall_s"] / plain["wall_s"], "cpu_ratio": stateful["cpu_s"] / plain["cpu_s"],
+            "rss_over_fp16_weights": stateful["peak_rss_bytes"] / fp16}
+    mib = 2**20
+    print(f"{args.model}: fp16 weights {fp16 / mib:,.0f} MiB (plain package), stateful package {stateful['weight_bytes'] / mib:,.0f} MiB")
+    print("| conversion | wall | CPU | peak RSS | / fp16 weights | load before -> after |")
+    print("|---|---|---|---|---|---|")
+    for name, r in (("plain prefill (S=128)", plain), ("stateful decode + prefill 64 + 512", stateful)):
+        print(f"| {name} | {r['wall_s']:.1f} s | {r['cpu_s']:.1f} s | {r['peak_rss_bytes'] / mib:,.0f} MiB"
+              f" | {r['peak_rss_bytes'] / fp16:.2f}x | {_load(r['uptime_before'])} -> {_load(r['uptime_after'])} |")
+    print(f"target time <= 2x plain: wall {rows['time_ratio']:.2f}x, CPU {rows['cpu_ratio']:.2f}x"
+          f" ({'met' if rows['time_ratio'] <= 2 else 'not met'} on wall time)")
+    print(f"target peak RSS <= 1.3x fp16 weights: {rows['rss_over_fp16_weights']:.2f}x"
+          f" ({'met' if rows['rss_over_fp16_weights'] <= 1.3 else 'not met'})")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+def _load(line: str) -> str:
+    return line.rsplit("load average:", 1)[-1].strip().split(",")[0] if "load average" in line else "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
