@@ -134,9 +134,20 @@ class ChunkPlan:
         return [key for s in self.segments[start:start + self.groups[chunk]] for key in s.layers]
 
 
+def _with_margin(total: int) -> int:
+    return total + CHUNK_MARGIN[0] + int(total * CHUNK_MARGIN[1])
+
+
+def smallest_limit(graph: Graph, sizes: Mapping[str, int]) -> int:
+    """The smallest chunk limit `graph` can be planned under (`sizes`: Param -> bytes): its
+    largest layer segment alone, with the planning margin, plus one byte."""
+    segments = layer_segments(graph, data_inputs(graph))
+    return max(_with_margin(sum(sizes[p] for p in s.params)) for s in segments) + 1
+
+
 def plan_chunks(graph: Graph, sizes: Mapping[str, int], limit: int) -> ChunkPlan:
     """Pack `graph`'s layer segments into as few consecutive chunks as keep each chunk's weights
-    (`sizes`: Param -> bytes) within `limit`; a segment alone over the limit is a ChunkingError
+    (`sizes`: Param -> bytes) under `limit`; a segment alone not under it is a ChunkingError
     naming its layers."""
     segments = layer_segments(graph, data_inputs(graph))
     if len(segments) < 2:
@@ -147,20 +158,17 @@ def plan_chunks(graph: Graph, sizes: Mapping[str, int], limit: int) -> ChunkPlan
     groups: list[int] = []
     planned: list[int] = []
     current: set[str] = set()
-
-    def with_margin(total: int) -> int:
-        return total + CHUNK_MARGIN[0] + int(total * CHUNK_MARGIN[1])
-
     for segment in segments:
-        alone = with_margin(sum(sizes[p] for p in segment.params))
-        if alone > limit:
+        alone = _with_margin(sum(sizes[p] for p in segment.params))
+        if alone >= limit:
             raise ChunkingError(
                 f"layer {segment.label} alone needs {human_bytes(alone)} ({alone} bytes) of weights, more than the"
-                f" chunk limit {human_bytes(limit)} ({limit} bytes); raise chunk_bytes or compress the weights"
+                f" chunk limit {human_bytes(limit)} ({limit} bytes); this model needs chunk_bytes >="
+                f" {smallest_limit(graph, sizes)} at this precision and compression, or compress the weights more"
             )
         union = current | segment.params
-        total = with_margin(sum(sizes[p] for p in union))
-        if groups and total <= limit:
+        total = _with_margin(sum(sizes[p] for p in union))
+        if groups and total < limit:
             groups[-1] += 1
             planned[-1] = total
             current = union

@@ -15,7 +15,14 @@ from rlx_mil.cli import main
 from rlx_mil.coreml.package_info import package_info
 from rlx_mil.errors import ExistingFileError, InvalidOptionError
 from rlx_mil.ir.cut import cut_graph, layer_of, layer_segments
-from rlx_mil.llm.chunk_plan import BLOB_OVERHEAD, ChunkingError, data_inputs, plan_chunks, planned_param_bytes
+from rlx_mil.llm.chunk_plan import (
+    BLOB_OVERHEAD,
+    ChunkingError,
+    data_inputs,
+    plan_chunks,
+    planned_param_bytes,
+    smallest_limit,
+)
 from rlx_mil.llm.chunked import MANIFEST, read_chunked_set
 from rlx_mil.llm.estimate import estimate_decode
 from rlx_mil.llm.generate import Session
@@ -160,6 +167,10 @@ def test_a_layer_over_the_limit_is_an_error_naming_it(checkpoint: Path, tmp_path
     sizes = planned_param_bytes(graph, precision="fp32")
     with pytest.raises(ChunkingError, match=r"layer model\.layers\.0 alone needs .* more than the chunk limit"):
         plan_chunks(graph, sizes, 45_000)
+    smallest = smallest_limit(graph, sizes)
+    assert len(plan_chunks(graph, sizes, smallest).groups) == 3
+    with pytest.raises(ChunkingError, match=f"needs chunk_bytes >= {smallest}"):
+        plan_chunks(graph, sizes, smallest - 1)
     assert sizes["model.layers.0.mlp.up_proj.weight"] == 64 * 32 * 4 + BLOB_OVERHEAD
     # int8 per channel: one byte a weight and an fp16 scale per output row; lut4: 4 bits and a
     # table of 16 fp16 entries per 16 rows

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from rlx_mil.cli import main
-from rlx_mil.ir.cut import layer_segments
-from rlx_mil.llm.chunk_plan import CHUNK_MARGIN, data_inputs, planned_param_bytes
+from rlx_mil.llm.chunk_plan import planned_param_bytes, smallest_limit
 from rlx_mil.llm.chunked import read_chunked_set
 from rlx_mil.llm.generate import Session
 from rlx_mil.llm.package import convert_llm_checkpoint, reference_greedy, reference_logits
@@ -32,9 +31,7 @@ QUESTION = single_package.QUESTION
 def one_layer_limit(checkpoint: Path, precision: str, max_context: int) -> int:
     """A chunk limit that holds the largest layer alone (so each layer is a chunk of its own)."""
     graph, _ = from_pretrained(checkpoint, "decode", seq_len=1, cache_len=1, max_positions=max_context, last_logits=True)
-    sizes = planned_param_bytes(graph, precision=precision)
-    largest = max(sum(sizes[p] for p in s.params) for s in layer_segments(graph, data_inputs(graph)))
-    return int(largest * (1 + CHUNK_MARGIN[1])) + CHUNK_MARGIN[0] + 1
+    return smallest_limit(graph, planned_param_bytes(graph, precision=precision))
 
 
 @pytest.fixture(scope="module")

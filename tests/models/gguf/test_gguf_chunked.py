@@ -10,8 +10,7 @@ import pytest
 
 from models.gguf.gguf_files import tiny_chat_gguf
 from rlx_mil.cli import main
-from rlx_mil.ir.cut import layer_segments
-from rlx_mil.llm.chunk_plan import CHUNK_MARGIN, data_inputs, planned_param_bytes
+from rlx_mil.llm.chunk_plan import planned_param_bytes, smallest_limit
 from rlx_mil.llm.chunked import read_chunked_set
 from rlx_mil.models.gguf import from_gguf
 
@@ -23,9 +22,8 @@ def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_gguf_set_keeps_its_codes_and_verifies(gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     graph, _ = from_gguf(gguf, "decode", seq_len=1, cache_len=1, max_positions=32, last_logits=True)
-    sizes = planned_param_bytes(graph, precision="fp16")  # codes planned at their float size: an upper bound
-    largest = max(sum(sizes[p] for p in s.params) for s in layer_segments(graph, data_inputs(graph)))
-    limit = int(largest * (1 + CHUNK_MARGIN[1])) + CHUNK_MARGIN[0] + 1
+    # codes planned at their float size (an upper bound); the smallest limit: a layer per chunk
+    limit = smallest_limit(graph, planned_param_bytes(graph, precision="fp16"))
     folder = tmp_path / "set"
     assert main(["convert-gguf", str(gguf), "-o", str(folder), "--stateful", "--max-context", "32", "--prefill", "4",
                  "--chunk-bytes", str(limit), "--verify", "--quiet"]) == 0
