@@ -266,3 +266,21 @@ def test_a_neural_engine_set_splits_the_head_and_matches_the_reference(tmp_path:
     assert session.vocab == 40000
     prompt = [5, 39999, 17]
     np.testing.assert_allclose(session.feed(prompt), reference_logits(checkpoint, prompt), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("swap", [True, False])
+def test_a_finished_set_replaces_the_old_one_in_one_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: bool) -> None:
+    import rlx_mil.coreml.saving as saving
+    from rlx_mil.llm import chunked as chunked_module
+
+    if not swap:  # a file system without an atomic exchange: two renames
+        monkeypatch.setattr(saving, "exchange", lambda a, b: False)
+    out = tmp_path / "set"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    staging = tmp_path / "staging"
+    (staging / "set").mkdir(parents=True)
+    (staging / "set" / MANIFEST).write_text("{}")
+    chunked_module._move_into_place(staging / "set", out, staging)
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST]
+    assert (staging / saving.COMPLETE_FILE).exists()
