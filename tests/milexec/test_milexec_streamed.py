@@ -160,3 +160,38 @@ def test_lean_runs_decode_each_weight_once_and_only_the_embedded_rows(
     decoded.clear()
     fast.run(feeds, function_name="decode", states={})
     assert decoded == []
+
+
+def test_rows_split_between_threads_give_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large linear's rows shared out between threads: bit for bit the one-thread result, for
+    an fp16 weight widened in blocks, a streamed int4 weight and a cached float32 weight."""
+    from coremltools.converters.mil import Builder as mb
+    from milexec_util import build_function
+
+    from rlx_mil import milexec
+    from rlx_mil.milexec.kernels.linalg import _blocked_linear, rows_in_threads
+
+    rng = np.random.default_rng(9)
+    rows, depth = 1200, 1024  # past BLOCKED_WEIGHT_MIN
+    x = rng.standard_normal((3, depth)).astype(np.float32)
+    fp16 = (rng.standard_normal((rows, depth)) * 0.03).astype(np.float16)
+    int4 = ShiftScaleWeight(rng.integers(-8, 8, (rows, depth)).astype(np.int8),
+                            (rng.random((rows, depth // 32)) * 0.01 + 1e-3).astype(np.float16), None, True)
+    for weight in (fp16, int4):
+        one = _blocked_linear(x, weight)
+        for threads in (2, 3):
+            with rows_in_threads(threads):
+                assert np.array_equal(_blocked_linear(x, weight), one)
+
+    def build(inputs: dict[str, object]) -> list[object]:
+        half = mb.cast(x=inputs["x"], dtype="fp16")
+        return [mb.linear(x=half, weight=fp16)]
+
+    function = build_function({"x": x}, build)
+    plain = milexec.run(function, {"x": x})
+    monkeypatch.setattr(prepared, "FAST_CACHE_RATIO", 2.0)  # the weight held as float32
+    for threads in (1, 2):
+        program = prepare(function, memory="fast", threads=threads)
+        assert program.prepared_bytes == 4 * fp16.size
+        got = program.run({"x": x})
+        assert all(np.array_equal(got[k], plain[k]) for k in plain)

@@ -7,6 +7,11 @@ GPU and ANE do; the executor then rounds the result to fp16.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from rlx_mil.milexec.fp16 import widen_into
@@ -28,25 +33,77 @@ def _float_or_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _blocked_linear(flat: np.ndarray, weight: np.ndarray | ShiftScaleWeight) -> np.ndarray:
     """`flat @ weight.T` for a 2-D fp16 `weight` widened (or a streamed compressed weight
     decoded) a block of rows at a time into one cache-sized buffer: the same float32 products
-    of the same weight values, each output column from one block."""
+    of the same weight values, each output column from one block. The rows are split between
+    `row_threads()` threads (each with its own buffer; NumPy and BLAS release the GIL)."""
     rows, depth = weight.shape
     if isinstance(weight, ShiftScaleWeight):
         step = weight.row_step
     else:
         step = max(1, _BLOCK_BYTES // (4 * depth))
     out = np.empty((flat.shape[0], rows), np.float32)
-    block = np.empty((min(step, rows), depth), np.float32)
-    scratch = np.empty(block.size, np.int32) if isinstance(weight, ShiftScaleWeight) else None
     lhs = flat.astype(np.float32, copy=False)
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
+    _split_rows(rows, step, lambda start, stop: _blocked_rows(lhs, weight, out, start, stop, step))
+    return out
+
+
+def _blocked_rows(lhs: np.ndarray, weight: np.ndarray | ShiftScaleWeight, out: np.ndarray, first: int, last: int,
+                  step: int) -> None:
+    depth = weight.shape[1]
+    block = np.empty((min(step, last - first), depth), np.float32)
+    scratch = np.empty(block.size, np.int32) if isinstance(weight, ShiftScaleWeight) else None
+    for start in range(first, last, step):
+        stop = min(last, start + step)
         part = block[: stop - start]
         if isinstance(weight, ShiftScaleWeight):
             weight.rows_into(start, stop, part, scratch)
         else:
             widen_into(weight[start:stop], part)
         np.matmul(lhs, part.T, out=out[:, start:stop])
-    return out
+
+
+def _split_rows(rows: int, step: int, work: Callable[[int, int], None]) -> None:
+    """Run `work(start, stop)` over `rows` split into `row_threads()` contiguous ranges (each
+    a multiple of `step` long but the last), the first in this thread."""
+    threads = min(row_threads(), -(-rows // step))
+    if threads <= 1:
+        work(0, rows)
+        return
+    per = -(-rows // (threads * step)) * step
+    ranges = [(a, min(rows, a + per)) for a in range(0, rows, per)]
+    pool = _pool(len(ranges) - 1)
+    futures = [pool.submit(work, a, b) for a, b in ranges[1:]]
+    try:
+        work(*ranges[0])
+    finally:
+        for future in futures:
+            future.result()
+
+
+_THREADS: contextvars.ContextVar[int] = contextvars.ContextVar("rlx_mil_row_threads", default=1)
+#: (workers, pool) of the threads `_split_rows` hands row ranges to.
+_POOL: list[tuple[int, ThreadPoolExecutor]] = []
+
+
+def row_threads() -> int:
+    """Threads a large `linear` splits its weight's rows between (`rows_in_threads`)."""
+    return _THREADS.get()
+
+
+@contextlib.contextmanager
+def rows_in_threads(threads: int) -> Iterator[None]:
+    """Within the block, a `linear` with a weight of BLOCKED_WEIGHT_MIN elements or more splits
+    its rows between `threads` threads (the same products, each output column from one)."""
+    token = _THREADS.set(threads)
+    try:
+        yield
+    finally:
+        _THREADS.reset(token)
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    if not _POOL or _POOL[0][0] < workers:
+        _POOL[:] = [(workers, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlx_mil_linear"))]
+    return _POOL[0][1]
 
 
 @kernel("linear")
@@ -62,6 +119,16 @@ def linear(ctx: OpContext) -> np.ndarray:
         rows = stored.shape[0]
         if stored.dtype == np.float16 and stored.ndim == 2 and stored.size >= BLOCKED_WEIGHT_MIN and x.dtype.kind == "f":
             out = _blocked_linear(flat, stored)
+        elif (stored.dtype == np.float32 and stored.ndim == 2 and stored.size >= BLOCKED_WEIGHT_MIN
+              and x.dtype.kind == "f" and row_threads() > 1):
+            out = np.empty((flat.shape[0], rows), np.float32)
+            lhs = flat.astype(np.float32, copy=False)
+            step = max(1, _BLOCK_BYTES // (4 * stored.shape[1]))
+
+            def rows_of(start: int, stop: int) -> None:
+                np.matmul(lhs, stored[start:stop].T, out=out[:, start:stop])
+
+            _split_rows(rows, step, rows_of)
         else:
             weight = as_compute(stored)
             out = _float_or_int_matmul(flat, weight.T)
