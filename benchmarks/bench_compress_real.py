@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,14 +50,16 @@ SENTENCES = ["A man is playing a guitar on the street.", "The new movie is aweso
              "Quantum computers use qubits instead of bits.", "She baked a chocolate cake for her brother's birthday."]
 
 
-def dequantized(graph: Any, params: Any, spec: str, calibration: dict[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray], float, str]:
-    """The params as the compressed package computes with them, its size vs fp16, the plan."""
+def dequantized(graph: Any, params: Any, spec: str, calibration: dict[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray], float, str, float]:
+    """The params as the compressed package computes with them, its size vs fp16, the plan and
+    the seconds the compression took (choosing and encoding every weight, as a conversion does)."""
     from rlx_mil.compress import WeightCompressor, parse_compress
     from rlx_mil.compress.emit import compressed_bytes
     from rlx_mil.compress.fit import fit_to_shape
     from rlx_mil.compress.plan import _predicted_layout, _user_map, encode
     from rlx_mil.lowering.target import Precision, Target
 
+    start = time.perf_counter()
     config = parse_compress(spec)
     assert config is not None
     if calibration is not None:
@@ -83,7 +86,18 @@ def dequantized(graph: Any, params: Any, spec: str, calibration: dict[str, np.nd
         after += compressed_bytes(codes)
         back = codes.dequantize()
         out[name] = back.T if kn else back
-    return out, after / before, comp.plan.summary if comp.plan else ""
+    return out, after / before, comp.plan.summary if comp.plan else "", time.perf_counter() - start
+
+
+def check_error(graph: Any, params: Any, dequant: dict[str, np.ndarray]) -> float:
+    """The largest relative L2 output error on the inputs a conversion generates for its check
+    (`example_inputs`): above `OUTPUT_ERROR_LIMIT` the conversion warns."""
+    from rlx_mil import reference
+    from rlx_mil.compress.calibration import example_inputs, output_errors
+
+    feeds = example_inputs(graph)
+    errors = output_errors(reference.evaluate(graph, feeds, dequant), reference.evaluate(graph, feeds, params))
+    return max(e["relative_l2"] for e in errors.values())
 
 
 def encoder_rows(cache: Path, schemes: list[str]) -> dict[str, dict[str, Any]]:
@@ -113,12 +127,13 @@ def encoder_rows(cache: Path, schemes: list[str]) -> dict[str, dict[str, Any]]:
            "attention_mask": np.asarray([[1] * len(cal_ids) + [0] * (length - len(cal_ids))], np.int32)}
     rows = {}
     for spec in schemes:
-        p, size, plan = dequantized(graph, params, spec.replace("+cal", ""), cal if spec.endswith("+cal") else None)
+        p, size, plan, seconds = dequantized(graph, params, spec.replace("+cal", ""), cal if spec.endswith("+cal") else None)
         cos = []
         for f, w in zip(feeds, want, strict=True):
             g = next(iter(reference.evaluate(graph, f, p).values())).reshape(-1)
             cos.append(float(g @ w / np.linalg.norm(g) / np.linalg.norm(w)))
-        rows[spec] = {"size": size, "cos_min": min(cos), "cos_mean": float(np.mean(cos)), "plan": plan}
+        rows[spec] = {"size": size, "cos_min": min(cos), "cos_mean": float(np.mean(cos)), "plan": plan,
+                      "seconds": seconds, "check": check_error(graph, params, p)}
         print(f"  MiniLM {spec}: {rows[spec]}", flush=True)
     return rows
 
@@ -138,10 +153,11 @@ def decoder_rows(cache: Path, schemes: list[str]) -> dict[str, dict[str, Any]]:
     cal = {"input_ids": np.resize(np.asarray(cal_ids, np.int32), ids.shape[1])[None, :]}
     rows = {}
     for spec in schemes:
-        p, size, plan = dequantized(graph, params, spec.replace("+cal", ""), cal if spec.endswith("+cal") else None)
+        p, size, plan, seconds = dequantized(graph, params, spec.replace("+cal", ""), cal if spec.endswith("+cal") else None)
         got = reference.evaluate(graph, {"input_ids": ids}, p)["logits"][0].astype(np.float64)
         rows[spec] = {"size": size, "top1": float(np.mean(got.argmax(-1) == top)),
-                      "logits_rel": float(np.linalg.norm(got - want) / np.linalg.norm(want)), "plan": plan}
+                      "logits_rel": float(np.linalg.norm(got - want) / np.linalg.norm(want)), "plan": plan,
+                      "seconds": seconds, "check": check_error(graph, params, p)}
         print(f"  SmolLM2 {spec}: {rows[spec]}", flush=True)
     return rows
 
@@ -156,20 +172,25 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     enc = encoder_rows(args.cache, args.schemes) if "encoder" in args.models else {}
     dec = decoder_rows(args.cache, args.schemes) if "decoder" in args.models else {}
-    print("| scheme | size vs fp16 (MiniLM / SmolLM2) | MiniLM cosine min / mean | SmolLM2 top-1 | SmolLM2 logits rel. L2 |")
-    print("|---|---|---|---|---|")
+    from rlx_mil.compress.report import OUTPUT_ERROR_LIMIT
+
+    print("| scheme | size vs fp16 (MiniLM / SmolLM2) | MiniLM cosine min / mean | SmolLM2 top-1 | SmolLM2 logits rel. L2"
+          " | check error, warns (MiniLM / SmolLM2) | compress s (MiniLM / SmolLM2) |")
+    print("|---|---|---|---|---|---|---|")
     for spec in args.schemes:
         e, d = enc.get(spec), dec.get(spec)
         size = " / ".join(f"{r['size']:.3f}" for r in (e, d) if r)
         cos = f"{e['cos_min']:.4f} / {e['cos_mean']:.4f}" if e else "-"
         top = f"{d['top1']:.3f}" if d else "-"
         rel = f"{d['logits_rel']:.3f}" if d else "-"
-        print(f"| `{spec}` | {size} | {cos} | {top} | {rel} |")
+        check = " / ".join(f"{r['check']:.3f} {'yes' if r['check'] > OUTPUT_ERROR_LIMIT else 'no'}" for r in (e, d) if r)
+        secs = " / ".join(f"{r['seconds']:.1f}" for r in (e, d) if r)
+        print(f"| `{spec}` | {size} | {cos} | {top} | {rel} | {check} | {secs} |")
     for spec in args.schemes:
         for what, r in (("MiniLM", enc.get(spec)), ("SmolLM2", dec.get(spec))):
             if r and r["plan"]:
                 print(f"{what} {spec}: {r['plan']}")
-    print(f"({time.perf_counter() - start:.0f} s)")
+    print(f"({time.perf_counter() - start:.0f} s; uptime: {os.getloadavg()[0]:.1f} load)")
     return 0
 
 

@@ -22,7 +22,7 @@ The report says, per weight, which candidate it became, its estimated error and 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,6 +133,21 @@ def sensitivity(name: str, role: str, layers: int) -> float:
     return factor
 
 
+def measured_weights(
+    options: Mapping[str, list[Option]], fallback: Mapping[str, float], measure: Callable[[str, Scheme], float],
+) -> dict[str, float]:
+    """Each weight's sensitivity from the model's measured output: with only weight n at its
+    cheapest candidate the output's squared relative error is m_n, and a candidate of error e is
+    predicted to cost m_n * (e / e_start)^2 (output errors of different weights add up, and one
+    weight's scales with its error squared). The unit is the output's squared error, so the
+    budget goes where the output gains most. A weight whose start is exact keeps `fallback`."""
+    out = {}
+    for name, opts in options.items():
+        start = opts[0].error
+        out[name] = measure(name, opts[0].scheme) / start**2 if start > 0 else fallback[name]
+    return out
+
+
 def layer_count(names: list[str]) -> int:
     found = [int(m.group(1)) for n in names if (m := _LAYER.search(n))]
     return max(found) + 1 if found else 0
@@ -193,14 +208,19 @@ def plan_auto(
     bits: int, storages: Mapping[str, Any], roles: Mapping[str, str], target: Target, store: type[np.floating[Any]],
     fixed_bytes: int, total_before: int, budget: float | None, max_error: float | None,
     importance: Mapping[str, np.ndarray] | None = None, candidates: tuple[str, ...] | None = None,
+    measure: Callable[[str, Scheme], float] | None = None,
 ) -> AutoPlan:
     """The mix for the weights `storages` (name -> a callable giving the storage-layout array,
-    read one weight at a time), `fixed_bytes` being what the other weights take."""
+    read one weight at a time), `fixed_bytes` being what the other weights take. `measure(name,
+    scheme)`, when given, is the squared relative output error of the model with only that
+    weight compressed with that scheme: the sensitivities then come from it (`measured_weights`)."""
     options: dict[str, list[Option]] = {}
     for name, read in storages.items():
         options[name] = options_for(read(), bits, target, store, (importance or {}).get(name), candidates)
     layers = layer_count(list(storages))
     weights = {n: sensitivity(n, roles.get(n, "weight"), layers) for n in options}
+    if measure is not None:
+        weights = measured_weights(options, weights, measure)
     pick, why, reached = choose(options, weights, fixed_bytes, total_before, bits, budget, max_error)
     schemes, notes, contributions = {}, {}, {}
     for name, i in pick.items():
@@ -213,6 +233,7 @@ def plan_auto(
     widened = sum(1 for i in pick.values() if i)
     cap = "none" if budget is None and max_error is not None else f"{AUTO_BUDGETS[bits] if budget is None else budget:g}x"
     basis = "activation-weighted" if importance else "weight-space"
+    measured = ", measured output sensitivities" if measure is not None else ""
     summary = (f"auto{bits}: {widened} of {len(pick)} weights widened, {reached:.3f}x the uncompressed weight bytes"
-               f" (budget {cap}" + (f", max_error {max_error:g}" if max_error is not None else "") + f"; {basis} errors)")
+               f" (budget {cap}" + (f", max_error {max_error:g}" if max_error is not None else "") + f"; {basis} errors{measured})")
     return AutoPlan(schemes, notes, contributions, summary)

@@ -78,6 +78,42 @@ def activation_importance(graph: Graph, params: Mapping[str, Any], inputs: Mappi
     return {n: s / uses[n] for n, s in sums.items()}
 
 
+#: Token positions of the generated check inputs when an input's sequence length is not fixed.
+CHECK_TOKENS = 16
+
+
+def example_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs the compression check generates for a graph when the user gave none: token ids
+    drawn uniformly from the tables they index (deterministic, `seed`), an all-ones attention
+    mask, zero token types, positions 0.., standard-normal floats (caches, pixels). Nothing is
+    read or fetched: the check compares the model with itself."""
+    from rlx_mil.input_contract import graph_input_ranges
+    from rlx_mil.ir.ops import Input
+    from rlx_mil.ir.shape import Static
+
+    rng = np.random.default_rng(seed)
+    ranges = graph_input_ranges(graph)
+    feeds: dict[str, np.ndarray] = {}
+    for node in graph:
+        if not isinstance(node.op, Input):
+            continue
+        name = node.op.name
+        shape = tuple(d.size if isinstance(d, Static) else CHECK_TOKENS for d in node.shape.dims)
+        dtype = np.float32 if node.shape.dtype.is_float else np.int32
+        if name in ranges:
+            lo, hi = ranges[name]
+            feeds[name] = rng.integers(lo, hi + 1, shape).astype(dtype)
+        elif "mask" in name:
+            feeds[name] = np.ones(shape, dtype)
+        elif "position" in name and shape:
+            feeds[name] = np.broadcast_to(np.arange(shape[-1]), shape).astype(dtype)
+        elif node.shape.dtype.is_float:
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[name] = np.zeros(shape, dtype)
+    return feeds
+
+
 def output_errors(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
     """Per output: max |error| and relative L2 error of `got` against `want`."""
     out = {}

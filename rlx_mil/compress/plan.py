@@ -36,6 +36,9 @@ from rlx_mil.ir.ops import Param
 from rlx_mil.lowering.context import WeightSource
 from rlx_mil.lowering.target import Precision, Target
 
+#: autoN measures each weight's effect on the outputs (one reference run per weight) while
+#: weights x parameters x input elements stays below this (about a minute of NumPy).
+MEASURE_LIMIT = 2 * 10**11
 PROTECTED_ROLES = frozenset({"norm", "rope", "vector", "integer"})
 _NORM_OPS = frozenset({"LayerNorm", "RmsNorm", "GroupNorm", "FusedResidualLN", "FusedResidualRmsNorm"})
 _MATMUL_WEIGHT = {"MatMul": (1,), "FusedMatMulBiasAct": (1,), "LoraMatMul": (1, 2, 3)}
@@ -180,6 +183,9 @@ class WeightCompressor:
         if config.auto is not None:
             self._plan_auto(defaults)
         self._done: dict[tuple[str, str], Any] = {}
+        #: The codes of each compressed weight (the arrays the program holds, no copy): what
+        #: the conversion-time checks decode instead of encoding the weights again.
+        self.codes: dict[str, LinearCodes | PaletteCodes | LutScaleCodes] = {}
         self.weights: list[WeightReport] = []
         # Large codes live in a temporary file while the program (and the model) holds them.
         self.store = CodeStore()
@@ -232,9 +238,40 @@ class WeightCompressor:
                 roles[node.op.name] = "lm_head"
         self.plan = plan_auto(self.config.auto, {n: reader(n) for n in names}, roles, self.target,
                               store_dtype(self.precision), fixed, total, self.config.budget, self.config.max_error, importance,
-                              self.config.candidates)
+                              self.config.candidates, self._output_sensitivity(names, reader, sum(count.values())))
         self.schemes.update(self.plan.schemes)
         self.notes = dict(self.plan.notes)
+
+    def _output_sensitivity(
+        self, names: list[str], reader: Callable[[str], Callable[[], np.ndarray]], elements: int,
+    ) -> Callable[[str, Scheme], float] | None:
+        """autoN's measured sensitivities: the reference run with one weight compressed at a
+        time, on the calibration inputs (else generated ones, unless check=off), while that
+        costs at most `MEASURE_LIMIT` (weights x parameters x input elements)."""
+        from rlx_mil.compress.calibration import example_inputs
+        from rlx_mil.reference import evaluate
+
+        if self.config.calibration is None and not self.config.check:
+            return None
+        assert self.params is not None
+        inputs = self.calibration_inputs() if self.config.calibration is not None else example_inputs(self.graph)
+        tokens = max((int(np.asarray(v).size) for v in inputs.values()), default=1)
+        if len(names) * elements * tokens > MEASURE_LIMIT:
+            return None
+        params = self.params
+        want = {k: np.asarray(v, np.float64) for k, v in evaluate(self.graph, inputs, params).items()}
+        users = _user_map(self.graph)
+
+        def measure(name: str, scheme: Scheme) -> float:
+            storage = reader(name)()
+            fitted, _ = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
+            back = encode(storage, fitted, self.precision, name).dequantize()
+            shape = np.shape(params[name])
+            value = (back.T if _predicted_layout(self.graph, name, users) == "kn" else back).reshape(shape)
+            got = evaluate(self.graph, inputs, _Replaced(params, name, value))
+            return float(np.mean([np.sum((np.asarray(got[k], np.float64) - w) ** 2) / max(float(np.sum(w * w)), 1e-30)
+                                  for k, w in want.items()]))
+        return measure
 
     def check(self) -> None:
         """Every problem the shapes and target reveal, before any weight is read."""
@@ -309,6 +346,7 @@ class WeightCompressor:
             bytes_after=after, relative_error=codes.relative_error, max_error=getattr(codes, "max_error", None), note=note,
         ))
         self._done[key] = var
+        self.codes[name] = codes
         return var
 
     def report(self) -> CompressionReport:
@@ -320,8 +358,14 @@ class WeightCompressor:
             weights=list(self.weights), kept=kept, plan=self.plan.summary if self.plan else "",
             contributions=dict(self.plan.contributions) if self.plan else {},
         )
-        if self.config.calibration is not None and self.params is not None and report.calibration_error is None:
-            self._measure(report, self.params, self.calibration_inputs())
+        if self.params is not None and self.weights and report.calibration_error is None and report.check_error is None:
+            if self.config.calibration is not None:
+                report.calibration_error = self._measure(report, self.params, self.calibration_inputs(), "the calibration inputs")
+            elif self.config.check:
+                from rlx_mil.compress.calibration import example_inputs
+
+                report.check_error = self._measure(report, self.params, example_inputs(self.graph),
+                                                   "inputs generated for the check")
         return report
 
     def calibration_inputs(self) -> dict[str, Any]:
@@ -335,16 +379,20 @@ class WeightCompressor:
             raise CompressionError(f"calibration inputs lack the graph's inputs {missing} (given: {sorted(given)})")
         return {n: given[n] for n in names}
 
-    def _measure(self, report: CompressionReport, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> None:
-        """The calibration inputs through the reference with float and with dequantized weights."""
+    def _measure(
+        self, report: CompressionReport, params: Mapping[str, Any], inputs: Mapping[str, Any], where: str,
+    ) -> dict[str, dict[str, float]]:
+        """`inputs` through the reference with float and with dequantized weights (decoded from
+        the codes the program holds); warns when an output is off by more than the limit."""
         from rlx_mil.compress.calibration import output_errors
         from rlx_mil.compress.report import warn_if_degraded
         from rlx_mil.reference import evaluate
 
         want = evaluate(self.graph, inputs, params)
-        got = evaluate(self.graph, inputs, DequantizedParams(params, report))
-        report.calibration_error = output_errors(got, want)
-        warn_if_degraded(report, report.calibration_error, "the calibration inputs")
+        got = evaluate(self.graph, inputs, DequantizedParams(params, report, self.codes))
+        errors = output_errors(got, want)
+        warn_if_degraded(report, errors, where)
+        return errors
 
 
 def encode(
@@ -355,13 +403,33 @@ def encode(
     return palettize(storage, scheme, store_dtype(precision), name, code_writer)
 
 
+class _Replaced(Mapping[str, Any]):
+    """`params` with one weight's value replaced."""
+
+    def __init__(self, params: Mapping[str, Any], name: str, value: np.ndarray) -> None:
+        self._params, self._name, self._value = params, name, value
+
+    def __getitem__(self, name: str) -> Any:
+        return self._value if name == self._name else self._params[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+
 class DequantizedParams(Mapping[str, np.ndarray]):
     """`params` with every compressed weight replaced by its dequantized values (float32, in
     the Param's shape), computed when read: what the compressed model computes with, for the
     reference evaluator."""
 
-    def __init__(self, params: Mapping[str, Any], report: CompressionReport) -> None:
+    def __init__(
+        self, params: Mapping[str, Any], report: CompressionReport,
+        codes: Mapping[str, LinearCodes | PaletteCodes | LutScaleCodes] | None = None,
+    ) -> None:
         self._params = params
+        self._codes = codes or {}
         self._prequantized = carried_weights(params)
         self._precision = Precision.parse(report.precision)
         self._entries: dict[str, WeightReport] = {}
@@ -382,6 +450,11 @@ class DequantizedParams(Mapping[str, np.ndarray]):
         value = self._params[name]
         if entry is None:
             return np.asarray(value) if not isinstance(value, np.ndarray) else value
+        held = self._codes.get(name)
+        if held is not None:  # the conversion's own codes: decoded, not encoded again
+            back = held.dequantize()
+            shape = np.shape(value)
+            return (back.reshape(back.shape[-2:]).T if entry.layout == "kn" else back).reshape(shape)
         scheme = parse_scheme(entry.scheme)
         assert scheme is not None
         arr = np.asarray(value)

@@ -54,6 +54,9 @@ class CompressionReport:
     calibration_error: dict[str, dict[str, float]] | None = None
     #: autoN: sensitivity * estimated error^2 per weight (what a warning ranks by).
     contributions: dict[str, float] = field(default_factory=dict)
+    #: Without calibration: the same comparison on inputs the conversion generates
+    #: (`rlx_mil.compress.calibration.example_inputs`), unless the config says check=off.
+    check_error: dict[str, dict[str, float]] | None = None
 
     @property
     def bytes_before(self) -> int:
@@ -106,6 +109,8 @@ class CompressionReport:
             lines.append("  output error vs the uncompressed conversion: not measured")
         for out, err in (self.calibration_error or {}).items():
             lines.append(f"  output {out}: relative L2 {err['relative_l2']:.3g} on the calibration inputs (vs float weights)")
+        for out, err in (self.check_error or {}).items():
+            lines.append(f"  output {out}: relative L2 {err['relative_l2']:.3g} on generated check inputs (vs float weights)")
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ Text form (the CLI's ``--compress`` and ``convert(compress="...")``)::
       min_size=N                weights with fewer elements stay in float (default 2048)
       auto4 (auto3, auto6, auto8) a per-weight mix chosen from error statistics (rlx_mil.compress.auto)
       budget=F, max_error=E     with autoN: size fraction of fp16 / largest estimated weight error
+      check=off                 skip the output check on generated inputs (done when no calibration is given)
       glob:PATTERN=SCHEME       weights whose name matches the glob (first matching rule wins)
       re:PATTERN=SCHEME         weights whose name matches the regular expression (re.search)
       e.g. "lut4;embeddings=int8;lm_head=lut6;re:\\.v_proj\\.=int8;min_size=4096"
@@ -319,6 +320,10 @@ class CompressionConfig:
     #: `rlx_mil.compress.auto.CANDIDATES` (a deployment form's own, e.g. no per-block ints on
     #: the Neural Engine).
     candidates: tuple[str, ...] | None = None
+    #: Without calibration: after compressing, compare the reference on the dequantized weights
+    #: with the float weights on generated inputs and warn when an output moved too much
+    #: (``check=off`` skips it: two reference runs of the graph).
+    check: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0:
@@ -342,6 +347,8 @@ class CompressionConfig:
             parts.append(f"budget={self.budget:g}")
         if self.max_error is not None:
             parts.append(f"max_error={self.max_error:g}")
+        if not self.check:
+            parts.append("check=off")
         if self.embeddings is not SAME_AS_DEFAULT:
             parts.append(f"embeddings={_label(self.embeddings)}")
         if self.lm_head is not SAME_AS_DEFAULT:
@@ -390,6 +397,17 @@ def _float_option(value: Any, what: str) -> float:
         raise InvalidOptionError(f"{what} must be a number, got {value!r}") from None
 
 
+def _switch(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in ("on", "true", "yes", "1"):
+        return True
+    if word in ("off", "false", "no", "0", "none"):
+        return False
+    raise InvalidOptionError(f"{what} is on or off, got {value!r}")
+
+
 def _parse_text(text: str) -> CompressionConfig:
     fields: dict[str, Any] = {}
     rules: list[Rule] = []
@@ -397,7 +415,7 @@ def _parse_text(text: str) -> CompressionConfig:
         if not item:
             continue
         if item.startswith(("re:", "glob:")) or ("=" in item and item.split("=", 1)[0].strip().lower().replace("-", "_")
-                                                 not in ("default", "embeddings", "lm_head", "min_size", "budget", "max_error")):
+                                                 not in ("default", "embeddings", "lm_head", "min_size", "budget", "max_error", "check")):
             if "=" not in item:
                 raise InvalidOptionError(f"compression rule {item!r} needs PATTERN=SCHEME")
             pattern, scheme = item.rsplit("=", 1)
@@ -412,6 +430,8 @@ def _parse_text(text: str) -> CompressionConfig:
                 fields[key] = _int_option(value, "min_size")
             elif key in ("budget", "max_error"):
                 fields[key] = _float_option(value, key)
+            elif key == "check":
+                fields[key] = _switch(value, key)
             else:
                 fields[key] = _scheme_value(value, key)
         else:
@@ -441,7 +461,8 @@ def parse_compress(spec: Any) -> CompressionConfig | None:
     if isinstance(spec, str):
         return _parse_text(spec)
     if isinstance(spec, Mapping):
-        unknown = set(spec) - {"default", "embeddings", "lm_head", "min_size", "rules", "budget", "max_error", "calibration"}
+        unknown = set(spec) - {"default", "embeddings", "lm_head", "min_size", "rules", "budget", "max_error", "calibration",
+                               "check"}
         if unknown:
             raise InvalidOptionError(f"compress mapping: unknown keys {sorted(map(str, unknown))}")
         kwargs: dict[str, Any] = {}
@@ -456,6 +477,8 @@ def parse_compress(spec: Any) -> CompressionConfig | None:
         for key in ("min_size", "budget", "max_error", "calibration"):
             if key in spec:
                 kwargs[key] = spec[key]
+        if "check" in spec:
+            kwargs["check"] = _switch(spec["check"], "check")
         raw_rules = spec.get("rules", ())
         if isinstance(raw_rules, Mapping):
             raw_rules = list(raw_rules.items())

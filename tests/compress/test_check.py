@@ -1,0 +1,134 @@
+"""The conversion-time output check (generated inputs) and autoN's measured sensitivities."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import rlx_mil
+from rlx_mil import milexec, reference
+from rlx_mil.compress import parse_compress, report_of
+from rlx_mil.compress.auto import Option, measured_weights
+from rlx_mil.compress.calibration import CHECK_TOKENS, example_inputs
+from rlx_mil.compress.fit import fit_to_shape
+from rlx_mil.compress.plan import encode
+from rlx_mil.compress.schemes import parse_scheme
+from rlx_mil.errors import CompressionWarning, InvalidOptionError
+from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.shape import Dynamic
+from rlx_mil.lowering.target import Precision, Target
+from tests.compress.tiny_lm import TinyLM, tiny_lm, tiny_lm_params
+
+CONFIG = TinyLM(layers=2)
+GRAPH = tiny_lm(CONFIG)
+PARAMS = tiny_lm_params(GRAPH, CONFIG)
+
+
+def _rel_l2(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want))
+
+
+def test_example_inputs_index_inside_their_tables_and_fill_dynamic_dims() -> None:
+    feeds = example_inputs(GRAPH)
+    ids = feeds["input_ids"]
+    assert ids.shape == (1, CONFIG.seq) and ids.dtype == np.int32
+    assert 0 <= ids.min() and ids.max() < CONFIG.vocab and np.unique(ids).size > 1
+    np.testing.assert_array_equal(example_inputs(GRAPH)["input_ids"], ids)  # deterministic
+
+    g = Graph("dyn")
+    x = g.input("x", [1, Dynamic(0), 8])
+    mask = g.input("attention_mask", [1, Dynamic(0)], dtype="i32")
+    g.set_outputs([g.add(x, x), mask])
+    feeds = example_inputs(g)
+    assert feeds["x"].shape == (1, CHECK_TOKENS, 8) and feeds["x"].dtype == np.float32
+    np.testing.assert_array_equal(feeds["attention_mask"], np.ones((1, CHECK_TOKENS)))
+
+
+def test_a_conversion_without_calibration_checks_its_outputs_and_warns() -> None:
+    with pytest.warns(CompressionWarning, match=r"on inputs generated for the check .* contributing most: \S+ \(lut2"):
+        model = rlx_mil.convert(GRAPH, PARAMS, precision="fp32", compress="lut2")
+    report = report_of(model)
+    assert report is not None and report.check_error is not None
+    # The package itself (NumPy MIL executor) against the float reference on the same inputs.
+    feeds = example_inputs(GRAPH)
+    want = np.asarray(reference.evaluate(GRAPH, feeds, PARAMS)["logits"], np.float64)
+    measured = _rel_l2(milexec.run(model, feeds)["logits"], want)
+    assert report.check_error["logits"]["relative_l2"] == pytest.approx(measured, rel=1e-3)
+    assert measured > 0.1
+    assert "generated check inputs" in report.to_text()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompressionWarning)
+        model = rlx_mil.convert(GRAPH, PARAMS, precision="fp32", compress="int8")
+        quiet = rlx_mil.convert(GRAPH, PARAMS, precision="fp32", compress="lut2;check=off")
+    good = report_of(model)
+    assert good is not None and good.check_error is not None and good.check_error["logits"]["relative_l2"] < 0.05
+    skipped = report_of(quiet)
+    assert skipped is not None and skipped.check_error is None and "check=off" in skipped.config
+
+
+@pytest.mark.parametrize("spec", ["int4;check=maybe", "lut4;check=on;check=off"])
+def test_bad_check_options_are_option_errors(spec: str) -> None:
+    with pytest.raises(InvalidOptionError):
+        parse_compress(spec)
+
+
+def test_measured_weights_scale_each_output_error_by_the_start_error() -> None:
+    lut4, int8 = parse_scheme("lut4"), parse_scheme("int8")
+    assert lut4 is not None and int8 is not None
+    options = {"a": [Option(lut4, 0.1, 10), Option(int8, 0.01, 20)], "exact": [Option(lut4, 0.0, 10)]}
+    seen = []
+
+    def measure(name: str, scheme: object) -> float:
+        seen.append((name, scheme))
+        return 0.04
+
+    got = measured_weights(options, {"a": 1.0, "exact": 3.0}, measure)
+    assert got == {"a": pytest.approx(4.0), "exact": 3.0}  # 0.04 / 0.1**2; an exact start keeps its weight
+    assert seen == [("a", lut4)]
+
+
+def _two_branches() -> tuple[Graph, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """y = x A^T + x B^T: A heavy-tailed (larger relative 4-bit error), B ten times larger (its
+    error dominates the output)."""
+    g = Graph("branches")
+    x = g.input("x", [1, 8, 64])
+    a = g.matmul(x, g.transpose(g.param("a.weight", [64, 64]), [1, 0]))
+    b = g.matmul(x, g.transpose(g.param("b.weight", [64, 64]), [1, 0]))
+    g.set_outputs([g.add(a, b)])
+    rng = np.random.default_rng(3)
+    params = {"a.weight": (rng.standard_t(2, (64, 64)) / 40).astype(np.float32),
+              "b.weight": (rng.standard_normal((64, 64)) / 2).astype(np.float32)}
+    return g, params, example_inputs(g)
+
+
+def test_measured_sensitivities_widen_the_weight_the_output_feels() -> None:
+    g, params, feeds = _two_branches()
+    chosen = {}
+    for spec in ("auto4;budget=0.36", "auto4;budget=0.36;check=off"):
+        model = rlx_mil.convert(g, params, precision="fp16", compress=spec)
+        report = report_of(model)
+        assert report is not None
+        chosen[spec] = {w.name: w.bytes_after for w in report.weights}
+        if "check=off" in spec:
+            continue
+        assert "measured output sensitivities" in report.plan
+        # Each contribution is the weight's own measured output error at its start scheme
+        # (NumPy: only that weight compressed), scaled by (chosen error / start error)^2.
+        start = parse_scheme("lut4")
+        assert start is not None
+        x = feeds["x"][0].astype(np.float64)
+        y = x @ (params["a.weight"] + params["b.weight"]).T.astype(np.float64)
+        for entry in report.weights:
+            w = params[entry.name]
+            fitted, _ = fit_to_shape(start, w.shape, Target.IOS18)
+            codes = encode(w, fitted, Precision.FP16, entry.name)
+            err = x @ (codes.dequantize() - w).T.astype(np.float64)
+            m = float(np.sum(err**2) / np.sum(y**2))
+            want = m * (entry.relative_error / codes.relative_error) ** 2
+            assert report.contributions[entry.name] == pytest.approx(want, rel=1e-3)
+    measured, heuristic = chosen["auto4;budget=0.36"], chosen["auto4;budget=0.36;check=off"]
+    assert measured["b.weight"] > measured["a.weight"]
+    assert heuristic["b.weight"] <= heuristic["a.weight"]
