@@ -352,12 +352,14 @@ def windows_of(types: tuple[str, ...], window: int | None) -> tuple[int | None, 
 
 
 def read_rope(f: Fields, head_dim: int, *, default_theta: float = 10000.0,
-              types: tuple[str, ...] = (), partial_default: float = 1.0) -> tuple[RopeSpec, tuple[RopeSpec | None, ...]]:
+              types: tuple[str, ...] = (), partial_default: float = 1.0,
+              partial: bool = False) -> tuple[RopeSpec, tuple[RopeSpec | None, ...]]:
     """(the model's RoPE, per-layer RoPEs or () when every layer has the same) from either
-    config form: `rope_theta` + `rope_scaling`, or `rope_parameters` (flat or per layer type)."""
+    config form: `rope_theta` + `rope_scaling`, or `rope_parameters` (flat or per layer type).
+    `partial`: the family rotates `partial_rotary_factor` of each head (else a factor < 1 is refused)."""
     from rlx_mil.models.rope import RopeReader
 
-    reader = RopeReader(f.config, f.source, f.family)
+    reader = RopeReader(f.config, f.source, f.family, partial=partial or partial_default != 1.0)
     field, params = reader.parameters(types)
     limit = f.int_("max_position_embeddings")
 

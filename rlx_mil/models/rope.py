@@ -157,10 +157,13 @@ def config_refusal(source: str, family: str, field: str, value: object, why: str
 class RopeReader:
     """Reads the RoPE of one config (both forms) for a family whose defaults are given."""
 
-    def __init__(self, config: Mapping[str, Any], source: str, family: str) -> None:
+    def __init__(self, config: Mapping[str, Any], source: str, family: str, *, partial: bool = False) -> None:
         self.config = config
         self.source = source
         self.family = family
+        #: whether the family's transformers model rotates part of each head (Phi-3, Qwen3.5);
+        #: the others rotate every dimension whatever `partial_rotary_factor` says.
+        self.partial = partial
 
     def refuse(self, field: str, value: object, why: str) -> UnsupportedConfigError:
         return config_refusal(self.source, self.family, field, value, why)
@@ -200,6 +203,10 @@ class RopeReader:
         rotary_dim = int(head_dim * partial)
         if not 0 < partial <= 1 or rotary_dim % 2:
             raise self.refuse("partial_rotary_factor", partial, f"needs an even rotary width <= head_dim {head_dim}")
+        if partial != 1 and not self.partial:
+            where = f"{field}.partial_rotary_factor" if "partial_rotary_factor" in params else "partial_rotary_factor"
+            raise self.refuse(where, partial, f"transformers' {self.family} rotates every head dimension (its"
+                              " default RoPE ignores the factor, the scaled types fail on it)")
         if kind == "default":
             return RopeSpec(theta, rotary_dim)
         if kind == "linear":

@@ -18,7 +18,7 @@ from rlx_mil.models import from_pretrained
 from rlx_mil.models.families import model_spec, records
 from rlx_mil.models.hf_config import DecoderSpec
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
-from rlx_mil.models.rope import rope_tables
+from rlx_mil.models.rope import RopeReader, rope_tables
 
 HEAD_DIM = 16
 BASE: dict[str, Any] = {**TINY_CONFIGS["llama"], "head_dim": HEAD_DIM, "max_position_embeddings": 4096}
@@ -76,12 +76,18 @@ def test_tables_match_the_transformers_formulas(name: str, rows: int, partial: f
     cfg = config_with(rope, partial_rotary_factor=partial)
     if name == "longrope":
         cfg["original_max_position_embeddings"] = 256  # top level, where Phi-3 writes it
-    spec = spec_of(cfg)
-    cos, sin = rope_tables(spec.rope, HEAD_DIM, rows)
+    # Llama rotates whole heads: a partial factor is read as for the families that take one.
+    reader = RopeReader(cfg, "config.json", "llama", partial=True)
+    field, params = reader.parameters()
+    spec_rope = reader.spec(params, field, head_dim=HEAD_DIM, default_theta=10000.0,
+                            max_position_embeddings=cfg["max_position_embeddings"])
+    if partial == 1.0:
+        assert spec_rope == spec_of(cfg).rope
+    cos, sin = rope_tables(spec_rope, HEAD_DIM, rows)
     inv, scale = inv_freq(rope_dicts(cfg), cfg, HEAD_DIM, rows)
     angles = np.arange(rows)[:, None] * inv[None, :]
     half = len(inv)
-    assert spec.rope.rotary_dim == 2 * half == int(HEAD_DIM * partial)
+    assert spec_rope.rotary_dim == 2 * half == int(HEAD_DIM * partial)
     np.testing.assert_allclose(cos[:, :half], np.cos(angles) * scale, rtol=0, atol=2e-6 * max(scale, 1))
     np.testing.assert_allclose(sin[:, :half], np.sin(angles) * scale, rtol=0, atol=2e-6 * max(scale, 1))
     np.testing.assert_array_equal(cos[:, half:], 1.0)  # the pass-through columns: identity
@@ -165,6 +171,42 @@ def test_unknown_rope_types_and_fields_are_typed_errors(edit: dict[str, Any], fi
         model_spec({**config_with({}), **edit})
     assert info.value.field == field
     assert field.rsplit(".", 1)[-1] in str(info.value)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3", "gemma2", "gemma3_text", "smollm3", "granite",
+                                    "olmoe", "lfm2", "modernbert"])
+@pytest.mark.parametrize("where", ["top level", "rope_parameters"])
+def test_a_partial_rotary_factor_is_refused_where_transformers_rotates_whole_heads(family: str, where: str) -> None:
+    """transformers' Llama-like models apply RoPE to every head dimension: their default RoPE
+    ignores `partial_rotary_factor`, the scaled types fail on it. Building a partial rotation
+    would give other logits than transformers', so the factor is refused by name; 1.0 is read."""
+    cfg = copy.deepcopy(TINY_CONFIGS[family])
+    params = cfg.get("rope_parameters") or {}
+    nested = "rope_type" not in params  # one dict per layer type (Gemma 3, ModernBERT)
+    if where == "top level":
+        if not nested:  # a field Gemma 3's and ModernBERT's configs never had: unknown
+            cfg["partial_rotary_factor"] = 1.0
+            model_spec(cfg)
+        cfg["partial_rotary_factor"] = 0.5
+        field = "partial_rotary_factor"
+    else:
+        for sub in params.values() if nested else [params]:
+            sub["partial_rotary_factor"] = 0.5
+        field = "rope_parameters." + (f"{next(iter(params))}." if nested else "") + "partial_rotary_factor"
+    with pytest.raises(UnsupportedConfigError) as info:
+        model_spec(cfg)
+    if family in ("gemma3_text", "modernbert") and where == "top level":
+        assert info.value.field == field  # not one of their config classes' fields
+    else:
+        assert info.value.field == field and "rotates every head dimension" in str(info.value)
+
+
+@pytest.mark.parametrize("family", ["phi3", "qwen3_5_text"])
+def test_partial_rotary_factor_is_read_where_transformers_applies_it(family: str) -> None:
+    cfg = copy.deepcopy(TINY_CONFIGS[family])
+    cfg["rope_parameters"]["partial_rotary_factor"] = 0.5
+    spec = model_spec(cfg)
+    assert spec.rope.rotary_dim == spec.head_dim // 2  # type: ignore[attr-defined]
 
 
 def test_rope_parameters_per_layer_type() -> None:

@@ -63,7 +63,7 @@ def read_phi3(f: Fields) -> DecoderSpec:
         params = f.config.get(field)
         if isinstance(params, dict) and params.get("rope_type", params.get("type")) in ("su", "yarn"):
             f.config[field] = {**{k: v for k, v in params.items() if k != "type"}, "rope_type": "longrope"}
-    rope, _ = read_rope(f, c["head_dim"])
+    rope, _ = read_rope(f, c["head_dim"], partial=True)
     if rope.kind not in ("default", "longrope"):
         raise f.refuse("rope_scaling", rope.kind, "transformers' Phi3 reads rope types 'default' and 'longrope' only")
     window = f.opt_int("sliding_window")
