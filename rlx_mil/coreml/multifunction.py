@@ -189,11 +189,14 @@ def _buffer_key(value: np.ndarray) -> tuple[Any, ...]:
 
 
 def _content_key(value: np.ndarray) -> tuple[Any, ...]:
+    from rlx_mil.compress.code_store import release_pages
+
     digest = hashlib.blake2b(digest_size=16)
     flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
     step = 1 << 24
     for start in range(0, flat.size, step):
         digest.update(flat[start:start + step].data)
+    release_pages(value)  # codes in the code store's file: the pages read stay resident otherwise
     return (value.dtype.str, value.shape, digest.hexdigest())
 
 
