@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,18 +15,26 @@ from rlx_mil.models import from_gguf
 from rlx_mil.models.gguf.reader import GGUFFile
 
 
-def _valid(path: Path) -> bytes:
+def _written(path: Path, fill: Any) -> bytes:
+    """A llama GGUF file whose writer `fill` gave its metadata and tensors; its bytes."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
-    w.add_tensor("blk.0.attn_q.weight", np.ones((32, 32), np.float16))
+    fill(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path.read_bytes()
+
+
+def _valid(path: Path) -> bytes:
+    def fill(w: Any) -> None:
+        w.add_block_count(1)
+        w.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
+        w.add_tensor("blk.0.attn_q.weight", np.ones((32, 32), np.float16))
+
+    return _written(path, fill)
 
 
 def _info_at(data: bytes, name: str) -> int:
@@ -112,17 +121,12 @@ def test_not_gguf_and_fifo(tmp_path: Path) -> None:
 
 
 def _with_tokens(path: Path, tokens: list[str]) -> bytes:
-    import gguf
+    def fill(w: Any) -> None:
+        w.add_token_list(tokens)
+        w.add_token_scores([float(i) for i in range(len(tokens))])
+        w.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
 
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([float(i) for i in range(len(tokens))])
-    w.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path.read_bytes()
+    return _written(path, fill)
 
 
 def test_metadata_arrays_decode_when_asked(tmp_path: Path) -> None:
