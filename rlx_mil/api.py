@@ -91,7 +91,9 @@ def _compressor(compress: Any, graph: Graph, target: Target, precision: Precisio
 
     config = parse_compress(compress) if compress is not None else None
     if carried:
-        config = dataclasses.replace(config or CompressionConfig(), prequantized=carried)
+        # Kept codes checked against the file's own decode tell nothing, and the check would
+        # hold the whole model in float twice: it runs for them only when `compress` asks.
+        config = dataclasses.replace(config or CompressionConfig(check=False), prequantized=carried)
     if config is None:
         return None, params
     compressor = WeightCompressor(config, graph, target, precision, params)

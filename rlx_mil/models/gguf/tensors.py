@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.compress.code_store import WriterFactory
+from rlx_mil.compress.code_store import CodeStore, WriterFactory
 from rlx_mil.compress.schemes import Scheme
 from rlx_mil.errors import CheckpointError, UnsupportedConfigError
 from rlx_mil.models.gguf.reader import GGUFFile, GGUFTensor
@@ -133,6 +133,10 @@ class GGUFParams(Mapping[str, np.ndarray]):
         self._computed = dict(computed)
         #: GGUF type -> the scheme its tensors are re-quantized with (`rlx_mil.models.gguf.requantize`).
         self.requantize = dict(requantize or {})
+        #: (name, program float) -> the codes made for a conversion: the functions of one
+        #: package converted against these params hold the same arrays (written once, found
+        #: shared without reading them), and a tensor is encoded once.
+        self._codes: dict[tuple[str, str], Any] = {}
 
     def gguf_tensor(self, name: str) -> GGUFTensor:
         return self.file.tensors[self.names[name]]
@@ -215,6 +219,19 @@ class GGUFWeight:
         self.shape = t.shape
 
     def encode(self, store: type[np.floating[Any]], code_writer: WriterFactory) -> Any:
+        """The codes in the program's float type `store`. Codes made into a conversion's code
+        store are kept (they live in its file) and handed to later conversions against these
+        params; codes made in memory (the reference's decode) are not."""
+        key = (self.name, np.dtype(store).str)
+        cached = self.params._codes.get(key)
+        if cached is not None:
+            return cached
+        codes = self._encode(store, code_writer)
+        if isinstance(getattr(code_writer, "__self__", None), CodeStore):
+            self.params._codes[key] = codes
+        return codes
+
+    def _encode(self, store: type[np.floating[Any]], code_writer: WriterFactory) -> Any:
         from rlx_mil.models.gguf.codes import encode
         from rlx_mil.models.gguf.requantize import requantized
 

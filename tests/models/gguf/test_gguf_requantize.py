@@ -43,8 +43,6 @@ def _converted(path: Path, spec: str) -> tuple[Any, Any, Any, Any]:
     return graph, params, model, report
 
 
-# 4-bit tables on a tiny random model move its logits by more than the check's warning limit.
-@pytest.mark.filterwarnings("ignore::rlx_mil.errors.CompressionWarning")
 def test_lut4_tables_hold_every_group_and_the_error_is_measured(tmp_path: Path) -> None:
     from rlx_mil import milexec
 
@@ -122,3 +120,32 @@ def test_spec_forms() -> None:
     assert set(every) == types and {s.label for s in every.values()} == {"lut4-group16"}
     some = parse_requantize({"Q6_K": "lut6", "Q5_K": "lut6-group4"}, types)
     assert {k: s.label for k, s in some.items()} == {"Q6_K": "lut6-group16", "Q5_K": "lut6-group4"}
+
+
+def test_codes_are_made_once_per_params_for_a_code_store(tmp_path: Path) -> None:
+    from rlx_mil.compress.code_store import CodeStore, CodeWriter
+
+    path, held, _ = _file(tmp_path, lambda n, s: "Q4_0")
+    _, params = from_gguf(path, seq_len=SEQ)
+    name = "model.layers.0.mlp.up_proj.weight"
+    store = CodeStore()
+    first = params.prequantized_weights()[name].encode(np.float32, store.writer)  # type: ignore[attr-defined]
+    again = params.prequantized_weights()[name].encode(np.float32, CodeStore().writer)  # type: ignore[attr-defined]
+    assert again is first  # a second function's conversion shares the first one's arrays
+    memory = params.prequantized_weights()[name].encode(np.float16, CodeWriter)  # type: ignore[attr-defined]
+    assert memory is not params.prequantized_weights()[name].encode(np.float16, CodeWriter)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(first.dequantize(), held[name].astype(np.float32))  # Q4_0 is exact
+
+
+def test_the_output_check_runs_only_when_asked(tmp_path: Path) -> None:
+    """A GGUF conversion's codes are not checked on generated inputs (two float reference runs
+    of the whole model) unless `compress` asks; asked, it measures them."""
+    import rlx_mil
+
+    path, _, _ = _file(tmp_path, lambda n, s: "Q8_0")
+    graph, params = from_gguf(path, seq_len=SEQ)
+    report = report_of(rlx_mil.convert(graph, params, precision="fp32"))
+    assert report is not None and report.weights and report.check_error is None
+    asked = report_of(rlx_mil.convert(graph, params, precision="fp32", compress="check=on"))
+    assert asked is not None and asked.check_error is not None
+    assert max(e["relative_l2"] for e in asked.check_error.values()) < 1e-3  # Q8_0 codes are the file's
