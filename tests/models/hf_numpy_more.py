@@ -37,7 +37,7 @@ def gemma3_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) ->
     """Gemma3ForCausalLM (text): Gemma 2's sandwich block, GELU-tanh gate and (1 + w) RMSNorms,
     plus q_norm / k_norm over head_dim before RoPE; layer i slides unless (i + 1) % 6 == 0 (or as
     `layer_types` says); global layers use theta 1e6 (+ `rope_scaling`), local ones
-    `rope_local_base_freq` 1e4; no soft-caps unless configured."""
+    `rope_local_base_freq` 1e4; the final logits soft-capped where configured (attention never is)."""
     heads, kv, d = _heads(cfg, 256)
     eps = cfg.get("rms_norm_eps", 1e-6)
     layers = cfg["num_hidden_layers"]
@@ -51,7 +51,9 @@ def gemma3_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) ->
     t = ids.shape[1]
     rope = {"full_attention": inv_freq(full, cfg, d, t), "sliding_attention": inv_freq(local, cfg, d, t)}
     scale = cfg.get("query_pre_attn_scalar", 256) ** -0.5
-    cap, final_cap = cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping")
+    # Gemma3Attention keeps attn_logit_softcapping in its config but passes no softcap to its
+    # attention (transformers 5.24 modeling_gemma3): only the final logits are capped.
+    final_cap = cfg.get("final_logit_softcapping")
 
     def norm(x: np.ndarray, name: str) -> np.ndarray:
         return _rms_norm(x, 1.0 + _w(weights, name), eps)
@@ -69,7 +71,7 @@ def gemma3_forward(weights: Weights, cfg: Mapping[str, Any], ids: np.ndarray) ->
         q, k = _rotate(q, pos, inv, factor), _rotate(k, pos, inv, factor)
         caches += [k, v]
         window = cfg.get("sliding_window", 4096) if types[i] == "sliding_attention" else None
-        a = _linear(weights, _merge(_attend(q, k, v, scale, window, cap)), f"{p}.self_attn.o_proj")
+        a = _linear(weights, _merge(_attend(q, k, v, scale, window)), f"{p}.self_attn.o_proj")
         x = x + norm(a, f"{p}.post_attention_layernorm.weight")
         h = norm(x, f"{p}.pre_feedforward_layernorm.weight")
         gated = _gelu_tanh(_linear(weights, h, f"{p}.mlp.gate_proj")) * _linear(weights, h, f"{p}.mlp.up_proj")

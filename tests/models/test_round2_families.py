@@ -1,6 +1,7 @@
-"""Gemma 3 text, SmolLM3, Phi-4-mini and Granite 3 / 4 (dense) from tiny random checkpoints in the layout
-transformers' save_pretrained writes (BF16, sharded): logits of the fp32 package through the
-MIL executor against the independent NumPy forward, stateful packages generating the stateless
+"""The dense decoders — Llama, Qwen2, Qwen3, Mistral, Gemma 2, Phi-3, Gemma 3 text, SmolLM3,
+Phi-4-mini and Granite 3 / 4 — from tiny random checkpoints in the layout transformers'
+save_pretrained writes (BF16, sharded): logits of the fp32 and fp16 packages through the MIL
+executor against the independent NumPy forward, stateful packages generating the stateless
 graph's greedy tokens, both config forms, and the published model shapes."""
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ from rlx_mil.models.hf_config import DecoderSpec
 from rlx_mil.models.pretrained import build
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 
-FAMILIES = ["gemma3_text", "smollm3", "phi4_mini", "granite", "granitemoehybrid"]
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gemma3_text", "smollm3", "phi4_mini", "granite",
+            "granitemoehybrid"]
+#: Families whose prompt also runs through a prefill function: sliding windows and Gemma 3's
+#: two RoPEs in a multi-token chunk (the others feed the prompt through decode).
+PREFILL_FUNCTION = {"mistral", "gemma2", "gemma3_text"}
 
 
 def forward(name: str) -> Any:
@@ -62,9 +67,7 @@ def test_bf16_sharded_packages_match_the_independent_forward(name: str, bf16_sha
 def test_stateful_package_generates_the_stateless_greedy_tokens(name: str, bf16_sharded: dict[str, Path],
                                                                  tmp_path: Path) -> None:
     out = tmp_path / f"{name}.mlpackage"
-    # A prefill function for Gemma 3 (its windows and two RoPEs in a multi-token chunk); the
-    # others feed the prompt through decode (test_stateful_hf covers prefill chunks too).
-    prefill = [4] if name == "gemma3_text" else []
+    prefill = [4] if name in PREFILL_FUNCTION else []
     convert_llm_checkpoint(bf16_sharded[name], out, max_context=32, prefill=prefill, precision="fp32")
     session = Session(out, engine="milexec", precision_model="float32")
     prompt = [3, 14, 15, 92, 65]

@@ -55,7 +55,10 @@ def read_gemma3(f: Fields) -> DecoderSpec:
     types = layer_types(f, default)
     ropes = _ropes(f, c["head_dim"])
     layer_ropes = tuple(ropes[kind] for kind in types)
-    return DecoderSpec(**c, rope=layer_ropes[0], layer_ropes=layer_ropes, qk_norm=True, **gemma_sandwich(f, c),
+    # transformers' Gemma3Attention keeps `attn_logit_softcapping` in its config but passes no
+    # softcap to the attention it calls: only `final_logit_softcapping` acts, as here.
+    shared = {**gemma_sandwich(f, c), "attn_softcap": None}
+    return DecoderSpec(**c, rope=layer_ropes[0], layer_ropes=layer_ropes, qk_norm=True, **shared,
                        layer_windows=windows_of(types, f.opt_int("sliding_window")))
 
 
