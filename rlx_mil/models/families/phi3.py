@@ -35,9 +35,10 @@ _MICROSOFT_FIELDS: dict[str, tuple[object, ...]] = {
 
 #: Phi-4-mini's layout at tiny size, as its config.json writes it: GQA, 3/4 of each head rotated,
 #: longrope (factors for the 6 rotated frequencies; `original_max_position_embeddings` at the
-#: top level), tied embeddings and Microsoft's own fields.
+#: top level), tied embeddings and Microsoft's own fields; no token ids (Phi3Config's lie outside
+#: the tiny vocabulary, where transformers refuses a pad token).
 TINY_PHI4_MINI: dict[str, Any] = {
-    **PHI3_DEFAULTS, "architectures": ["Phi3ForCausalLM"], "vocab_size": 96, "hidden_size": 64,
+    **PHI3_DEFAULTS, **NO_TOKEN_IDS, "architectures": ["Phi3ForCausalLM"], "vocab_size": 96, "hidden_size": 64,
     "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "max_position_embeddings": 1024, "original_max_position_embeddings": 64, "partial_rotary_factor": 0.75,
     "rope_theta": 10000.0, "tie_word_embeddings": True, "sliding_window": 262144, "attention_bias": False,

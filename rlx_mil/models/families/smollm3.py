@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlx_mil.models.families import decoder_family
+from rlx_mil.models.families.llama import NO_TOKEN_IDS
 from rlx_mil.models.hf_config import (
     GATE_ACTIVATIONS,
     ROPE_LEGACY_KEYS,
@@ -30,7 +31,7 @@ DEFAULT_THETA = 2_000_000.0
 
 @decoder_family("smollm3", name="SmolLM3", defaults=SMOLLM3_DEFAULTS, config_class="SmolLM3Config",
                 legacy=(*ROPE_LEGACY_KEYS, "head_dim"),
-                tiny={**SMOLLM3_DEFAULTS, "architectures": ["SmolLM3ForCausalLM"], "vocab_size": 96,
+                tiny={**SMOLLM3_DEFAULTS, **NO_TOKEN_IDS, "architectures": ["SmolLM3ForCausalLM"], "vocab_size": 96,
                       "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
                       "num_key_value_heads": 2, "max_position_embeddings": 256, "no_rope_layer_interval": 2,
                       "no_rope_layers": [1, 0, 1], "layer_types": ["full_attention"] * 3,
