@@ -187,6 +187,47 @@ def test_eval_of_an_int4_package_matches_numpy_with_its_dequantized_weights(
     assert "perplexity:" in capsys.readouterr().out
 
 
+def test_eval_of_int4_against_fp16_packages_matches_numpy(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The comparison a user makes to pick a compression: `rlx-mil eval INT4 --reference FP16`,
+    both packages of one checkpoint. NumPy: the int4 package is the forward with its dequantized
+    weights, the fp16 one the forward itself; fp16 rounding is the only difference allowed."""
+    from rlx_mil.compress import dequantized_params, report_of
+    from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.models.pretrained import from_pretrained
+
+    half, int4 = tmp_path / "fp16.mlpackage", tmp_path / "int4.mlpackage"
+    common = ["--stateful", "--max-context", "32", "--precision", "fp16", "-q"]
+    assert main(["convert-hf", str(checkpoint), "-o", str(half), *common]) == 0
+    assert main(["convert-hf", str(checkpoint), "-o", str(int4), *common, "--compress", "int4;min_size=1"]) == 0
+    report = report_of(package_info(int4).metadata)
+    assert report is not None and report.weights
+    _, params = from_pretrained(checkpoint, "prefill", seq_len=4)
+    text_file = tmp_path / "text.txt"
+    text_file.write_text("Hello, how are you? I am fine, thank you. The capital of France is Paris.")
+    ids = TextTokenizer(checkpoint).encode(text_file.read_text())[:40]
+    p = np.concatenate(_numpy_scores(checkpoint, ids, 32, dequantized_params(params, report)))
+    q = np.concatenate(_numpy_scores(checkpoint, ids, 32))
+    flat = np.concatenate([ids[s + 1:s + 32] for s in range(0, len(ids), 32) if len(ids[s:s + 32]) >= 2])
+    nll_p, nll_q = -np.mean(p[np.arange(len(flat)), flat]), -np.mean(q[np.arange(len(flat)), flat])
+    kl = np.mean(np.sum(np.exp(q) * (q - p), axis=-1))
+    assert kl > 1e-3  # int4 moves the distributions well beyond fp16 rounding
+
+    capsys.readouterr()
+    assert main(["eval", str(int4), "--text", str(text_file), "--max-tokens", "40", "--reference", str(half),
+                 "--json", "-q", "--engine", "milexec"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["scored"] == len(flat) == len(ids) - 2 and got["windows"] == 2 and got["reference"] == str(half)
+    # Measured: perplexities within 1.3e-3, the KL within 6e-4 (relative) of NumPy's.
+    assert got["perplexity"] == pytest.approx(math.exp(nll_p), rel=5e-3)
+    assert got["reference_perplexity"] == pytest.approx(math.exp(nll_q), rel=5e-3)
+    assert got["perplexity_ratio"] == pytest.approx(math.exp(nll_p - nll_q), rel=5e-3)
+    assert got["mean_kl"] == pytest.approx(kl, rel=1e-2)
+    top1 = np.mean(np.argmax(p, -1) == np.argmax(q, -1))
+    assert abs(got["top1_agreement"] - top1) <= 1 / len(flat) + 1e-9  # one fp16 near-tie at most
+
+
 def test_run_function_version_and_compute_units(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import rlx_mil
 
