@@ -120,6 +120,49 @@ def test_rope_parameters_give_the_same_graph_as_rope_theta(name: str, tmp_path: 
         np.testing.assert_array_equal(p1[key], p2[key])
 
 
+#: Every family with one RoPE dict (the per-layer-type ones, Gemma 3 and ModernBERT, have their
+#: legacy forms tested with their families), with a scaled type where the family reads one.
+FLAT_ROPE_FAMILIES = {
+    "llama": ROPES["yarn"], "qwen2": ROPES["linear"], "qwen3": ROPES["llama3"], "mistral": ROPES["dynamic"],
+    "gemma2": ROPES["linear"], "phi3": {"rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0],
+                                        "long_factor": [1.0, 2.0, 4.0, 8.0]},
+    "phi4_mini": {}, "smollm3": ROPES["yarn"], "granite": ROPES["llama3"], "granitemoehybrid": ROPES["linear"],
+    "qwen3_moe": ROPES["yarn"], "qwen2_moe": ROPES["linear"], "olmoe": ROPES["dynamic"], "lfm2": ROPES["linear"],
+    "qwen3_5": ROPES["yarn"], "qwen3_5_text": ROPES["linear"],
+}
+
+
+@pytest.mark.parametrize("family", list(FLAT_ROPE_FAMILIES))
+def test_every_family_reads_both_rope_forms_the_same(family: str) -> None:
+    """Each family's config written both ways — transformers 5's `rope_parameters` and the < 5
+    `rope_theta` + `partial_rotary_factor` + `rope_scaling` — gives one spec; another theta
+    gives another."""
+    cfg = copy.deepcopy(TINY_CONFIGS[family])
+    text = cfg.get("text_config", cfg)
+    given = {**(text.pop("rope_parameters", None) or {}), **(text.pop("rope_scaling", None) or {})}
+    theta = given.pop("rope_theta", None) or text.pop("rope_theta", None) or 321_000.0
+    partial = given.pop("partial_rotary_factor", None) or text.pop("partial_rotary_factor", None)
+    for key in ("type", "mrope_section", "mrope_interleaved"):  # Phi-3's "type"; Qwen3.5's text-inert M-RoPE
+        given.pop(key, None)
+    scaling = copy.deepcopy(FLAT_ROPE_FAMILIES[family]) or {"rope_type": "longrope", **given}
+    modern = copy.deepcopy(cfg)
+    modern_text = modern.get("text_config", modern)
+    modern_text["rope_parameters"] = {"rope_type": "default", **scaling, "rope_theta": theta,
+                                      **({"partial_rotary_factor": partial} if partial else {})}
+    legacy = copy.deepcopy(cfg)
+    legacy_text = legacy.get("text_config", legacy)
+    legacy_text["rope_theta"] = theta
+    if partial:
+        legacy_text["partial_rotary_factor"] = partial
+    if scaling.get("rope_type", "default") != "default":
+        legacy_text["rope_scaling"] = scaling
+    want = model_spec(modern)
+    assert model_spec(legacy) == want
+    assert want.rope.theta == theta and want.rope.kind == scaling.get("rope_type", "default")  # type: ignore[attr-defined]
+    legacy_text["rope_theta"] = theta * 2
+    assert model_spec(legacy) != want
+
+
 def test_theta_from_rope_parameters_is_honoured() -> None:
     """The hole this closes: a transformers-5 config with theta 1e6 built theta 1e4 tables."""
     cfg = as_rope_parameters(config_with({}, rope_theta=1_000_000.0))
