@@ -119,3 +119,13 @@ def test_in_place_writes_never_change_a_value_still_read(later_use: str) -> None
         np.testing.assert_array_equal(outputs[1], feeds["x"].reshape(16))
     else:
         np.testing.assert_array_equal(outputs[1], expected)
+
+
+@pytest.mark.parametrize("option", [{"memory": "quick"}, {"threads": 0}, {"threads": True}, {"blas_threads": -1},
+                                    {"blas_threads": 1.5}])
+def test_bad_prepare_options_are_typed_errors_before_loading(option: dict[str, object], tmp_path: Path) -> None:
+    from rlx_mil.errors import InvalidOptionError
+
+    name = next(iter(option))
+    with pytest.raises(InvalidOptionError, match=name):
+        prepare(tmp_path / "never_read.mlpackage", **option)  # type: ignore[arg-type]

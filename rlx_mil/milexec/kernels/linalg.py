@@ -91,8 +91,10 @@ def row_threads() -> int:
 
 @contextlib.contextmanager
 def rows_in_threads(threads: int) -> Iterator[None]:
-    """Within the block, a `linear` with a weight of BLOCKED_WEIGHT_MIN elements or more splits
-    its rows between `threads` threads (the same products, each output column from one)."""
+    """Within the block, a `linear` that widens or decodes a weight of BLOCKED_WEIGHT_MIN
+    elements or more a block at a time splits its rows between `threads` threads (the same
+    products, each output column from one). A float32 weight is one BLAS call: a matrix-vector
+    product bound by memory bandwidth gained nothing from a second thread here."""
     token = _THREADS.set(threads)
     try:
         yield
@@ -119,17 +121,7 @@ def linear(ctx: OpContext) -> np.ndarray:
         rows = stored.shape[0]
         if stored.dtype == np.float16 and stored.ndim == 2 and stored.size >= BLOCKED_WEIGHT_MIN and x.dtype.kind == "f":
             out = _blocked_linear(flat, stored)
-        elif (stored.dtype == np.float32 and stored.ndim == 2 and stored.size >= BLOCKED_WEIGHT_MIN
-              and x.dtype.kind == "f" and row_threads() > 1):
-            out = np.empty((flat.shape[0], rows), np.float32)
-            lhs = flat.astype(np.float32, copy=False)
-            step = max(1, _BLOCK_BYTES // (4 * stored.shape[1]))
-
-            def rows_of(start: int, stop: int) -> None:
-                np.matmul(lhs, stored[start:stop].T, out=out[:, start:stop])
-
-            _split_rows(rows, step, rows_of)
-        else:
+        else:  # a float32 weight (held so by "fast"): one BLAS call, bound by memory bandwidth
             weight = as_compute(stored)
             out = _float_or_int_matmul(flat, weight.T)
     if ctx.has("bias"):
