@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from rlx_mil.llm.generate import Session
 from rlx_mil.llm.package import reference_greedy
 from rlx_mil.llm.text import TextTokenizer
 from rlx_mil.models.checkpoint import Checkpoint
+from rlx_mil.progress import _CI_VARIABLES
 
 from .text_fixtures import chat_checkpoint
 
@@ -146,7 +148,7 @@ def test_eval_perplexity_and_reference_metrics_match_numpy(
 
 
 def test_eval_of_an_int4_package_matches_numpy_with_its_dequantized_weights(
-    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from rlx_mil.compress import dequantized_params, report_of
     from rlx_mil.coreml.package_info import package_info
@@ -183,8 +185,12 @@ def test_eval_of_an_int4_package_matches_numpy_with_its_dequantized_weights(
     assert got["perplexity_ratio"] == pytest.approx(math.exp(nll_p - nll_q), rel=1e-4)
     assert got["mean_kl"] == pytest.approx(kl, rel=1e-3, abs=1e-6)
     assert got["top1_agreement"] == pytest.approx(top1)
-    assert main(["eval", str(out), "--text", str(text_file), "--max-tokens", "40", "-q"]) == 0
-    assert "perplexity:" in capsys.readouterr().out
+    for name in _CI_VARIABLES:  # progress is shown off CI only
+        monkeypatch.delenv(name, raising=False)
+    assert main(["eval", str(out), "--text", str(text_file), "--max-tokens", "40"]) == 0
+    shown = capsys.readouterr()
+    assert "perplexity:" in shown.out
+    assert re.search(rf"^  scoring: {len(flat)} tokens \(", shown.err, re.M), shown.err  # progress on stderr
 
 
 def test_eval_of_int4_against_fp16_packages_matches_numpy(
