@@ -40,6 +40,7 @@ import numpy as np
 
 from rlx_mil.compress.code_store import writing_without_copies
 from rlx_mil.coreml import patches
+from rlx_mil.errors import FileAccessError
 
 #: The manifest description coremltools gives the weights folder of an ML Program package.
 WEIGHTS_ITEM_DESCRIPTION = "CoreML Model Weights"
@@ -50,8 +51,17 @@ def _writer(original: Any) -> Any:
 
     def write(output_var: Any, blob_writer: Any) -> Any:
         val = output_var.val
-        with writing_without_copies(val):
-            return _write(output_var, val, blob_writer)
+        try:
+            with writing_without_copies(val):
+                return _write(output_var, val, blob_writer)
+        except RuntimeError as err:
+            # coremltools' C++ file writer reports a failed write (full disk, a file-size
+            # limit, an I/O error) as a RuntimeError without the OS's reason.
+            if "[MIL FileWriter]" not in str(err):
+                raise
+            where = _writer_paths.get(id(blob_writer), "the weight file")
+            raise FileAccessError(f"{where}: writing the weights failed (is the disk full, or a file-size"
+                                  " limit reached?)") from err
 
     def _write(output_var: Any, val: Any, blob_writer: Any) -> Any:
         if isinstance(val, np.ndarray) and val.flags.c_contiguous:
