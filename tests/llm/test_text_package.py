@@ -147,50 +147,57 @@ def test_eval_perplexity_and_reference_metrics_match_numpy(
     assert got["top1_agreement"] == 1.0
 
 
-def test_eval_of_an_int4_package_matches_numpy_with_its_dequantized_weights(
-    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+INT4_TEXT = "Hello, how are you? I am fine, thank you. The capital of France is Paris."
+
+
+def _numpy_int4_metrics(checkpoint: Path, int4: Path, window: int = 32) -> dict[str, float]:
+    """What `eval INT4 --reference CHECKPOINT` should print for INT4_TEXT's first 40 tokens: the
+    NumPy forward with the package's dequantized weights against the forward itself."""
     from rlx_mil.compress import dequantized_params, report_of
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.models.pretrained import from_pretrained
 
+    report = report_of(package_info(int4).metadata)
+    assert report is not None and report.weights
+    _, params = from_pretrained(checkpoint, "prefill", seq_len=4)
+    ids = TextTokenizer(checkpoint).encode(INT4_TEXT)[:40]
+    p = np.concatenate(_numpy_scores(checkpoint, ids, window, dequantized_params(params, report)))
+    q = np.concatenate(_numpy_scores(checkpoint, ids, window))
+    flat = np.concatenate([ids[s + 1:s + window] for s in range(0, len(ids), window) if len(ids[s:s + window]) >= 2])
+    nll_p, nll_q = -np.mean(p[np.arange(len(flat)), flat]), -np.mean(q[np.arange(len(flat)), flat])
+    return {"scored": len(flat), "perplexity": math.exp(nll_p), "reference_perplexity": math.exp(nll_q),
+            "perplexity_ratio": math.exp(nll_p - nll_q), "mean_kl": float(np.mean(np.sum(np.exp(q) * (q - p), axis=-1))),
+            "top1_agreement": float(np.mean(np.argmax(p, -1) == np.argmax(q, -1)))}
+
+
+def test_eval_of_an_int4_package_matches_numpy_with_its_dequantized_weights(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "int4.mlpackage"
     argv = ["convert-hf", str(checkpoint), "-o", str(out), "--stateful", "--max-context", "32",
             "--precision", "fp32", "--compress", "int4;min_size=1", "-q"]
     assert main(argv) == 0
-    report = report_of(package_info(out).metadata)
-    assert report is not None and report.weights
-    _, params = from_pretrained(checkpoint, "prefill", seq_len=4)
+    want = _numpy_int4_metrics(checkpoint, out)
+    assert want["mean_kl"] > 1e-4  # int4 moves the distributions measurably
     text_file = tmp_path / "text.txt"
-    text_file.write_text("Hello, how are you? I am fine, thank you. The capital of France is Paris.")
-    ids = TextTokenizer(checkpoint).encode(text_file.read_text())[:40]
-    package_rows = _numpy_scores(checkpoint, ids, 32, dequantized_params(params, report))
-    reference_rows = _numpy_scores(checkpoint, ids, 32)
-    targets = [ids[s + 1:s + 32] for s in range(0, len(ids), 32) if len(ids[s:s + 32]) >= 2]
-    p, q = np.concatenate(package_rows), np.concatenate(reference_rows)
-    flat = np.concatenate(targets)
-    nll_p = -np.mean(p[np.arange(len(flat)), flat])
-    nll_q = -np.mean(q[np.arange(len(flat)), flat])
-    kl = np.mean(np.sum(np.exp(q) * (q - p), axis=-1))
-    top1 = np.mean(np.argmax(p, -1) == np.argmax(q, -1))
-    assert kl > 1e-4  # int4 moves the distributions measurably
+    text_file.write_text(INT4_TEXT)
 
     capsys.readouterr()
     assert main(["eval", str(out), "--text", str(text_file), "--max-tokens", "40", "--reference", str(checkpoint),
                  "--json", "-q"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert got["scored"] == len(flat)
-    assert got["perplexity"] == pytest.approx(math.exp(nll_p), rel=1e-4)
-    assert got["reference_perplexity"] == pytest.approx(math.exp(nll_q), rel=1e-5)
-    assert got["perplexity_ratio"] == pytest.approx(math.exp(nll_p - nll_q), rel=1e-4)
-    assert got["mean_kl"] == pytest.approx(kl, rel=1e-3, abs=1e-6)
-    assert got["top1_agreement"] == pytest.approx(top1)
+    assert got["scored"] == want["scored"]
+    assert got["perplexity"] == pytest.approx(want["perplexity"], rel=1e-4)
+    assert got["reference_perplexity"] == pytest.approx(want["reference_perplexity"], rel=1e-5)
+    assert got["perplexity_ratio"] == pytest.approx(want["perplexity_ratio"], rel=1e-4)
+    assert got["mean_kl"] == pytest.approx(want["mean_kl"], rel=1e-3, abs=1e-6)
+    assert got["top1_agreement"] == pytest.approx(want["top1_agreement"])
     for name in _CI_VARIABLES:  # progress is shown off CI only
         monkeypatch.delenv(name, raising=False)
     assert main(["eval", str(out), "--text", str(text_file), "--max-tokens", "40"]) == 0
     shown = capsys.readouterr()
     assert "perplexity:" in shown.out
-    assert re.search(rf"^  scoring: {len(flat)} tokens \(", shown.err, re.M), shown.err  # progress on stderr
+    assert re.search(rf"^  scoring: {want['scored']} tokens \(", shown.err, re.M), shown.err  # progress on stderr
 
 
 def test_eval_of_int4_against_fp16_packages_matches_numpy(
@@ -199,39 +206,25 @@ def test_eval_of_int4_against_fp16_packages_matches_numpy(
     """The comparison a user makes to pick a compression: `rlx-mil eval INT4 --reference FP16`,
     both packages of one checkpoint. NumPy: the int4 package is the forward with its dequantized
     weights, the fp16 one the forward itself; fp16 rounding is the only difference allowed."""
-    from rlx_mil.compress import dequantized_params, report_of
-    from rlx_mil.coreml.package_info import package_info
-    from rlx_mil.models.pretrained import from_pretrained
-
     half, int4 = tmp_path / "fp16.mlpackage", tmp_path / "int4.mlpackage"
     common = ["--stateful", "--max-context", "32", "--precision", "fp16", "-q"]
     assert main(["convert-hf", str(checkpoint), "-o", str(half), *common]) == 0
     assert main(["convert-hf", str(checkpoint), "-o", str(int4), *common, "--compress", "int4;min_size=1"]) == 0
-    report = report_of(package_info(int4).metadata)
-    assert report is not None and report.weights
-    _, params = from_pretrained(checkpoint, "prefill", seq_len=4)
+    want = _numpy_int4_metrics(checkpoint, int4)
+    assert want["mean_kl"] > 1e-3  # int4 moves the distributions well beyond fp16 rounding
     text_file = tmp_path / "text.txt"
-    text_file.write_text("Hello, how are you? I am fine, thank you. The capital of France is Paris.")
-    ids = TextTokenizer(checkpoint).encode(text_file.read_text())[:40]
-    p = np.concatenate(_numpy_scores(checkpoint, ids, 32, dequantized_params(params, report)))
-    q = np.concatenate(_numpy_scores(checkpoint, ids, 32))
-    flat = np.concatenate([ids[s + 1:s + 32] for s in range(0, len(ids), 32) if len(ids[s:s + 32]) >= 2])
-    nll_p, nll_q = -np.mean(p[np.arange(len(flat)), flat]), -np.mean(q[np.arange(len(flat)), flat])
-    kl = np.mean(np.sum(np.exp(q) * (q - p), axis=-1))
-    assert kl > 1e-3  # int4 moves the distributions well beyond fp16 rounding
+    text_file.write_text(INT4_TEXT)
 
     capsys.readouterr()
     assert main(["eval", str(int4), "--text", str(text_file), "--max-tokens", "40", "--reference", str(half),
                  "--json", "-q", "--engine", "milexec"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert got["scored"] == len(flat) == len(ids) - 2 and got["windows"] == 2 and got["reference"] == str(half)
+    assert got["scored"] == want["scored"] and got["windows"] == 2 and got["reference"] == str(half)
     # Measured: perplexities within 1.3e-3, the KL within 6e-4 (relative) of NumPy's.
-    assert got["perplexity"] == pytest.approx(math.exp(nll_p), rel=5e-3)
-    assert got["reference_perplexity"] == pytest.approx(math.exp(nll_q), rel=5e-3)
-    assert got["perplexity_ratio"] == pytest.approx(math.exp(nll_p - nll_q), rel=5e-3)
-    assert got["mean_kl"] == pytest.approx(kl, rel=1e-2)
-    top1 = np.mean(np.argmax(p, -1) == np.argmax(q, -1))
-    assert abs(got["top1_agreement"] - top1) <= 1 / len(flat) + 1e-9  # one fp16 near-tie at most
+    for key in ("perplexity", "reference_perplexity", "perplexity_ratio"):
+        assert got[key] == pytest.approx(want[key], rel=5e-3), key
+    assert got["mean_kl"] == pytest.approx(want["mean_kl"], rel=1e-2)
+    assert abs(got["top1_agreement"] - want["top1_agreement"]) <= 1 / want["scored"] + 1e-9  # one fp16 near-tie at most
 
 
 def test_run_function_version_and_compute_units(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
