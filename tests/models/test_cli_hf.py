@@ -110,7 +110,8 @@ def test_inspect_graph_json(folders: dict[str, Path], tmp_path: Path, capsys: py
 
 
 @pytest.mark.parametrize("family", ["qwen3", "bert", "gemma3_text", "gemma3", "smollm3", "granite", "phi4_mini", "qwen3_5",
-                                    "granitemoehybrid", "dinov2_with_registers", "siglip", "siglip2"])
+                                    "granitemoehybrid", "qwen3_moe", "olmoe", "lfm2", "dinov2_with_registers", "siglip",
+                                    "siglip2"])
 def test_demo_other_families(family: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "demo.mlpackage"
     keep = tmp_path / "ckpt"
