@@ -285,7 +285,7 @@ def convert(
         rewrite_program(lowered.program, context)
         split = name_split_outputs(lowered.outputs, context.split_outputs_made)
         if pass_pipeline is None:
-            pass_pipeline = rlx_pass_pipeline(prec, lowered.program, reduce_transposes=form is DeployForm.ANE)
+            pass_pipeline = rlx_pass_pipeline(prec, lowered.program)
         model = _ct_convert(lowered, graph, tgt, prec, compute_units, pass_pipeline)
     meta = model.user_defined_metadata
     metadata.write_io_names(meta, lowered.inputs, lowered.outputs)

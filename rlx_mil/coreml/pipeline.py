@@ -110,17 +110,15 @@ def needs_reduce_transposes(program: Any) -> bool:
     return False
 
 
-def rlx_passes(program: Any = None, *, reduce_transposes: bool = False) -> list[str]:
+def rlx_passes(program: Any = None) -> list[str]:
     """The default pipeline's passes in `RLX_PASS_NAMES`, in its order (plus
-    `reduce_transposes` where `program` needs it, always when no program is given or
-    `reduce_transposes` is set)."""
+    `reduce_transposes` where `program` needs it, or always when no program is given)."""
     import coremltools as ct
 
     # Newer op families (quantized matmuls, explicit batch norms) still need passes outside
     # RLX_PASS_NAMES; until each is covered, every default pass runs except reduce_transposes
     # where it cannot change the program.
-    keep = reduce_transposes or program is None or needs_reduce_transposes(program)
-    skip = set() if keep else {REDUCE_TRANSPOSES}
+    skip = set() if program is None or needs_reduce_transposes(program) else {REDUCE_TRANSPOSES}
     return [name for name in ct.PassPipeline.DEFAULT.passes if name not in skip]
 
 
@@ -129,10 +127,9 @@ def rlx_passes(program: Any = None, *, reduce_transposes: bool = False) -> list[
 _DEFAULT_PIPELINE_OPS = ("quantize", "dequantize", "constexpr_")
 
 
-def rlx_pass_pipeline(precision: Precision, program: Any = None, *, reduce_transposes: bool = False) -> Any:
+def rlx_pass_pipeline(precision: Precision, program: Any = None) -> Any:
     """The pipeline `rlx_mil.convert` runs: `rlx_passes(program)` with the default options
-    (the default pipeline for programs with quantized ops). `reduce_transposes` keeps that
-    pass whatever the program (the Neural Engine form relies on it)."""
+    (the default pipeline for programs with quantized ops)."""
     import coremltools as ct
 
     if program is not None and any(
@@ -141,7 +138,7 @@ def rlx_pass_pipeline(precision: Precision, program: Any = None, *, reduce_trans
         return default_pass_pipeline(precision)
 
     pipeline = ct.PassPipeline.DEFAULT
-    pipeline.passes = rlx_passes(program, reduce_transposes=reduce_transposes)
+    pipeline.passes = rlx_passes(program)
     if precision is Precision.FP16:
         pipeline.remove_passes(FP16_UNSAFE_PASSES)
     return pipeline

@@ -104,6 +104,24 @@ def test_stacked_cache_is_rank_4_with_layers_folded_into_the_batch(checkpoints: 
     assert contract.states["key_cache"] == [layers, kv_heads, capacity, head_dim]
 
 
+@pytest.mark.parametrize("variant", ["prefill", "decode"])
+def test_layout_changes_leave_nothing_for_reduce_transposes(variant: str, checkpoints: dict[str, Path]) -> None:
+    """Consecutive layers stay channels-first: Core ML's transpose optimisation finds nothing to
+    move or cancel, and no transpose feeds another."""
+    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+
+    graph, params = from_pretrained(checkpoints["qwen3"], variant, seq_len=5 if variant == "prefill" else 1,
+                                    **({"cache_len": 3} if variant == "decode" else {}))
+    program = rlx_mil.lower(graph, params, deploy="ane")
+    ops = program.functions["main"].operations
+    transposes = [op for op in ops if op.op_type == "transpose"]
+    assert not [op for op in transposes if op.inputs["x"].op is not None and op.inputs["x"].op.op_type == "transpose"]
+    before = sorted(tuple(op.inputs["perm"].val) for op in transposes)
+    PASS_REGISTRY["common::reduce_transposes"](program)
+    after = sorted(tuple(op.inputs["perm"].val) for op in program.functions["main"].operations if op.op_type == "transpose")
+    assert after == before
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_fp16_safe_masks_and_norms(precision: str, checkpoints: dict[str, Path]) -> None:
     graph, params = from_pretrained(checkpoints["llama"], "prefill", seq_len=5)

@@ -15,7 +15,8 @@ wherever the op computing `v` can compute `v'` instead:
 
 An input without a twin gets one from `reshape` + `transpose`; every other consumer of a
 twinned activation (a reshape into heads, a gather, a function output) gets the activation back
-from `transpose` + `reshape` of the twin, made once per activation. The old ops are then dead
+from `transpose` + `reshape` of the twin (a `reshape` alone where there is one position, as in
+decode), made once per activation. The old ops are then dead
 and removed, so consecutive layers stay channels-first and the layout changes only where the
 network changes shape (attention heads, the embedding lookup, the outputs); Core ML's
 `reduce_transposes` cancels what is left. Function outputs keep their names and shapes.
@@ -99,6 +100,8 @@ class ChannelsFirst:
         b, s, c = _rows(shape)
         if var.val is not None and var.op is not None and var.op.op_type == "const":
             twin = mb.const(val=_const_twin(var.val), name=f"{var.name}_cf", before_op=before_op)
+        elif s == 1:  # one row: the layouts hold the elements in the same order
+            twin = mb.reshape(x=var, shape=[b, c, 1, 1], name=f"{var.name}_cf", before_op=before_op)
         else:
             rows = mb.reshape(x=var, shape=[b, 1, s, c], name=f"{var.name}_rows4", before_op=before_op)
             twin = mb.transpose(x=rows, perm=TO_TWIN, name=f"{var.name}_cf", before_op=before_op)
@@ -298,14 +301,16 @@ class ChannelsFirst:
                     self.twins[id(out)] = (out, twin)
             outputs = {id(v) for v in self.block.outputs}
             for var, other in self.replaced:
-                self.block.replace_uses_of_var_after_op(anchor_op=other.op, old_var=var, new_var=other, force_replace=True)
+                _replace(self.block, var, other)
             for var, twin in self.twins.values():
                 if not var.child_ops and id(var) not in outputs:
                     continue
                 anchor = var.op
-                rows = mb.transpose(x=twin, perm=FROM_TWIN, name=f"{var.name}_rows", before_op=anchor)
+                rows = twin
+                if _rows(_static(var) or ())[1] != 1:  # one row: a reshape alone reorders nothing
+                    rows = mb.transpose(x=twin, perm=FROM_TWIN, name=f"{var.name}_rows", before_op=anchor)
                 back = mb.reshape(x=rows, shape=list(var.shape), name=f"{var.name}_back", before_op=anchor)
-                self.block.replace_uses_of_var_after_op(anchor_op=back.op, old_var=var, new_var=back, force_replace=True)
+                _replace(self.block, var, back)
                 if id(var) in outputs:
                     name = var.name
                     var.set_name(f"{name}_plain")
@@ -313,6 +318,12 @@ class ChannelsFirst:
                     back.set_name(name)
                     back.op.name = name
         return self.converted
+
+
+def _replace(block: Any, var: Any, new: Any) -> None:
+    """Every use of `var` reads `new` (computed before `var`'s op). Anchored at `var`'s own op,
+    coremltools visits only `var`'s consumers, not every later op of the block."""
+    block.replace_uses_of_var_after_op(anchor_op=var.op, old_var=var, new_var=new, force_replace=True)
 
 
 def channels_first(program: Any, context: RewriteContext) -> None:

@@ -103,8 +103,8 @@ def _reduce_block(block: Any) -> None:
                     continue
                 replacement = _rewrite_consumer(op, child)
                 if replacement is not None:
-                    block.replace_uses_of_var_after_op(
-                        anchor_op=replacement.op, old_var=child.outputs[0], new_var=replacement, force_replace=True,
+                    block.replace_uses_of_var_after_op(  # anchored at `child`: only its consumers are visited
+                        anchor_op=child, old_var=child.outputs[0], new_var=replacement, force_replace=True,
                     )
 
 
