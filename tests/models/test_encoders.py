@@ -124,3 +124,21 @@ def test_encoder_converts(bert: Path, tmp_path: Path) -> None:
     graph, params = from_pretrained(bert, seq_len=SEQ, batch_size=2)
     check_conversion(graph, params, feeds(), targets=["iOS18"], roundtrip=False,
                      tolerances={Precision.FP16: Tolerance(atol=5e-2, rtol=5e-2)})
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_bf16_sharded_packages_match_the_independent_forward(precision: str, tmp_path: Path) -> None:
+    """A BF16 checkpoint in two shards: the package's hidden states through the executor
+    within 1e-4 (fp32) or 2e-2 (fp16) of the NumPy forward's largest magnitude."""
+    import rlx_mil
+    from rlx_mil import milexec
+
+    folder = write_random_checkpoint(tmp_path / "minilm", CFG, seed=5, dtype="bfloat16", shards=2)
+    assert len(list(folder.glob("model-*.safetensors"))) == 2
+    graph, params = from_pretrained(folder, seq_len=SEQ, batch_size=2, pooling=None)
+    f = feeds()
+    want = bert_forward(Checkpoint(folder), CFG, f["input_ids"], f["attention_mask"])
+    path = rlx_mil.save(rlx_mil.convert(graph, params, target="iOS18", precision=precision),
+                        tmp_path / f"minilm-{precision}.mlpackage")
+    got = milexec.run(path, f)["last_hidden_state"]
+    assert np.abs(got - want).max() <= {"fp32": 1e-4, "fp16": 2e-2}[precision] * np.abs(want).max()
