@@ -143,7 +143,7 @@ def test_decode_converts(name: str, checkpoints: dict[str, Path]) -> None:
                      roundtrip=False, tolerances={Precision.FP16: FP16_MODEL_TOLERANCE})
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "olmoe", "lfm2", "qwen3_5"])
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen2_moe", "olmoe", "lfm2", "qwen3_5"])
 def test_bf16_sharded_packages_match_the_independent_forward(name: str, tmp_path: Path) -> None:
     """BF16 tensors in two shards, read as stored (never widened): the fp32 package's logits
     through the executor are within 1e-4 of the NumPy forward's largest logit, fp16 within 5e-2."""
@@ -240,7 +240,7 @@ def test_refusals(checkpoints: dict[str, Path]) -> None:
     assert err.value.field == "expert_bias"
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "olmoe", "lfm2", "qwen3_5"])
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen2_moe", "olmoe", "lfm2", "qwen3_5"])
 def test_stateful_package_generates_the_stateless_tokens(name: str, checkpoints: dict[str, Path], tmp_path: Path) -> None:
     """One stateful package (a prefill bucket and decode, KV cache and recurrent states in Core
     ML states): a prompt then 16 greedy tokens equal the stateless graph's, and the prompt's last
