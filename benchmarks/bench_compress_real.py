@@ -33,7 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_checkpoints
 
-DEFAULT_SCHEMES = ["int8", "int4", "uint4-float", "lut4-tensor", "lut4", "lut6", "auto4", "auto4+cal"]
+DEFAULT_SCHEMES = ["int8", "int4", "uint4-float", "lut4-tensor", "lut4", "lut6", "lut4;lm_head=lut6;embeddings=lut6",
+                   "auto4", "auto4+cal", "auto4;budget=0.35", "uint4-float;embeddings=int8"]
 TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
         "movable metal type, oil-based ink and a wooden press adapted from those used to make wine. Books became "
         "cheaper and faster to produce, literacy spread across Europe, and ideas travelled further than ever "

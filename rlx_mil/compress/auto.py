@@ -43,6 +43,8 @@ CANDIDATES: dict[int, tuple[str, ...]] = {
     6: ("lut6", "int8"),
     8: ("int8",),
 }
+#: With measured sensitivities, also these (narrower than the target width) first.
+NARROWER: dict[int, tuple[str, ...]] = {3: (), 4: ("lut3",), 6: ("lut4",), 8: ("lut6",)}
 #: How much a weight's squared error counts, by role: an LM head's error lands on the logits
 #: directly, an embedding's on every token's input.
 ROLE_SENSITIVITY = {"lm_head": 4.0, "embedding": 2.0}
@@ -215,6 +217,10 @@ def plan_auto(
     scheme)`, when given, is the squared relative output error of the model with only that
     weight compressed with that scheme: the sensitivities then come from it (`measured_weights`)."""
     options: dict[str, list[Option]] = {}
+    if candidates is None and measure is not None:
+        # Measured sensitivities show which weights the outputs hardly feel: those may go
+        # narrower than the target width, paying for the ones they do feel.
+        candidates = NARROWER[bits] + CANDIDATES[bits]
     for name, read in storages.items():
         options[name] = options_for(read(), bits, target, store, (importance or {}).get(name), candidates)
     layers = layer_count(list(storages))

@@ -10,7 +10,7 @@ import pytest
 import rlx_mil
 from rlx_mil import milexec, reference
 from rlx_mil.compress import parse_compress, report_of
-from rlx_mil.compress.auto import Option, measured_weights
+from rlx_mil.compress.auto import NARROWER, Option, measured_weights
 from rlx_mil.compress.calibration import CHECK_TOKENS, example_inputs
 from rlx_mil.compress.fit import fit_to_shape
 from rlx_mil.compress.plan import encode
@@ -117,7 +117,7 @@ def test_measured_sensitivities_widen_the_weight_the_output_feels() -> None:
         assert "measured output sensitivities" in report.plan
         # Each contribution is the weight's own measured output error at its start scheme
         # (NumPy: only that weight compressed), scaled by (chosen error / start error)^2.
-        start = parse_scheme("lut4")
+        start = parse_scheme(NARROWER[4][0])  # measured: the cheapest start is narrower than 4 bits
         assert start is not None
         x = feeds["x"][0].astype(np.float64)
         y = x @ (params["a.weight"] + params["b.weight"]).T.astype(np.float64)
