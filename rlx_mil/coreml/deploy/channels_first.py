@@ -13,13 +13,14 @@ wherever the op computing `v` can compute `v'` instead:
   constant `pad`, `slice_by_size`, `slice_by_index`) run on the twins with the axis mapped
   (the channel axis -1 becomes 1).
 
-An input without a twin gets one from `reshape` + `transpose`; every other consumer of a
-twinned activation (a reshape into heads, a gather, a function output) gets the activation back
-from `transpose` + `reshape` of the twin (a `reshape` alone where there is one position, as in
-decode), made once per activation. The old ops are then dead
-and removed, so consecutive layers stay channels-first and the layout changes only where the
-network changes shape (attention heads, the embedding lookup, the outputs); Core ML's
-`reduce_transposes` cancels what is left. Function outputs keep their names and shapes.
+The rows an embedding table's `gather` reads start a twin right there (so the first norm is
+channels-first too). An input without a twin gets one from `reshape` + `transpose`; every other
+consumer of a twinned activation (a reshape into heads, a gather, a function output) gets the
+activation back from `transpose` + `reshape` of the twin (a `reshape` alone where there is one
+position, as in decode), made once per activation. The old ops are then dead and removed, so
+consecutive layers stay channels-first and the layout changes only where the network changes
+shape (attention heads, the outputs); Core ML's `reduce_transposes` finds nothing left to
+cancel. Function outputs keep their names and shapes.
 """
 
 from __future__ import annotations
@@ -108,6 +109,18 @@ class ChannelsFirst:
         self.made[id(var)] = twin
         return twin
 
+    def _laid_out(self, var: Any) -> bool:
+        """Whether `var` is (or starts) a channels-first activation: it has a twin, or it is a
+        rank-3 float row of an embedding table (`gather`), which the network computes on next."""
+        if id(var) in self.twins or id(var) in self.made:
+            return True
+        from coremltools.converters.mil.mil import types
+
+        op = var.op
+        return (op is not None and op.op_type == "gather" and var.rank == 3 and _static(var) is not None
+                and op.inputs["x"].op is not None and op.inputs["x"].op.op_type.startswith("const")
+                and types.is_float(var.dtype))
+
     def _operand(self, var: Any, before_op: Any) -> Any | None:
         """An operand of an element-wise op in the twin layout: scalars as they are, consts
         and rank <= 3 tensors re-laid (broadcast dims stay 1)."""
@@ -191,7 +204,7 @@ class ChannelsFirst:
 
         names = ("x",) if op.op_type in UNARY else BROADCAST[op.op_type]
         out = _static(op.outputs[0])
-        if out is None or len(out) != 3 or not any(id(op.inputs[n]) in self.twins for n in names):
+        if out is None or len(out) != 3 or not any(self._laid_out(op.inputs[n]) for n in names):
             return None
         args = dict(op.inputs)
         for name in names:
@@ -211,7 +224,7 @@ class ChannelsFirst:
             return None
         if kind == "concat":
             return self._concat(op)
-        twin = self.twins.get(id(x), (None, None))[1]
+        twin = self.twin_of(x, op) if self._laid_out(x) else None
         if twin is None:
             return None
         args = dict(inputs)
@@ -267,7 +280,7 @@ class ChannelsFirst:
         from coremltools.converters.mil import Builder as mb
 
         values = list(op.inputs["values"])
-        if op.inputs["interleave"].val or not any(id(v) in self.twins for v in values):
+        if op.inputs["interleave"].val or not any(self._laid_out(v) for v in values):
             return None
         twins = [self.twin_of(v, op) if _static(v) is not None and len(_static(v) or ()) == 3 else None for v in values]
         if any(t is None for t in twins):
