@@ -177,3 +177,31 @@ def test_compressed_weights_become_conv_weights_of_rank_4(
     assert convs and all(op.inputs["weight"].op.op_type == decoder for op in convs)  # decoded at load, never reshaped
     assert all(len(op.inputs["weight"].shape) == 4 for op in convs)
     assert run_both(plain, ane, feeds, "fp32") < FP32_EXACT
+
+
+def test_sparse_weight_becomes_a_sparse_conv_weight() -> None:
+    """A `constexpr_sparse_to_dense` weight (what a pruned weight decodes with) is rebuilt with
+    the conv's rank: its mask reshaped, its nonzero values as they are."""
+    import coremltools as ct
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    from rlx_mil.coreml.deploy import DeployForm, RewriteContext, rewrite_program
+    from rlx_mil.lowering.target import Precision, Target
+
+    rng = np.random.default_rng(0)
+    mask = rng.random((16, 8)) > 0.5
+    weight = rng.standard_normal((16, 8)).astype(np.float32) * mask
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 3, 8), dtype=types.fp32)], opset_version=ct.target.iOS18)
+    def program(x: object) -> object:
+        dense = mb.constexpr_sparse_to_dense(nonzero_data=weight[mask], mask=mask.astype(types.np_uint1_dtype))
+        return mb.linear(x=x, weight=dense, name="y")
+
+    x = rng.standard_normal((1, 3, 8)).astype(np.float32)
+    rewrite_program(program, RewriteContext(DeployForm.ANE, Target.IOS18, Precision.FP32))
+    convs = [op for op in program.functions["main"].operations if op.op_type == "conv"]
+    assert len(convs) == 1 and convs[0].inputs["weight"].op.op_type == "constexpr_sparse_to_dense"
+    assert_neural_engine_form(program)
+    got = rlx_mil.milexec.run(program, {"x": x}, precision_model="float32")
+    np.testing.assert_allclose(next(iter(got.values())), x @ weight.T, rtol=1e-6, atol=1e-6)
