@@ -5,8 +5,8 @@
 * `gpu`: Apple's GPU recipe: `[B, S, C]` with `linear`, fused `scaled_dot_product_attention`
   for every attention that can fuse (iOS18), states as in the plain form.
 * `ane`: the Neural Engine recipe: channels-first `[B, C, 1, S]` activations with every
-  const-weight projection a 1x1 `conv`, attention in the ml-ane-transformers form (nothing of
-  rank > 4), fp16-safe masks and norms.
+  const-weight projection a 1x1 `conv`, decomposed attention with heads batched in rank-4
+  tensors (nothing of rank > 4), fp16-safe masks and norms.
 
 A form is a lowering choice (`lowering_attention`) plus an ordered list of rewrites of the
 lowered MIL program (`REWRITES`), run before Core ML's pass pipeline. Each rewrite takes the

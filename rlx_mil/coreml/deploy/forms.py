@@ -69,7 +69,7 @@ def lowering_attention(form: DeployForm, attention: str, target: Target) -> str:
     if form is DeployForm.ANE:
         if attention == "fused":
             raise InvalidOptionError(
-                "deploy='ane' computes attention per head in the ml-ane-transformers form; attention='fused' contradicts it"
+                "deploy='ane' decomposes attention (one softmax per head, rank-4 tensors); attention='fused' contradicts it"
             )
         return "decomposed"
     return attention
