@@ -225,7 +225,7 @@ class _Checker:
         for op in f.ops:
             if op.type in ANE_UNSUPPORTED_OPS:
                 self.add("ane-unsupported-op", f"{op.type} does not run on the Neural Engine", f.name, op)
-            elif op.type in ANE_GATHER_OPS and not all(f.gather_table(v) for v in _arg_names(op, "x")):
+            elif op.type in ANE_GATHER_OPS and not all(f.constant(v) for v in _arg_names(op, "x")):
                 self.add("ane-unsupported-op", f"{op.type} of a computed tensor", f.name, op)
             elif op.type == "constexpr_blockwise_shift_scale":
                 block = _per_block(f, op)

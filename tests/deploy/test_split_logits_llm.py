@@ -54,6 +54,11 @@ def test_package_records_the_pieces_per_function(packages: dict[str, Path]) -> N
         entry = table.of(function)["logits"]
         assert entry.pieces == ("logits_0", "logits_1", "logits_2") and entry.sizes == (32, 32, 32)
     assert metadata.SplitOutputs.read(package_info(packages["plain_fp32"]).metadata).functions == {}
+    # the tied embedding's lookup reads the head's pieces: no table wider than they are is left
+    program = rlx_mil.milexec.load_program(packages["ane_fp32"])
+    tables = [op.inputs["x"] for op in program.functions["decode"].operations if op.op_type == "gather"]
+    assert tables and max(int(t.shape[0]) for t in tables) <= LIMIT
+    assert info.weight_bytes < package_info(packages["plain_fp32"]).weight_bytes * 1.05
     text = info.to_text()
     assert "split output: decode: logits = concat(logits_0, logits_1, logits_2; axis 2), widths [32, 32, 32]" in text
 

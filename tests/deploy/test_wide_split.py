@@ -306,3 +306,53 @@ def test_cli_no_split_logits(tmp_path: Any) -> None:
     split = metadata.SplitOutputs.read(package_info(tmp_path / "split.mlpackage").metadata).of("main")
     assert split["logits"].sizes == (8_208, 8_192)
     assert metadata.SplitOutputs.read(package_info(tmp_path / "one.mlpackage").metadata).functions == {}
+
+
+def test_tied_embedding_lookup_reads_the_head_pieces() -> None:
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    table = RNG.standard_normal((V, D)).astype(np.float32)
+    ids = np.array([[0, 31, 32, 63, 64, 99, 5]], np.int32)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 7), dtype=types.int32)])
+    def prog(i: Any) -> Any:
+        w = mb.const(val=table, name="embed")
+        h = mb.gather(x=w, indices=i, axis=0, name="emb")  # [1, 7, D]
+        return mb.identity(x=h, name="hidden"), mb.linear(x=h, weight=w, name="logits")
+
+    report = split_wide_projections(prog, limit=32)["main"]
+    assert report.lookups == 1
+    function = prog.functions["main"]
+    tables = [op.inputs["x"] for op in function.operations if op.op_type == "gather"]
+    assert len(tables) == 4 and max(int(t.shape[0]) for t in tables) <= 32
+    assert "embed" not in {op.name for op in function.operations}  # the whole table is gone
+    assert _max_dim(function) <= 32
+    got = assemble(milexec.run(prog, {"i": ids}), report.outputs)
+    np.testing.assert_array_equal(got["hidden"], table[ids])  # the lookup is exact
+    np.testing.assert_allclose(got["logits"], table[ids] @ table.T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore::rlx_mil.errors.CompressionWarning")
+@pytest.mark.parametrize("compress", [None, "lut4", "int8"])
+def test_tied_head_package_keeps_one_table(compress: str | None) -> None:
+    from rlx_mil.ir.dtype import DType
+
+    g = Graph("tied")
+    ids = g.input("ids", [1, 3], DType.I32)
+    table = g.param("embed.weight", [96, 32])
+    h = g.gather(table, ids, name="emb")
+    g.set_outputs([g.matmul(h, g.transpose(table, [1, 0]), name="logits")])
+    params = {"embed.weight": np.random.default_rng(5).standard_normal((96, 32)).astype(np.float32)}
+    feeds = {"ids": np.array([[0, 40, 95]], np.int32)}
+    plain = rlx_mil.convert(g, params, precision="fp32", compress=compress)
+    with dimension_limit(32):
+        ane = rlx_mil.convert(g, params, precision="fp32", compress=compress, deploy="ane")
+    function = ane._mil_program.functions["main"]
+    tables = [op.inputs["x"] for op in function.operations if op.op_type == "gather"]
+    assert len(tables) == 3 and max(int(t.shape[0]) for t in tables) <= 32
+    kinds = {t.op.op_type for t in tables}
+    assert kinds == {"const"} if compress is None else all(k.startswith("constexpr_") for k in kinds)
+    assert _dims_over(ane, 32) == []
+    np.testing.assert_allclose(milexec.run(ane, feeds)["logits"], milexec.run(plain, feeds)["logits"], rtol=1e-5,
+                               atol=1e-4)

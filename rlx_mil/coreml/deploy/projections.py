@@ -63,7 +63,9 @@ def contracted_axes(op: Any) -> tuple[int, int] | None:
 
 def output_pieces(op: Any, sizes: Sequence[int], fresh: Fresh) -> list[Any]:
     """`op` as one op per consecutive block of `sizes` output channels (ops inserted before
-    `op`, which is left in place), each from the matching slice of its weight and bias."""
+    `op`, which is left in place), each from the matching slice of its weight and bias. The
+    weight slices are constants placed at the start of the function, where any op may read
+    them (a tied embedding's lookup does, `shared_table`)."""
     from coremltools.converters.mil import Builder as mb
 
     found = weight_of(op)
@@ -71,10 +73,11 @@ def output_pieces(op: Any, sizes: Sequence[int], fresh: Fresh) -> list[Any]:
         raise ConversionError(f"op {op.name!r} ({op.op_type}) has no constant weight to split")
     key, weight, w_axis = found
     bias = op.inputs.get("bias")
+    first = op.enclosing_block.operations[0]
     outs, start = [], 0
     for i, size in enumerate(sizes):
         kwargs = dict(op.inputs)
-        kwargs[key] = slice_weight(weight, w_axis, start, start + size, fresh(f"{weight.name}_part{i}"), op)
+        kwargs[key] = slice_weight(weight, w_axis, start, start + size, fresh(f"{weight.name}_part{i}"), first)
         if bias is not None:
             if bias.val is None:
                 raise ConversionError(f"op {op.name!r}: a computed bias cannot be split")

@@ -41,6 +41,7 @@ from rlx_mil.coreml.deploy.projections import (
     partial_sums,
     weight_of,
 )
+from rlx_mil.coreml.deploy.shared_table import gather_from_pieces, lookup_tables
 from rlx_mil.coreml.deploy.weight_slices import granularity, remove_if_unused
 from rlx_mil.coreml.output_pieces import OutputPieces
 from rlx_mil.coreml.preflight_rules import ANE_MAX_DIM
@@ -82,6 +83,8 @@ class SplitReport:
     outputs: dict[str, OutputPieces] = field(default_factory=dict)
     #: names of vars read concatenated back (each one is wider than the limit)
     concatenated: list[str] = field(default_factory=list)
+    #: `gather`s of a tied embedding rewritten to read the head's pieces (`shared_table`)
+    lookups: int = 0
 
 
 @dataclass
@@ -173,7 +176,12 @@ class _Splitter:
         assert found is not None
         _, weight, w_axis = found
         sizes = piece_sizes(int(weight.shape[w_axis]), self.limit, granularity(weight, w_axis))
-        self.pieces[op.outputs[0]] = _Pieces(out_axis(op), output_pieces(op, sizes, self.fresh), sizes, op)
+        outs = output_pieces(op, sizes, self.fresh)
+        self.pieces[op.outputs[0]] = _Pieces(out_axis(op), outs, sizes, op)
+        if w_axis == 0:  # a tied embedding's lookup reads the pieces too
+            weights = [piece.op.inputs[found[0]] for piece in outs]
+            for table in lookup_tables(self.block, weight):
+                self.report.lookups += gather_from_pieces(self.block, table, weights, sizes, self.fresh)
         self.report.projections[op.name] = sizes
         self.replaced.append(op)
 
