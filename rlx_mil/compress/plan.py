@@ -29,7 +29,7 @@ from rlx_mil.compress.prequantized import (
     lut_scale_op,
 )
 from rlx_mil.compress.report import CompressionReport, WeightReport
-from rlx_mil.compress.schemes import CompressionConfig, LinearScheme, Scheme, parse_scheme
+from rlx_mil.compress.schemes import CHECK_AUTO_LIMIT, CompressionConfig, LinearScheme, Scheme, parse_scheme
 from rlx_mil.errors import CompressionError, InvalidOptionError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Param
@@ -251,7 +251,7 @@ class WeightCompressor:
         from rlx_mil.compress.calibration import example_inputs
         from rlx_mil.reference import evaluate
 
-        if self.config.calibration is None and not self.config.check:
+        if self.config.calibration is None and not self._checks():
             return None
         assert self.params is not None
         inputs = self.calibration_inputs() if self.config.calibration is not None else example_inputs(self.graph)
@@ -361,12 +361,20 @@ class WeightCompressor:
         if self.params is not None and self.weights and report.calibration_error is None and report.check_error is None:
             if self.config.calibration is not None:
                 report.calibration_error = self._measure(report, self.params, self.calibration_inputs(), "the calibration inputs")
-            elif self.config.check:
+            elif self._checks():
                 from rlx_mil.compress.calibration import example_inputs
 
                 report.check_error = self._measure(report, self.params, example_inputs(self.graph),
                                                    "inputs generated for the check")
         return report
+
+    def _checks(self) -> bool:
+        """Whether the output check on generated inputs runs: as the config says, else while the
+        graph's weights as float32 fit in `CHECK_AUTO_LIMIT` bytes."""
+        if self.config.check is not None:
+            return self.config.check
+        weights = sum(node.shape.numel() for node in self.graph if isinstance(node.op, Param) and node.shape.is_static)
+        return 4 * weights <= CHECK_AUTO_LIMIT
 
     def calibration_inputs(self) -> dict[str, Any]:
         """The calibration arrays the graph takes (a tokenized text also offers masks)."""

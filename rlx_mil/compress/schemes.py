@@ -20,7 +20,8 @@ Text form (the CLI's ``--compress`` and ``convert(compress="...")``)::
       min_size=N                weights with fewer elements stay in float (default 2048)
       auto4 (auto3, auto6, auto8) a per-weight mix chosen from error statistics (rlx_mil.compress.auto)
       budget=F, max_error=E     with autoN: size fraction of fp16 / largest estimated weight error
-      check=off                 skip the output check on generated inputs (done when no calibration is given)
+      check=off                 skip the output check on generated inputs (done when no calibration is given
+                                and the weights as float32 fit in CHECK_AUTO_LIMIT; check=on: whatever the size)
       glob:PATTERN=SCHEME       weights whose name matches the glob (first matching rule wins)
       re:PATTERN=SCHEME         weights whose name matches the regular expression (re.search)
       e.g. "lut4;embeddings=int8;lm_head=lut6;re:\\.v_proj\\.=int8;min_size=4096"
@@ -51,6 +52,9 @@ DEFAULT_BLOCK_SIZE = 32
 #: checkpoints, docs/compression.md); `lutN-tensor` is one table per weight.
 DEFAULT_GROUP_SIZE = 16
 DEFAULT_MIN_SIZE = 2048
+#: The conversion-time output check runs by default while the graph's weights as float32 take
+#: at most this many bytes (a 256M-parameter model): it holds them whole, as read and decoded.
+CHECK_AUTO_LIMIT = 2**30
 
 
 @dataclass(frozen=True)
@@ -321,9 +325,11 @@ class CompressionConfig:
     #: the Neural Engine).
     candidates: tuple[str, ...] | None = None
     #: Without calibration: after compressing, compare the reference on the dequantized weights
-    #: with the float weights on generated inputs and warn when an output moved too much
-    #: (``check=off`` skips it: two reference runs of the graph).
-    check: bool = True
+    #: with the float weights on generated inputs and warn when an output moved too much.
+    #: None (the default) runs it while the graph's weights as float32 fit in
+    #: `CHECK_AUTO_LIMIT` bytes (the reference holds them whole, twice over: float and
+    #: decoded); ``check=on`` runs it whatever the size, ``check=off`` never.
+    check: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0:
@@ -347,8 +353,8 @@ class CompressionConfig:
             parts.append(f"budget={self.budget:g}")
         if self.max_error is not None:
             parts.append(f"max_error={self.max_error:g}")
-        if not self.check:
-            parts.append("check=off")
+        if self.check is not None:
+            parts.append("check=on" if self.check else "check=off")
         if self.embeddings is not SAME_AS_DEFAULT:
             parts.append(f"embeddings={_label(self.embeddings)}")
         if self.lm_head is not SAME_AS_DEFAULT:

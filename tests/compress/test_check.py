@@ -132,3 +132,22 @@ def test_measured_sensitivities_widen_the_weight_the_output_feels() -> None:
     measured, heuristic = chosen["auto4;budget=0.36"], chosen["auto4;budget=0.36;check=off"]
     assert measured["b.weight"] > measured["a.weight"]
     assert heuristic["b.weight"] <= heuristic["a.weight"]
+
+
+def test_the_check_runs_by_default_only_while_the_weights_are_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlx_mil.compress.plan as plan
+
+    float32_bytes = 4 * sum(n.shape.numel() for n in GRAPH if n.op.__class__.__name__ == "Param")
+    monkeypatch.setattr(plan, "CHECK_AUTO_LIMIT", float32_bytes - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompressionWarning)  # lut2 would warn if it were checked
+        skipped = report_of(rlx_mil.convert(GRAPH, PARAMS, precision="fp32", compress="lut2"))
+    assert skipped is not None and skipped.check_error is None
+    with pytest.warns(CompressionWarning):
+        forced = report_of(rlx_mil.convert(GRAPH, PARAMS, precision="fp32", compress="lut2;check=on"))
+    assert forced is not None and forced.check_error is not None and forced.check_error["logits"]["relative_l2"] > 0.1
+    monkeypatch.setattr(plan, "CHECK_AUTO_LIMIT", float32_bytes)
+    with pytest.warns(CompressionWarning):
+        checked = report_of(rlx_mil.convert(GRAPH, PARAMS, precision="fp32", compress="lut2"))
+    assert checked is not None and checked.check_error == forced.check_error
+    assert "check=on" in parse_compress("lut2;check=on").describe().split(";")
