@@ -15,7 +15,8 @@ from rlx_mil.errors import UnsupportedConfigError
 from rlx_mil.models.families import model_spec, records
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS
 
-transformers = pytest.importorskip("transformers")
+#: transformers is in the benchmark extra only (never a runtime or test dependency).
+transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[bench]')")
 
 #: Importing transformers takes seconds (it loads PyTorch when installed): one worker pays it.
 pytestmark = pytest.mark.xdist_group("transformers-configs")
