@@ -44,7 +44,7 @@ CANDIDATES: dict[int, tuple[str, ...]] = {
     8: ("int8",),
 }
 #: With measured sensitivities, also these (narrower than the target width) first.
-NARROWER: dict[int, tuple[str, ...]] = {3: (), 4: ("lut3",), 6: ("lut4",), 8: ("lut6",)}
+NARROWER: dict[int, tuple[str, ...]] = {3: ("lut2",), 4: ("lut2", "lut3"), 6: ("lut3", "lut4"), 8: ("lut4", "lut6")}
 #: How much a weight's squared error counts, by role: an LM head's error lands on the logits
 #: directly, an embedding's on every token's input.
 ROLE_SENSITIVITY = {"lm_head": 4.0, "embedding": 2.0}
