@@ -310,6 +310,15 @@ def _palette_bits(f: _Function, op: Any) -> int | None:
     return max(1, (int(size) - 1).bit_length()) if size else None
 
 
+def _one_table(f: _Function, op: Any) -> bool:
+    """Whether a palettized weight has one table for all of it (iOS16's form always has):
+    iOS18's `lut` is [*groups per indices axis, entries, vector size], all groups 1."""
+    lut = f.arg_type(op, "lut")
+    if lut is None or not lut.dims:
+        return True
+    return all(d == 1 for d in lut.dims[:-2])
+
+
 def _weight_files(model: Any, path: Path | None) -> list[Path]:
     folder = Path(model.weights_dir) if getattr(model, "weights_dir", None) else None
     if folder is None and path is not None:
@@ -346,10 +355,14 @@ def preflight(model_or_path: Any, device: str = "ane") -> list[Finding]:
     if stateful and (version == "9.0" or version.startswith(("9.0.", "9.0b", "9.0 "))):
         lut4 = [(f, op) for f in functions for op in f.ops
                 if op.type == "constexpr_lut_to_dense" and (_palette_bits(f, op) or 9) <= 4]
-        if lut4:
-            f, op = lut4[0]
-            checker.add("lut4-state-coremltools-9.0", f"{len(lut4)} weights palettized to <= 4 bits, states, built"
-                        f" with coremltools {version}", f.name, op, op.outputs[0].name)
+        whole = [(f, op) for f, op in lut4 if _one_table(f, op)]
+        grouped = [(f, op) for f, op in lut4 if not _one_table(f, op)]
+        for rule, found, kind in (("lut4-state-coremltools-9.0", whole, "one table per weight"),
+                                  ("lut4-grouped-state-coremltools-9.0", grouped, "a table per group of channels")):
+            if found:
+                f, op = found[0]
+                checker.add(rule, f"{len(found)} weights palettized to <= 4 bits ({kind}), states, built"
+                            f" with coremltools {version}", f.name, op, op.outputs[0].name)
     for file in _weight_files(model, path):
         size = file.stat().st_size
         if size > MACOS_MAX_WEIGHT_FILE:

@@ -98,9 +98,16 @@ _RULES = (
          "apple/coremltools#2537, apple/coremltools#2600",
          "fixed shapes: dims={...} (--dim), one function per prompt bucket (convert_buckets, --prefill)"),
     Rule("lut4-state-coremltools-9.0", ("ane", "gpu"), "warning",
-         "a 4-bit palettized stateful package built with coremltools 9.0: crashes after ~100-200 predictions",
+         "a stateful package built with coremltools 9.0 whose weights are 4-bit palettes of one table per"
+         " weight (palettize_weights' default, the configuration reported): crashes after ~100-200 predictions",
          "apple/coremltools#2716 (not with coremltools 8.3)",
-         'compress="int4" (per block, GPU) or "lut6"/"lut8"; or build with coremltools 8.3'),
+         'compress="lut4" (a table per group of channels), "int4" (per block, GPU) or "lut6"/"lut8";'
+         " or build with coremltools 8.3"),
+    Rule("lut4-grouped-state-coremltools-9.0", ("ane", "gpu"), "note",
+         "a stateful package built with coremltools 9.0 with 4-bit palettes of a table per group of channels:"
+         " apple/coremltools#2716's reports are all of one table per weight; not reported for grouped tables",
+         "apple/coremltools#2716 (its reports: palettize_weights nbits=4, per-tensor)",
+         "none known; on a device, check long runs"),
     Rule("weight-file-over-1GB", ("ane", "gpu"), "warning",
          "a weight file above 1 GB: iOS refuses it (macOS takes up to ~2 GB)",
          ANEMLL + "; Apple developer forums", 'chunk_bytes="1GB" (--chunk-bytes 1GB) or compress="lut4"'),

@@ -185,6 +185,17 @@ def test_four_bit_palettes_with_states_built_by_coremltools_9_0() -> None:
     config6 = ct.optimize.coreml.OptimizationConfig(
         global_config=ct.optimize.coreml.OpPalettizerConfig(nbits=6, mode="uniform", weight_threshold=1))
     assert rlx_mil.preflight(ct.optimize.coreml.palettize_weights(plain, config6), device="gpu") == []
+    # a table per group of channels: not the configuration #2716 reports, a note only
+    grouped_config = ct.optimize.coreml.OptimizationConfig(global_config=ct.optimize.coreml.OpPalettizerConfig(
+        nbits=4, mode="uniform", granularity="per_grouped_channel", group_size=16, weight_threshold=1))
+    grouped = ct.optimize.coreml.palettize_weights(plain, grouped_config)
+    findings = rlx_mil.preflight(grouped, device="gpu")
+    if version.startswith("9.0"):
+        [note] = findings
+        assert note.rule == "lut4-grouped-state-coremltools-9.0" and note.severity == "note"
+        assert "a table per group of channels" in note.why
+    else:
+        assert findings == []
 
 
 def test_the_1_mib_dma_notch() -> None:
