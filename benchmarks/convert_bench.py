@@ -238,6 +238,9 @@ def worker(converter: str, case: str, data: Path) -> None:
         result.update(program_stats(model, q_len, kv_len))
         result["package_bytes"] = package_bytes(out)
         result["peak_rss_bytes"] = peak_rss_bytes()
+        import rlx_mil  # after the peak: preflight reads the saved package (issue 26's check of both paths)
+
+        result["preflight_ane"] = dict(Counter(f.rule for f in rlx_mil.preflight(out, device="ane") if f.severity != "note"))
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     print("BENCH_RESULT " + json.dumps(result))
@@ -337,6 +340,18 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def preflight_lines(rows: list[dict[str, Any]]) -> str:
+    """Each package's Neural Engine preflight findings per rule (`rlx_mil.preflight`)."""
+    lines = []
+    for row in rows:
+        for converter in ("rlx_mil", "torch"):
+            found = (row.get(converter) or {}).get("preflight_ane")
+            if found is not None:
+                text = ", ".join(f"{rule} x{n}" for rule, n in sorted(found.items())) or "none"
+                lines.append(f"- {row['case']} ({converter}): preflight --device ane: {text}")
+    return "\n".join(lines)
+
+
 def stage_lines(rows: list[dict[str, Any]]) -> str:
     out = []
     for row in rows:
@@ -394,6 +409,8 @@ def main() -> None:
     print(table)
     print()
     print(stage_lines(rows))
+    print()
+    print(preflight_lines(rows))
     if args.markdown:
         args.markdown.write_text(table + "\n")
     if args.data is None:
