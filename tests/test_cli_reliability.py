@@ -179,10 +179,11 @@ def _stateful_argv(checkpoint: Path, out: Path) -> list[str]:
 
 
 def _scratch_packages(tmpdir: Path) -> list[Path]:
-    """The packages in rlx_mil's scratch folders under `tmpdir` (none while a folder being
-    listed is deleted under the walk: the running conversion removes its temporaries)."""
+    """What rlx_mil's scratch folders under `tmpdir` hold: package copies of the model, staged
+    package items (none while a folder being listed is deleted under the walk: the running
+    conversion removes its temporaries)."""
     try:
-        return list(tmpdir.glob("rlx_mil-*/**/*.mlpackage"))
+        return list(tmpdir.glob("rlx_mil-*/*"))
     except FileNotFoundError:
         return []
 
@@ -206,7 +207,7 @@ def test_killed_and_full_disk_stateful_conversions_leave_nothing(checkpoint: Pat
     finally:
         victim.send_signal(signal.SIGKILL)
         victim.wait()
-    assert list(tmpdir.glob("rlx_mil-*/**/*.mlpackage")), "nothing was left to sweep"
+    assert _scratch_packages(tmpdir), "nothing was left to sweep"
     script = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN);"
               " from rlx_mil.cli import main; resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384));"
               f" sys.exit(main({_stateful_argv(checkpoint, out)[3:]!r}))")

@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from rlx_mil.coreml.scratch import scratch_dir
 from rlx_mil.llm.package_files import ModelDescription, _text, add_text_files
 from rlx_mil.models.gguf.metadata import ARCHITECTURES
 from rlx_mil.models.gguf.reader import GGUFFile
@@ -37,6 +38,6 @@ def prepare_gguf_package(model: Any, path: str | os.PathLike[str], overrides: Ma
     describe_gguf(file).merged(overrides or {}).apply(model)
     if not has_tokenizer(file):
         return []
-    with tempfile.TemporaryDirectory(prefix="rlx_mil_gguf_text_") as folder:
+    with tempfile.TemporaryDirectory(prefix="rlx_mil_gguf_text_", dir=scratch_dir()) as folder:
         write_tokenizer_files(file, folder)
         return add_text_files(model, folder)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx_mil.coreml.package_items import TEXT_ITEM, add_item, item_folder
+from rlx_mil.coreml.scratch import scratch_dir
 from rlx_mil.llm.text import TEXT_FILES, TokenizerError, read_json_file
 
 ITEM_NAME = TEXT_ITEM
@@ -125,7 +126,7 @@ def add_text_files(model: Any, model_dir: str | os.PathLike[str]) -> list[str]:
     package = getattr(model, "package_path", None)
     if not files or not package:
         return []
-    with tempfile.TemporaryDirectory(prefix="rlx_mil_text_") as work:
+    with tempfile.TemporaryDirectory(prefix="rlx_mil_text_", dir=scratch_dir()) as work:
         staged = Path(work) / ITEM_NAME
         staged.mkdir()
         for path in files:
