@@ -3,8 +3,9 @@
 
 llama.cpp's conventions are undone here or by the tensor mapping: Gemma's norm weights are
 stored as applied (`1 + w`, so the spec's norm offset is 0), Llama 3.1's rope scaling is the
-`rope_freqs` tensor of per-frequency divisors, Gemma 2's score scale is implied by the model
-size (llama.cpp: `n_embd / n_head` for the 46-layer 27B, head_dim otherwise). A value that
+`rope_freqs` tensor of per-frequency divisors, Gemma 2's and Gemma 3's score scale is implied
+by the model size (llama.cpp: `n_embd / n_head` for the 46-layer Gemma 2 27B and the 62-layer
+Gemma 3 27B, head_dim otherwise), and so are Gemma 3's layer kinds (see `_gemma3`). A value that
 changes the math in a way the builders do not implement is refused with an
 `UnsupportedConfigError` naming the key and value.
 """
@@ -22,7 +23,8 @@ from rlx_mil.models.gguf.reader import GGUFFile
 from rlx_mil.models.hf_config import DecoderSpec, RopeSpec
 
 #: GGUF `general.architecture` values read, and the rlx_mil family each becomes.
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "phi3": "phi3"}
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
+                 "phi3": "phi3"}
 #: Architectures whose Q/K rows llama.cpp's converter permutes for its interleaved RoPE mode.
 PERMUTED_QK = frozenset({"llama"})
 
@@ -148,6 +150,8 @@ def decoder_spec(file: GGUFFile) -> DecoderSpec:
             attn_softcap=k.opt_float("attn_logit_softcapping"), final_softcap=k.opt_float("final_logit_softcapping"),
             layer_windows=tuple(window if i % 2 == 0 else None for i in range(layers)),
         )
+    if arch == "gemma3":
+        return _gemma3(k, common, window)
     if arch == "phi3":
         for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
             if name in file.tensors:
@@ -161,4 +165,50 @@ def decoder_spec(file: GGUFFile) -> DecoderSpec:
     return DecoderSpec(
         **common, qkv_bias=qkv_bias, o_bias=_has(file, "attn_output.bias"), mlp_bias=_has(file, "ffn_down.bias"),
         qk_norm=arch == "qwen3", layer_windows=(window,) * layers,
+    )
+
+
+#: llama.cpp's Gemma 3: every sixth layer attends globally, the others slide (`set_swa_pattern(6)`),
+#: and the sliding layers' RoPE base is 10000, unscaled (`rope_freq_base_train_swa`).
+GEMMA3_PATTERN, GEMMA3_LOCAL_THETA = 6, 10000.0
+
+
+def _gemma3_sliding(k: _Keys, layers: int) -> tuple[bool, ...]:
+    """Which layers slide: `attention.sliding_window_pattern` as llama.cpp reads the key (an
+    integer n: layer i slides unless i % n == n - 1, so 1 is all global; or one bool per
+    layer, true for sliding), else llama.cpp's Gemma 3 default of n = 6."""
+    key = f"{k.arch}.attention.sliding_window_pattern"
+    value = k.get("attention.sliding_window_pattern")
+    if value is None:
+        value = GEMMA3_PATTERN
+    if isinstance(value, list):
+        if len(value) != layers or not all(isinstance(v, bool) for v in value):
+            raise k.refuse(key, value, f"expected one bool per layer ({layers})")
+        return tuple(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise k.refuse(key, value, "expected an integer >= 1 or one bool per layer")
+    return tuple(i % value < value - 1 for i in range(layers))
+
+
+def _gemma3(k: _Keys, common: dict[str, Any], window: int | None) -> DecoderSpec:
+    """Gemma 3 as llama.cpp runs it (`llm_build_gemma3`): Gemma 2's sandwich block with q/k
+    RmsNorms, norms stored as applied, embeddings x sqrt(hidden), queries scaled by head_dim
+    ** -0.5 (the 62-layer 27B: (hidden / heads) ** -0.5, llama.cpp's `f_attention_scale`).
+    With a sliding window, the sliding layers (`_gemma3_sliding`) take the window and a RoPE of
+    base `rope.freq_base_swa` (llama.cpp: 10000), unscaled; the global ones `rope.freq_base`
+    with the file's rope scaling. Without one every layer is global. The final logits are
+    soft-capped when `final_logit_softcapping` is given; attention never is (Gemma 3 has no
+    attention soft-cap: Hugging Face's Gemma 3 reads none, nor does llama.cpp)."""
+    layers, hidden, heads = common["num_layers"], common["hidden_size"], common["num_heads"]
+    head_dim = common["head_dim"]
+    global_rope = common["rope"]
+    sliding = _gemma3_sliding(k, layers) if window else (False,) * layers
+    local_rope = RopeSpec(k.float_("rope.freq_base_swa", GEMMA3_LOCAL_THETA), global_rope.rotary_dim)
+    scalar = hidden / heads if layers == 62 else head_dim  # llama.cpp: Gemma 3 27B scales by n_embd / n_head
+    return DecoderSpec(
+        **common, activation="gelu_tanh", qkv_bias=_has(k.file, "attn_q.bias"), o_bias=_has(k.file, "attn_output.bias"),
+        qk_norm=True, norm_offset=0.0, embed_scale=math.sqrt(hidden), sandwich_norms=True, score_scale=scalar**-0.5,
+        attn_softcap=None, final_softcap=k.opt_float("final_logit_softcapping"),
+        layer_windows=tuple(window if s else None for s in sliding),
+        layer_ropes=tuple(local_rope if s else global_rope for s in sliding),
     )

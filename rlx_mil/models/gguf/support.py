@@ -21,6 +21,9 @@ _ARCH_NOTES = {
     "qwen2": "Qwen2 / Qwen2.5: q/k/v biases",
     "qwen3": "Qwen3: q/k RmsNorms (`attn_q_norm`, `attn_k_norm`)",
     "gemma2": "Gemma 2: norms stored as applied (1 + w), sandwich norms, soft-caps, sliding window on even layers",
+    "gemma3": "Gemma 3 (270M, 1B, text of 4B+): Gemma 2's norms and block plus q/k norms (`attn_q_norm`, `attn_k_norm`);"
+              " every 6th layer global (or `attention.sliding_window_pattern`), the others slide with RoPE base"
+              " `rope.freq_base_swa` (default 10000) unscaled; `final_logit_softcapping` if given; no window: all global",
     "phi3": "Phi-3 (4k): fused `attn_qkv` and `ffn_up` (gate rows first); long-rope factors refused",
 }
 

@@ -33,7 +33,7 @@ _LAYER = {
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
-#: Gemma 2's sandwich norms: llama.cpp's ffn_norm is the pre-feed-forward norm there.
+#: Gemma 2's and 3's sandwich norms: llama.cpp's ffn_norm is the pre-feed-forward norm there.
 _GEMMA2_LAYER = {
     "ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
@@ -49,7 +49,7 @@ def hf_name(name: str, spec: DecoderSpec) -> str | None:
         target = _GLOBAL.get(base)
         return None if target is None or kind not in ("weight", "bias") else f"{target}.{kind}"
     layer, part, kind = m.groups()
-    table = {**_LAYER, **_GEMMA2_LAYER} if spec.family == "gemma2" else _LAYER
+    table = {**_LAYER, **_GEMMA2_LAYER} if spec.sandwich_norms else _LAYER
     if spec.fused_gate_up and part == "ffn_up":
         return f"model.layers.{layer}.mlp.gate_up_proj.{kind}"
     target = table.get(part)

@@ -1,7 +1,9 @@
 """Tiny GGUF files written the way llama.cpp's `convert_hf_to_gguf.py` writes them, from a
 Hugging Face config and weights: metadata under `<arch>.*`, tensors under llama.cpp names,
 Llama's Q/K rows permuted for llama.cpp's interleaved RoPE, Gemma's norms stored as `1 + w`,
-Llama 3.1 scaling as a `rope_freqs` tensor, no `output` tensor when the embeddings are tied.
+Llama 3.1 scaling as a `rope_freqs` tensor, no `output` tensor when the embeddings are tied;
+Gemma 3's global RoPE as `rope.freq_base` (+ scaling), its layer kinds and local RoPE base
+given only where they differ from llama.cpp's defaults (every sixth layer global, base 10000).
 
 `write_gguf` also returns the weights as the file holds them, back in Hugging Face terms
 (each tensor dequantized by the `gguf` package, un-permuted, Gemma norms less 1): what an
@@ -19,7 +21,10 @@ import numpy as np
 
 from models.gguf.kquants import encode
 
-ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "phi3": "phi3"}
+ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "phi3": "phi3",
+        "gemma3_text": "gemma3"}
+#: Families whose norms llama.cpp stores as applied (`1 + w`) and whose sandwich norms it names.
+GEMMA = frozenset({"gemma2", "gemma3_text"})
 
 _LAYER = {
     "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
@@ -40,7 +45,7 @@ def gguf_name(hf: str, model_type: str) -> str:
         return "output.weight"
     parts = hf.split(".")
     layer, module, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
-    table = {**_LAYER, **_GEMMA2} if model_type == "gemma2" else _LAYER
+    table = {**_LAYER, **_GEMMA2} if model_type in GEMMA else _LAYER
     return f"blk.{layer}.{table[module]}.{kind}"
 
 
@@ -58,6 +63,29 @@ def _rope_of(cfg: Mapping[str, Any]) -> tuple[float, Mapping[str, Any]]:
     transformers 5's `rope_parameters` (`rope_scaling` first, as transformers reads them)."""
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     return float(scaling.get("rope_theta", cfg.get("rope_theta", 10000.0))), scaling
+
+
+def _gemma3_metadata(w: Any, cfg: Mapping[str, Any]) -> tuple[float, Mapping[str, Any]]:
+    """What convert_hf_to_gguf's Gemma3Model writes beyond the common keys (the sliding window,
+    a final soft-cap if set), plus the layer kinds as `sliding_window_pattern` (one bool per
+    layer) and the local base as `rope.freq_base_swa` where they are not llama.cpp's defaults.
+    Returns the global RoPE (base, scaling dict)."""
+    layers = cfg["num_hidden_layers"]
+    pattern = cfg.get("sliding_window_pattern", 6)
+    types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    sliding = [kind == "sliding_attention" for kind in types]
+    ropes = cfg.get("rope_parameters") or {}
+    full, local = dict(ropes.get("full_attention") or {}), dict(ropes.get("sliding_attention") or {})
+    if any(sliding) and sliding != [i % 6 < 5 for i in range(layers)]:
+        w.add_sliding_window_pattern(sliding)
+    local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
+    if local_theta != 10000.0:
+        w.add_rope_freq_base_swa(local_theta)
+    if any(sliding):
+        w.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    return float(full.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))), full
 
 
 def _rope_freqs(cfg: Mapping[str, Any], head_dim: int) -> np.ndarray:
@@ -124,7 +152,8 @@ def write_gguf(
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
-    w.add_rope_freq_base(_rope_of(cfg)[0])
+    theta, scaling = _gemma3_metadata(w, cfg) if model_type == "gemma3_text" else _rope_of(cfg)
+    w.add_rope_freq_base(theta)
     w.add_rope_dimension_count(head_dim)
     if cfg.get("head_dim"):
         w.add_key_length(head_dim)
@@ -134,7 +163,6 @@ def write_gguf(
     if model_type == "gemma2":
         w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
-    scaling = _rope_of(cfg)[1]
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -145,19 +173,19 @@ def write_gguf(
     if kind == "llama3":
         w.add_tensor("rope_freqs.weight", _rope_freqs(cfg, head_dim))
     for hf, value in weights.items():
-        if hf == "lm_head.weight" and cfg.get("tie_word_embeddings", model_type == "gemma2"):
+        if hf == "lm_head.weight" and cfg.get("tie_word_embeddings", model_type in GEMMA):
             continue
         arr = np.asarray(value, np.float32)
         name = gguf_name(hf, model_type)
         heads_of = {"attn_q": heads, "attn_k": kv_heads}.get(name.split(".")[-2]) if arch == "llama" else None
         if heads_of is not None:
             arr = permute(arr, heads_of)
-        if model_type == "gemma2" and hf.endswith("norm.weight"):
+        if model_type in GEMMA and hf.endswith("norm.weight"):
             arr = arr + 1.0  # llama.cpp stores Gemma's norms as applied
         stored = _store(w, name, arr, "F32" if arr.ndim == 1 else types(name, arr.shape))
         if heads_of is not None:
             stored = unpermute(stored, heads_of)
-        if model_type == "gemma2" and hf.endswith("norm.weight"):
+        if model_type in GEMMA and hf.endswith("norm.weight"):
             stored = stored - 1.0
         held[hf] = stored
     w.write_header_to_file()

@@ -31,7 +31,7 @@ SEQ = 6
 def _config(family: str, **extra: Any) -> dict[str, Any]:
     cfg = {**copy.deepcopy(TINY_CONFIGS[family]), **WIDE, **extra}
     cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
-    if family == "gemma2":
+    if family in ("gemma2", "gemma3_text"):
         cfg["query_pre_attn_scalar"] = 64
     return cfg
 
@@ -113,7 +113,7 @@ def test_every_type_converts_compressed(mixed: Any, precision: str) -> None:
     np.testing.assert_allclose(got, exact, atol=tol * scale, rtol=tol)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma2", "phi3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"])
 def test_every_family_with_every_type(tmp_path: Path, family: str) -> None:
     """Three layers whose matrices cycle through every type, tied quantized embeddings: one
     constexpr feeds the gather and the LM head."""
