@@ -34,7 +34,7 @@ from rlx_mil.coreml.metadata import (
     read_json,
     write_io_names,
 )
-from rlx_mil.coreml.pipeline import validation_once_per_pipeline
+from rlx_mil.coreml.pipeline import DEAD_CODE_ELIMINATION, passless_programs_left_alone
 from rlx_mil.errors import InvalidOptionError
 
 
@@ -105,6 +105,10 @@ class PassedFunction:
         # `ct.convert(..., convert_to="milinternal")` stops before the backend's passes.
         _, backend = _construct_other_pipelines(pass_pipeline, "milinternal", "mlprogram")
         PassPipelineManager.apply_pipeline(program, backend)
+        if DEAD_CODE_ELIMINATION not in backend.passes:
+            # the pipeline's validation left the essential scopes unchecked: the exporter's
+            # check, which the join skips (`join_programs`)
+            program.validate(check_essential_scope=True)
         program._check_early_error_out_for_invalid_program()
         self._mil_program = program
         self.user_defined_metadata: dict[str, str] = {}
@@ -127,7 +131,10 @@ def join_programs(functions: Mapping[str, PassedFunction], default_function: str
     program.default_function_name = default_function
     program.skip_all_passes = True
     program.export_as_multifunction = True
-    with validation_once_per_pipeline():  # the passes are skipped; coremltools would validate ~100 times
+    # Each function was validated (essential scopes included) after its last pass, and joining
+    # changes none of them: the exporters' two validations of the whole program are skipped.
+    program.validate = _validated
+    with passless_programs_left_alone():  # the passes are skipped: nothing to validate or print
         model = mil_convert(
             program, convert_to="mlprogram", convert_from="milinternal",
             specification_version=max(int(target.value), _IOS18_SPEC), compute_units=_cpu_only(), skip_model_load=True,
@@ -139,6 +146,10 @@ def join_programs(functions: Mapping[str, PassedFunction], default_function: str
 
 
 _IOS18_SPEC = 9
+
+
+def _validated(*_: Any, **__: Any) -> None:
+    """The validation of a joined program, whose functions were each validated already."""
 
 
 def _cpu_only() -> Any:

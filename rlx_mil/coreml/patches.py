@@ -29,9 +29,12 @@ ALLOW_UNTESTED_ENV = "RLX_MIL_UNTESTED_COREMLTOOLS"
 #: "module:attribute path" -> why rlx_mil replaces it (and which module supplies the replacement).
 PATCHES: dict[str, str] = {
     "coremltools.converters.mil.mil.passes.pass_pipeline:PassPipelineManager.apply_pipeline":
-        "validate the program once per pass pipeline instead of after each pass (coreml/pipeline.py)",
+        "validate the program once per pass pipeline instead of after each pass, and not at all when"
+        " its passes are all skipped (coreml/pipeline.py)",
     "coremltools.converters.mil.mil.block:Block._propagate_nonreplaceable_vars":
-        "skip recomputing non-replaceable marks in blocks without constexpr ops (coreml/pipeline.py)",
+        "skip recomputing non-replaceable marks until some var is marked (coreml/pipeline.py)",
+    "coremltools.converters.mil.mil.var:Var.nonreplaceable_vars_upstream":
+        "note whether any var gets a non-replaceable mark, i.e. depends on a constexpr op (coreml/pipeline.py)",
     "coremltools.converters.mil.backend.mil.helper:_get_offset_by_writing_data":
         "write fp16/fp32 consts from flat views of their arrays (coreml/weight_writes.py)",
     "coremltools.models.model:_create_mlpackage":
@@ -52,6 +55,8 @@ PATCHES: dict[str, str] = {
         "map weight-file blobs instead of copying them, once for all functions (milexec/loader.py)",
     "coremltools.converters.mil.mil.program:Program.__str__":
         "skip printing the program for the pass pipeline's debug log while that log is off (coreml/pipeline.py)",
+    "coremltools.converters.mil.mil.block:Function.__str__":
+        "skip printing the function for two passes' debug logs while that log is off (coreml/pipeline.py)",
     "coremltools.converters.mil.mil.passes.defs.cleanup.const_deduplication:np":
         "compare deduplication candidates a chunk at a time instead of allclose on float copies of"
         " whole code tensors (coreml/dedup.py)",

@@ -181,48 +181,66 @@ def validation_once_per_pipeline() -> Iterator[None]:
         yield
 
 
-def _holds_nonreplaceable_marks(block: Any) -> bool:
-    """Whether some op of `block` (nested blocks included) is a constexpr op, the only kind
-    of var Core ML marks non-replaceable, or some var still carries such a mark."""
-    for op in block.operations:
-        if op.op_type.startswith("constexpr_"):
-            return True
-        if any(_holds_nonreplaceable_marks(inner) for inner in op.blocks):
-            return True
-        if op.outputs and any(out.nonreplaceable_vars_upstream for out in op.outputs):
-            return True
-    return False
+@contextmanager
+def passless_programs_left_alone() -> Iterator[None]:
+    """While active, a pass pipeline returns a program whose passes are all skipped
+    (`Program.skip_all_passes`, as `rlx_mil.coreml.multifunction.join_programs` sets on the
+    joined program) as it came, without validating or printing it: none of its passes runs,
+    so it leaves nothing to check. coremltools validates such a program before and after each
+    of its ~100 passes, each skipping, and prints it twice per pipeline."""
+    target = "coremltools.converters.mil.mil.passes.pass_pipeline:PassPipelineManager.apply_pipeline"
+    original = patches.current(target).__func__
+
+    def apply_pipeline(prog: Any, pass_pipeline: Any) -> None:
+        if not getattr(prog, "skip_all_passes", False):
+            original(prog, pass_pipeline)
+
+    with patches.replaced(target, staticmethod(apply_pipeline)):
+        yield
 
 
 @contextmanager
 def nonreplaceable_marks_only_with_constexprs() -> Iterator[None]:
     """While active, a block skips recomputing its vars' non-replaceable marks when leaving
-    its context (as every graph pass and every op building makes it) unless it holds a
-    constexpr op or a mark.
+    its context (as every graph pass and every op building makes it) unless some var made a
+    mark since the block began.
 
     Core ML marks each var with the constexpr vars it depends on (a pass may not replace a var
     by one that loses them). The recomputation resets and unions a set per var of the whole
-    block each time: about a quarter of a conversion of a 100-op program. Without a constexpr
-    op and without an old mark, every set it would compute is empty, which is what each var
-    already holds; programs with compressed weights recompute as before.
+    block each time: about a quarter of a conversion of a 100-op program. Every mark starts at
+    a constexpr op's output (the set of that var alone) and reaches other vars through the
+    marks' setter, which notes here whether it ever set a non-empty one: until it has, every
+    set the recomputation would make is empty, which is what each var already holds (programs
+    are built inside the block, as `rlx_mil.convert` does). Programs with compressed weights
+    recompute as before, from their first constexpr op on. (Scanning the program for a
+    constexpr op or a mark at each exit instead cost a walk over every op and var, ~100 walks
+    per conversion.)
     """
     from coremltools.converters.mil.mil.block import Block
+    from coremltools.converters.mil.mil.var import Var
 
     original = Block.__dict__["_propagate_nonreplaceable_vars"]
     if getattr(original, "rlx_mil_skips", False):  # a conversion already installed it
         yield
         return
+    marks = Var.__dict__["nonreplaceable_vars_upstream"]
+    marked = [False]
+
+    def set_marks(var: Any, value: set[Any]) -> None:
+        if value:
+            marked[0] = True
+        marks.fset(var, value)
 
     def propagate_where_needed(self: Any) -> None:
-        outermost = self  # a nested block's vars may depend on constexprs outside it
-        while outermost.outer_op is not None:
-            outermost = outermost.outer_op.enclosing_block
-        if _holds_nonreplaceable_marks(outermost):
+        if marked[0]:
             original(self)
 
     propagate_where_needed.rlx_mil_skips = True  # type: ignore[attr-defined]
-    with patches.replaced(
-        "coremltools.converters.mil.mil.block:Block._propagate_nonreplaceable_vars", propagate_where_needed
+    with (
+        patches.replaced("coremltools.converters.mil.mil.var:Var.nonreplaceable_vars_upstream",
+                         property(marks.fget, set_marks, doc=marks.__doc__)),
+        patches.replaced("coremltools.converters.mil.mil.block:Block._propagate_nonreplaceable_vars",
+                         propagate_where_needed),
     ):
         yield
 
@@ -263,24 +281,34 @@ def fusion_patterns_built_once() -> Iterator[None]:
 
 
 _PASS_PIPELINE_MODULE = "coremltools.converters.mil.mil.passes.pass_pipeline"
+#: Passes that format their function into a debug message before and after their rewrite:
+#: `reduce_transposes` and `fuse_layernorm_or_instancenorm`.
+_FUNCTION_PRINTING_MODULES = frozenset({
+    "coremltools.converters.mil.mil.passes.defs.optimize_repeat_ops",
+    "coremltools.converters.mil.mil.passes.defs.optimize_normalization",
+})
 
 
 @contextmanager
 def program_text_only_when_logged() -> Iterator[None]:
-    """While active, coremltools' pass pipeline prints its program for its debug log only when
-    that log is on.
+    """While active, coremltools' pass pipeline prints its program (and two passes their
+    function) for its debug log only when that log is on.
 
     `PassPipelineManager.apply_pipeline` formats the whole program into a `logger.debug` f-string
     before and after each of the three pipelines of a conversion, whether or not debug logging
     is on: six printouts of the program per conversion (~7% of converting a 10-op program, more
-    for large ones). Any other `str(program)` is unchanged."""
+    for large ones); `fuse_layernorm_or_instancenorm` and `reduce_transposes` format the function
+    twice more each time they run (about a second for a 28-layer decoder). Any other
+    `str(program)` or `str(function)` is unchanged."""
     from coremltools import _logger as coremltools_logger
+    from coremltools.converters.mil.mil.block import Function
     from coremltools.converters.mil.mil.program import Program
 
     original = Program.__dict__["__str__"]
     if getattr(original, "rlx_mil_quiet", False):  # a conversion already installed it
         yield
         return
+    original_function = Function.__dict__["__str__"]
 
     def program_text(self: Any) -> str:
         caller = sys._getframe(1)
@@ -291,8 +319,19 @@ def program_text_only_when_logged() -> Iterator[None]:
             return "<program>"
         return str(original(self))
 
+    def function_text(self: Any) -> str:
+        if (
+            sys._getframe(1).f_globals.get("__name__") in _FUNCTION_PRINTING_MODULES
+            and not coremltools_logger.isEnabledFor(logging.DEBUG)
+        ):
+            return "<function>"
+        return str(original_function(self))
+
     program_text.rlx_mil_quiet = True  # type: ignore[attr-defined]
-    with patches.replaced("coremltools.converters.mil.mil.program:Program.__str__", program_text):
+    with (
+        patches.replaced("coremltools.converters.mil.mil.program:Program.__str__", program_text),
+        patches.replaced("coremltools.converters.mil.mil.block:Function.__str__", function_text),
+    ):
         yield
 
 

@@ -215,6 +215,29 @@ def test_skipped_nonreplaceable_marks_give_the_same_program(
     assert skipping == always
 
 
+def test_nonreplaceable_marks_are_recomputed_only_once_a_var_is_marked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a constexpr op no var gets a mark, and no block exit recomputes them; a
+    compressed weight (a constexpr op) turns the recomputation on."""
+    from coremltools.converters.mil.mil.block import Block
+
+    recomputed: list[object] = []
+    real = Block._propagate_nonreplaceable_vars
+
+    def counting(self: object) -> None:
+        recomputed.append(self)
+        real(self)
+
+    monkeypatch.setattr(Block, "_propagate_nonreplaceable_vars", counting)
+    g = Graph("marks")
+    x = g.input("x", [2, 64])
+    g.set_outputs([g.relu(g.matmul(x, g.param("w", [64, 64])), name="y")])
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    rlx_mil.convert(g, {"w": w}, precision="fp16")
+    assert recomputed == []
+    rlx_mil.convert(g, {"w": w}, precision="fp16", compress="int8")
+    assert recomputed
+
+
 def test_nonreplaceable_marks_are_still_computed_for_constexpr_weights() -> None:
     """A compressed weight is a constexpr op: its consumers carry its mark as Core ML makes it."""
     g = Graph("compressed")
