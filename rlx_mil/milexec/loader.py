@@ -278,12 +278,14 @@ def resolve_source(
     """Find the Function to run and the interface-name mapping for `source`."""
     from coremltools.converters.mil.mil import Function, Program
 
+    from rlx_mil.milexec.light import LightProgram
+
     metadata: Mapping[str, str] = {}
     if isinstance(source, (str, os.PathLike)):
         model = _open_model(source)
         program = _program_from_model(model, source)
         metadata = dict(model.user_defined_metadata)
-    elif isinstance(source, Program):
+    elif isinstance(source, (Program, LightProgram)):
         program = source
     elif isinstance(source, Function):
         program = None

@@ -56,6 +56,7 @@ from rlx_mil.milexec.fp16 import widen
 from rlx_mil.milexec.kernels.linalg import rows_in_threads
 from rlx_mil.milexec.loader import IONames, ResolvedSource, load_program, mapped_file, release, resolve_source
 from rlx_mil.milexec.plan import Plan, build_plan, root_key
+from rlx_mil.milexec.protoread import read_program
 from rlx_mil.milexec.registry import declared_dtype
 from rlx_mil.milexec.streamed import ShiftScaleWeight
 
@@ -111,8 +112,12 @@ class PreparedProgram:
         #: threads a large linear splits its weight's rows between (default: up to 2 cores).
         self.threads = threads if threads is not None else max(1, min(2, os.cpu_count() or 1))
         self.source = source
-        program = load_program(source) if isinstance(source, (str, os.PathLike)) else None
-        first = resolve_source(program if program is not None else source, None, None)
+        program = _load(source, functions) if isinstance(source, (str, os.PathLike)) else None
+        loaded = program if program is not None else source
+        # Read for some functions only, the package's default one may not be among them.
+        default = None if program is None or not functions or getattr(program, "default_function_name", None) in \
+            program.functions else functions[0]
+        first = resolve_source(loaded, default, None)
         self.program = first.program
         names = list(functions) if functions is not None else (
             list(self.program.functions) if self.program is not None else [first.function_name]
@@ -217,6 +222,14 @@ class PreparedProgram:
                 value = widen(value)
             values.append(value)
         return values
+
+
+def _load(path: str | os.PathLike[str], functions: Sequence[str] | None) -> Any:
+    """The package's functions (`functions`, default every one) read straight from its protobuf
+    (`rlx_mil.milexec.protoread`), or its pymil Program where that reader leaves it to
+    coremltools' loader."""
+    light = read_program(path, functions)
+    return light if light is not None else load_program(path)
 
 
 class _Budget:

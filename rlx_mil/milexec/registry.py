@@ -91,7 +91,9 @@ class OpContext:
     @property
     def opset(self) -> int:
         """iOS version whose op definition this op instantiates (15 for the iOS13-15 opset)."""
-        match = _OPSET_OF_MODULE.search(type(self.op).__module__)
+        # A light op (`rlx_mil.milexec.protoread`) names the pymil class it instantiates.
+        definition = getattr(self.op, "op_class", None) or type(self.op)
+        match = _OPSET_OF_MODULE.search(definition.__module__)
         return int(match.group(1)) if match else 15
 
     def error(self, message: str) -> MilExecError:
