@@ -63,9 +63,11 @@ class _Reader:
     def __init__(self, spec: Any, weights_dir: str) -> None:
         from coremltools.converters.mil._deployment_compatibility import AvailableTarget
         from coremltools.converters.mil.frontend.milproto import load as milproto
+        from coremltools.proto import MIL_pb2
 
         self.spec = spec
         self.milproto = milproto
+        self.string = MIL_pb2.STRING
         self.context = milproto.TranscriptionContext(weights_dir)
         try:
             self.opset = AvailableTarget(spec.specificationVersion)
@@ -115,10 +117,8 @@ class _Reader:
         op_type = spec.type
         if spec.blocks:
             raise Unsupported("nested blocks")
-        attributes = {k: self.value(v) for k, v in spec.attributes.items()}
+        attributes = {k: self.name(v) if k == "name" else self.value(v) for k, v in spec.attributes.items()}
         name = attributes.pop("name", None)
-        if name is not None and not isinstance(name, str):
-            raise Unsupported("op name")
         is_const = op_type == "const" or "constexpr_" in op_type
         if op_type == "const":
             if spec.inputs or set(attributes) != {"val"} or len(spec.outputs) != 1:
@@ -225,6 +225,15 @@ class _Reader:
         return op
 
     # -- values, types, names ---------------------------------------------------------------
+    def name(self, spec: Any) -> str:
+        """The string an op's "name" attribute holds."""
+        strings = spec.immediateValue.tensor.strings.values
+        kind = spec.type.tensorType
+        if (spec.WhichOneof("value") != "immediateValue" or kind.rank != 0 or len(strings) != 1
+                or kind.dataType != self.string or spec.docString):
+            raise Unsupported("op name")
+        return str(strings[0])
+
     def value(self, spec: Any) -> Any:
         kind = spec.type.WhichOneof("type")
         if kind != "tensorType":
@@ -235,6 +244,14 @@ class _Reader:
         from coremltools.converters.mil.frontend.milproto.helper import proto_to_types
         from coremltools.converters.mil.mil import types
 
+        if spec.WhichOneof("type") == "tensorType":  # the common case, as proto_to_types reads it
+            tensor = spec.tensorType
+            dims = tensor.dimensions
+            if tensor.rank == len(dims) and not len(tensor.attributes) and tensor.dataType in types.PROTO_TO_BUILTIN_TYPE:
+                shape = [d.constant.size for d in dims if d.WhichOneof("dimension") == "constant"]
+                if len(shape) == len(dims):
+                    dtype = types.PROTO_TO_BUILTIN_TYPE[tensor.dataType]
+                    return types.tensor(dtype, shape) if shape or tensor.rank else dtype
         sym_type = proto_to_types(spec)
         if types.is_list(sym_type) or types.is_dict(sym_type):
             raise Unsupported("list or dictionary type")
