@@ -330,7 +330,7 @@ def _generate(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     sys.stdout.flush()
     if not args.quiet:
-        print(session.stats.to_text(), file=sys.stderr)
+        print(f"{_opened_text(session)}; {session.stats.to_text()}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -348,8 +348,12 @@ def _generate_ids(args: argparse.Namespace) -> int:
     print(f"engine: {session.engine}")
     print(",".join(str(t) for t in tokens))
     if not args.quiet:
-        print(session.stats.to_text(), file=sys.stderr)
+        print(f"{_opened_text(session)}; {session.stats.to_text()}", file=sys.stderr)
     return EXIT_OK
+
+
+def _opened_text(session: Any) -> str:
+    return f"package opened in {session.open_seconds:.2f} s (CPU {session.open_cpu_seconds:.2f} s)"
 
 
 def _progress(args: argparse.Namespace) -> Any:

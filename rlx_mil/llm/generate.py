@@ -116,6 +116,7 @@ class Session:
     ) -> None:
         import coremltools as ct
 
+        started, started_cpu = time.perf_counter(), time.process_time()
         if engine not in ENGINES:
             raise InvalidOptionError(f"engine must be one of {ENGINES}, got {engine!r}")
         if memory not in MEMORY_MODES:
@@ -221,6 +222,9 @@ class Session:
             self._prepared = prepare(program if program is not None else path, memory=memory, precision_model=precision_model)
             self.memory = self._prepared.memory
         self.reset()
+        #: wall and CPU seconds opening the package took (reading it, preparing the executor).
+        self.open_seconds = time.perf_counter() - started
+        self.open_cpu_seconds = time.process_time() - started_cpu
 
     # -- state -----------------------------------------------------------------------------------
     @property
