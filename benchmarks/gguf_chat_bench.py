@@ -212,6 +212,37 @@ def _transformers(path: Path, ids: list[int], steps: int, stops: Any, prompt: st
     return out, extra
 
 
+def fp16_overflow(path: Path, package: Path, ids: list[int]) -> dict[str, Any]:
+    """Where an fp16 package's non-finite values start (the executor's first `nonfinite_origins`
+    over the prompt, token by token through the decode function), and transformers' model of
+    the file run in float16 on the same prompt: each layer's max |hidden| and the first layer
+    whose output is not finite."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlx_mil import milexec
+
+    states: dict[str, np.ndarray] = {}
+    origin = None
+    for i, token in enumerate(ids):
+        feeds = {"input_ids": np.array([[token]], np.int32), "position_ids": np.array([[i]], np.int32),
+                 "cache_position": np.array([i], np.int32)}
+        result = milexec.run(str(package), feeds, function_name="decode", states=states, return_all=True)
+        if result.nonfinite_origins:
+            origin = f"token {i}: {result.nonfinite_origins[0]}"
+            break
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float16,
+                                                 attn_implementation="eager")
+    peaks: list[float] = []
+    for layer in model.model.layers:
+        layer.register_forward_hook(lambda _m, _i, out: peaks.append(float((out[0] if isinstance(out, tuple) else out).float().abs().max())))
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits
+    bad = next((i for i, p in enumerate(peaks) if not np.isfinite(p)), None)
+    return {"package_first_nonfinite": origin, "transformers_fp16_layer_max": [round(p, 1) for p in peaks],
+            "transformers_fp16_first_nonfinite_layer": bad, "transformers_fp16_logits_finite": bool(torch.isfinite(logits).all())}
+
+
 def by_type(path: Path, package: Path, precision: str) -> dict[str, dict[str, Any]]:
     """Per llama.cpp type: tensors, the file's bytes, the package's bytes and the form held in
     (quantized ones from the package's compression report; dense ones are fp16/fp32 consts)."""
@@ -279,6 +310,8 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", default=["fp32", "fp16"])
     parser.add_argument("--stateless-seq-len", type=int, help="also convert stateless (--seq-len N --last-logits)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
+    parser.add_argument("--fp16-overflow", action="store_true",
+                        help="where an fp16 package's logits are NaN: where the overflow starts, and transformers in float16")
     args = parser.parse_args()
     path = args.gguf or (assembled_gguf(args.wheels) if args.wheels else shipped_gguf())
     from rlx_mil.models.gguf.reader import GGUFFile
@@ -316,6 +349,11 @@ def main() -> None:
                       f" {t['package_bytes'] / 2**20:8.2f} MiB  {t['package_bytes'] / t['file_bytes']:.3f}x  {t['held_as']}")
             print(f"  {'mode':6} {'chat' if chat else 'plain'} prompt {prompt!r}\n  package:   {got!r}\n"
                   f"  reference: {want!r}\n  match: {got == want}")
+            if args.fp16_overflow and precision == "fp16" and got.startswith("error:"):
+                found = results[precision]["overflow"] = fp16_overflow(path, package, reference["prompt_ids"])
+                print(f"  fp16 overflow: package first non-finite at {found['package_first_nonfinite']}; transformers float16:"
+                      f" first non-finite layer {found['transformers_fp16_first_nonfinite_layer']}, logits finite"
+                      f" {found['transformers_fp16_logits_finite']}, max |hidden| per layer {found['transformers_fp16_layer_max']}")
             if args.stateless_seq_len:
                 flat = convert(path, Path(work) / f"flat_{precision}.mlpackage", Path(work) / f"peak_flat_{precision}",
                                ["--seq-len", str(args.stateless_seq_len), "--last-logits", "--precision", precision])
