@@ -33,7 +33,7 @@ from rlx_mil.units import human_bytes
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The convert-gguf flags (besides the shared --target/--precision/--compress flags)."""
-    p.add_argument("model", type=Path, help="a GGUF file (llama, qwen2, qwen3, gemma2 or phi3 architecture)")
+    p.add_argument("model", type=Path, help="a GGUF file (llama, qwen2, qwen3, gemma2, gemma3 or phi3 architecture)")
     add_decoder_arguments(p)
     from rlx_mil.coreml.deploy import DEPLOY_FORMS
 
