@@ -2,6 +2,6 @@
 
 import sys
 
-from rlx_mil.cli.main import main
+from rlx_mil.cli.main import entry
 
-sys.exit(main())
+sys.exit(entry())

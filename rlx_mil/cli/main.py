@@ -421,6 +421,15 @@ def _os_error_line(err: OSError) -> str:
     return _one_line(err)
 
 
+def entry() -> int:
+    """The `rlx-mil` command (and `python -m rlx_mil.cli`): `main` in a process that goes
+    without PyTorch and transformers, which no subcommand uses but coremltools imports whenever
+    they are installed (about 2 s of CPU at every start, and a version warning)."""
+    for name in ("torch", "transformers"):
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+    return main()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; every failure ends in one `rlx-mil CMD: error: ...` line on stderr.
 
