@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.errors import RlxMilError
+from rlx_mil.lowering.target import Target
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
@@ -40,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="where Core ML runs the model (macOS; not stored in a package)")
 
     def conversion_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default="iOS18", choices=["iOS15", "iOS16", "iOS17", "iOS18"])
+        p.add_argument("--target", default="iOS18", choices=[t.label for t in Target])
         p.add_argument("--precision", default="fp16", choices=["fp16", "fp32"])
         p.add_argument("--attention", default="auto", choices=["auto", "fused", "decomposed"])
 

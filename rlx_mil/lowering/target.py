@@ -9,12 +9,19 @@ from rlx_mil.errors import InvalidOptionError
 
 
 class Target(enum.IntEnum):
-    """Minimum deployment target. The value orders targets (iOS15 < iOS16 < ...)."""
+    """Minimum deployment target. The value orders targets (iOS15 < iOS16 < ... < iOS26).
+
+    iOS26 (Core ML specification 10, coremltools 9.0's `ct.target.iOS26`) has iOS18's op set;
+    what differs is how Core ML runs it: a `constexpr_lut_to_dense` feeding a
+    `constexpr_blockwise_shift_scale` keeps that order (coremltools re-orders it before iOS26,
+    `canonicalize_quantized_lut_pattern`), which GGUF codes use (`rlx_mil.models.gguf.codes`).
+    """
 
     IOS15 = 15
     IOS16 = 16
     IOS17 = 17
     IOS18 = 18
+    IOS26 = 26
 
     @property
     def label(self) -> str:

@@ -3,7 +3,7 @@
 Every test builds a small graph around one op, feeds values chosen so the spec is unambiguous
 (no exact .5 ties for Round, no divisions by ~0, fractions clear of integers before a float ->
 int cast...), and hands it to `verify`, which runs `rlx_mil.testing.check_conversion` on every
-target that has rules for the graph's ops, in fp32 and fp16, through the MIL executor before
+target up to iOS18 that has rules for the graph's ops (`E2E_TARGETS`), in fp32 and fp16, through the MIL executor before
 and after a save/reload round trip. A graph whose ops lack a lowering rule is still converted
 on every target, so the missing rule fails the test instead of silently checking nothing.
 
@@ -29,6 +29,11 @@ from rlx_mil.naming import output_names
 from rlx_mil.testing import CheckReport, Tolerance, check_conversion, supported_targets
 
 PRECISIONS: tuple[Precision, ...] = (Precision.FP32, Precision.FP16)
+#: The targets `verify` checks by default: iOS15-iOS18. iOS26 lowers every op as iOS18 does (the
+#: same rules and MIL ops; Core ML's passes differ only for compressed weights), so a
+#: representative set of graphs checks it instead (tests/e2e/test_ios26_e2e.py), which keeps the
+#: suite's time.
+E2E_TARGETS: tuple[Target, ...] = tuple(t for t in Target if t <= Target.IOS18)
 THOROUGH = os.environ.get("RLX_MIL_HYPOTHESIS_PROFILE", "quick") == "thorough"
 #: How many more examples the thorough profile runs than the quick one.
 THOROUGH_FACTOR = 8
@@ -68,10 +73,10 @@ def verify(
     `ConversionMismatch` (an AssertionError) on any difference beyond tolerance."""
     if targets is not None and not targets:
         raise ValueError("targets must not be empty (None means every supported target)")
-    chosen = list(targets) if targets is not None else supported_targets(graph)
+    chosen = list(targets) if targets is not None else [t for t in supported_targets(graph) if t in E2E_TARGETS]
     if not chosen:
         # No rule for some op: convert anyway so the UnsupportedOpError names it.
-        chosen = list(Target)
+        chosen = list(E2E_TARGETS)
     with packages_not_synced():
         report = check_conversion(
             graph, params or {}, inputs, targets=chosen, precisions=PRECISIONS,

@@ -27,12 +27,12 @@ def _graph(graph: Graph, from_json: bool) -> Graph:
 
 def generate_and_compare(
     c: TinyLM, precision: str, layout: str = "stacked", precision_model: str = "declared",
-    hidden: frozenset[int] = frozenset(), from_json: bool = False, attention: str = "auto",
+    hidden: frozenset[int] = frozenset(), from_json: bool = False, attention: str = "auto", target: str = "iOS18",
 ) -> list[float]:
     params = tiny_params(c)
     models = {
         n: convert_stateful(_graph(decode_graph(c, n, 3), from_json), params, max_context=MAX_CONTEXT, precision=precision, cache_layout=layout,
-                            attention=attention)
+                            attention=attention, target=target)
         for n in (len(PROMPT), 1)
     }
     states: dict[str, np.ndarray] = {}
@@ -78,6 +78,14 @@ def test_fp32_program_matches_stateless_graph_every_step(config: TinyLM) -> None
 def test_fp16_matches_within_documented_tolerance(layout: str, mask: str) -> None:
     errors = generate_and_compare(TinyLM(mask=mask), "fp16", layout=layout)
     assert max(errors) < FP16_LOGITS_ATOL, errors
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_ios26_program_matches_stateless_graph_every_step(precision: str) -> None:
+    """iOS26 (specification 10) keeps the KV cache in Core ML state as iOS18 does."""
+    errors = generate_and_compare(TinyLM(mask="sliding:3"), precision, target="iOS26",
+                                  precision_model="float32" if precision == "fp32" else "declared")
+    assert max(errors) < (FP32_LOGITS_ATOL if precision == "fp32" else FP16_LOGITS_ATOL), errors
 
 
 def test_fp32_program_with_fp16_states_as_on_device() -> None:

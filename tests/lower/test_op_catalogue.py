@@ -50,7 +50,7 @@ def test_converts_on_supported_targets_only(
     # Core ML bumps the specification version when any op needs a newer opset.
     assert SPEC_VERSION_TARGETS[spec.specificationVersion] == target.label
     assert [f.name for f in spec.description.output] == list(catalogue_models.lowered(case, target, "fp16").outputs)
-    if target is supported[-1]:
+    if target in (supported[-1], Target.IOS18):  # the newest target, and iOS18's (its programs differ only in passes)
         _check_numbers(case, graph, model, inputs, params, Precision.parse(precision))
 
 

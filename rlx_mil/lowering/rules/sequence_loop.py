@@ -149,7 +149,7 @@ def recurrence_forms_markdown() -> str:
     return f"""
 ## Recurrences (GatedDeltaNet, SelectiveScan, Mamba2, Lstm, Gru, Rnn)
 
-* **Form, every target (iOS15-iOS18).** Sequences of S <= {UNROLL_MAX_STEPS} steps
+* **Form, every target (iOS15-iOS26).** Sequences of S <= {UNROLL_MAX_STEPS} steps
   (`rlx_mil.lowering.rules.sequence_loop.UNROLL_MAX_STEPS`) are unrolled: one `slice_by_index` per
   step and sequence, the step's ops, one `stack` per output. Longer sequences become one MIL
   `while_loop` (int32 counter, the states, one `[S, ...]` accumulator per output; step t read
