@@ -13,10 +13,13 @@ liveness, in-place state writes). Two memory modes decide what happens to the we
 * ``"lean"``: nothing is widened or kept decoded. A large fp16 weight stays a view of the
   mapped file, is widened a block of rows at a time inside `linear`, and its resident pages
   are dropped once the op that read it ran; a `constexpr_blockwise_shift_scale` weight (int8,
-  int4) is decoded a block of rows at a time by the `linear` reading it and row by row by an
-  embedding `gather` (`rlx_mil.milexec.streamed`); other compressed weights are decoded by
-  each run, op by op, and freed after their last use. About the states plus one layer's
-  weights resident.
+  int4, or indices into one integer table: a `constexpr_lut_to_dense` feeding it) is decoded
+  a block of rows at a time by the `linear` reading it and row by row by an embedding `gather`
+  (`rlx_mil.milexec.streamed`); other compressed weights are decoded by each run, op by op,
+  and freed after their last use. About the states plus one layer's weights resident.
+
+A `constexpr_lut_to_dense` whose output only feeds a `constexpr_blockwise_shift_scale` is part
+of that weight: it is decoded (or streamed) with it, never kept on its own.
 * ``"auto"``: ``"fast"`` when its estimate fits in half the memory available now, else lean.
 
 A `linear` that widens or decodes a weight of 2^20 elements or more a block of rows at a time
@@ -58,7 +61,7 @@ from rlx_mil.milexec.loader import IONames, ResolvedSource, load_program, mapped
 from rlx_mil.milexec.plan import Plan, build_plan, root_key
 from rlx_mil.milexec.protoread import read_program
 from rlx_mil.milexec.registry import declared_dtype
-from rlx_mil.milexec.streamed import ShiftScaleWeight
+from rlx_mil.milexec.streamed import ShiftScaleWeight, lut_chain
 
 MemoryMode = Literal["auto", "fast", "lean"]
 MEMORY_MODES: tuple[str, ...] = ("auto", "fast", "lean")
@@ -185,7 +188,8 @@ class PreparedProgram:
                         release(value)
                     plan.consts[id(var)] = shared[key]
                 continue
-            key = (op.op_type, *(_identity(plan.consts.get(id(v))) for v in op.inputs.values()))
+            key = _weight_key(op, plan.consts)
+            chain = lut_chain(op) if op.op_type == "constexpr_blockwise_shift_scale" else None
             out = op.outputs[0]
             streamed = None
             if op.op_type == "constexpr_blockwise_shift_scale" and len(op.outputs) == 1:
@@ -198,10 +202,10 @@ class PreparedProgram:
                     plan.consts[id(var)] = shared[key][index]
                     if isinstance(shared[key][index], np.ndarray):
                         plan.pinned.add(root_key(shared[key][index]))
-                plan.precomputed.add(id(op))
+                plan.precomputed.update({id(op)} | ({id(chain)} if chain is not None else set()))
             elif streamed is not None:
                 plan.consts[id(out)] = shared.setdefault(("streamed", *key), streamed)
-                plan.precomputed.add(id(op))
+                plan.precomputed.update({id(op)} | ({id(chain)} if chain is not None else set()))
                 data = streamed.data
                 if self.memory == "lean" and mapped_file(data) is not None:
                     for user in out.child_ops:
@@ -213,8 +217,13 @@ class PreparedProgram:
         """The outputs of constexpr `op`, computed once; a large fp16 one kept widened."""
         if streamed is not None:
             return [streamed.fill(np.empty(streamed.shape, np.float32))]
+        chain = lut_chain(op) if op.op_type == "constexpr_blockwise_shift_scale" else None
         with np.errstate(all="ignore"):
+            if chain is not None:  # the table lookup feeding it, decoded for this op only
+                scratch._execute(chain)
             scratch._execute(op)
+        if chain is not None:
+            scratch.env.pop(id(chain.outputs[0]), None)
         values = []
         for var in op.outputs:
             value = scratch.env.pop(id(var))
@@ -257,9 +266,25 @@ def _weights(function: Any) -> list[Any]:
             if (isinstance(value, np.ndarray) and value.dtype == np.float16 and value.size >= WIDEN_MIN
                     and not all(user.op_type.startswith("constexpr_") for user in var.child_ops)):
                 found.append(op)
-        elif op.op_type.startswith("constexpr_"):
+        elif op.op_type.startswith("constexpr_") and not _feeds_chain(op):
             found.append(op)
     return found
+
+
+def _feeds_chain(op: Any) -> bool:
+    """A `constexpr_lut_to_dense` that is the first half of a LUT-then-scale weight."""
+    users = op.outputs[0].child_ops if op.op_type == "constexpr_lut_to_dense" else []
+    return len(users) == 1 and users[0].op_type == "constexpr_blockwise_shift_scale" and lut_chain(users[0]) is op
+
+
+def _weight_key(op: Any, consts: Mapping[int, Any]) -> tuple[Any, ...]:
+    """What identifies the weight constexpr `op` computes: its const inputs' memory (those of
+    the LUT feeding a LUT-then-scale weight included)."""
+    chain = lut_chain(op) if op.op_type == "constexpr_blockwise_shift_scale" else None
+    parts = [_identity(consts.get(id(v))) for v in op.inputs.values()]
+    if chain is not None:
+        parts += [("chain",)] + [_identity(consts.get(id(v))) for v in chain.inputs.values()]
+    return (op.op_type, *parts)
 
 
 def _elements(op: Any) -> int:
@@ -277,12 +302,21 @@ def _fp16_bytes(weights: list[list[Any]]) -> int:
     total = 0
     for ops in weights:
         for op in ops:
-            values = [op.outputs[0].val] if op.op_type == "const" else [v.val for v in op.inputs.values()]
-            key = (op.op_type, *(_identity(v) for v in values))
+            if op.op_type == "const":
+                key: tuple[Any, ...] = ("const", *_identity(op.outputs[0].val))
+            else:
+                key = _weight_key(op, {id(v): v.val for v in _const_inputs(op)})
             if key not in seen:
                 seen.add(key)
                 total += 2 * _elements(op)
     return total
+
+
+def _const_inputs(op: Any) -> list[Any]:
+    """The inputs of constexpr `op` (and of the LUT feeding a LUT-then-scale weight)."""
+    chain = lut_chain(op) if op.op_type == "constexpr_blockwise_shift_scale" else None
+    found = list(op.inputs.values())
+    return found + (list(chain.inputs.values()) if chain is not None else [])
 
 
 def _blas_limit(threads: int | None) -> Any:

@@ -2,8 +2,10 @@
 
 A `constexpr_blockwise_shift_scale` weight (what int8 / int4 compression writes) is, as the
 program declares it, ``fp16(scale * (data - offset))``: the float32 product rounded once to the
-op's output dtype. `ShiftScaleWeight` computes exactly those values for any rows it is asked
-for, into a buffer the caller reuses:
+op's output dtype. Its `data` may itself be the output of a `constexpr_lut_to_dense` with one
+integer table (the LUT-then-scale form of GGUF codes on iOS26): data = lut[indices], looked up
+a block of rows at a time too. `ShiftScaleWeight` computes exactly those values for any rows it
+is asked for, into a buffer the caller reuses:
 
 * `rows_into(start, stop, out)`: rows ``[start, stop)`` as float32 (`linear` multiplies a
   block of its weight at a time, see `rlx_mil.milexec.kernels.linalg`);
@@ -31,8 +33,12 @@ BLOCK_BYTES = 1 << 20
 class ShiftScaleWeight:
     """The output of one `constexpr_blockwise_shift_scale` op, decoded on request."""
 
-    def __init__(self, data: np.ndarray, scale: np.ndarray, offset: np.ndarray | None, round_fp16: bool) -> None:
+    def __init__(self, data: np.ndarray, scale: np.ndarray, offset: np.ndarray | None, round_fp16: bool,
+                 lut: np.ndarray | None = None) -> None:
+        #: the integer codes, or with `lut` the indices into it.
         self.data = data
+        #: a table of integers (float32, 1-D) the codes index; None: the codes are the values.
+        self.lut = None if lut is None else lut.astype(np.float32).reshape(-1)
         self.scale = scale.astype(np.float32)
         self.offset = None if offset is None else offset.astype(np.float32)
         self.shape: tuple[int, ...] = tuple(data.shape)
@@ -44,8 +50,20 @@ class ShiftScaleWeight:
 
     @classmethod
     def of(cls, op: Any, lookup: Any, round_fp16: bool) -> ShiftScaleWeight | None:
-        """The streamed form of `op`, or None when its inputs are not the plain blockwise kind."""
-        data, scale = lookup(op.inputs["data"]), lookup(op.inputs["scale"])
+        """The streamed form of `op`, or None when its inputs are not the plain blockwise kind
+        (integer codes, or indices into one integer table, see `lut_chain`)."""
+        chain = lut_chain(op)
+        lut = None
+        if chain is not None:
+            indices, lut = lookup(chain.inputs["indices"]), lookup(chain.inputs["lut"])
+            if not isinstance(indices, np.ndarray) or not isinstance(lut, np.ndarray) or not _one_table(lut, indices):
+                return None
+            data = indices
+        elif _produced_by_const(op.inputs["data"]):
+            data = lookup(op.inputs["data"])
+        else:
+            return None
+        scale = lookup(op.inputs["scale"])
         offset = lookup(op.inputs["offset"]) if op.inputs.get("offset") is not None else None
         params = [p for p in (scale, offset) if p is not None]
         if not isinstance(data, np.ndarray) or data.ndim == 0 or data.dtype.kind not in "iu":
@@ -53,7 +71,7 @@ class ShiftScaleWeight:
         if any(not isinstance(p, np.ndarray) or p.ndim != data.ndim
                or any(b == 0 or n % b for n, b in zip(data.shape, p.shape, strict=True)) for p in params):
             return None
-        return cls(data, scale, offset, round_fp16)
+        return cls(data, scale, offset, round_fp16, lut)
 
     def _in_normal_range(self) -> bool:
         """Every nonzero value scale * (data - offset) lies in [2^-14, 65504] (the bit form of
@@ -61,7 +79,8 @@ class ShiftScaleWeight:
         scale = np.abs(self.scale)
         if not np.isfinite(scale).all():
             return False
-        low, high = int(self.data.min(initial=0)), int(self.data.max(initial=0))
+        values = self.data if self.lut is None else self.lut
+        low, high = int(values.min(initial=0)), int(values.max(initial=0))
         if self.offset is not None:
             if not np.array_equal(self.offset, np.round(self.offset)):
                 return False
@@ -112,7 +131,10 @@ class ShiftScaleWeight:
     def _decode(self, data: np.ndarray, params: list[np.ndarray | None], out: np.ndarray,
                 scratch: np.ndarray | None) -> np.ndarray:
         scale, offset = params
-        np.copyto(out, data)  # integers are exact in float32
+        if self.lut is None:
+            np.copyto(out, data)  # integers are exact in float32
+        else:  # every index is inside the table (its width's range): "clip" never clips
+            np.take(self.lut, data, out=out, mode="clip")
         assert scale is not None
         view, scale_view = _blocked(out, scale)
         if offset is not None:
@@ -124,6 +146,28 @@ class ShiftScaleWeight:
             else:
                 round_exact_into(out, scratch)
         return out
+
+
+def lut_chain(op: Any) -> Any:
+    """The `constexpr_lut_to_dense` op whose output is the `data` of the
+    `constexpr_blockwise_shift_scale` `op` and nothing else's (None when there is none)."""
+    var = op.inputs.get("data")
+    producer = getattr(var, "op", None)
+    if producer is None or producer.op_type != "constexpr_lut_to_dense" or len(var.child_ops) != 1:
+        return None
+    block = producer.enclosing_block
+    return None if block is not None and var in block.outputs else producer
+
+
+def _produced_by_const(var: Any) -> bool:
+    producer = getattr(var, "op", None)
+    return producer is not None and producer.op_type == "const"
+
+
+def _one_table(lut: np.ndarray, indices: np.ndarray) -> bool:
+    """An iOS18 `lut` [1, ..., 1, 2^n, 1] of integers: one table for every index, no vectors."""
+    return (lut.ndim == indices.ndim + 2 and all(d == 1 for d in lut.shape[:-2]) and lut.shape[-1] == 1
+            and lut.dtype.kind in "iu" and indices.ndim > 0 and indices.dtype.kind in "iu")
 
 
 def _blocked(values: np.ndarray, param: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
