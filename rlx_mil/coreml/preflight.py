@@ -35,7 +35,7 @@ from rlx_mil.errors import InvalidOptionError, RlxMilError
 # MIL protobuf data types (coremltools.proto.MIL_pb2.DataType).
 _FP16, _FP32, _UINT4 = 10, 11, 35
 _DTYPE_NAMES = {1: "bool", 10: "fp16", 11: "fp32", 13: "bf16", 21: "int8", 23: "int32", 25: "int4", 31: "uint8",
-                35: "uint4"}
+                35: "uint4", 36: "uint2", 37: "uint1", 38: "uint6", 39: "uint3"}
 _CT_VERSION = "com.github.apple.coremltools.version"
 _RLX_MIL_VERSION = "rlx_mil.version"
 
@@ -319,6 +319,13 @@ def _one_table(f: _Function, op: Any) -> bool:
     return all(d == 1 for d in lut.dims[:-2])
 
 
+def _feeds_block_scale(f: _Function, op: Any) -> bool:
+    """A palette whose entries are codes a `constexpr_blockwise_shift_scale` scales (the
+    LUT-then-scale form Core ML keeps from iOS26 on, e.g. GGUF codes)."""
+    uses = f.consumers.get(op.outputs[0].name, []) if op.outputs else []
+    return bool(uses) and all(user.type == "constexpr_blockwise_shift_scale" and key == "data" for user, key in uses)
+
+
 def _weight_files(model: Any, path: Path | None) -> list[Path]:
     folder = Path(model.weights_dir) if getattr(model, "weights_dir", None) else None
     if folder is None and path is not None:
@@ -355,10 +362,13 @@ def preflight(model_or_path: Any, device: str = "ane") -> list[Finding]:
     if stateful and (version == "9.0" or version.startswith(("9.0.", "9.0b", "9.0 "))):
         lut4 = [(f, op) for f in functions for op in f.ops
                 if op.type == "constexpr_lut_to_dense" and (_palette_bits(f, op) or 9) <= 4]
-        whole = [(f, op) for f, op in lut4 if _one_table(f, op)]
-        grouped = [(f, op) for f, op in lut4 if not _one_table(f, op)]
+        scaled = [(f, op) for f, op in lut4 if _feeds_block_scale(f, op)]
+        whole = [(f, op) for f, op in lut4 if _one_table(f, op) and (f, op) not in scaled]
+        grouped = [(f, op) for f, op in lut4 if not _one_table(f, op) and (f, op) not in scaled]
         for rule, found, kind in (("lut4-state-coremltools-9.0", whole, "one table per weight"),
-                                  ("lut4-grouped-state-coremltools-9.0", grouped, "a table per group of channels")):
+                                  ("lut4-grouped-state-coremltools-9.0", grouped, "a table per group of channels"),
+                                  ("lut-scale-state-coremltools-9.0", scaled,
+                                   "a table of integers, then a per-block scale (iOS26)")):
             if found:
                 f, op = found[0]
                 checker.add(rule, f"{len(found)} weights palettized to <= 4 bits ({kind}), states, built"

@@ -108,6 +108,12 @@ _RULES = (
          " apple/coremltools#2716's reports are all of one table per weight; not reported for grouped tables",
          "apple/coremltools#2716 (its reports: palettize_weights nbits=4, per-tensor)",
          "none known; on a device, check long runs"),
+    Rule("lut-scale-state-coremltools-9.0", ("ane", "gpu"), "note",
+         "a stateful package built with coremltools 9.0 whose <= 4-bit palettes hold integer codes that a per-block"
+         " scale follows (the iOS26 form of GGUF codes): apple/coremltools#2716's reports are all of float tables"
+         " (palettize_weights); not reported for this form",
+         "apple/coremltools#2716 (its reports: palettize_weights nbits=4, per-tensor)",
+         "none known; on a device, check long runs (iOS18 holds the same codes as a table per block)"),
     Rule("weight-file-over-1GB", ("ane", "gpu"), "warning",
          "a weight file above 1 GB: iOS refuses it (macOS takes up to ~2 GB)",
          ANEMLL + "; Apple developer forums", 'chunk_bytes="1GB" (--chunk-bytes 1GB) or compress="lut4"'),

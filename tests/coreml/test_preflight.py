@@ -89,6 +89,41 @@ def _stateful(shape: tuple[int, ...], flexible: bool = False, weight: bool = Fal
     return ct.convert(prog, minimum_deployment_target=ct.target.iOS18, compute_precision=ct.precision.FLOAT16)
 
 
+def _lut_then_scale(target: Any) -> Any:
+    """A stateful program whose weight is uint3 indices into the integers -4..3, then a scale per
+    16 weights (the iOS26 form of Q3_K codes)."""
+    specs = [mb.TensorSpec((1, 32), dtype=types.fp16), mb.StateTensorSpec((1, 2, 32, 32), dtype=types.fp16)]
+    rng = np.random.default_rng(1)
+    indices = rng.integers(0, 8, (32, 32)).astype(types.np_uint3_dtype)
+    scale = (rng.random((32, 2)) * 0.1 + 0.01).astype(np.float16)
+
+    @mb.program(input_specs=specs, opset_version=target)
+    def prog(x: Any, state: Any) -> Any:
+        codes = mb.constexpr_lut_to_dense(indices=indices, lut=(np.arange(8) - 4).astype(np.int8).reshape(1, 1, 8, 1))
+        y = mb.linear(x=x, weight=mb.constexpr_blockwise_shift_scale(data=codes, scale=scale))
+        y = mb.add(x=y, y=mb.reduce_mean(x=mb.read_state(input=state), axes=[0, 1, 2], keep_dims=False))
+        mb.coreml_update_state(state=state, value=mb.tile(x=mb.reshape(x=y, shape=[1, 1, 1, 32]), reps=[1, 2, 32, 1]))
+        return y
+
+    return ct.convert(prog, minimum_deployment_target=target, compute_precision=ct.precision.FLOAT16,
+                      skip_model_load=True)
+
+
+def test_lut_then_scale_weights_with_states_get_a_note() -> None:
+    """iOS26 keeps the integer table before the block scale: not the float palettes #2716 reports
+    (a note) — but a per-block int weight on the Neural Engine; iOS18 re-orders it into a table
+    per block of integers scaled per block (the grouped note only)."""
+    for target, rule, ane_rules in (
+        (ct.target.iOS26, "lut-scale-state-coremltools-9.0", {"lut-scale-state-coremltools-9.0", "ane-per-block-int"}),
+        (ct.target.iOS18, "lut4-grouped-state-coremltools-9.0", {"lut4-grouped-state-coremltools-9.0"}),
+    ):
+        model = _lut_then_scale(target)
+        assert model.get_spec().specificationVersion == (10 if target == ct.target.iOS26 else 9)
+        gpu = rlx_mil.preflight(model, device="gpu")
+        assert [(f.rule, f.severity) for f in gpu] == [(rule, "note")]
+        assert _rules(rlx_mil.preflight(model, device="ane")) == ane_rules
+
+
 def test_a_plain_fp16_package_has_no_findings(clean: Any, saved: Callable[[str, Any], Path]) -> None:
     assert rlx_mil.preflight(clean, device="ane") == []
     assert rlx_mil.preflight(saved("clean", clean), device="gpu") == []
