@@ -2,12 +2,14 @@
 
 For each file kind (every 2-D tensor of one type, or a Q4_K_M-style mix) a small Llama GGUF
 file is written the way the tests write them (tests/models/gguf/gguf_files.py), converted with
-`from_gguf` + `rlx_mil.convert` (stateless, iOS18, the precision asked) and saved. The table
+`from_gguf` + `rlx_mil.convert` (stateless, the target and precision asked: iOS18 and fp16 by
+default) and saved. The table
 gives the file's tensor bytes, the package's `weight.bin`, their ratio, and the package's
 bytes split by what the constexpr ops hold: codes (data / indices), block scales, block
 offsets, LUT entries (with the scales of a quantized LUT). Nothing is downloaded.
 
-    python benchmarks/gguf_size.py [--hidden 512] [--layers 2] [--precision fp16] [--kinds Q4_K Q6_K ...]
+    python benchmarks/gguf_size.py [--hidden 512] [--layers 2] [--precision fp16] [--target iOS18|iOS26]
+                                   [--kinds Q4_K Q6_K ...]
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def component_bytes(program: Any) -> dict[str, int]:
 
 
 def measure(kind: str, hidden: int, layers: int, precision: str, work: Path, requantize: str | None = None,
-            realistic: bool = False) -> dict[str, Any]:
+            realistic: bool = False, target: str = "iOS18") -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from models.gguf.gguf_files import write_gguf
 
@@ -139,7 +141,7 @@ def measure(kind: str, hidden: int, layers: int, precision: str, work: Path, req
     for t in file.tensors.values():
         by_type[t.type_name] += int(t.raw.nbytes)
     graph, params = from_gguf(path, seq_len=8, requantize=requantize)
-    model = rlx_mil.convert(graph, params, precision=precision)
+    model = rlx_mil.convert(graph, params, precision=precision, target=target)
     parts = component_bytes(model._mil_program)
     report = report_of(model)
     errors: dict[str, float] = defaultdict(float)
@@ -158,6 +160,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--target", default="iOS18", help="deployment target (iOS26: the LUT-then-scale forms)")
     ap.add_argument("--kinds", nargs="*", default=list(KINDS))
     ap.add_argument("--requantize", help="from_gguf(requantize=...), e.g. Q6_K=lut6")
     ap.add_argument("--realistic-q6k", action="store_true",
@@ -168,7 +171,8 @@ def main() -> None:
     print("|---|---|---|---|" + "---|" * len(roles) + "---|")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.kinds:
-            r = measure(kind, args.hidden, args.layers, args.precision, Path(tmp), args.requantize, args.realistic_q6k)
+            r = measure(kind, args.hidden, args.layers, args.precision, Path(tmp), args.requantize, args.realistic_q6k,
+                        args.target)
             cells = " | ".join(str(r["parts"].get(role, 0)) for role in roles)
             errors = ", ".join(f"{k} {v:.2e}" for k, v in sorted(r["errors"].items()))
             print(f"| {kind} | {r['gguf']} | {r['package']} | {r['package'] / r['gguf']:.3f} | {cells} | {errors} |", flush=True)

@@ -325,7 +325,7 @@ class WeightCompressor:
             if param_layout != "dense":
                 raise CompressionError(f"weight {name!r}: {scheme.label} codes are rows of the stored weight, used here transposed")
             codes: LinearCodes | PaletteCodes | LutScaleCodes = self.config.prequantized[name].encode(
-                store_dtype(self.precision), self.store.writer)
+                store_dtype(self.precision), self.store.writer, self.target)
         note = ""
         if not isinstance(scheme, PrequantizedScheme):
             scheme, fitted = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
@@ -440,6 +440,7 @@ class DequantizedParams(Mapping[str, np.ndarray]):
         self._codes = codes or {}
         self._prequantized = carried_weights(params)
         self._precision = Precision.parse(report.precision)
+        self._target = Target.parse(report.target)
         self._entries: dict[str, WeightReport] = {}
         for w in report.weights:
             prev = self._entries.get(w.name)
@@ -454,7 +455,7 @@ class DequantizedParams(Mapping[str, np.ndarray]):
         entry = self._entries.get(name)
         source = self._prequantized.get(name)
         if entry is not None and source is not None and entry.scheme == source.label:
-            return source.encode(store_dtype(self._precision), CodeWriter).dequantize()
+            return source.encode(store_dtype(self._precision), CodeWriter, self._target).dequantize()
         value = self._params[name]
         if entry is None:
             return np.asarray(value) if not isinstance(value, np.ndarray) else value

@@ -20,6 +20,7 @@ import numpy as np
 
 from rlx_mil.compress.code_store import CodeStore, WriterFactory
 from rlx_mil.compress.linear import LinearCodes
+from rlx_mil.lowering.target import Target
 
 
 @dataclass(frozen=True)
@@ -36,15 +37,18 @@ class PrequantizedWeight(Protocol):
     #: The Param's shape, `[out, in]`.
     shape: tuple[int, ...]
 
-    def encode(self, store: type[np.floating[Any]], code_writer: WriterFactory) -> LinearCodes | LutScaleCodes:
-        """The codes with their tables in the program's float type `store`."""
+    def encode(self, store: type[np.floating[Any]], code_writer: WriterFactory,
+               target: Target = Target.IOS18) -> LinearCodes | LutScaleCodes:
+        """The codes with their tables in the program's float type `store`, in the form the
+        ops of `target` hold best."""
         ...
 
 
 @dataclass
 class LutScaleCodes:
-    """Indices into a code book of integers (`lut`, int8) times a per-block scale:
-    w = scale * lut[indices] (`constexpr_lut_to_dense` then `constexpr_blockwise_shift_scale`)."""
+    """Indices into a code book of integers (`lut`, int8) with a per-block scale and (optional,
+    float) offset: w = scale * (lut[indices] - offset) (`constexpr_lut_to_dense` then
+    `constexpr_blockwise_shift_scale`)."""
 
     indices: np.ndarray
     lut: np.ndarray
@@ -53,10 +57,14 @@ class LutScaleCodes:
     sq_error: float
     sq_norm: float
     max_error: float | None = None
+    offset: np.ndarray | None = None
 
     def dequantize(self) -> np.ndarray:
+        """scale * (lut[indices] - offset) in float32, as the two constexpr ops decode it."""
         values = self.lut.astype(np.float32)[self.indices]
         block = values.shape[-1] // self.scale.shape[-1]
+        if self.offset is not None:
+            values = values - np.repeat(self.offset.astype(np.float32), block, axis=-1)
         return (np.repeat(self.scale.astype(np.float32), block, axis=-1) * values).astype(np.float32)
 
     @property
@@ -64,19 +72,31 @@ class LutScaleCodes:
         return float(np.sqrt(self.sq_error / self.sq_norm)) if self.sq_norm > 0 else float(np.sqrt(self.sq_error))
 
 
+#: Index widths of `constexpr_lut_to_dense` (iOS18 and later).
+LUT_INDEX_BITS = (1, 2, 3, 4, 6, 8)
+
+
 def lut_scale_op(codes: LutScaleCodes, name: str, store: CodeStore) -> Any:
-    """The iOS18 constexpr chain decoding `codes`."""
+    """The constexpr chain decoding `codes`: `constexpr_lut_to_dense` (one int8 table of
+    2^bits entries) then `constexpr_blockwise_shift_scale`. Core ML keeps that order from iOS26
+    on; for earlier targets coremltools re-orders it into a shift-scaled table per block."""
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import types
 
-    dtype = {4: types.np_uint4_dtype, 8: np.uint8}[codes.bits]
+    if codes.bits not in LUT_INDEX_BITS or codes.lut.size != 1 << codes.bits:
+        raise ValueError(f"{name}: a LUT of {codes.lut.size} entries for {codes.bits}-bit indices")
+    dtype = np.uint8 if codes.bits == 8 else getattr(types, f"np_uint{codes.bits}_dtype")
     lut = codes.lut.astype(np.int8).reshape([1] * codes.indices.ndim + [codes.lut.size, 1])
     values = mb.constexpr_lut_to_dense(indices=store.hold(codes.indices, dtype), lut=lut, name=f"{name}_codes")
-    return mb.constexpr_blockwise_shift_scale(data=values, scale=store.hold(codes.scale), name=name)
+    extra = {} if codes.offset is None else {"offset": store.hold(codes.offset)}
+    return mb.constexpr_blockwise_shift_scale(data=values, scale=store.hold(codes.scale), name=name, **extra)
 
 
 def lut_scale_bytes(codes: LutScaleCodes) -> int:
-    return (codes.indices.size * codes.bits + 7) // 8 + codes.lut.size + codes.scale.size * codes.scale.dtype.itemsize
+    tables = codes.scale.size * codes.scale.dtype.itemsize
+    if codes.offset is not None:
+        tables += codes.offset.size * codes.offset.dtype.itemsize
+    return (codes.indices.size * codes.bits + 7) // 8 + codes.lut.size + tables
 
 
 def carried_weights(params: Any) -> Mapping[str, PrequantizedWeight]:

@@ -1,5 +1,5 @@
-"""llama.cpp blocks -> the codes and block tables of Core ML's iOS18 constexpr ops, taken
-field by field from the blocks (the weight is never decoded to float on the way).
+"""llama.cpp blocks -> the codes and block tables of Core ML's constexpr ops (iOS18 and iOS26),
+taken field by field from the blocks (the weight is never decoded to float on the way).
 
 Every format is `w = scale * q + bias` per block of one output row (bias absent for the
 symmetric ones) with the row's integer codes q as stored: `constexpr_blockwise_shift_scale`
@@ -17,6 +17,12 @@ holds it as `scale * (q - offset)`:
 | Q6_K | int8 q - 32 | 16 | d * sc | - | scale rounds |
 | IQ4_NL | LUT of the 16 int8 code values + uint4 index | 32 | d | - | yes |
 | IQ4_XS | LUT + uint4 index | 32 | d * (ls - 32) | - | scale rounds |
+
+On iOS26, where Core ML runs a `constexpr_lut_to_dense` followed by a per-block
+`constexpr_blockwise_shift_scale` in that order, the codes of the 2-, 3-, 5- and 6-bit types
+are indices of their own width (`Format.lut_bits`: uint2, uint3, uint6) into the table of
+their integer values (`lut_low + arange(2^bits)`, int8) with the same block scale and offset:
+the same values as the iOS18 form, in fewer bits.
 
 A sub-block whose scale is 0 (or rounds to 0) but whose min is not holds one value c: its
 codes become 0 with scale c and offset -1. The error of every weight — max |decoded -
@@ -36,6 +42,7 @@ from rlx_mil.compress.linear import LinearCodes
 from rlx_mil.compress.prequantized import LutScaleCodes
 from rlx_mil.compress.schemes import PER_BLOCK, LinearScheme
 from rlx_mil.ir.ops import QuantKind
+from rlx_mil.lowering.target import Target
 from rlx_mil.reference.quant import (
     GGUF_FORMATS,
     IQ4_VALUES,
@@ -160,24 +167,38 @@ class Format:
     #: The block scale and offset in llama.cpp's field names (for the docs).
     scale_text: str = "d"
     offset_text: str = "-"
+    #: iOS26: the codes q as `lut_bits`-wide indices q - lut_low into the int8 table
+    #: lut_low + arange(2^lut_bits) (None: the iOS18 form on every target).
+    lut_bits: int | None = None
+    lut_low: int = 0
 
 
 FORMATS: dict[str, Format] = {
     "Q8_0": Format(QuantKind.GGUF_Q8_0, _q8_0, 32, "int8"),
     "Q4_0": Format(QuantKind.GGUF_Q4_0, _q4_0, 32, "uint4", int_offset=8, scale_text="d", offset_text="8"),
     "Q4_1": Format(QuantKind.GGUF_Q4_1, _q4_1, 32, "uint4", biased=True, scale_text="d", offset_text="-m / d (float)"),
-    "Q5_0": Format(QuantKind.GGUF_Q5_0, _q5_0, 32, "int8"),
-    "Q5_1": Format(QuantKind.GGUF_Q5_1, _q5_1, 32, "uint8", biased=True, scale_text="d", offset_text="-m / d (float)"),
-    "Q2_K": Format(QuantKind.GGUF_Q2K, _q2_k, 16, "uint4", biased=True, scale_text="d * sc", offset_text="dmin * m / (d * sc) (float)"),
-    "Q3_K": Format(QuantKind.GGUF_Q3K, _q3_k, 16, "int4", scale_text="d * (sc - 32)", offset_text="-"),
+    "Q5_0": Format(QuantKind.GGUF_Q5_0, _q5_0, 32, "int8", lut_bits=6, lut_low=-16),
+    "Q5_1": Format(QuantKind.GGUF_Q5_1, _q5_1, 32, "uint8", biased=True, scale_text="d", offset_text="-m / d (float)",
+                   lut_bits=6),
+    "Q2_K": Format(QuantKind.GGUF_Q2K, _q2_k, 16, "uint4", biased=True, scale_text="d * sc",
+                   offset_text="dmin * m / (d * sc) (float)", lut_bits=2),
+    "Q3_K": Format(QuantKind.GGUF_Q3K, _q3_k, 16, "int4", scale_text="d * (sc - 32)", offset_text="-", lut_bits=3, lut_low=-4),
     "Q4_K": Format(QuantKind.GGUF_Q4K, _q4_k, 32, "uint4", biased=True, scale_text="d * sc", offset_text="dmin * m / (d * sc) (float)"),
-    "Q5_K": Format(QuantKind.GGUF_Q5K, _q5_k, 32, "uint8", biased=True, scale_text="d * sc", offset_text="dmin * m / (d * sc) (float)"),
-    "Q6_K": Format(QuantKind.GGUF_Q6K, _q6_k, 16, "int8", scale_text="d * sc", offset_text="-"),
+    "Q5_K": Format(QuantKind.GGUF_Q5K, _q5_k, 32, "uint8", biased=True, scale_text="d * sc",
+                   offset_text="dmin * m / (d * sc) (float)", lut_bits=6),
+    "Q6_K": Format(QuantKind.GGUF_Q6K, _q6_k, 16, "int8", scale_text="d * sc", offset_text="-", lut_bits=6, lut_low=-32),
     "IQ4_NL": Format(QuantKind.GGUF_IQ4NL, _iq4_nl, 32, "lut4"),
     "IQ4_XS": Format(QuantKind.GGUF_IQ4XS, _iq4_xs, 32, "lut4", scale_text="d * (ls - 32)", offset_text="-"),
 }
 #: Formats whose codes and tables are the file's exactly (in fp16 and fp32 programs).
 EXACT = frozenset({"Q8_0", "Q4_0", "Q5_0", "IQ4_NL"})
+
+
+def lut_form(type_name: str, target: Target) -> bool:
+    """Whether `type_name`'s codes are LUT indices then a block scale on `target`: IQ4 always,
+    the types with a `lut_bits` width from iOS26 on."""
+    fmt = FORMATS[type_name]
+    return fmt.data == "lut4" or (fmt.lut_bits is not None and target >= Target.IOS26)
 
 
 def _scheme(fmt: Format) -> LinearScheme:
@@ -215,15 +236,17 @@ def _tables(fmt: Format, f: Fields, store: type[np.floating[Any]]) -> tuple[np.n
 
 
 def encode(raw_rows: np.ndarray, type_name: str, shape: tuple[int, int], store: type[np.floating[Any]],
-           code_writer: WriterFactory) -> LinearCodes | LutScaleCodes:
+           code_writer: WriterFactory, target: Target = Target.IOS18) -> LinearCodes | LutScaleCodes:
     """The codes of a `[N, K]` weight held as llama.cpp blocks of `type_name` (`raw_rows`:
-    `[N, row bytes]`), a slab of rows at a time, with its error against llama.cpp's decode."""
+    `[N, row bytes]`), a slab of rows at a time, with its error against llama.cpp's decode;
+    in the LUT-then-scale form where `lut_form` says so for `target`."""
     fmt = FORMATS[type_name]
     n, k = shape
     _, nbytes, exact_decode = GGUF_FORMATS[fmt.kind]
     lut = fmt.data == "lut4"
+    indexed = lut_form(type_name, target) and not lut  # integer codes as indices q - lut_low
     scheme = _scheme(fmt)
-    container = np.uint8 if lut or not scheme.signed else np.int8
+    container = np.uint8 if lut or indexed or not scheme.signed else np.int8
     data = code_writer((n, k), np.dtype(container))
     groups = k // fmt.block
     scales = np.empty((n, groups), np.float64)
@@ -252,12 +275,18 @@ def encode(raw_rows: np.ndarray, type_name: str, shape: tuple[int, int], store: 
         sq_error += float(np.sum(diff * diff))
         sq_norm += float(np.sum(np.square(want, dtype=np.float64)))
         max_error = max(max_error, float(np.max(np.abs(diff))) if diff.size else 0.0)
-        data.put(r0, q.astype(container))
+        data.put(r0, (q - fmt.lut_low if indexed else q).astype(container))
         scales[r0:r0 + count] = scale
     codes = data.result()
     if lut:
         return LutScaleCodes(indices=codes, lut=IQ4_VALUES.astype(np.int8), scale=scales.astype(store), bits=4,
                              sq_error=sq_error, sq_norm=sq_norm, max_error=max_error)
+    if indexed:
+        assert fmt.lut_bits is not None and fmt.int_offset is None
+        table = (fmt.lut_low + np.arange(1 << fmt.lut_bits)).astype(np.int8)
+        return LutScaleCodes(indices=codes, lut=table, scale=scales.astype(store), bits=fmt.lut_bits,
+                             sq_error=sq_error, sq_norm=sq_norm, max_error=max_error,
+                             offset=None if offsets is None else offsets.astype(store))
     offset_table = None
     if offsets is not None:
         offset_table = offsets.astype(container) if fmt.int_offset is not None else offsets.astype(store)

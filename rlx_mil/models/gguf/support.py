@@ -38,19 +38,26 @@ def support_markdown() -> str:
     for arch in archs:
         lines.append(f"| `{arch}` | {ARCHITECTURES[arch]} | {_ARCH_NOTES.get(arch, '')}"
                      f"{' (permuted Q/K)' if arch in PERMUTED_QK and 'permute' not in _ARCH_NOTES.get(arch, '') else ''} |")
-    header = "| type | Core ML (iOS18) | data | block | scale | offset | fp32 | fp16 | " + " | ".join(archs) + " |"
-    lines += ["", header, "|" + "---|" * (8 + len(archs))]
+    header = ("| type | Core ML (iOS18) | data | iOS26 | block | scale | offset | fp32 | fp16 | "
+              + " | ".join(archs) + " |")
+    lines += ["", header, "|" + "---|" * (9 + len(archs))]
     every = " | ".join("yes" for _ in archs)
     for name in DENSE_TYPES:
-        lines.append(f"| {name} | `const` (fp16/fp32 weight, or `--compress`) | {name.lower()} | - | - | - | exact |"
-                     f" {_DENSE_FP16[name]} | {every} |")
+        lines.append(f"| {name} | `const` (fp16/fp32 weight, or `--compress`) | {name.lower()} | as iOS18 | - | - | - |"
+                     f" exact | {_DENSE_FP16[name]} | {every} |")
     for name, fmt in FORMATS.items():
         lut = fmt.data == "lut4"
         op = "`constexpr_lut_to_dense` + `constexpr_blockwise_shift_scale`" if lut else "`constexpr_blockwise_shift_scale`"
         data = "uint4 index into the 16 IQ4 values" if lut else fmt.data
+        ios26 = "as iOS18, kept in this order (iOS18: re-ordered into a table per block)" if lut else "as iOS18"
+        if fmt.lut_bits is not None:
+            high = fmt.lut_low + (1 << fmt.lut_bits) - 1
+            ios26 = (f"uint{fmt.lut_bits} index into the int8 table {fmt.lut_low}..{high}"
+                     " (`constexpr_lut_to_dense` + `constexpr_blockwise_shift_scale`)")
         fp32 = "offset rounds (~1e-7 relative)" if fmt.biased else "exact"
         fp16 = "exact" if name in EXACT else "scale/offset round to fp16"
-        lines.append(f"| {name} | {op} | {data} | {fmt.block} | {fmt.scale_text} | {fmt.offset_text} | {fp32} | {fp16} | {every} |")
+        lines.append(f"| {name} | {op} | {data} | {ios26} | {fmt.block} | {fmt.scale_text} | {fmt.offset_text} | {fp32} |"
+                     f" {fp16} | {every} |")
     lines += ["", END]
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ import numpy as np
 from rlx_mil.compress.code_store import CodeStore, WriterFactory
 from rlx_mil.compress.schemes import Scheme
 from rlx_mil.errors import CheckpointError, UnsupportedConfigError
+from rlx_mil.lowering.target import Target
 from rlx_mil.models.gguf.reader import GGUFFile, GGUFTensor
 from rlx_mil.models.hf_config import DecoderSpec
 
@@ -133,10 +134,10 @@ class GGUFParams(Mapping[str, np.ndarray]):
         self._computed = dict(computed)
         #: GGUF type -> the scheme its tensors are re-quantized with (`rlx_mil.models.gguf.requantize`).
         self.requantize = dict(requantize or {})
-        #: (name, program float) -> the codes made for a conversion: the functions of one
+        #: (name, program float, LUT form) -> the codes made for a conversion: the functions of one
         #: package converted against these params hold the same arrays (written once, found
         #: shared without reading them), and a tensor is encoded once.
-        self._codes: dict[tuple[str, str], Any] = {}
+        self._codes: dict[tuple[str, str, bool], Any] = {}
 
     def gguf_tensor(self, name: str) -> GGUFTensor:
         return self.file.tensors[self.names[name]]
@@ -218,20 +219,23 @@ class GGUFWeight:
         self.label = f"gguf-{t.type_name}" + ("" if self.scheme is None else f">{self.scheme.label}")
         self.shape = t.shape
 
-    def encode(self, store: type[np.floating[Any]], code_writer: WriterFactory) -> Any:
-        """The codes in the program's float type `store`. Codes made into a conversion's code
-        store are kept (they live in its file) and handed to later conversions against these
-        params; codes made in memory (the reference's decode) are not."""
-        key = (self.name, np.dtype(store).str)
+    def encode(self, store: type[np.floating[Any]], code_writer: WriterFactory, target: Target = Target.IOS18) -> Any:
+        """The codes in the program's float type `store`, in `target`'s form (see
+        `rlx_mil.models.gguf.codes.lut_form`). Codes made into a conversion's code store are
+        kept (they live in its file) and handed to later conversions against these params;
+        codes made in memory (the reference's decode) are not."""
+        from rlx_mil.models.gguf.codes import lut_form
+
+        key = (self.name, np.dtype(store).str, bool(self.scheme is None and lut_form(self.type_name, target)))
         cached = self.params._codes.get(key)
         if cached is not None:
             return cached
-        codes = self._encode(store, code_writer)
+        codes = self._encode(store, code_writer, target)
         if isinstance(getattr(code_writer, "__self__", None), CodeStore):
             self.params._codes[key] = codes
         return codes
 
-    def _encode(self, store: type[np.floating[Any]], code_writer: WriterFactory) -> Any:
+    def _encode(self, store: type[np.floating[Any]], code_writer: WriterFactory, target: Target) -> Any:
         from rlx_mil.models.gguf.codes import encode
         from rlx_mil.models.gguf.requantize import requantized
 
@@ -240,6 +244,6 @@ class GGUFWeight:
             raw = self.params.raw_rows(self.name)
             if self.scheme is not None:
                 return requantized(raw, self.type_name, (rows, cols), self.scheme, store, code_writer, self.name)
-            return encode(raw, self.type_name, (rows, cols), store, code_writer)
+            return encode(raw, self.type_name, (rows, cols), store, code_writer, target)
         finally:
             self.params.release_pages(self.name)
