@@ -10,6 +10,10 @@ offsets, LUT entries (with the scales of a quantized LUT). Nothing is downloaded
 
     python benchmarks/gguf_size.py [--hidden 512] [--layers 2] [--precision fp16] [--target iOS18|iOS26]
                                    [--kinds Q4_K Q6_K ...]
+
+`--gguf FILE` measures an existing file instead (converted stateless, `--seq-len 8`): per
+llama.cpp type the file's tensor bytes against the package's (from its compression report),
+and the whole `weight.bin` against all the file's tensor bytes.
 """
 
 from __future__ import annotations
@@ -155,6 +159,41 @@ def measure(kind: str, hidden: int, layers: int, precision: str, work: Path, req
             "errors": dict(errors)}
 
 
+def measure_file(path: Path, precision: str, target: str, work: Path) -> None:
+    """Per-type and total bytes of an existing GGUF file's package (see the module doc)."""
+    import resource
+    import time
+
+    import rlx_mil
+    from rlx_mil.compress import report_of
+    from rlx_mil.models import from_gguf
+    from rlx_mil.models.gguf.reader import GGUFFile
+
+    start, cpu = time.perf_counter(), time.process_time()
+    file = GGUFFile(path)
+    graph, params = from_gguf(path, seq_len=8, last_logits=True)
+    model = rlx_mil.convert(graph, params, precision=precision, target=target)
+    report = report_of(model)
+    out = work / "p.mlpackage"
+    rlx_mil.save(model, out)
+    package = (out / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").stat().st_size
+    names = getattr(params, "names", {})
+    rows: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for w in report.weights if report is not None else []:
+        kind = file.tensors[names[w.name]].type_name
+        rows[kind][0] += 1
+        rows[kind][1] += int(file.tensors[names[w.name]].raw.nbytes)
+        rows[kind][2] += w.bytes_after
+    total = sum(int(t.raw.nbytes) for t in file.tensors.values())
+    print(f"{path.name}: {target}, {precision}; {time.perf_counter() - start:.1f} s wall, {time.process_time() - cpu:.1f} s"
+          f" CPU, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    print("| type | tensors | file bytes | package bytes | package / file |")
+    print("|---|---|---|---|---|")
+    for kind, (count, before, after) in sorted(rows.items()):
+        print(f"| {kind} | {count} | {before:,} | {after:,} | {after / before:.3f} |")
+    print(f"| all (weight.bin) | {len(file.tensors)} | {total:,} | {package:,} | {package / total:.3f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hidden", type=int, default=512)
@@ -165,7 +204,12 @@ def main() -> None:
     ap.add_argument("--requantize", help="from_gguf(requantize=...), e.g. Q6_K=lut6")
     ap.add_argument("--realistic-q6k", action="store_true",
                     help="Q6_K tensors quantized from the float weights (q6_k_blocks) instead of random block fields")
+    ap.add_argument("--gguf", type=Path, help="measure this GGUF file instead of generated ones")
     args = ap.parse_args()
+    if args.gguf is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            measure_file(args.gguf, args.precision, args.target, Path(tmp))
+        return
     roles = ("codes", "scales", "offsets", "lut", "lut scales", "lut offsets", "dense")
     print("| file | GGUF tensor bytes | weight.bin | ratio | " + " | ".join(roles) + " | largest relative error |")
     print("|---|---|---|---|" + "---|" * len(roles) + "---|")

@@ -133,3 +133,31 @@ def test_lut_form_is_smaller_than_ios18s(mixed: Any) -> None:
             assert after < sizes["iOS18"][name], (name, kind)
         else:
             assert after == sizes["iOS18"][name], (name, kind)
+
+
+def test_stateful_package_on_ios26_verifies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`convert-gguf --stateful --target iOS26 --verify`: prefill and decode share the chained
+    weights, and the executor's greedy steps equal the reference's on the same codes."""
+    from models.gguf.gguf_files import bpe_metadata, trained_bpe, write_gguf
+    from rlx_mil.cli import main
+    from rlx_mil.models.checkpoint import Checkpoint
+    from rlx_mil.models.random_checkpoint import write_random_checkpoint
+
+    tok = trained_bpe("smollm")
+    cfg = _config("llama", rope_parameters=None, vocab_size=tok.get_vocab_size(), tie_word_embeddings=False,
+                  num_hidden_layers=1)
+    weights = Checkpoint(write_random_checkpoint(tmp_path / "hf", cfg, seed=3))
+    path = tmp_path / "chat.gguf"
+    write_gguf(path, cfg, {k: weights[k] for k in weights}, types=_cycling(["Q6_K", "Q3_K", "Q5_K", "Q2_K", "IQ4_XS"]),
+               tokenizer=bpe_metadata(tok, "smollm"))
+    out = tmp_path / "chat.mlpackage"
+    assert main(["convert-gguf", str(path), "-o", str(out), "--stateful", "--max-context", "64", "--prefill", "8",
+                 "--target", "iOS26", "--verify", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "verify: compared 8 greedy steps" in printed and printed.rstrip().endswith(": ok")
+    program = milexec.load_program(out)
+    assert set(program.functions) == {"decode", "prefill_8"}
+    for function in program.functions.values():
+        chained = [op for op in function.operations if op.op_type == "constexpr_blockwise_shift_scale"
+                   and op.inputs["data"].op.op_type == "constexpr_lut_to_dense"]
+        assert len(chained) == 9  # embedding, LM head, the layer's 7 matrices: every type here has the LUT form
