@@ -29,7 +29,7 @@ from typing import Any
 
 from rlx_mil.coreml.metadata import LLMContract, PackageMetadataError
 from rlx_mil.coreml.package_info import open_model
-from rlx_mil.coreml.preflight import _Function
+from rlx_mil.coreml.preflight import _Function, _tensor
 from rlx_mil.errors import InvalidOptionError, RlxMilError
 from rlx_mil.units import human_bytes
 
@@ -140,6 +140,16 @@ def _bytes(t: Any) -> int:
     return (count * _BITS.get(t.dtype, 32) + 7) // 8
 
 
+def _feeds_only_lookups(f: _Function, var: str) -> bool:
+    """`var` is read only by constexpr ops whose outputs are embedding tables (or feed only
+    such ops in turn): storage of a table of which one row a token is counted."""
+    uses = f.consumers.get(var, [])
+    return bool(uses) and all(
+        u.type.startswith("constexpr_") and all(f.gather_table(o.name) or _feeds_only_lookups(f, o.name) for o in u.outputs)
+        for u, _ in uses
+    )
+
+
 def _decode_function(contract: LLMContract | None, spec: Any) -> str:
     if contract is not None and contract.functions:
         ones = [name for name, f in contract.functions.items() if f.query_len == 1]
@@ -172,7 +182,14 @@ def _add_package(estimate: DecodeEstimate, model_or_path: Any, context: int | No
                 if f.gather_table(var):
                     t = f.types.get(var)
                     estimate.lookup_bytes += _bytes(t) // max(int(t.dims[0] or 1), 1) if t and t.dims else 0
-                continue  # its storage consts are counted instead
+                elif not _feeds_only_lookups(f, var):
+                    # A saved package holds a constexpr op's storage inline (named consts are
+                    # counted as consts above).
+                    estimate.weight_bytes += sum(
+                        _bytes(_tensor(binding.value.type))
+                        for arg in op.inputs.values() for binding in arg.arguments if not binding.name
+                    )
+                continue
             uses = f.consumers.get(var, [])
             if f.gather_table(var):
                 t = f.types.get(var)

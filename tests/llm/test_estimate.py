@@ -58,3 +58,32 @@ def test_cli_prints_the_bound_and_its_sources(package: tuple[Path, Path], capsys
     assert all(row["source"] for row in info["upper_bound_tokens_per_s"])
     assert main(["inspect", str(path), "--context", "4"]) == 1
     assert "--context goes with --estimate" in capsys.readouterr().err
+
+
+def test_compressed_weights_count_at_their_stored_size(tmp_path: Path) -> None:
+    """A saved package holds constexpr ops' storage inline: it streams at its compressed size."""
+    import warnings
+
+    from tiny_llm_package import BUCKET
+
+    from rlx_mil.llm.package import convert_llm_checkpoint
+
+    checkpoint = tiny_checkpoint(tmp_path, seed=2)
+    out = tmp_path / "int8.mlpackage"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        convert_llm_checkpoint(checkpoint, out, max_context=MAX_CONTEXT, prefill=[BUCKET], precision="fp16",
+                               compress="int8")
+    tensors = Checkpoint(checkpoint)
+    # int8 codes (a byte a weight) plus one fp16 scale per row or block, for every weight but
+    # the embedding table (read one row a token; the tiny model's head is its own matrix)
+    codes = sum(int(np.prod(tensors.shape_of(n))) for n in tensors
+                if n != "model.embed_tokens.weight" and len(tensors.shape_of(n)) == 2)
+    got = estimate_decode(out)
+    stored = sum(p.stat().st_size for p in out.rglob("weight.bin"))
+    embedding = int(np.prod(tensors.shape_of("model.embed_tokens.weight")))
+    # everything the weight file holds but the embedding table's codes, plus the program's
+    # own small constants (RoPE tables, masks); small weights stay fp16
+    assert codes <= got.weight_bytes <= stored - embedding + 4096, (codes, got.weight_bytes, stored, embedding)
+    fp32 = estimate_decode(tiny_stateful_package(checkpoint, tmp_path))
+    assert got.weight_bytes < 0.4 * fp32.weight_bytes  # fp32 package: 4 bytes a weight
