@@ -14,7 +14,10 @@ schemes instead, chosen from error statistics computed while converting:
    fp16 weight bytes; default `AUTO_BUDGETS`), the widening that removes the most
    ``sensitivity * error^2`` per added byte is taken, again and again, while it fits.
    Sensitivity is 1, 4 for the LM head, 2 for embeddings (a tied embedding is both), times 1.5
-   for the first and last layer's weights.
+   for the first and last layer's weights. Measured instead when the model is small enough
+   (`measured_weights`); for a larger one, measured on a sample (the embedding / LM head and
+   ordinary weights spread over the layers), each other weight taking the mean of the measured
+   weights of its kind (its name without the layer number).
 
 The report says, per weight, which candidate it became, its estimated error and why.
 """
@@ -22,7 +25,7 @@ The report says, per weight, which candidate it became, its estimated error and 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,18 +138,40 @@ def sensitivity(name: str, role: str, layers: int) -> float:
     return factor
 
 
+def weight_kind(name: str) -> str:
+    """A weight's name with its layer number left out: what the same weight of every layer shares."""
+    m = _LAYER.search(name)
+    return name if m is None else name[:m.start(1)] + "#" + name[m.end(1):]
+
+
 def measured_weights(
     options: Mapping[str, list[Option]], fallback: Mapping[str, float], measure: Callable[[str, Scheme], float],
+    sample: Collection[str] | None = None,
 ) -> dict[str, float]:
     """Each weight's sensitivity from the model's measured output: with only weight n at its
     cheapest candidate the output's squared relative error is m_n, and a candidate of error e is
     predicted to cost m_n * (e / e_start)^2 (output errors of different weights add up, and one
     weight's scales with its error squared). The unit is the output's squared error, so the
-    budget goes where the output gains most. A weight whose start is exact keeps `fallback`."""
-    out = {}
+    budget goes where the output gains most. A weight whose start is exact keeps `fallback`.
+
+    With `sample`, only those weights are measured; every other one takes the mean of the
+    measured weights of its kind (`weight_kind`), else of all measured weights."""
+    out: dict[str, float] = {}
+    kinds: dict[str, list[float]] = {}
     for name, opts in options.items():
+        if sample is not None and name not in sample:
+            continue
         start = opts[0].error
-        out[name] = measure(name, opts[0].scheme) / start**2 if start > 0 else fallback[name]
+        if start > 0:
+            out[name] = measure(name, opts[0].scheme) / start**2
+            kinds.setdefault(weight_kind(name), []).append(out[name])
+        else:
+            out[name] = fallback[name]
+    every = [v for values in kinds.values() for v in values]
+    for name in options:
+        if name not in out:
+            values = kinds.get(weight_kind(name)) or every
+            out[name] = float(np.mean(values)) if values else fallback[name]
     return out
 
 
@@ -210,12 +235,13 @@ def plan_auto(
     bits: int, storages: Mapping[str, Any], roles: Mapping[str, str], target: Target, store: type[np.floating[Any]],
     fixed_bytes: int, total_before: int, budget: float | None, max_error: float | None,
     importance: Mapping[str, np.ndarray] | None = None, candidates: tuple[str, ...] | None = None,
-    measure: Callable[[str, Scheme], float] | None = None,
+    measure: Callable[[str, Scheme], float] | None = None, sample: Collection[str] | None = None,
 ) -> AutoPlan:
     """The mix for the weights `storages` (name -> a callable giving the storage-layout array,
     read one weight at a time), `fixed_bytes` being what the other weights take. `measure(name,
     scheme)`, when given, is the squared relative output error of the model with only that
-    weight compressed with that scheme: the sensitivities then come from it (`measured_weights`)."""
+    weight compressed with that scheme: the sensitivities then come from it (`measured_weights`),
+    for the weights in `sample` only when it is given."""
     options: dict[str, list[Option]] = {}
     if candidates is None and measure is not None:
         # Measured sensitivities show which weights the outputs hardly feel: those may go
@@ -226,7 +252,7 @@ def plan_auto(
     layers = layer_count(list(storages))
     weights = {n: sensitivity(n, roles.get(n, "weight"), layers) for n in options}
     if measure is not None:
-        weights = measured_weights(options, weights, measure)
+        weights = measured_weights(options, weights, measure, sample)
     pick, why, reached = choose(options, weights, fixed_bytes, total_before, bits, budget, max_error)
     schemes, notes, contributions = {}, {}, {}
     for name, i in pick.items():
@@ -239,7 +265,11 @@ def plan_auto(
     widened = sum(1 for i in pick.values() if i)
     cap = "none" if budget is None and max_error is not None else f"{AUTO_BUDGETS[bits] if budget is None else budget:g}x"
     basis = "activation-weighted" if importance else "weight-space"
-    measured = ", measured output sensitivities" if measure is not None else ""
+    measured = ""
+    if measure is not None:
+        measured = ", measured output sensitivities"
+        if sample is not None:
+            measured += f" ({sum(1 for n in pick if n in sample)} of {len(pick)} weights measured, the rest by kind)"
     summary = (f"auto{bits}: {widened} of {len(pick)} weights widened, {reached:.3f}x the uncompressed weight bytes"
                f" (budget {cap}" + (f", max_error {max_error:g}" if max_error is not None else "") + f"; {basis} errors{measured})")
     return AutoPlan(schemes, notes, contributions, summary)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.compress.auto import AutoPlan, plan_auto
+from rlx_mil.compress.auto import AutoPlan, plan_auto, weight_kind
 from rlx_mil.compress.code_store import CodeStore, CodeWriter, WriterFactory
 from rlx_mil.compress.emit import check_target, compressed_bytes, linear_op, palette_op
 from rlx_mil.compress.fit import fit_to_shape
@@ -37,8 +37,10 @@ from rlx_mil.lowering.context import WeightSource
 from rlx_mil.lowering.target import Precision, Target
 
 #: autoN measures each weight's effect on the outputs (one reference run per weight) while
-#: weights x parameters x input elements stays below this (about a minute of NumPy).
+#: weights x parameters x input elements stays below this (about a minute of NumPy); a larger
+#: model has as many of its weights measured as fit (`measure_sample`), at least `MIN_SAMPLE`.
 MEASURE_LIMIT = 2 * 10**11
+MIN_SAMPLE = 8
 PROTECTED_ROLES = frozenset({"norm", "rope", "vector", "integer"})
 _NORM_OPS = frozenset({"LayerNorm", "RmsNorm", "GroupNorm", "FusedResidualLN", "FusedResidualRmsNorm"})
 _MATMUL_WEIGHT = {"MatMul": (1,), "FusedMatMulBiasAct": (1,), "LoraMatMul": (1, 2, 3)}
@@ -236,28 +238,33 @@ class WeightCompressor:
                 p in _MATMUL_WEIGHT.get(self.graph.node(u).op.type_name, ()) for u, p, _ in _uses(self.graph, node.id, users)
             ):
                 roles[node.op.name] = "lm_head"
+        measure, sample = self._output_sensitivity(names, reader, sum(count.values()))
         self.plan = plan_auto(self.config.auto, {n: reader(n) for n in names}, roles, self.target,
                               store_dtype(self.precision), fixed, total, self.config.budget, self.config.max_error, importance,
-                              self.config.candidates, self._output_sensitivity(names, reader, sum(count.values())))
+                              self.config.candidates, measure, sample)
         self.schemes.update(self.plan.schemes)
         self.notes = dict(self.plan.notes)
 
     def _output_sensitivity(
         self, names: list[str], reader: Callable[[str], Callable[[], np.ndarray]], elements: int,
-    ) -> Callable[[str, Scheme], float] | None:
+    ) -> tuple[Callable[[str, Scheme], float] | None, list[str] | None]:
         """autoN's measured sensitivities: the reference run with one weight compressed at a
-        time, on the calibration inputs (else generated ones, unless check=off), while that
-        costs at most `MEASURE_LIMIT` (weights x parameters x input elements)."""
+        time, on the calibration inputs (else generated ones, unless check=off), for every
+        weight while that costs at most `MEASURE_LIMIT` (weights x parameters x input elements),
+        else for the sample of them that fits (`measure_sample`; None: all)."""
         from rlx_mil.compress.calibration import example_inputs
         from rlx_mil.reference import evaluate
 
         if self.config.calibration is None and not self._checks():
-            return None
+            return None, None
         assert self.params is not None
         inputs = self.calibration_inputs() if self.config.calibration is not None else example_inputs(self.graph)
         tokens = max((int(np.asarray(v).size) for v in inputs.values()), default=1)
+        sample = None
         if len(names) * elements * tokens > MEASURE_LIMIT:
-            return None
+            sample = measure_sample(names, self.roles, MEASURE_LIMIT // max(elements * tokens, 1))
+            if sample is None:
+                return None, None
         params = self.params
         want = {k: np.asarray(v, np.float64) for k, v in evaluate(self.graph, inputs, params).items()}
         users = _user_map(self.graph)
@@ -271,7 +278,7 @@ class WeightCompressor:
             got = evaluate(self.graph, inputs, _Replaced(params, name, value))
             return float(np.mean([np.sum((np.asarray(got[k], np.float64) - w) ** 2) / max(float(np.sum(w * w)), 1e-30)
                                   for k, w in want.items()]))
-        return measure
+        return measure, sample
 
     def check(self) -> None:
         """Every problem the shapes and target reveal, before any weight is read."""
@@ -401,6 +408,35 @@ class WeightCompressor:
         errors = output_errors(got, want)
         warn_if_degraded(report, errors, where)
         return errors
+
+
+def measure_sample(names: list[str], roles: Mapping[str, str], count: int) -> list[str] | None:
+    """The weights autoN measures when it cannot afford all of `names`: every embedding / LM
+    head, then ordinary weights taken kind by kind (`weight_kind`: the same weight of each
+    layer), one of each kind per round at layers spread over the depth (each kind and round
+    at another depth), `count` in all; None below `MIN_SAMPLE`."""
+    if count < MIN_SAMPLE:
+        return None
+    special = [n for n in names if roles.get(n, "weight") != "weight"][:count]
+    kinds: dict[str, list[str]] = {}
+    for n in names:
+        if n not in special:
+            kinds.setdefault(weight_kind(n), []).append(n)
+    groups = list(kinds.values())
+    chosen = list(special)
+    seen = set(chosen)
+    for r in range(max(map(len, groups), default=0)):
+        for j, group in enumerate(groups):
+            if len(chosen) >= count:
+                return chosen
+            depth = ((j + 0.5) / len(groups) + r * 0.618034) % 1.0
+            free = [n for n in group if n not in seen]
+            if free:
+                # The free weight nearest the wanted depth (layers already taken are skipped).
+                pick = min(free, key=lambda n: abs(group.index(n) - depth * (len(group) - 1)))
+                chosen.append(pick)
+                seen.add(pick)
+    return chosen
 
 
 def encode(

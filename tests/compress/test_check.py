@@ -10,7 +10,7 @@ import pytest
 import rlx_mil
 from rlx_mil import milexec, reference
 from rlx_mil.compress import parse_compress, report_of
-from rlx_mil.compress.auto import NARROWER, Option, measured_weights
+from rlx_mil.compress.auto import NARROWER, Option, measured_weights, weight_kind
 from rlx_mil.compress.calibration import CHECK_TOKENS, example_inputs
 from rlx_mil.compress.fit import fit_to_shape
 from rlx_mil.compress.plan import encode
@@ -88,6 +88,60 @@ def test_measured_weights_scale_each_output_error_by_the_start_error() -> None:
     got = measured_weights(options, {"a": 1.0, "exact": 3.0}, measure)
     assert got == {"a": pytest.approx(4.0), "exact": 3.0}  # 0.04 / 0.1**2; an exact start keeps its weight
     assert seen == [("a", lut4)]
+
+
+def test_a_sample_measures_some_weights_and_the_rest_take_their_kinds_mean() -> None:
+    lut4 = parse_scheme("lut4")
+    assert lut4 is not None
+    names = [f"layers.{i}.{k}.weight" for i in range(3) for k in ("q", "v")] + ["other.weight", "exact.weight"]
+    options = {n: [Option(lut4, 0.0 if n == "exact.weight" else 0.1, 10)] for n in names}
+    output = {"layers.0.q.weight": 0.01, "layers.2.q.weight": 0.03, "layers.1.v.weight": 0.08}
+    seen = []
+
+    def measure(name: str, scheme: object) -> float:
+        seen.append(name)
+        return output[name]
+
+    got = measured_weights(options, dict.fromkeys(names, 7.0), measure, [*output, "exact.weight"])
+    assert sorted(seen) == sorted(output)  # only the sample is measured (an exact start never)
+    assert got["layers.0.q.weight"] == pytest.approx(1.0) and got["layers.2.q.weight"] == pytest.approx(3.0)
+    assert got["layers.1.q.weight"] == pytest.approx(2.0)  # the mean of the measured q weights
+    assert got["layers.0.v.weight"] == got["layers.2.v.weight"] == pytest.approx(8.0)
+    assert got["other.weight"] == pytest.approx(4.0)  # no measured weight of its kind: all measured
+    assert got["exact.weight"] == 7.0
+    assert weight_kind("model.layers.12.mlp.up_proj.weight") == "model.layers.#.mlp.up_proj.weight"
+
+
+def test_measure_sample_takes_the_head_and_every_kind_at_spread_depths() -> None:
+    from rlx_mil.compress.plan import MIN_SAMPLE, measure_sample
+
+    names = ["embed.weight"] + [f"model.layers.{i}.{k}.weight" for i in range(30) for k in "qkvogud"]
+    sample = measure_sample(names, {"embed.weight": "embedding"}, 12)
+    assert sample is not None and len(sample) == 12 and sample[0] == "embed.weight"
+    kinds = [weight_kind(n) for n in sample[1:]]
+    assert len(set(kinds)) == 7  # every kind before any kind twice
+    layers = {int(n.split(".")[2]) for n in sample[1:]}
+    assert len(layers) == 11 and min(layers) < 10 and max(layers) >= 20
+    assert measure_sample(names, {}, MIN_SAMPLE - 1) is None
+    assert sorted(measure_sample(names, {}, 10**6) or []) == sorted(names)
+
+
+def test_a_model_too_large_to_measure_whole_is_measured_on_a_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlx_mil.compress.plan as plan
+
+    config = TinyLM(layers=4)
+    graph = tiny_lm(config)
+    params = tiny_lm_params(graph, config)
+    elements = sum(int(np.prod(v.shape)) for v in params.values() if np.asarray(v).dtype.kind == "f")
+    monkeypatch.setattr(plan, "MEASURE_LIMIT", 10 * elements * config.seq)  # 10 of 30 weights fit
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompressionWarning)  # random weights: 4 bits move the logits
+        report = report_of(rlx_mil.convert(graph, params, precision="fp16", compress="auto4"))
+        monkeypatch.setattr(plan, "MEASURE_LIMIT", 7 * elements * config.seq)  # below MIN_SAMPLE: role factors
+        small = report_of(rlx_mil.convert(graph, params, precision="fp16", compress="auto4"))
+    assert report is not None
+    assert "measured output sensitivities (10 of 30 weights measured, the rest by kind)" in report.plan
+    assert small is not None and "measured" not in small.plan
 
 
 def _two_branches() -> tuple[Graph, dict[str, np.ndarray], dict[str, np.ndarray]]:
