@@ -16,10 +16,20 @@ Variants:
   aligned) Attention and is the output `new_k_{i}` / `new_v_{i}` `[B, H_kv, P + n, D]`;
   with `attention_mask` (one new token), an `attention_mask [B, P + 1]` key-padding input
   replaces the causal mask (which one new token does not need).
+
+The residual stream of a spec with `stream_scale` s (Gemma 2 and 3, whose hidden states reach
+~1e5 and beyond on some channels, past fp16's 65,504) is held divided by s: the embeddings are
+multiplied by `embed_scale / s`, what each block adds to the stream by 1 / s (folded into the
+sandwich post-norms' gammas), and the norms that read the stream (input, pre-feed-forward and
+final) take `eps / s^2`. RmsNorm(x / s; eps / s^2) = RmsNorm(x; eps), so the logits, K and V
+are the same in real arithmetic, and since s is a power of two every scaling is exact in
+floating point as well (but for values pushed into fp16's subnormals). The stream's own values
+(the residual adds) stay s times below the model's.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -97,11 +107,28 @@ class _Builder(WeightGraph):
         self.options = options
         self.key_mask: int | None = None
 
-    def rms_norm(self, x: int, module: str, width: int) -> int:
+    @property
+    def stream_scale(self) -> float:
+        """s: the residual stream is held divided by it (1.0: as the model computes it)."""
+        return 1.0 if self.spec.stream_scale is None else self.spec.stream_scale
+
+    def rms_norm(self, x: int, module: str, width: int, *, reads_stream: bool = False, adds_to_stream: bool = False) -> int:
+        """RmsNorm with the (offset) gamma `module.weight`; one that `reads_stream` takes
+        eps / s^2, one whose output the block adds to the stream has its gamma divided by s."""
         gamma = self.weight(f"{module}.weight", (width,))
         if self.spec.norm_offset:
             gamma = self.g.add(gamma, self.scalar(self.spec.norm_offset), name=f"{module}.scale")
-        return self.g.rms_norm(x, gamma, self.zeros(width), eps=self.spec.rms_norm_eps, name=module)
+        s = self.stream_scale
+        if adds_to_stream and s != 1.0:
+            gamma = self.g.mul(gamma, self.scalar(1.0 / s), name=f"{module}.stream_scale")
+        eps = self.spec.rms_norm_eps / (s * s) if reads_stream else self.spec.rms_norm_eps
+        return self.g.rms_norm(x, gamma, self.zeros(width), eps=eps, name=module)
+
+    def to_stream(self, out: int, module: str) -> int:
+        """A block's output without a post-norm as the stream holds it (divided by s)."""
+        if self.stream_scale == 1.0:
+            return out
+        return self.g.mul(out, self.scalar(1.0 / self.stream_scale), name=f"{module}.stream_scale")
 
     def rope(self, x: int, cos: int, sin: int, rotary_dim: int, module: str) -> int:
         """RoPE on `[B, H, S, D]` with table rows already matching the S positions."""
@@ -164,19 +191,22 @@ class _Builder(WeightGraph):
         b, n = o.batch_size, o.seq_len
         decode = o.variant == "decode"
         ids, tables, per_batch_rows = self.token_inputs()
+        scale = self.stream_scale
+        if not (math.isfinite(scale) and scale > 0 and math.frexp(scale)[0] == 0.5):
+            raise InvalidOptionError(f"stream_scale must be a positive power of two, got {s.stream_scale!r}")
 
         self.key_mask = g.input("attention_mask", [b, o.cache_len + n]) if o.attention_mask else None
         embed = self.weight(f"{s.root}.embed_tokens.weight", (s.vocab_size, s.hidden_size))
         x = g.gather(embed, ids, name=f"{s.root}.embed_tokens")
-        if s.embed_scale is not None:
-            x = g.mul(x, self.scalar(s.embed_scale), name=f"{s.root}.embed_scale")
+        if s.embed_scale is not None or scale != 1.0:
+            x = g.mul(x, self.scalar((s.embed_scale or 1.0) / scale), name=f"{s.root}.embed_scale")
         kv_outputs: list[int] = []
         for i in range(s.num_layers):
             rope = s.rope_of(i)
             x, k, v = self.layer(x, i, rope, tables[rope] if rope is not None else None, per_batch_rows)
             if decode or o.kv_outputs:
                 kv_outputs += [k, v]
-        x = self.rms_norm(x, f"{s.root}.norm", s.hidden_size)
+        x = self.rms_norm(x, f"{s.root}.norm", s.hidden_size, reads_stream=True)
         if o.last_logits and n > 1:
             x = g.narrow(x, 1, n - 1, 1, name="last_position")
         if s.tie_word_embeddings:
@@ -198,7 +228,7 @@ class _Builder(WeightGraph):
         s, o, g = self.spec, self.options, self.g
         p = f"{s.root}.layers.{i}"
         e, h, hkv, d = s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim
-        hn = self.rms_norm(x, f"{p}.input_layernorm", e)
+        hn = self.rms_norm(x, f"{p}.input_layernorm", e, reads_stream=True)
         if s.fused_qkv:
             qkv = self.linear(hn, f"{p}.self_attn.qkv_proj", (h + 2 * hkv) * d, e, s.qkv_bias)
             q = g.narrow(qkv, 2, 0, h * d, name=f"{p}.self_attn.q")
@@ -243,15 +273,17 @@ class _Builder(WeightGraph):
         if s.residual_scale is not None:
             out = g.mul(out, self.scalar(s.residual_scale), name=f"{p}.self_attn.residual_scale")
         if s.sandwich_norms:
-            out = self.rms_norm(out, f"{p}.post_attention_layernorm", e)
+            out = self.rms_norm(out, f"{p}.post_attention_layernorm", e, adds_to_stream=True)
             x = g.add(x, out, name=f"{p}.attn_residual")
-            hn = self.rms_norm(x, f"{p}.pre_feedforward_layernorm", e)
+            hn = self.rms_norm(x, f"{p}.pre_feedforward_layernorm", e, reads_stream=True)
         else:
-            x = g.add(x, out, name=f"{p}.attn_residual")
-            hn = self.rms_norm(x, f"{p}.post_attention_layernorm", e)
+            x = g.add(x, self.to_stream(out, f"{p}.self_attn"), name=f"{p}.attn_residual")
+            hn = self.rms_norm(x, f"{p}.post_attention_layernorm", e, reads_stream=True)
         out = self.mlp(hn, f"{p}.{s.mlp_names[0]}")
         if s.sandwich_norms:
-            out = self.rms_norm(out, f"{p}.post_feedforward_layernorm", e)
+            out = self.rms_norm(out, f"{p}.post_feedforward_layernorm", e, adds_to_stream=True)
+        else:
+            out = self.to_stream(out, f"{p}.mlp")
         if s.residual_scale is not None:
             out = g.mul(out, self.scalar(s.residual_scale), name=f"{p}.mlp.residual_scale")
         x = g.add(x, out, name=f"{p}.mlp_residual")

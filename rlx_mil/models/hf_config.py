@@ -73,6 +73,9 @@ class DecoderSpec:
     residual_scale: float | None = None
     #: Granite: logits are multiplied by it (1 / logits_scaling).
     logits_scale: float | None = None
+    #: Gemma 2 / 3: the residual stream is held divided by this power of two (see
+    #: `rlx_mil.models.decoder`), which keeps their large activations inside fp16's range.
+    stream_scale: float | None = None
 
     def rope_of(self, layer: int) -> RopeSpec | None:
         return self.layer_ropes[layer] if self.layer_ropes else self.rope
@@ -295,6 +298,11 @@ class Fields:
 
 GATE_ACTIVATIONS = {"silu": "silu", "swish": "silu"}
 GEMMA_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+#: Gemma 2 / 3: the residual stream is held divided by 2^6 (`DecoderSpec.stream_scale`). Gemma 3
+#: 270M's hidden states reach about 104,000 in float32 (layer 14; transformers on its Q4_K_M
+#: GGUF file, a few prompts), past fp16's 65,504; held / 64 they stay below 2,000, with room
+#: for the larger models.
+GEMMA_STREAM_SCALE = 64.0
 
 #: Top-level RoPE fields transformers reads besides `rope_parameters` (the < 5 form).
 ROPE_LEGACY_KEYS = ("rope_theta", "rope_scaling", "partial_rotary_factor", "original_max_position_embeddings")

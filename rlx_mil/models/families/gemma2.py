@@ -9,6 +9,7 @@ from rlx_mil.models.families import decoder_family
 from rlx_mil.models.families.llama import NO_TOKEN_IDS, TINY_LLAMA, default_rope
 from rlx_mil.models.hf_config import (
     GEMMA_ACTIVATIONS,
+    GEMMA_STREAM_SCALE,
     ROPE_LEGACY_KEYS,
     DecoderSpec,
     Fields,
@@ -32,14 +33,15 @@ GEMMA2_DEFAULTS: dict[str, Any] = {
 
 def gemma_sandwich(f: Fields, c: dict[str, Any]) -> dict[str, Any]:
     """What Gemma 2 and 3 share: GELU-tanh gate, (1 + w) norms, embeddings x sqrt(hidden),
-    sandwich norms, query_pre_attn_scalar, causal attention only."""
+    sandwich norms, query_pre_attn_scalar, causal attention only, and a residual stream held
+    divided by `GEMMA_STREAM_SCALE` (fp16's range)."""
     # transformers' Gemma MLP reads hidden_activation; the legacy hidden_act is not used.
     f.choice("hidden_activation", GEMMA_ACTIVATIONS)
     if f.bool_("use_bidirectional_attention"):
         raise f.refuse("use_bidirectional_attention", True, "only causal (decoder) attention is built")
     bias = f.bool_("attention_bias")
     return {"activation": "gelu_tanh", "qkv_bias": bias, "o_bias": bias, "norm_offset": 1.0,
-            "embed_scale": math.sqrt(c["hidden_size"]), "sandwich_norms": True,
+            "embed_scale": math.sqrt(c["hidden_size"]), "sandwich_norms": True, "stream_scale": GEMMA_STREAM_SCALE,
             "score_scale": f.float_("query_pre_attn_scalar") ** -0.5,
             "attn_softcap": f.opt_float("attn_logit_softcapping"),
             "final_softcap": f.opt_float("final_logit_softcapping")}

@@ -20,7 +20,7 @@ import numpy as np
 
 from rlx_mil.errors import UnsupportedConfigError
 from rlx_mil.models.gguf.reader import GGUFFile
-from rlx_mil.models.hf_config import DecoderSpec, RopeSpec
+from rlx_mil.models.hf_config import GEMMA_STREAM_SCALE, DecoderSpec, RopeSpec
 
 #: GGUF `general.architecture` values read, and the rlx_mil family each becomes.
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
@@ -146,7 +146,7 @@ def decoder_spec(file: GGUFFile) -> DecoderSpec:
         scalar = hidden / heads if layers == 46 else head_dim  # llama.cpp: 27B scales by n_embd / n_head
         return DecoderSpec(
             **common, activation="gelu_tanh", qkv_bias=_has(file, "attn_q.bias"), o_bias=_has(file, "attn_output.bias"),
-            norm_offset=0.0, embed_scale=math.sqrt(hidden), sandwich_norms=True, score_scale=scalar**-0.5,
+            norm_offset=0.0, embed_scale=math.sqrt(hidden), sandwich_norms=True, stream_scale=GEMMA_STREAM_SCALE, score_scale=scalar**-0.5,
             attn_softcap=k.opt_float("attn_logit_softcapping"), final_softcap=k.opt_float("final_logit_softcapping"),
             layer_windows=tuple(window if i % 2 == 0 else None for i in range(layers)),
         )
@@ -207,7 +207,7 @@ def _gemma3(k: _Keys, common: dict[str, Any], window: int | None) -> DecoderSpec
     scalar = hidden / heads if layers == 62 else head_dim  # llama.cpp: Gemma 3 27B scales by n_embd / n_head
     return DecoderSpec(
         **common, activation="gelu_tanh", qkv_bias=_has(k.file, "attn_q.bias"), o_bias=_has(k.file, "attn_output.bias"),
-        qk_norm=True, norm_offset=0.0, embed_scale=math.sqrt(hidden), sandwich_norms=True, score_scale=scalar**-0.5,
+        qk_norm=True, norm_offset=0.0, embed_scale=math.sqrt(hidden), sandwich_norms=True, stream_scale=GEMMA_STREAM_SCALE, score_scale=scalar**-0.5,
         attn_softcap=None, final_softcap=k.opt_float("final_logit_softcapping"),
         layer_windows=tuple(window if s else None for s in sliding),
         layer_ropes=tuple(local_rope if s else global_rope for s in sliding),
