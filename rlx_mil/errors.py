@@ -126,6 +126,16 @@ class PrecisionWarning(UserWarning):
     """Values will not survive the requested compute precision (e.g. beyond fp16's range)."""
 
 
+class Fp16OverflowWarning(PrecisionWarning):
+    """A package checked on generated inputs (`--verify`) computes inf or NaN where its
+    graph's reference is finite: an fp16 value passed 65,504. The message names the output and
+    the op where the non-finite values start (`op`); converting with precision='fp32' avoids it."""
+
+    def __init__(self, message: str, *, op: str | None = None) -> None:
+        self.op = op
+        super().__init__(message)
+
+
 class UnsupportedConfigError(RlxMilError):
     """A model configuration (Hugging Face `config.json`) asks for an architecture, or a field
     value, that rlx_mil does not implement; the message names the file, field and value."""

@@ -9,12 +9,13 @@ stateful conversion then turns the past K/V inputs into the state.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rlx_mil.coreml.deploy import DeployForm
-from rlx_mil.errors import InvalidOptionError
+from rlx_mil.errors import Fp16OverflowWarning, InvalidOptionError, RlxMilError
 from rlx_mil.lowering.state.capacity import neural_engine_capacity
 from rlx_mil.milexec.prepared import MemoryMode
 from rlx_mil.progress import Progress
@@ -176,6 +177,8 @@ def verify_stateful(
     both go on with the reference's token (`prompt` None: 5 ids spread over the vocabulary).
     `report` gets one line per step. Returns the
     `GreedyComparison`; it stops at the first step that fails."""
+    import numpy as np
+
     from rlx_mil.llm.generate import Session
     from rlx_mil.testing import GreedyComparison, compare_greedy_step
 
@@ -189,6 +192,8 @@ def verify_stateful(
     logits = session.feed(tokens)
     for step in range(1, steps + 1):
         want = reference_logits(model_dir, tokens, compression, loader)
+        if not np.isfinite(logits).all() and np.isfinite(want).all():
+            warn_nonfinite_logits(package, session, tokens, step)
         result = compare_greedy_step(step, logits, want, precision)
         comparison.steps.append(result)
         if report is not None:
@@ -199,3 +204,45 @@ def verify_stateful(
         if step < steps:
             logits = session.feed([result.reference_token])
     return comparison
+
+
+def warn_nonfinite_logits(package: str | os.PathLike[str], session: Any, tokens: Sequence[int], step: int) -> None:
+    """An `Fp16OverflowWarning`: `session`'s logits after `tokens` hold inf/NaN where the
+    reference's are finite, naming the op where they start (`first_nonfinite_op`)."""
+    op = first_nonfinite_op(package, session, tokens)
+    where = f"; the first op giving inf/NaN from finite inputs is {op}" if op else ""
+    warnings.warn(Fp16OverflowWarning(
+        f"{package}: the logits of step {step} hold inf/NaN where the reference's are finite{where}:"
+        " an fp16 value passed 65,504; convert with precision='fp32'", op=op,
+    ), stacklevel=3)
+
+
+def first_nonfinite_op(package: str | os.PathLike[str], session: Any, tokens: Sequence[int]) -> str | None:
+    """Where `tokens`, fed one by one through the package's one-token function on the executor
+    (tracking non-finite values, which a Session's prepared runs do not), first give inf/NaN
+    from finite inputs: "op (op_type), token i", or None (none found, or a chunked package)."""
+    import numpy as np
+
+    from rlx_mil import milexec
+    from rlx_mil.lowering.state.kv_cache import POSITION_INPUT
+
+    if getattr(session, "_chunks", None) is not None:
+        return None
+    fn = session.functions[-1]  # the one-token (decode) function
+    io_names = (getattr(session, "_io_names", {}) or {}).get(fn.name) or None
+    states: dict[str, Any] = {}
+    for i, token in enumerate(tokens):
+        feeds = {"input_ids": np.array([[token]], np.int32)}
+        if session.contract.max_context is not None:
+            feeds[POSITION_INPUT] = np.array([i], np.int32)
+        if "position_ids" in fn.inputs:
+            feeds["position_ids"] = np.array([[i]], np.int32)
+        if "attention_mask" in fn.inputs:
+            feeds["attention_mask"] = np.ones((1, session.max_context), np.float32)
+        try:
+            result = milexec.execute(str(package), feeds, function_name=fn.name, states=states, io_names=io_names)
+        except RlxMilError:
+            return None
+        if result.nonfinite_origins:
+            return f"{result.nonfinite_origins[0]}, token {i}"
+    return None

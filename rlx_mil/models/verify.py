@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from rlx_mil.errors import MilExecError
+from rlx_mil.errors import Fp16OverflowWarning, MilExecError
 from rlx_mil.ir import Graph, Input
 from rlx_mil.testing import GreedyComparison, compare_greedy_step
 
@@ -85,7 +86,9 @@ def verify_package(
     from rlx_mil import milexec, reference
 
     want = reference.evaluate(graph, inputs, params)
-    got = milexec.run(package, inputs)
+    result = milexec.execute(package, inputs)
+    got = result.outputs
+    warn_nonfinite(package, got, want, result.nonfinite_origins)
     limit = RELATIVE_TOLERANCE[precision]
     checks = []
     for name, ref in want.items():
@@ -99,6 +102,22 @@ def verify_package(
         ok = bool(relative <= limit) and (greedy is None or greedy.ok)
         checks.append(OutputCheck(name, err, relative, ok, greedy))
     return checks
+
+
+def warn_nonfinite(package: Any, got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray], origins: list[str]) -> None:
+    """An `Fp16OverflowWarning` for each float output of `got` holding inf/NaN where `want`
+    (the reference) is finite, naming the op where the executor saw them start."""
+    for name, ref in want.items():
+        value = got.get(name)
+        if value is None or value.dtype.kind != "f" or np.isfinite(value).all() or not np.isfinite(ref).all():
+            continue
+        origin = origins[0] if origins else None
+        where = f"; the first op giving inf/NaN from finite inputs is {origin}" if origin else ""
+        warnings.warn(Fp16OverflowWarning(
+            f"{package}: output {name!r} holds {int(np.sum(~np.isfinite(value)))} inf/NaN values where the"
+            f" reference is finite{where}: an fp16 value passed 65,504; convert with precision='fp32'",
+            op=origin,
+        ), stacklevel=3)
 
 
 def _greedy_positions(name: str, got: np.ndarray, want: np.ndarray, precision: str) -> GreedyComparison:

@@ -5,6 +5,8 @@ where the same graph without the scaling gives inf / NaN."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,12 +14,13 @@ import pytest
 import rlx_mil
 from models.hf_numpy import FORWARDS
 from rlx_mil import milexec
-from rlx_mil.errors import InvalidOptionError
+from rlx_mil.errors import Fp16OverflowWarning, InvalidOptionError
 from rlx_mil.models import from_pretrained
 from rlx_mil.models.families import model_spec
 from rlx_mil.models.hf_config import GEMMA_STREAM_SCALE, DecoderSpec
 from rlx_mil.models.pretrained import build
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+from rlx_mil.models.verify import verify_package
 
 FP16_MAX = 65504.0
 #: The post-feed-forward norms' weights: each layer adds up to ~2.5 x 2e4 to a channel of the
@@ -87,3 +90,56 @@ def test_stream_scale_must_be_a_power_of_two(scale: float) -> None:
     with pytest.raises(InvalidOptionError, match="stream_scale"):
         build(dataclasses.replace(spec, stream_scale=scale), seq_len=4)
 
+
+def test_verify_names_the_op_where_an_fp16_package_overflows(loud_gemma3: dict[str, np.ndarray], tmp_path: Path) -> None:
+    """`--verify` (verify_package) on a package that overflows: a typed warning naming the op."""
+    loud = loud_gemma3
+    spec = model_spec(TINY_CONFIGS["gemma3_text"])
+    assert isinstance(spec, DecoderSpec)
+    plain, _, _ = build(dataclasses.replace(spec, stream_scale=None), seq_len=8)
+    package = tmp_path / "plain.mlpackage"
+    rlx_mil.convert(plain, loud, precision="fp16").save(str(package))
+    with pytest.warns(Fp16OverflowWarning, match="output 'logits' holds .* inf/NaN") as caught:
+        checks = verify_package(plain, loud, package, {"input_ids": ids()}, "fp16")
+    assert not checks[0].ok
+    op = next(w.message for w in caught if isinstance(w.message, Fp16OverflowWarning)).op
+    assert op is not None and "residual" in op and "(add)" in op
+
+    scaled, _, _ = build(spec, seq_len=8)
+    package = tmp_path / "scaled.mlpackage"
+    rlx_mil.convert(scaled, loud, precision="fp16").save(str(package))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Fp16OverflowWarning)
+        assert all(c.ok for c in verify_package(scaled, loud, package, {"input_ids": ids()}, "fp16"))
+
+
+def test_stateful_verify_names_the_op_where_fp16_logits_turn_nonfinite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stateful fp16 package of the loud Gemma 3 built without the stream scaling: the
+    stateful verification warns, naming the op (with the scaling it passes, silently)."""
+    from safetensors.numpy import load_file, save_file
+
+    from rlx_mil.llm.package import convert_llm_checkpoint, verify_stateful
+    from rlx_mil.models.families import gemma2
+
+    cfg = TINY_CONFIGS["gemma3_text"]
+    folder = write_random_checkpoint(tmp_path / "loud", cfg, seed=0)
+    weights = load_file(str(folder / "model.safetensors"))
+    for i in range(cfg["num_hidden_layers"]):
+        name = f"model.layers.{i}.post_feedforward_layernorm.weight"
+        weights[name] = np.full_like(weights[name], LOUD_GAMMA)
+    save_file(weights, str(folder / "model.safetensors"))
+    prompt = [int(t) for t in ids()[0]]
+
+    scaled = tmp_path / "scaled.mlpackage"
+    convert_llm_checkpoint(folder, scaled, max_context=32, precision="fp16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Fp16OverflowWarning)
+        assert verify_stateful(folder, scaled, prompt, 2, precision="fp16").ok
+
+    monkeypatch.setattr(gemma2, "GEMMA_STREAM_SCALE", None)
+    plain = tmp_path / "plain.mlpackage"
+    convert_llm_checkpoint(folder, plain, max_context=32, precision="fp16")
+    with pytest.warns(Fp16OverflowWarning, match="logits of step 1 hold inf/NaN") as caught:
+        assert not verify_stateful(folder, plain, prompt, 2, precision="fp16").ok
+    op = next(w.message for w in caught if isinstance(w.message, Fp16OverflowWarning)).op
+    assert op is not None and "residual" in op and "token" in op
