@@ -15,7 +15,7 @@ dequantized reference, the report's bytes against the package's). Reported per s
 
 ``auto4+cal`` calibrates on a different text than the one measured.
 
-    python benchmarks/bench_compress_real.py [--cache DIR] [--schemes int8 int4 lut4 auto4 ...]
+    python benchmarks/bench_compress_real.py [--cache DIR] [--schemes int8 int4 lut4 auto4 ...] [--measure-limit 1e15]
 """
 
 from __future__ import annotations
@@ -168,7 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "rlx_mil_bench")
     parser.add_argument("--schemes", nargs="+", default=DEFAULT_SCHEMES)
     parser.add_argument("--models", nargs="+", default=["encoder", "decoder"], choices=["encoder", "decoder"])
+    parser.add_argument("--measure-limit", type=float, default=None,
+                        help="autoN's MEASURE_LIMIT (weights x parameters x tokens measured whole; 1e15: every weight)")
     args = parser.parse_args(argv)
+    if args.measure_limit is not None:
+        import rlx_mil.compress.plan
+
+        rlx_mil.compress.plan.MEASURE_LIMIT = int(args.measure_limit)
     args.cache.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     enc = encoder_rows(args.cache, args.schemes) if "encoder" in args.models else {}
