@@ -125,15 +125,19 @@ def join_programs(functions: Mapping[str, PassedFunction], default_function: str
     from coremltools.converters.mil.mil import Program
 
     program = Program()
-    for name, function in functions.items():
-        program.add_function(name, function._mil_program.functions["main"])
+    # `Program.add_function` checks the opsets of every function added so far, each time; the
+    # last check, over all of them, is the one that matters.
+    program.functions.update({name: function._mil_program.functions["main"] for name, function in functions.items()})
+    program._check_program_opset_version()
     share_weights(program)
     program.default_function_name = default_function
     program.skip_all_passes = True
     program.export_as_multifunction = True
-    # Each function was validated (essential scopes included) after its last pass, and joining
-    # changes none of them: the exporters' two validations of the whole program are skipped.
+    # Each function was validated (essential scopes included) and checked for what Core ML
+    # cannot run after its last pass (`PassedFunction`), and joining changes none of them: the
+    # exporters' two validations of the whole program and the early error check are skipped.
     program.validate = _validated
+    program._check_early_error_out_for_invalid_program = _validated
     with passless_programs_left_alone():  # the passes are skipped: nothing to validate or print
         model = mil_convert(
             program, convert_to="mlprogram", convert_from="milinternal",
@@ -149,7 +153,8 @@ _IOS18_SPEC = 9
 
 
 def _validated(*_: Any, **__: Any) -> None:
-    """The validation of a joined program, whose functions were each validated already."""
+    """The validation (and early error check) of a joined program, whose functions were each
+    validated and checked already."""
 
 
 def _cpu_only() -> Any:

@@ -1,7 +1,7 @@
 """Joining converted functions into one package runs no pass over them again: a program whose
 passes are all skipped leaves each pipeline as it came, unvalidated and unprinted
 (`rlx_mil.coreml.pipeline.passless_programs_left_alone`), and the joined program is not
-validated again (each function was, after its last pass)."""
+validated or checked again (each function was, after its last pass)."""
 
 from __future__ import annotations
 
@@ -69,9 +69,19 @@ def _graph(width: int) -> Graph:
 
 def test_the_joined_program_is_not_validated_again(monkeypatch: pytest.MonkeyPatch) -> None:
     validated = _counting_validations(monkeypatch)
+    checked: list[int] = []
+    real_check = Program._check_early_error_out_for_invalid_program
+
+    def counting_check(self: Program) -> None:
+        checked.append(len(self.functions))
+        real_check(self)
+
+    monkeypatch.setattr(Program, "_check_early_error_out_for_invalid_program", counting_check)
     w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
     model = rlx_mil.convert_functions({"one": _graph(1), "two": _graph(2)}, {"w": w})
-    assert validated and set(validated) == {1}  # each function's own program, never the joined one
+    # each function's own program, never the joined one
+    assert validated and set(validated) == {1}
+    assert checked == [1, 1]
     spec = model.get_spec()
     assert {f.name for f in spec.description.functions} == {"one", "two"}
     from rlx_mil import milexec
