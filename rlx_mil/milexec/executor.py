@@ -23,6 +23,7 @@ from rlx_mil.mil_walk import iter_ops, oversized_outputs
 from rlx_mil.milexec.crosscheck import CrossChecker, Tolerance
 from rlx_mil.milexec.loader import IONames, ResolvedSource, release, resolve_source
 from rlx_mil.milexec.plan import Plan, build_plan, root_key
+from rlx_mil.milexec.protoread import read_model
 from rlx_mil.milexec.registry import KERNELS, OpContext, declared_dtype
 from rlx_mil.milexec.streamed import materialize
 from rlx_mil.values import BFLOAT16, numeric_kind
@@ -80,7 +81,8 @@ def execute(
 
     if precision_model not in PRECISION_MODELS:
         raise MilExecError(f"unknown precision_model {precision_model!r}; use one of {PRECISION_MODELS}")
-    resolved = resolve_source(source, function_name, io_names)
+    # A package is read straight from its protobuf unless cross-checked (that needs pymil ops).
+    resolved = resolve_source(source, function_name, io_names, None if cross_check else read_model)
     checker = CrossChecker(cross_check_tolerances) if cross_check else None
     # A run that keeps or cross-checks every value holds them all and writes nothing in place.
     plan = None if keep_values or checker is not None else build_plan(resolved.function)

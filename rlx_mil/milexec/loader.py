@@ -9,7 +9,7 @@ import mmap
 import os
 import struct
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,9 +273,12 @@ def _address(mapped: mmap.mmap) -> int:
 
 
 def resolve_source(
-    source: Any, function_name: str | None, io_names: Mapping[str, Any] | IONames | None
+    source: Any, function_name: str | None, io_names: Mapping[str, Any] | IONames | None,
+    reader: Callable[[Any, Any], Any] | None = None,
 ) -> ResolvedSource:
-    """Find the Function to run and the interface-name mapping for `source`."""
+    """Find the Function to run and the interface-name mapping for `source`. `reader(model,
+    where)` reads a package's program first (`protoread.read_model`); where it returns None,
+    or without one, `load_program`'s loader does."""
     from coremltools.converters.mil.mil import Function, Program
 
     from rlx_mil.milexec.light import LightProgram
@@ -283,7 +286,7 @@ def resolve_source(
     metadata: Mapping[str, str] = {}
     if isinstance(source, (str, os.PathLike)):
         model = _open_model(source)
-        program = _program_from_model(model, source)
+        program = (reader(model, source) if reader is not None else None) or _program_from_model(model, source)
         metadata = dict(model.user_defined_metadata)
     elif isinstance(source, (Program, LightProgram)):
         program = source
@@ -295,7 +298,7 @@ def resolve_source(
             package = getattr(source, "package_path", None)
             if not package:
                 raise MilExecError("the MLModel has neither a MIL program in memory nor a package path")
-            program = _program_from_model(source, package)
+            program = (reader(source, package) if reader is not None else None) or _program_from_model(source, package)
         metadata = dict(source.user_defined_metadata)
         if function_name is None:
             function_name = getattr(source, "function_name", None)

@@ -44,12 +44,16 @@ def read_program(path: str | os.PathLike[str], functions: Sequence[str] | None =
 
     Raises MilExecError where `load_program` would before reading the program (no package,
     a special file inside it, not an ML Program)."""
+    return read_model(_open_model(path), path, functions)
+
+
+def read_model(model: Any, where: Any, functions: Sequence[str] | None = None) -> LightProgram | None:
+    """`read_program` for a coremltools MLModel opened from its package (`where` names it)."""
     from rlx_mil.errors import MilExecError
 
-    model = _open_model(path)
     spec = model.get_spec()
     if spec.WhichOneof("Type") != "mlProgram":
-        raise MilExecError(f"{path} is not an ML Program (model type {spec.WhichOneof('Type')!r})")
+        raise MilExecError(f"{where} is not an ML Program (model type {spec.WhichOneof('Type')!r})")
     try:
         with _mapped_weights():
             return _Reader(spec, model.weights_dir).program(functions)

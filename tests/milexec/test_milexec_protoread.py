@@ -179,3 +179,29 @@ def test_only_the_functions_asked_for_are_read(llm_packages: dict[str, Path]) ->
     assert program.functions == ("decode",) and list(program.program.functions) == ["decode"]
     with pytest.raises(MilExecError, match="no prepared function 'prefill_4'"):
         program.run({}, function_name="prefill_4")
+
+
+def test_plain_runs_of_a_package_read_it_from_the_protobuf(llm_packages: dict[str, Path],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`milexec.run(path)` reads the package itself (every value alike to a run of the pymil
+    program); `cross_check` still loads pymil ops, which its value_inference needs."""
+    from rlx_mil.milexec import loader
+
+    path = llm_packages["fp16"]
+    feeds = {"input_ids": np.array([[5, 17, 300, 4000]], np.int32), "position_ids": np.arange(4, dtype=np.int32)[None],
+             "cache_position": np.array([0], np.int32)}
+    theirs = milexec.run(load_program(path), feeds, function_name="prefill_4", states={}, return_all=True)
+
+    def refused(*_: Any) -> Any:
+        raise AssertionError("loaded through coremltools' milproto loader")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(loader, "_program_from_model", refused)
+        ours = milexec.run(path, feeds, function_name="prefill_4", states={}, return_all=True)
+        with pytest.raises(AssertionError, match="milproto loader"):
+            milexec.cross_check(path, feeds, function_name="prefill_4")
+    _assert_same_outputs(ours.outputs, theirs.outputs)
+    assert list(ours.outputs) == ["logits"] and ours.values.keys() == theirs.values.keys()
+    for key, value in theirs.values.items():
+        assert np.array_equal(ours.values[key], value, equal_nan=value.dtype.kind == "f"), key
+    _assert_same_outputs(ours.states, theirs.states)
