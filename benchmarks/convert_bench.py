@@ -17,6 +17,10 @@ Cases:
   attention    single attention nodes: no mask, causal, GQA (causal, 8/2 heads), explicit scale,
                sliding window (256) at S=128/1024/4096.
   big          (--big) 8B-shaped BF16 checkpoint with int4 weight compression, rlx_mil only.
+  stateful     (--stateful) the stateful 3-function package (decode, prefill 64, prefill 512) of
+               the Qwen3-0.6B- and Llama-3.2-1B-shaped checkpoints against their plain prefill
+               conversion (time ratio, peak RSS over fp16 weight bytes): stateful_convert_bench.py,
+               run from here for each shape, rlx_mil only (PyTorch has no stateful conversion).
 
     pip install -e ".[bench]"   # PyTorch (CPU) for the peer
     python benchmarks/convert_bench.py --cases decoder16,attention --repeat 3 --json out.jsonl
@@ -370,6 +374,8 @@ def main() -> None:
     parser.add_argument("--torch-repeat", type=int, default=None, help="repetitions of the PyTorch peer (default: --repeat)")
     parser.add_argument("--big", action="store_true", help="add the 8B-shaped int4 case (rlx_mil only)")
     parser.add_argument("--no-torch", action="store_true", help="measure rlx_mil only")
+    parser.add_argument("--stateful", action="store_true",
+                        help="also the stateful 3-function conversions of the 0.6B and 1B shapes (see the module doc)")
     parser.add_argument("--data", type=Path, default=None, help="folder for checkpoints (default: a temp folder)")
     parser.add_argument("--json", type=Path, default=None, help="append one JSON line per case")
     parser.add_argument("--markdown", type=Path, default=None)
@@ -413,6 +419,15 @@ def main() -> None:
     print(preflight_lines(rows))
     if args.markdown:
         args.markdown.write_text(table + "\n")
+    if args.stateful:
+        for model in ("qwen3_0.6b", "llama1b"):
+            print(f"stateful: {model}", file=sys.stderr, flush=True)
+            print()
+            # --work data: the llama1b case's checkpoint (data/llama1b) is reused, not written again
+            command = [sys.executable, str(HERE / "stateful_convert_bench.py"), "--model", model, "--work", str(data)]
+            if args.json:
+                command += ["--json", str(args.json.with_name(f"{args.json.stem}_stateful_{model}.json"))]
+            subprocess.run(command, check=True)
     if args.data is None:
         shutil.rmtree(data, ignore_errors=True)
 
