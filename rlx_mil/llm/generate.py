@@ -199,7 +199,7 @@ class Session:
         self.vocab = self.functions[0].vocab
         self.engine = ("coreml" if sys.platform == "darwin" else "milexec") if engine == "auto" else engine
         self.precision_model = precision_model
-        #: the executor's memory mode ("fast" or "lean"; see rlx_mil.milexec.prepared).
+        #: the executor's memory mode ("fast", "compact" or "lean"; see rlx_mil.milexec.prepared).
         self.memory: str = memory
         self._tokenizer: TextTokenizer | None = None
         self.stats = GenerationStats()

@@ -80,14 +80,18 @@ class ResolvedSource:
     output_pieces: Mapping[str, OutputPieces] = field(default_factory=dict)
 
 
-def load_program(path: str | os.PathLike[str]) -> Any:
+def load_program(path: str | os.PathLike[str], *, packed_4bit: bool = False) -> Any:
     """Reload a saved .mlpackage into a pymil Program (every function of it).
 
     Constant `np.bool_` scalars that the milproto loader produces are turned into Python bools:
     with numpy >= 2, `np.sum(..., keepdims=np.True_)` raises inside coremltools' own
     value_inference. The Program's `default_function_name` is taken from the spec.
+
+    `packed_4bit=True` (prepared runs only): an int4 / uint4 blob is not unpacked; its const
+    holds a `FourBitCodes` stand-in (the codes' shape and dtype, no values) carrying the
+    packed bytes. Whoever loads so must replace every stand-in before a kernel reads it.
     """
-    return _program_from_model(_open_model(path), path)
+    return _program_from_model(_open_model(path), path, packed_4bit)
 
 
 def _open_model(path: str | os.PathLike[str]) -> Any:
@@ -102,14 +106,14 @@ def _open_model(path: str | os.PathLike[str]) -> Any:
         raise MilExecError(f"cannot open {path} as a Core ML model: {exc}") from exc
 
 
-def _program_from_model(model: Any, where: Any) -> Any:
+def _program_from_model(model: Any, where: Any, packed_4bit: bool = False) -> Any:
     from coremltools.converters.mil.frontend.milproto.load import load as milproto_load
 
     spec = model.get_spec()
     if spec.WhichOneof("Type") != "mlProgram":
         raise MilExecError(f"{where} is not an ML Program (model type {spec.WhichOneof('Type')!r})")
     try:
-        with _mapped_weights():
+        with _mapped_weights(packed_4bit):
             program = milproto_load(
                 spec, specification_version=spec.specificationVersion, file_weights_dir=model.weights_dir
             )
@@ -140,8 +144,29 @@ _BLOB_METADATA = struct.Struct("<IIQQ")  # sentinel, dtype code, size in bytes, 
 _MAP_LOCK = threading.Lock()
 
 
+class FourBitCodes(np.ndarray):
+    """Stand-in value of a 4-bit blob read by `load_program(..., packed_4bit=True)`: shaped and
+    typed as its unpacked codes (int8 for int4, uint8 for uint4) but holding no values (every
+    stride is 0, over one byte of its own). `packed` is the blob's bytes (a read-only view of
+    the mapped weight file, two codes a byte, the first in the low nibble), `signed` is True for
+    int4; `unpacked()` gives the codes."""
+
+    packed: np.ndarray
+    signed: bool
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.packed = getattr(obj, "packed", np.zeros(0, np.uint8))
+        self.signed = getattr(obj, "signed", True)
+
+    def unpacked(self) -> np.ndarray:
+        """The codes, one per byte (a new array of this shape and dtype)."""
+        out = np.empty(self.size + self.size % 2, dtype=self.dtype)
+        _unpack_into(self.packed[: out.size // 2], out, self.signed)
+        return out[: self.size].reshape(self.shape)
+
+
 @contextlib.contextmanager
-def _mapped_weights() -> Iterator[None]:
+def _mapped_weights(packed_4bit: bool = False) -> Iterator[None]:
     """Within the block, the milproto loader maps byte-aligned blobs instead of copying them."""
     from coremltools.converters.mil.frontend.milproto import load as milproto
 
@@ -167,7 +192,7 @@ def _mapped_weights() -> Iterator[None]:
             if milproto.types.is_tensor(valuetype) and not value_spec.docString:
                 blob = value_spec.blobFileValue
                 filename = os.path.join(context.weights_dir, blob.fileName.split("/")[-1])
-                value = _mapped_blob(maps, filename, int(blob.offset), valuetype.get_primitive())
+                value = _mapped_blob(maps, filename, int(blob.offset), valuetype.get_primitive(), packed_4bit)
                 shape = tuple(int(d) for d in valuetype.get_shape())
                 count = int(np.prod(shape, dtype=np.int64))
                 if value is not None and value.size == count + 1 and count % 2:  # 4-bit: one pad nibble
@@ -180,14 +205,15 @@ def _mapped_weights() -> Iterator[None]:
         yield
 
 
-def _mapped_blob(maps: dict[str, mmap.mmap | None], filename: str, offset: int, dtype: Any) -> np.ndarray | None:
+def _mapped_blob(maps: dict[str, mmap.mmap | None], filename: str, offset: int, dtype: Any,
+                 packed_4bit: bool = False) -> np.ndarray | None:
     """The blob at `offset` of `filename` as a read-only array over a map of the file, or None
     (not a byte-aligned type, or anything about the file or the blob unexpected: the loader
     then reads it itself)."""
     from coremltools.converters.mil.mil import types
 
     if dtype in (types.int4, types.uint4):
-        return _unpacked_nibbles(maps, filename, offset, dtype)
+        return _unpacked_nibbles(maps, filename, offset, dtype, packed_4bit)
     wanted = {types.fp16: np.float16, types.fp32: np.float32, types.uint8: np.uint8, types.int8: np.int8,
               types.int16: np.int16, types.uint16: np.uint16}.get(dtype)
     if wanted is None:
@@ -213,10 +239,11 @@ def _mapped_file(maps: dict[str, mmap.mmap | None], filename: str) -> mmap.mmap 
     return maps[filename]
 
 
-def _unpacked_nibbles(maps: dict[str, mmap.mmap | None], filename: str, offset: int, dtype: Any) -> np.ndarray | None:
+def _unpacked_nibbles(maps: dict[str, mmap.mmap | None], filename: str, offset: int, dtype: Any,
+                      packed_4bit: bool = False) -> np.ndarray | None:
     """An int4 / uint4 blob unpacked into a new int8 / uint8 array (the dtype coremltools gives
     it), a chunk at a time: coremltools' own reader expands every bit into a byte first, eight
-    times the packed size at once."""
+    times the packed size at once. With `packed_4bit`, a `FourBitCodes` stand-in instead."""
     from coremltools.converters.mil.mil import types
 
     mapped = _mapped_file(maps, filename)
@@ -227,8 +254,21 @@ def _unpacked_nibbles(maps: dict[str, mmap.mmap | None], filename: str, offset: 
     if sentinel != _BLOB_SENTINEL or code != (_INT4 if signed else _UINT4) or data_offset + size > len(mapped):
         return None
     packed = np.frombuffer(mapped, dtype=np.uint8, count=size, offset=data_offset)
-    out = np.empty(2 * size, dtype=np.dtype(types.nptype_from_builtin(dtype)))
+    nptype = np.dtype(types.nptype_from_builtin(dtype))
+    if packed_4bit:
+        own = np.zeros(1, dtype=nptype)  # one byte of its own: each stand-in has its own address
+        stand_in = np.lib.stride_tricks.as_strided(own, (2 * size,), (0,), writeable=False).view(FourBitCodes)
+        stand_in.packed, stand_in.signed = packed, signed
+        return stand_in
+    out = np.empty(2 * size, dtype=nptype)
+    _unpack_into(packed, out, signed)
+    return out
+
+
+def _unpack_into(packed: np.ndarray, out: np.ndarray, signed: bool) -> None:
+    """Two codes a byte (the first in the low nibble) into `out` (2 * packed.size bytes)."""
     plain = out.view(np.uint8)
+    size = packed.size
     step = 1 << 20
     for start in range(0, size, step):
         part = packed[start:start + step]
@@ -240,7 +280,6 @@ def _unpacked_nibbles(maps: dict[str, mmap.mmap | None], filename: str, offset: 
             chunk = plain[start:start + step]
             np.bitwise_xor(chunk, 8, out=chunk)
             np.subtract(chunk, 8, out=chunk)
-    return out
 
 
 def release(value: np.ndarray) -> None:

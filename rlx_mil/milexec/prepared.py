@@ -2,7 +2,7 @@
 
 `prepare(source, memory=...)` loads the program (weights mapped from the package's weight file,
 see `rlx_mil.milexec.loader`) and builds a `Plan` per function (consts resolved once,
-liveness, in-place state writes). Two memory modes decide what happens to the weights:
+liveness, in-place state writes). The memory mode decides what happens to the weights:
 
 * ``"fast"``: weights are kept in the float32 form the kernels multiply with, up to a cache
   budget of `FAST_CACHE_RATIO` times the weights' fp16 bytes: every fp16 weight of at least
@@ -10,17 +10,21 @@ liveness, in-place state writes). Two memory modes decide what happens to the we
   model is unchanged) and compressed weights (``constexpr_*`` ops) are decoded once, in
   program order while the budget lasts; the functions of a package share these arrays. The
   weights past the budget are read as in ``"lean"``.
+* ``"compact"``: as ``"lean"``, plus float32 forms of the weights in program order up to
+  `COMPACT_CACHE_RATIO` times the weights' fp16 bytes.
 * ``"lean"``: nothing is widened or kept decoded. A large fp16 weight stays a view of the
   mapped file, is widened a block of rows at a time inside `linear`, and its resident pages
   are dropped once the op that read it ran; a `constexpr_blockwise_shift_scale` weight (int8,
   int4, or indices into one integer table: a `constexpr_lut_to_dense` feeding it) is decoded
   a block of rows at a time by the `linear` reading it and row by row by an embedding `gather`
   (`rlx_mil.milexec.streamed`); other compressed weights are decoded by each run, op by op,
-  and freed after their last use. About the states plus one layer's weights resident.
+  and freed after their last use. About the states plus one layer's weights resident. 4-bit
+  codes stay packed, two to a byte (`rlx_mil.milexec.streamed`).
 
 A `constexpr_lut_to_dense` whose output only feeds a `constexpr_blockwise_shift_scale` is part
 of that weight: it is decoded (or streamed) with it, never kept on its own.
-* ``"auto"``: ``"fast"`` when its estimate fits in half the memory available now, else lean.
+* ``"auto"``: ``"compact"`` for a program with compressed weights; else ``"fast"`` when its
+  estimate fits in half the memory available now, else lean.
 
 A `linear` that widens or decodes a weight of 2^20 elements or more a block of rows at a time
 splits the rows between `threads` Python threads (default: 2 where there are 2 cores; NumPy and
@@ -57,19 +61,29 @@ from rlx_mil.milexec.executor import (
 )
 from rlx_mil.milexec.fp16 import widen
 from rlx_mil.milexec.kernels.linalg import rows_in_threads
-from rlx_mil.milexec.loader import IONames, ResolvedSource, load_program, mapped_file, release, resolve_source
+from rlx_mil.milexec.loader import (
+    FourBitCodes,
+    IONames,
+    ResolvedSource,
+    load_program,
+    mapped_file,
+    release,
+    resolve_source,
+)
 from rlx_mil.milexec.plan import Plan, build_plan, root_key
 from rlx_mil.milexec.protoread import read_program
 from rlx_mil.milexec.registry import declared_dtype
 from rlx_mil.milexec.streamed import ShiftScaleWeight, lut_chain
 
-MemoryMode = Literal["auto", "fast", "lean"]
-MEMORY_MODES: tuple[str, ...] = ("auto", "fast", "lean")
+MemoryMode = Literal["auto", "fast", "compact", "lean"]
+MEMORY_MODES: tuple[str, ...] = ("auto", "fast", "compact", "lean")
 
 #: fp16 consts of at least this many elements are weights that "fast" widens once.
 WIDEN_MIN = 1 << 16
 #: "fast" keeps float32 forms of weights up to this many times the weights' fp16 bytes.
 FAST_CACHE_RATIO = 1.5
+#: "compact" keeps float32 forms of weights up to this many times the weights' fp16 bytes.
+COMPACT_CACHE_RATIO = 0.6
 
 
 def prepare(
@@ -115,6 +129,7 @@ class PreparedProgram:
         #: threads a large linear splits its weight's rows between (default: up to 2 cores).
         self.threads = threads if threads is not None else max(1, min(2, os.cpu_count() or 1))
         self.source = source
+        # A package read here keeps its 4-bit codes packed (every stand-in is replaced below).
         program = _load(source, functions) if isinstance(source, (str, os.PathLike)) else None
         loaded = program if program is not None else source
         # Read for some functions only, the package's default one may not be among them.
@@ -137,11 +152,13 @@ class PreparedProgram:
         self._plans: dict[str, Plan] = {}
         shared: dict[tuple[Any, ...], Any] = {}
         weights = [_weights(resolved.function) for resolved in self._resolved.values()]
-        budget = _Budget(int(FAST_CACHE_RATIO * _fp16_bytes(weights)) if self.memory == "fast" else 0)
+        ratio = {"fast": FAST_CACHE_RATIO, "compact": COMPACT_CACHE_RATIO}.get(self.memory, 0.0)
+        budget = _Budget(int(ratio * _fp16_bytes(weights)))
         for (name, resolved), found in zip(self._resolved.items(), weights, strict=True):
-            plan = build_plan(resolved.function, lean=self.memory == "lean")
+            plan = build_plan(resolved.function, lean=self.memory != "fast")
             plan.checked = True
             self._prepare_weights(found, plan, shared, budget)
+            _unpack_stand_ins(resolved.function, plan, shared)
             self._plans[name] = plan
         #: bytes of the weights held in their prepared (float32) form.
         self.prepared_bytes = budget.used
@@ -191,11 +208,13 @@ class PreparedProgram:
             key = _weight_key(op, plan.consts)
             chain = lut_chain(op) if op.op_type == "constexpr_blockwise_shift_scale" else None
             out = op.outputs[0]
-            streamed = None
-            if op.op_type == "constexpr_blockwise_shift_scale" and len(op.outputs) == 1:
+            # What another function shares: the form it chose (one streamed form, one cache).
+            streamed = shared.get(("streamed", *key))
+            if streamed is None and key not in shared and op.op_type == "constexpr_blockwise_shift_scale" \
+                    and len(op.outputs) == 1:
                 round_fp16 = declared_dtype(out) == np.float16 and self.precision_model == "declared"
                 streamed = ShiftScaleWeight.of(op, scratch.lookup, round_fp16)
-            if key in shared or budget.take(_elements(op) * 4):
+            if key in shared or (("streamed", *key) not in shared and budget.take(_elements(op) * 4)):
                 if key not in shared:
                     shared[key] = self._decoded(op, streamed, scratch)
                 for index, var in enumerate(op.outputs):
@@ -207,7 +226,7 @@ class PreparedProgram:
                 plan.consts[id(out)] = shared.setdefault(("streamed", *key), streamed)
                 plan.precomputed.update({id(op)} | ({id(chain)} if chain is not None else set()))
                 data = streamed.data
-                if self.memory == "lean" and mapped_file(data) is not None:
+                if self.memory != "fast" and isinstance(data, np.ndarray) and mapped_file(data) is not None:
                     for user in out.child_ops:
                         plan.release_after.setdefault(id(user), []).append(data)
         if self.memory == "fast":
@@ -218,6 +237,8 @@ class PreparedProgram:
         if streamed is not None:
             return [streamed.fill(np.empty(streamed.shape, np.float32))]
         chain = lut_chain(op) if op.op_type == "constexpr_blockwise_shift_scale" else None
+        for reader in (op, chain) if chain is not None else (op,):
+            _unpack_inputs(reader, scratch.plan, {})
         with np.errstate(all="ignore"):
             if chain is not None:  # the table lookup feeding it, decoded for this op only
                 scratch._execute(chain)
@@ -236,9 +257,34 @@ class PreparedProgram:
 def _load(path: str | os.PathLike[str], functions: Sequence[str] | None) -> Any:
     """The package's functions (`functions`, default every one) read straight from its protobuf
     (`rlx_mil.milexec.protoread`), or its pymil Program where that reader leaves it to
-    coremltools' loader."""
-    light = read_program(path, functions)
-    return light if light is not None else load_program(path)
+    coremltools' loader; 4-bit blobs as `FourBitCodes` stand-ins either way."""
+    light = read_program(path, functions, packed_4bit=True)
+    return light if light is not None else load_program(path, packed_4bit=True)
+
+
+def _unpack_inputs(op: Any, plan: Plan | None, shared: dict[tuple[Any, ...], Any]) -> None:
+    """Replace the `FourBitCodes` stand-ins `op` reads in `plan.consts` by their codes."""
+    if plan is None:
+        return
+    for value in op.inputs.values():
+        for var in value if isinstance(value, (list, tuple)) else [value]:
+            held = plan.consts.get(id(var))
+            if isinstance(held, FourBitCodes):
+                key = ("unpacked", *_identity(held))
+                if key not in shared:
+                    shared[key] = held.unpacked()
+                plan.consts[id(var)] = shared[key]
+                plan.pinned.add(root_key(shared[key]))
+
+
+def _unpack_stand_ins(function: Any, plan: Plan, shared: dict[tuple[Any, ...], Any]) -> None:
+    """Every op a run executes reads codes, never a stand-in: those of the ops not computed
+    when preparing (nested ones included) are unpacked once."""
+    from rlx_mil.mil_walk import iter_ops
+
+    for op in iter_ops(function):
+        if op.op_type != "const" and id(op) not in plan.precomputed:
+            _unpack_inputs(op, plan, shared)
 
 
 class _Budget:
@@ -345,6 +391,8 @@ def _choose(memory: str, functions: Any) -> str:
     if memory != "auto":
         return memory
     weights = [_weights(resolved.function) for resolved in functions]
+    if any(op.op_type.startswith("constexpr_") for ops in weights for op in ops):
+        return "compact"  # compressed weights: kept compressed, a part of them cached
     # float32 forms of the weights up to the budget, the rest read from the mapped file.
     need = min(2 * _fp16_bytes(weights), int(FAST_CACHE_RATIO * _fp16_bytes(weights))) + _fp16_bytes(weights) // 2
     available = _available_bytes()

@@ -38,16 +38,19 @@ class Unsupported(Exception):
     """Something `read_program` leaves to coremltools' loader."""
 
 
-def read_program(path: str | os.PathLike[str], functions: Sequence[str] | None = None) -> LightProgram | None:
+def read_program(path: str | os.PathLike[str], functions: Sequence[str] | None = None, *,
+                 packed_4bit: bool = False) -> LightProgram | None:
     """The package at `path` as light functions (`functions`: only those, default every one),
     or None when something in it is left to `load_program` (see the module doc).
+    `packed_4bit`: 4-bit blobs as `loader.FourBitCodes` stand-ins, as `load_program` reads them.
 
     Raises MilExecError where `load_program` would before reading the program (no package,
     a special file inside it, not an ML Program)."""
-    return read_model(_open_model(path), path, functions)
+    return read_model(_open_model(path), path, functions, packed_4bit=packed_4bit)
 
 
-def read_model(model: Any, where: Any, functions: Sequence[str] | None = None) -> LightProgram | None:
+def read_model(model: Any, where: Any, functions: Sequence[str] | None = None, *,
+               packed_4bit: bool = False) -> LightProgram | None:
     """`read_program` for a coremltools MLModel opened from its package (`where` names it)."""
     from rlx_mil.errors import MilExecError
 
@@ -55,7 +58,7 @@ def read_model(model: Any, where: Any, functions: Sequence[str] | None = None) -
     if spec.WhichOneof("Type") != "mlProgram":
         raise MilExecError(f"{where} is not an ML Program (model type {spec.WhichOneof('Type')!r})")
     try:
-        with _mapped_weights():
+        with _mapped_weights(packed_4bit):
             return _Reader(spec, model.weights_dir).program(functions)
     except Unsupported:
         return None

@@ -16,12 +16,11 @@ import numpy as np
 
 from rlx_mil.milexec.fp16 import widen_into
 from rlx_mil.milexec.registry import OpContext, as_compute, kernel
-from rlx_mil.milexec.streamed import ShiftScaleWeight
+from rlx_mil.milexec.streamed import ShiftScaleWeight, product_rows
 
 #: An fp16 weight of at least this many elements is widened a block of rows at a time into one
 #: cache-sized buffer (`_blocked_linear`) instead of into a float32 copy of the whole weight.
 BLOCKED_WEIGHT_MIN = 1 << 20
-_BLOCK_BYTES = 1 << 20
 
 
 def _float_or_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -32,14 +31,12 @@ def _float_or_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _blocked_linear(flat: np.ndarray, weight: np.ndarray | ShiftScaleWeight) -> np.ndarray:
     """`flat @ weight.T` for a 2-D fp16 `weight` widened (or a streamed compressed weight
-    decoded) a block of rows at a time into one cache-sized buffer: the same float32 products
-    of the same weight values, each output column from one block. The rows are split between
-    `row_threads()` threads (each with its own buffer; NumPy and BLAS release the GIL)."""
+    decoded) a block of `product_rows` rows at a time into one buffer, or a float32 weight
+    multiplied in those same blocks: the same float32 products of the same weight values, each
+    output column from one block. The rows are split between `row_threads()` threads (each
+    with its own buffer; NumPy and BLAS release the GIL)."""
     rows, depth = weight.shape
-    if isinstance(weight, ShiftScaleWeight):
-        step = weight.row_step
-    else:
-        step = max(1, _BLOCK_BYTES // (4 * depth))
+    step = product_rows(depth)
     out = np.empty((flat.shape[0], rows), np.float32)
     lhs = flat.astype(np.float32, copy=False)
     _split_rows(rows, step, lambda start, stop: _blocked_rows(lhs, weight, out, start, stop, step))
@@ -49,13 +46,16 @@ def _blocked_linear(flat: np.ndarray, weight: np.ndarray | ShiftScaleWeight) -> 
 def _blocked_rows(lhs: np.ndarray, weight: np.ndarray | ShiftScaleWeight, out: np.ndarray, first: int, last: int,
                   step: int) -> None:
     depth = weight.shape[1]
-    block = np.empty((min(step, last - first), depth), np.float32)
-    scratch = np.empty(block.size, np.int32) if isinstance(weight, ShiftScaleWeight) else None
+    held = isinstance(weight, np.ndarray) and weight.dtype == np.float32
+    block = np.empty((0 if held else min(step, last - first), depth), np.float32)
+    scratch = weight.scratch() if isinstance(weight, ShiftScaleWeight) else None
     for start in range(first, last, step):
         stop = min(last, start + step)
         part = block[: stop - start]
         if isinstance(weight, ShiftScaleWeight):
             weight.rows_into(start, stop, part, scratch)
+        elif held:
+            part = weight[start:stop]
         else:
             widen_into(weight[start:stop], part)
         np.matmul(lhs, part.T, out=out[:, start:stop])
@@ -92,9 +92,10 @@ def row_threads() -> int:
 @contextlib.contextmanager
 def rows_in_threads(threads: int) -> Iterator[None]:
     """Within the block, a `linear` that widens or decodes a weight of BLOCKED_WEIGHT_MIN
-    elements or more a block at a time splits its rows between `threads` threads (the same
-    products, each output column from one). A float32 weight is one BLAS call: a matrix-vector
-    product bound by memory bandwidth gained nothing from a second thread here."""
+    elements or more a block at a time, or multiplies several rows by a float32 weight, splits
+    its rows between `threads` threads (the same products, each output column from one). One
+    row times a float32 weight is one BLAS call: a matrix-vector product bound by memory
+    bandwidth gained nothing from a second thread here."""
     token = _THREADS.set(threads)
     try:
         yield
@@ -121,9 +122,15 @@ def linear(ctx: OpContext) -> np.ndarray:
         rows = stored.shape[0]
         if stored.dtype == np.float16 and stored.ndim == 2 and stored.size >= BLOCKED_WEIGHT_MIN and x.dtype.kind == "f":
             out = _blocked_linear(flat, stored)
-        else:  # a float32 weight (held so by "fast"): one BLAS call, bound by memory bandwidth
+        else:
             weight = as_compute(stored)
-            out = _float_or_int_matmul(flat, weight.T)
+            if (weight.dtype == np.float32 and weight.ndim == 2 and flat.shape[0] > 1 and x.dtype.kind == "f"
+                    and rows > product_rows(weight.shape[1])):
+                # Several rows: the same row blocks as the blocked forms of the weight
+                # (`product_rows`), split between the row threads.
+                out = _blocked_linear(flat, np.ascontiguousarray(weight))
+            else:  # one row times a float32 weight (held so by "fast"): one BLAS call
+                out = _float_or_int_matmul(flat, weight.T)
     if ctx.has("bias"):
         out = out + ctx.val("bias")
     return out.reshape((*x.shape[:-1], rows))
