@@ -400,10 +400,11 @@ class WeightCompressor:
         """`inputs` through the reference with float and with dequantized weights (decoded from
         the codes the program holds); warns when an output is off by more than the limit."""
         from rlx_mil.compress.calibration import output_errors
+        from rlx_mil.compress.range_check import reference_outputs
         from rlx_mil.compress.report import warn_if_degraded
         from rlx_mil.reference import evaluate
 
-        want = evaluate(self.graph, inputs, params)
+        want = reference_outputs(self.graph, inputs, params, self.precision, where)
         got = evaluate(self.graph, inputs, DequantizedParams(params, report, self.codes))
         errors = output_errors(got, want)
         warn_if_degraded(report, errors, where)

@@ -143,3 +143,21 @@ def test_stateful_verify_names_the_op_where_fp16_logits_turn_nonfinite(tmp_path:
         assert not verify_stateful(folder, plain, prompt, 2, precision="fp16").ok
     op = next(w.message for w in caught if isinstance(w.message, Fp16OverflowWarning)).op
     assert op is not None and "residual" in op and "token" in op
+
+
+def test_compression_check_names_the_node_that_leaves_fp16s_range(loud_gemma3: dict[str, np.ndarray]) -> None:
+    """The compression check's reference run (on generated inputs) warns for an fp16
+    conversion whose values pass 65,504, naming the node; not with the scaling, nor for fp32."""
+    spec = model_spec(TINY_CONFIGS["gemma3_text"])
+    assert isinstance(spec, DecoderSpec)
+    plain, _, _ = build(dataclasses.replace(spec, stream_scale=None), seq_len=8)
+    with pytest.warns(Fp16OverflowWarning, match="past fp16's 65,504") as caught:
+        rlx_mil.convert(plain, loud_gemma3, precision="fp16", compress="int8")
+    op = next(w.message for w in caught if isinstance(w.message, Fp16OverflowWarning)).op
+    assert op is not None and "residual" in op
+
+    scaled, _, _ = build(spec, seq_len=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Fp16OverflowWarning)
+        rlx_mil.convert(scaled, loud_gemma3, precision="fp16", compress="int8")
+        rlx_mil.convert(plain, loud_gemma3, precision="fp32", compress="int8")
