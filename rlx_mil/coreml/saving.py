@@ -6,8 +6,8 @@ A save stages the package in a hidden folder beside the destination, named
 it is ours and says which process on which host (a hash of the host name) owns it. The staged package is fsynced (files, then folders), then swapped with the old
 package in one atomic `renameat2(RENAME_EXCHANGE)` (Linux) / `renamex_np(RENAME_SWAP)`
 (macOS) where the file system offers it, or by two renames otherwise; the staging folder,
-holding the old package, is then deleted. The next save to the same destination deletes
-staging folders of this host whose owner process is gone, first putting a package back at the
+holding the old package, is then deleted. The next save to the same destination (or the next
+conversion to it, before it starts) deletes staging folders of this host whose owner process is gone, first putting a package back at the
 destination if a crash fell between the two fallback renames.
 
 The weight files of a model's temporary package (what `convert` returns) are hard-linked into
@@ -216,9 +216,18 @@ def weights_linked_on_save(model: Any) -> Iterator[None]:
 
 
 def check_destination(dest: Path, overwrite: bool) -> None:
-    """Refuse, before any work, a destination `save_package` would refuse after it."""
+    """Refuse, before any work, a destination `save_package` would refuse after it. The
+    staging folders of killed saves to `dest` are swept first, so that a conversion which
+    then fails (a full disk, bad weights) does not leave them for a later save."""
     if dest.suffix != ".mlpackage":
         raise InvalidOptionError(f"a Core ML ML Program is saved as a .mlpackage folder, got {str(dest)!r}")
+    if dest.parent.is_dir():
+        try:
+            remove_stale_staging(dest)
+        except OSError as err:
+            raise file_access_error(
+                err, f"cannot save to {dest}: cannot clean up an earlier interrupted save: {err.strerror or err}"
+            ) from err
     if (dest.exists() or dest.is_symlink()) and not overwrite:
         raise ExistingFileError(f"{dest} exists; pass overwrite=True (--overwrite) to replace it")
 

@@ -113,6 +113,21 @@ def test_next_save_removes_only_provably_ours_and_dead_staging_folders(tmp_path:
     assert alive.exists() and unnamed.exists() and other_host.exists() and other_dest.exists()
 
 
+def test_a_conversion_sweeps_killed_saves_before_it_starts(tmp_path: Path) -> None:
+    """The destination check a conversion makes before any work removes the staging folders
+    of killed saves, so one that then fails (a full disk) leaves none of them behind."""
+    dest = tmp_path / "m.mlpackage"
+    dead = _stale(tmp_path, dest, _dead_pid(), "dead")
+    alive = _stale(tmp_path, dest, os.getppid(), "alive")
+    saving.check_destination(dest, overwrite=False)
+    assert not dead.exists() and alive.exists() and not dest.exists()
+    finished = _stale(tmp_path, dest, _dead_pid(), "finished")
+    (finished / saving.COMPLETE_FILE).write_bytes(b"")
+    with pytest.raises(ExistingFileError):  # the killed save had finished: it is completed first
+        saving.check_destination(dest, overwrite=False)
+    assert (dest / "weights.bin").is_file() and not finished.exists()
+
+
 def test_a_crash_between_the_fallback_renames_is_repaired_by_the_next_save(tmp_path: Path) -> None:
     dest = tmp_path / "m.mlpackage"
     owner = _dead_pid()
