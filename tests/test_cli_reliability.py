@@ -188,26 +188,49 @@ def _scratch_packages(tmpdir: Path) -> list[Path]:
         return []
 
 
+_STOP_IN_SAVE = """\
+import os, pathlib, signal, sys
+import rlx_mil.coreml.saving as saving
+from rlx_mil.cli import main
+
+synced = saving.fsync_tree
+
+def fsync_then_stop(root):
+    # The package is staged beside the destination, the model's own copy is in the scratch
+    # folder: tell the test, and wait there for its kill -9.
+    synced(root)
+    pathlib.Path(sys.argv[1]).write_text("staged")
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+saving.fsync_tree = fsync_then_stop
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def test_killed_and_full_disk_stateful_conversions_leave_nothing(checkpoint: Path, tmp_path: Path) -> None:
-    """kill -9 in the middle of `convert-hf --stateful` leaves its scratch folder (a package
-    copy of the model); the next conversion sweeps it, and that one, failing on a full disk,
-    leaves nothing either."""
+    """kill -9 in the middle of saving `convert-hf --stateful` leaves its scratch folder (a
+    package copy of the model) and its staging folder beside the destination; the next
+    conversion sweeps both, and that one, failing on a full disk, leaves nothing either."""
     tmpdir, out = tmp_path / "tmp", tmp_path / "out" / "llm.mlpackage"
     tmpdir.mkdir()
     out.parent.mkdir()
-    victim = subprocess.Popen(_stateful_argv(checkpoint, out), env=_env(tmpdir), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    marker = tmp_path / "staged"
+    # The victim stops itself at a fixed point of its save, so the kill does not race the
+    # conversion (which takes a few seconds here).
+    victim = subprocess.Popen([sys.executable, "-c", _STOP_IN_SAVE, str(marker), *_stateful_argv(checkpoint, out)[3:]],
+                              env=_env(tmpdir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     try:
-        # Kill it once coremltools has written a package into the scratch folder.
-        while not _scratch_packages(tmpdir):
-            assert victim.poll() is None, "the conversion ended before it could be killed"
+        while not marker.exists():
+            assert victim.poll() is None, "the conversion ended before it reached its save"
             assert time.monotonic() < deadline
             time.sleep(0.05)
     finally:
         victim.send_signal(signal.SIGKILL)
         victim.wait()
-    assert _scratch_packages(tmpdir), "nothing was left to sweep"
+    assert _scratch_packages(tmpdir), "nothing was left in the scratch folder"
+    assert [p for p in out.parent.iterdir() if ".rlx-staging-" in p.name], "no staging folder was left"
+    assert not out.exists()
     script = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN);"
               " from rlx_mil.cli import main; resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384));"
               f" sys.exit(main({_stateful_argv(checkpoint, out)[3:]!r}))")

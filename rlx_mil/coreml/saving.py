@@ -215,19 +215,26 @@ def weights_linked_on_save(model: Any) -> Iterator[None]:
         yield
 
 
+def sweep_killed_saves(dest: Path) -> None:
+    """`remove_stale_staging` before a conversion to `dest` starts (nothing if its folder is
+    not there yet), its failures a typed error."""
+    if not dest.parent.is_dir():
+        return
+    try:
+        remove_stale_staging(dest)
+    except OSError as err:
+        raise file_access_error(
+            err, f"cannot save to {dest}: cannot clean up an earlier interrupted save: {err.strerror or err}"
+        ) from err
+
+
 def check_destination(dest: Path, overwrite: bool) -> None:
     """Refuse, before any work, a destination `save_package` would refuse after it. The
     staging folders of killed saves to `dest` are swept first, so that a conversion which
     then fails (a full disk, bad weights) does not leave them for a later save."""
     if dest.suffix != ".mlpackage":
         raise InvalidOptionError(f"a Core ML ML Program is saved as a .mlpackage folder, got {str(dest)!r}")
-    if dest.parent.is_dir():
-        try:
-            remove_stale_staging(dest)
-        except OSError as err:
-            raise file_access_error(
-                err, f"cannot save to {dest}: cannot clean up an earlier interrupted save: {err.strerror or err}"
-            ) from err
+    sweep_killed_saves(dest)
     if (dest.exists() or dest.is_symlink()) and not overwrite:
         raise ExistingFileError(f"{dest} exists; pass overwrite=True (--overwrite) to replace it")
 

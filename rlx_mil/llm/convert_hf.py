@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.coreml.saving import sweep_killed_saves
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
 from rlx_mil.progress import CountingParams, Progress
@@ -18,9 +19,11 @@ VARIANTS = ("prefill", "decode")
 
 
 def check_output(output: Path, overwrite: bool) -> None:
-    """Refuse a bad output path before any work."""
+    """Refuse a bad output path before any work, after sweeping the staging folders of
+    killed saves to it (a conversion that then fails must not leave them behind)."""
     if output.suffix != ".mlpackage":
         raise InvalidOptionError(f"the output is a .mlpackage folder, got {str(output)!r}")
+    sweep_killed_saves(output)
     if output.exists() and not overwrite:
         raise InvalidOptionError(f"{output} exists; pass --overwrite to replace it")
 
