@@ -155,16 +155,13 @@ def _parser() -> argparse.ArgumentParser:
 def _convert(args: argparse.Namespace) -> int:
     from rlx_mil.api import convert, save
     from rlx_mil.coreml.package_info import package_info
-    from rlx_mil.coreml.saving import sweep_killed_saves
     from rlx_mil.ir.graph import Graph
+    from rlx_mil.llm.convert_hf import check_output
     from rlx_mil.weights import load_params
 
     graph = Graph.from_json_file(args.graph)
     params = load_params(args.params) if args.params else {}
-    if args.output.suffix == ".mlpackage":
-        sweep_killed_saves(args.output)
-    if args.output.exists() and not args.overwrite:
-        raise RlxMilError(f"{args.output} exists; pass --overwrite to replace it")
+    check_output(args.output, args.overwrite)
     dims: dict[int, int] = {}
     for item in args.dim:
         symbol, _, size = item.partition("=")

@@ -226,6 +226,15 @@ class Session:
         self.open_seconds = time.perf_counter() - started
         self.open_cpu_seconds = time.process_time() - started_cpu
 
+    @property
+    def chunked(self) -> bool:
+        """Whether the package is a chunked set (several packages run one after another)."""
+        return self._chunks is not None
+
+    def io_names_of(self, function: str | None) -> Any:
+        """The interface-name mapping of `function` that runs of it take (None: names as stored)."""
+        return self._io_names.get(function) or None
+
     # -- state -----------------------------------------------------------------------------------
     @property
     def position(self) -> int:

@@ -226,10 +226,10 @@ def first_nonfinite_op(package: str | os.PathLike[str], session: Any, tokens: Se
     from rlx_mil import milexec
     from rlx_mil.lowering.state.kv_cache import POSITION_INPUT
 
-    if getattr(session, "_chunks", None) is not None:
+    if session.chunked:
         return None
     fn = session.functions[-1]  # the one-token (decode) function
-    io_names = (getattr(session, "_io_names", {}) or {}).get(fn.name) or None
+    io_names = session.io_names_of(fn.name)
     states: dict[str, Any] = {}
     for i, token in enumerate(tokens):
         feeds = {"input_ids": np.array([[token]], np.int32)}
