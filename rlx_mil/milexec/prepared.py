@@ -20,11 +20,11 @@ liveness, in-place state writes). The memory mode decides what happens to the we
   (`rlx_mil.milexec.streamed`); other compressed weights are decoded by each run, op by op,
   and freed after their last use. About the states plus one layer's weights resident. 4-bit
   codes stay packed, two to a byte (`rlx_mil.milexec.streamed`).
+* ``"auto"``: ``"compact"`` for a program with compressed weights; else ``"fast"`` when its
+  estimate fits in half the memory available now, else lean.
 
 A `constexpr_lut_to_dense` whose output only feeds a `constexpr_blockwise_shift_scale` is part
 of that weight: it is decoded (or streamed) with it, never kept on its own.
-* ``"auto"``: ``"compact"`` for a program with compressed weights; else ``"fast"`` when its
-  estimate fits in half the memory available now, else lean.
 
 A `linear` that widens or decodes a weight of 2^20 elements or more a block of rows at a time
 splits the rows between `threads` Python threads (default: 2 where there are 2 cores; NumPy and
