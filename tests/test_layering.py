@@ -29,23 +29,25 @@ SHARED = ("rlx_mil.errors", "rlx_mil.fileio", "rlx_mil.naming", "rlx_mil.values"
 #: stage -> the stages it must not import (besides `rlx_mil.cli`, which nothing imports).
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "rlx_mil.ir": ("rlx_mil.reference", "rlx_mil.lowering", "rlx_mil.coreml", "rlx_mil.compress", "rlx_mil.milexec",
-                   "rlx_mil.models", "rlx_mil.llm", "rlx_mil.weights", "rlx_mil.api", "rlx_mil.testing"),
+                   "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.weights", "rlx_mil.api", "rlx_mil.testing"),
     "rlx_mil.reference": ("rlx_mil.lowering", "rlx_mil.coreml", "rlx_mil.compress", "rlx_mil.milexec",
-                          "rlx_mil.models", "rlx_mil.llm", "rlx_mil.weights", "rlx_mil.api", "rlx_mil.testing"),
-    "rlx_mil.lowering": ("rlx_mil.coreml", "rlx_mil.compress", "rlx_mil.milexec", "rlx_mil.models", "rlx_mil.llm",
+                          "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.weights", "rlx_mil.api", "rlx_mil.testing"),
+    "rlx_mil.lowering": ("rlx_mil.coreml", "rlx_mil.compress", "rlx_mil.milexec", "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech",
                          "rlx_mil.api", "rlx_mil.testing"),
-    "rlx_mil.coreml": ("rlx_mil.milexec", "rlx_mil.models", "rlx_mil.llm", "rlx_mil.api",
+    "rlx_mil.coreml": ("rlx_mil.milexec", "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.api",
                        "rlx_mil.testing"),
-    "rlx_mil.compress": ("rlx_mil.coreml", "rlx_mil.models", "rlx_mil.llm", "rlx_mil.api",
+    "rlx_mil.compress": ("rlx_mil.coreml", "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.api",
                          "rlx_mil.testing"),
     # The executor reads packages, so it may use coreml's package readers (coreml never imports it).
-    "rlx_mil.milexec": ("rlx_mil.lowering", "rlx_mil.compress", "rlx_mil.models", "rlx_mil.llm",
+    "rlx_mil.milexec": ("rlx_mil.lowering", "rlx_mil.compress", "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech",
                         "rlx_mil.api", "rlx_mil.testing"),
     "rlx_mil.weights": ("rlx_mil.lowering", "rlx_mil.coreml", "rlx_mil.compress", "rlx_mil.milexec",
-                        "rlx_mil.models", "rlx_mil.llm", "rlx_mil.api", "rlx_mil.testing"),
+                        "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.api", "rlx_mil.testing"),
     # rlx_mil.testing (the verification harness: tolerances, tie-aware greedy comparison) sits
     # above the conversion stages; the checkpoint verifiers of models/ and llm/ use it.
-    "rlx_mil.models": ("rlx_mil.llm",),
+    "rlx_mil.models": ("rlx_mil.llm", "rlx_mil.speech"),
+    # speech (transcription over Whisper packages) sits beside llm; llm never imports it.
+    "rlx_mil.llm": ("rlx_mil.speech",),
 }
 #: What the shared modules and the IR may import of rlx_mil at all.
 SHARED_MAY_IMPORT = ("rlx_mil.errors", "rlx_mil.ir")
