@@ -1,0 +1,115 @@
+"""The quality metrics against hand-computed values and independent formulas."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlx_mil.compress import quality as q
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_top1_and_confident_top1_count_by_hand() -> None:
+    ref = np.array([[3.0, 0.0, 0.0], [1.0, 0.9, 0.0], [0.0, 0.0, 2.0], [0.0, 5.0, 0.0]])
+    got = np.array([[2.0, 0.0, 0.0], [0.8, 0.9, 0.0], [0.0, 3.0, 2.0], [0.0, 5.0, 0.0]])
+    assert q.top1_agreement(ref, got) == 0.5  # rows 0 and 3 agree
+    # row 1's gap is 0.1: not confident; rows 0, 2, 3 are, and 2 of them agree.
+    share, count = q.confident_top1_agreement(ref, got)
+    assert count == 3 and share == pytest.approx(2 / 3)
+    np.testing.assert_allclose(q.top2_gaps(ref), [3.0, 0.1, 2.0, 5.0])
+
+
+def test_kl_matches_the_definition_and_is_zero_on_itself() -> None:
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((2, 5, 11)) * 3
+    got = ref + rng.standard_normal(ref.shape) * 0.5
+    p, r = _softmax(ref.reshape(-1, 11)), _softmax(got.reshape(-1, 11))
+    want = np.sum(p * np.log(p / r), axis=-1)
+    np.testing.assert_allclose(q.kl_per_position(ref, got), want, rtol=1e-10)
+    assert q.mean_kl(ref, got) == pytest.approx(want.mean(), rel=1e-10)
+    assert q.mean_kl(ref, ref) == 0.0
+
+
+def test_perplexity_of_uniform_logits_is_the_vocabulary_size() -> None:
+    logits = np.zeros((7, 13))
+    assert q.perplexity(logits, np.arange(7)) == pytest.approx(13.0)
+    sharp = np.zeros((7, 13))
+    sharp[np.arange(7), np.arange(7)] = math.log(12.0)  # p(target) = 12/24 = 0.5
+    assert q.perplexity(sharp, np.arange(7)) == pytest.approx(2.0)
+    assert q.perplexity_ratio(sharp, logits, np.arange(7)) == pytest.approx(6.5)
+    with pytest.raises(ValueError, match="targets"):
+        q.perplexity(logits, np.arange(6))
+    with pytest.raises(ValueError, match="target ids"):
+        q.perplexity(logits, np.full(7, 13))
+
+
+def test_cosine_and_psnr_by_hand() -> None:
+    a = np.array([1.0, 0.0, -2.0, 2.0])
+    assert q.cosine(a, 2 * a) == pytest.approx(1.0)
+    assert q.cosine(a, -a) == pytest.approx(-1.0)
+    assert q.cosine(np.zeros(3), np.zeros(3)) == 1.0
+    assert q.cosine(np.zeros(3), np.ones(3)) == 0.0
+    noisy = a + np.array([0.1, -0.1, 0.1, -0.1])  # mse 0.01, peak 2 -> 10 log10(400) dB
+    assert q.psnr(a, noisy) == pytest.approx(10 * math.log10(400.0))
+    assert q.psnr(a, a) == math.inf
+    with pytest.raises(ValueError, match="differ in shape"):
+        q.cosine(a, a[:3])
+
+
+def test_decoder_quality_gates_on_confident_top1_and_kl() -> None:
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((64, 50)) * 4
+    close = q.decoder_quality(ref, ref + rng.standard_normal(ref.shape) * 0.01, targets=rng.integers(0, 50, 64))
+    assert close.top1 == 1.0 and close.mean_kl < 1e-3 and close.failures() == []
+    assert close.perplexity_ratio == pytest.approx(1.0, abs=1e-2)
+    assert close.summary().startswith("top-1 100.0 %")
+    broken = q.decoder_quality(ref, rng.standard_normal((64, 50)) * 4)
+    assert broken.confident_positions >= q.MIN_CONFIDENT_POSITIONS
+    fails = broken.failures()
+    assert any("confident" in f for f in fails) and any("mean KL" in f for f in fails)
+    assert broken.perplexity_ratio is None and "ppl" not in broken.summary()
+    d = broken.to_dict()
+    assert d["positions"] == 64 and d["perplexity_ratio"] is None
+
+
+def test_decoder_quality_falls_back_to_raw_top1_with_few_confident_positions() -> None:
+    ref = np.zeros((20, 4))
+    ref[:, 0] = 0.1  # every gap 0.1: no confident position
+    got = np.zeros((20, 4))
+    got[:, 1] = 0.1
+    res = q.decoder_quality(ref, got)
+    assert res.confident_positions == 0 and res.gated_top1 == 0.0
+    assert res.failures(q.QualityThresholds(max_mean_kl=1.0)) == ["top-1 0.0 % < 80 %"]
+
+
+def test_output_quality_gates_on_cosine() -> None:
+    a = np.linspace(-1, 1, 100)
+    assert q.output_quality("emb", a, a * 1.01).failures() == []
+    bad = q.output_quality("emb", a, a[::-1] * 0.5 + 0.3)
+    assert bad.failures() and "cosine" in bad.failures()[0]
+    assert bad.summary().startswith("emb cosine")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 9), st.integers(2, 40), st.floats(0.0, 5.0), st.integers(0, 2**31 - 1))
+def test_metric_bounds_hold_for_any_logits(rows: int, vocab: int, scale: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ref = rng.standard_normal((rows, vocab)) * 10
+    got = ref + rng.standard_normal(ref.shape) * scale
+    kl = q.kl_per_position(ref, got)
+    assert np.all(kl >= 0) and np.all(np.isfinite(kl))
+    assert 0.0 <= q.top1_agreement(ref, got) <= 1.0
+    assert -1.0 - 1e-12 <= q.cosine(ref, got) <= 1.0 + 1e-12
+    ids = rng.integers(0, vocab, rows)
+    assert q.perplexity(ref, ids) >= 1.0
+    # Adding a constant per position changes no distribution.
+    shifted = got + rng.standard_normal((rows, 1)) * 100
+    np.testing.assert_allclose(q.kl_per_position(ref, shifted), kl, atol=1e-8)
