@@ -36,12 +36,12 @@ from rlx_mil.coreml.weight_writes import direct_weight_writes
 from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 from rlx_mil.input_contract import encode_ranges, graph_input_ranges
 from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.naming import mil_identifier
 from rlx_mil.lowering.context import Compressor, LowerOptions
 from rlx_mil.lowering.program import LoweredProgram, lower_graph, require_graph, weights_shared_across_graphs
 from rlx_mil.lowering.state.capacity import neural_engine_capacity
 from rlx_mil.lowering.state.kv_cache import POSITION_INPUT, KVCachePlan, bind_cache_lengths, plan_kv_cache
 from rlx_mil.lowering.target import Precision, Target
-from rlx_mil.naming import mil_identifier
 from rlx_mil.progress import Progress
 from rlx_mil.version import __version__
 

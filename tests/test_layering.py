@@ -20,10 +20,10 @@ import rlx_mil
 PACKAGE_ROOT = Path(rlx_mil.__file__).parent
 MAX_LINES = 600
 
-#: Shared modules with no rlx_mil imports beyond each other and the IR's data types; any
-#: stage may use them.
-SHARED = ("rlx_mil.errors", "rlx_mil.fileio", "rlx_mil.naming", "rlx_mil.values", "rlx_mil.progress", "rlx_mil.version",
-          "rlx_mil.units",
+#: Shared modules with no rlx_mil imports beyond each other; any stage, the IR included, may use
+#: them. They sit below the IR: one importing the IR would let an IR module reach back up
+#: through it (what the IR needs of names and values lives in `rlx_mil.ir.naming` / `.values`).
+SHARED = ("rlx_mil.errors", "rlx_mil.fileio", "rlx_mil.progress", "rlx_mil.version", "rlx_mil.units",
           "rlx_mil.mil_walk")
 
 #: stage -> the stages it must not import (besides `rlx_mil.cli`, which nothing imports).
@@ -49,8 +49,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # speech (transcription over Whisper packages) sits beside llm; llm never imports it.
     "rlx_mil.llm": ("rlx_mil.speech",),
 }
-#: What the shared modules and the IR may import of rlx_mil at all.
-SHARED_MAY_IMPORT = ("rlx_mil.errors", "rlx_mil.ir")
+#: What the IR may import of rlx_mil besides itself; the shared modules import only each other.
+IR_MAY_IMPORT = SHARED
 
 
 def _module_name(path: Path) -> str:
@@ -139,10 +139,16 @@ def layering_violations(edges: dict[str, set[str]]) -> list[str]:
                     problems.append(f"{module} imports {target}: {room} may not import it")
             if target == "rlx_mil" and module != "rlx_mil":
                 problems.append(f"{module} takes names from the package root (import the module defining them)")
-        if module in SHARED or _within(module, "rlx_mil.ir"):
-            bad = [t for t in targets if not any(_within(t, ok) for ok in SHARED_MAY_IMPORT) and t not in SHARED
-                   and not _within(t, "rlx_mil.ir")]
-            problems.extend(f"{module} imports {t}: the IR and shared modules import only each other" for t in bad)
+            elif module.startswith(target + "."):
+                # A package's __init__ loads (or finds) its modules; one of them taking names back
+                # from it closes a loop (the model families' registry has a module of its own).
+                problems.append(f"{module} takes names from its own package {target} (import the module defining them)")
+        if module in SHARED:
+            bad = [t for t in targets if t not in SHARED]
+            problems.extend(f"{module} imports {t}: the shared modules import only each other" for t in bad)
+        elif _within(module, "rlx_mil.ir"):
+            bad = [t for t in targets if t not in IR_MAY_IMPORT and not _within(t, "rlx_mil.ir")]
+            problems.extend(f"{module} imports {t}: the IR imports only itself and the shared modules" for t in bad)
     return problems
 
 
@@ -167,6 +173,9 @@ def test_the_checks_find_what_they_look_for() -> None:
         "rlx_mil.lowering.context": {"rlx_mil.compress.plan"},
         "rlx_mil.ir.graph": {"rlx_mil.reference.registry"},
         "rlx_mil.reference.norm": {"rlx_mil"},
+        "rlx_mil.models.families.llama": {"rlx_mil.models.families"},
+        "rlx_mil.fileio": {"rlx_mil.ir.graph"},
+        "rlx_mil.ir.cut": {"rlx_mil.lowering.context"},
     }
     found = "\n".join(layering_violations(edges))
     for module in edges:
@@ -175,6 +184,32 @@ def test_the_checks_find_what_they_look_for() -> None:
     assert "rlx_mil.coreml.saving" in set(_imports(tree, "rlx_mil.lowering.x", False, {"rlx_mil.coreml.saving"}))
     tree = ast.parse("from rlx_mil import convert, milexec\n")
     assert set(_imports(tree, "rlx_mil.models.x", False, {"rlx_mil", "rlx_mil.milexec"})) == {"rlx_mil", "rlx_mil.milexec"}
+
+
+def test_the_ir_reaches_no_module_that_reaches_back_into_it() -> None:
+    """Every module the IR imports, directly or through others, is an IR or shared module; so no
+    path leaves the IR and comes back (as `ir.cut` -> `naming` -> `ir.graph` once did)."""
+    edges = import_graph()
+    seen: set[str] = set()
+    todo = [m for m in edges if _within(m, "rlx_mil.ir")]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo.extend(edges.get(module, ()))
+    outside = sorted(m for m in seen if not _within(m, "rlx_mil.ir") and m not in SHARED)
+    assert not outside, f"the IR reaches {outside}"
+    assert not [m for m in seen if m in SHARED and any(_within(t, "rlx_mil.ir") for t in edges[m])]
+
+
+def test_model_families_register_through_a_module_of_their_own() -> None:
+    edges = import_graph()
+    families = [m for m in edges if m.startswith("rlx_mil.models.families.")]
+    assert len(families) >= 10
+    for module in families:
+        assert "rlx_mil.models.families" not in edges[module], module
+    assert not any(_within(t, "rlx_mil.models.families") for t in edges["rlx_mil.models.family_registry"])
 
 
 def _all_modules() -> list[Path]:

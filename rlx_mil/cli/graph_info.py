@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlx_mil.errors import GraphFormatError
 from rlx_mil.ir import Constant, Graph, Input, Param
-from rlx_mil.naming import output_names, state_outputs
+from rlx_mil.ir.naming import output_names, state_outputs
 
 #: Params listed one by one in the text summary; the rest are counted.
 LISTED_PARAMS = 24
@@ -89,7 +89,7 @@ def graph_info(graph_or_path: Graph | str | os.PathLike[str]) -> GraphInfo:
         else:
             histogram[op_label(op)] += 1
     outputs = [GraphTensor(name, str(graph.node(i).shape)) for name, i in zip(output_names(graph), graph.outputs, strict=True)]
-    # Carried states are published as outputs too (see rlx_mil.naming.state_outputs).
+    # Carried states are published as outputs too (see rlx_mil.ir.naming.state_outputs).
     outputs += [GraphTensor(s.name, str(graph.node(s.source).shape)) for s in state_outputs(graph)]
     return GraphInfo(path, graph.name, len(graph), inputs, outputs, params, elements, constants, dict(histogram))
 

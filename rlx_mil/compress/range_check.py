@@ -11,10 +11,10 @@ import numpy as np
 
 from rlx_mil.errors import Fp16OverflowWarning
 from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.naming import output_names, state_outputs
 from rlx_mil.ir.ops import Input, Param
 from rlx_mil.lowering.context import FP16_MAX
 from rlx_mil.lowering.target import Precision
-from rlx_mil.naming import output_names, state_outputs
 
 
 def reference_outputs(graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any], precision: Precision,

@@ -7,7 +7,7 @@ KeyError or TypeError from deep inside a reader.
 
 | key | value |
 |---|---|
-| `rlx_mil.io_names` | `{"inputs": {interface: IR name}, "outputs": {...}}` (`rlx_mil.naming`) |
+| `rlx_mil.io_names` | `{"inputs": {interface: IR name}, "outputs": {...}}` (`rlx_mil.ir.naming`) |
 | `rlx_mil.graph`, `.target`, `.precision`, `.version` | plain strings |
 | `rlx_mil.llm` | the `LLMContract` of a stateful LLM package (docs/llm.md) |
 | `rlx_mil.functions` | `FunctionTable`: the default function and each function's IO names |
@@ -29,7 +29,7 @@ from rlx_mil.coreml.deploy.forms import DeployForm
 from rlx_mil.coreml.output_pieces import OutputPieces
 from rlx_mil.errors import InvalidOptionError, RlxMilError
 from rlx_mil.input_contract import INPUT_RANGES_METADATA_KEY
-from rlx_mil.naming import IO_NAMES_METADATA_KEY as IO_NAMES
+from rlx_mil.ir.naming import IO_NAMES_METADATA_KEY as IO_NAMES
 
 #: Every key of rlx_mil's starts with this.
 PREFIX = "rlx_mil."

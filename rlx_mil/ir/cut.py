@@ -28,8 +28,8 @@ from itertools import pairwise
 
 from rlx_mil.errors import GraphError
 from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.naming import mil_identifiers
 from rlx_mil.ir.ops import Constant, Input, Param
-from rlx_mil.naming import mil_identifiers
 
 #: The layer a Param belongs to: its name up to the first numeric path segment.
 LAYER_KEY = re.compile(r"^(.*?(?:^|\.)\d+)\.")

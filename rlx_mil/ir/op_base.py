@@ -48,7 +48,7 @@ class Op:
         """Input positions holding a state the op writes back in place (upstream's decode
         threading: GatedDeltaNet `state`, the RNNs' `h0`/`c0` with `carry`). Converted models
         and `reference.evaluate` publish each final state as an extra output
-        (`rlx_mil.naming.state_outputs`)."""
+        (`rlx_mil.ir.naming.state_outputs`)."""
         return ()
 
     def attrs(self) -> dict[str, object]:

@@ -14,7 +14,7 @@ import numpy as np
 from rlx_mil.coreml.metadata import FunctionTable, PackageMetadataError
 from rlx_mil.errors import RlxMilError
 from rlx_mil.fileio import check_package_tree
-from rlx_mil.naming import IO_NAMES_METADATA_KEY
+from rlx_mil.ir.naming import IO_NAMES_METADATA_KEY
 
 
 def coreml_available() -> bool:

@@ -12,10 +12,10 @@ import numpy as np
 from rlx_mil.errors import ConversionError, GraphError, PrecisionWarning, UnsupportedOpError
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph, Node
+from rlx_mil.ir.naming import generated_name, mil_identifier
 from rlx_mil.ir.ops import Op
 from rlx_mil.ir.shape import Shape
 from rlx_mil.lowering.target import Precision, Target
-from rlx_mil.naming import generated_name, mil_identifier
 
 GraphErrorT = TypeVar("GraphErrorT", bound=GraphError)
 

@@ -58,7 +58,7 @@ pipeline fuzz over random builder graphs in the test suite checks the two agree)
 * **Values of a declared dtype.** Integer inputs and params must be whole numbers inside the
   declared type's range (inf, NaN, 2^40 for I32, 300 for I8 and -1 for U32 are refused, never
   wrapped); floats take float arrays (bfloat16 included); Bool takes any number (`x != 0`).
-  `rlx_mil.values` holds this one rule, used by `convert` and `reference.evaluate` alike.
+  `rlx_mil.ir.values` holds this one rule, used by `convert` and `reference.evaluate` alike.
 """
 
 

@@ -12,8 +12,8 @@ from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import Param
 from rlx_mil.ir.shape import Shape
+from rlx_mil.ir.values import BFLOAT16, numeric_kind, value_problem
 from rlx_mil.lowering.registry import PARAM_LAYOUT_HOOKS
-from rlx_mil.values import BFLOAT16, numeric_kind, value_problem
 
 
 def static_sizes(shape: Shape, what: str) -> tuple[int, ...]:

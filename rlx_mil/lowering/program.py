@@ -19,6 +19,7 @@ from rlx_mil.errors import (
 )
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph, Node
+from rlx_mil.ir.naming import input_names, mil_identifiers, output_names, state_outputs
 from rlx_mil.ir.ops import (
     Activation,
     ActivationKind,
@@ -32,6 +33,7 @@ from rlx_mil.ir.ops import (
     Where,
 )
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Shape
+from rlx_mil.ir.values import BFLOAT16
 from rlx_mil.lowering import rules as _rules  # noqa: F401  (importing the rule modules registers them)
 from rlx_mil.lowering.context import (
     LowerContext,
@@ -51,8 +53,6 @@ from rlx_mil.lowering.state.kv_cache import POSITION_INPUT, KVCachePlan
 from rlx_mil.lowering.state.kv_cache_lowering import KVCacheLowering
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.mil_walk import oversized_outputs
-from rlx_mil.naming import input_names, mil_identifiers, output_names, state_outputs
-from rlx_mil.values import BFLOAT16
 
 
 @dataclass

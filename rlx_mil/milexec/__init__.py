@@ -29,7 +29,7 @@ fp16 ulps, and the cross-check compares fp16 outputs with an fp16-sized toleranc
 Interface names
 ---------------
 Outputs are keyed by the function's output var names, unless the model metadata holds
-`rlx_mil.naming.IO_NAMES_METADATA_KEY`; then outputs are keyed by the IR names and inputs may be
+`rlx_mil.ir.naming.IO_NAMES_METADATA_KEY`; then outputs are keyed by the IR names and inputs may be
 given under either name. Inputs are cast to each placeholder's dtype (fp16 placeholders round).
 Float outputs come back as float32, bools as bool, ints as int32 (int64 if declared so).
 """

@@ -19,6 +19,7 @@ from rlx_mil.coreml.output_pieces import assemble
 from rlx_mil.errors import MilExecError
 from rlx_mil.input_contract import range_problem
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS
+from rlx_mil.ir.values import BFLOAT16, numeric_kind
 from rlx_mil.mil_walk import iter_ops, oversized_outputs
 from rlx_mil.milexec.crosscheck import CrossChecker, Tolerance
 from rlx_mil.milexec.loader import IONames, ResolvedSource, release, resolve_source
@@ -26,7 +27,6 @@ from rlx_mil.milexec.plan import Plan, build_plan, root_key
 from rlx_mil.milexec.protoread import read_model
 from rlx_mil.milexec.registry import KERNELS, OpContext, declared_dtype
 from rlx_mil.milexec.streamed import materialize
-from rlx_mil.values import BFLOAT16, numeric_kind
 
 if TYPE_CHECKING:
     from coremltools.converters.mil.mil import Block, Operation, Var

@@ -22,8 +22,8 @@ from rlx_mil.coreml.patches import replaced
 from rlx_mil.errors import MilExecError
 from rlx_mil.fileio import check_package_tree, nesting_depth
 from rlx_mil.input_contract import read_ranges
+from rlx_mil.ir.naming import IO_NAMES_METADATA_KEY
 from rlx_mil.mil_walk import iter_ops
-from rlx_mil.naming import IO_NAMES_METADATA_KEY
 
 
 @dataclass(frozen=True)

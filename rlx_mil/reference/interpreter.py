@@ -10,11 +10,11 @@ import numpy as np
 from rlx_mil.errors import EvaluationError, GraphError, ShapeError, UnsupportedOpError
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph, Node
+from rlx_mil.ir.naming import output_names, state_outputs
 from rlx_mil.ir.ops import DequantMatMul, Input, Param, QuantKind
 from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS, Dynamic, Shape, Static
-from rlx_mil.naming import output_names, state_outputs
+from rlx_mil.ir.values import BFLOAT16, numeric_kind, value_problem
 from rlx_mil.reference.registry import install_body_runner, kernel_for, state_kernel_for, to_dtype
-from rlx_mil.values import BFLOAT16, numeric_kind, value_problem
 
 _SCALARISH = ((), (1,))
 _FOUR_BIT = (QuantKind.INT4_BLOCK, QuantKind.NVFP4_BLOCK)
@@ -292,8 +292,8 @@ def evaluate(
     to its node's declared dtype (float32 arrays are accepted for integer and bool dtypes) and
     match its declared shape, with equal dynamic symbols bound to equal sizes. Any problem
     raises EvaluationError listing every problem found. The result is keyed by
-    `rlx_mil.naming.output_names(graph)`, in output order, followed by the final state of every
-    op that writes one back into an input (`rlx_mil.naming.state_outputs`, e.g. `state_out`).
+    `rlx_mil.ir.naming.output_names(graph)`, in output order, followed by the final state of every
+    op that writes one back into an input (`rlx_mil.ir.naming.state_outputs`, e.g. `state_out`).
     """
     _check_arguments(graph, inputs, params)
     carried = state_outputs(graph)

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.naming import output_names
 from rlx_mil.lowering.target import Precision, Target
-from rlx_mil.naming import output_names
 from rlx_mil.testing import CheckReport, Tolerance, check_conversion, supported_targets
 
 PRECISIONS: tuple[Precision, ...] = (Precision.FP32, Precision.FP16)

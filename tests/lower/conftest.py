@@ -29,7 +29,7 @@ import pytest
 
 import rlx_mil
 from rlx_mil.ir.graph import Graph
-from rlx_mil.naming import IO_NAMES_METADATA_KEY
+from rlx_mil.ir.naming import IO_NAMES_METADATA_KEY
 
 _CONVERTED_PACKAGES: list[str] = []
 

@@ -12,7 +12,7 @@ from milexec_util import build_function, build_program, converted
 
 from rlx_mil import milexec
 from rlx_mil.errors import MilExecError, RlxMilError
-from rlx_mil.naming import IO_NAMES_METADATA_KEY
+from rlx_mil.ir.naming import IO_NAMES_METADATA_KEY
 
 
 def mb() -> Any:

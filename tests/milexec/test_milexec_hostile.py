@@ -15,8 +15,8 @@ import rlx_mil
 from rlx_mil import milexec, reference
 from rlx_mil.errors import EvaluationError, MilExecError
 from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.naming import IO_NAMES_METADATA_KEY
 from rlx_mil.llm.runner import io_name_maps
-from rlx_mil.naming import IO_NAMES_METADATA_KEY
 
 
 def _graph() -> Graph:

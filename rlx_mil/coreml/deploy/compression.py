@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from rlx_mil.coreml.deploy import DeployForm
+from rlx_mil.coreml.deploy.forms import DeployForm
 
 #: `compress="4bit"` per form.
 FOUR_BIT: dict[DeployForm, str] = {DeployForm.PLAIN: "int4", DeployForm.GPU: "int4", DeployForm.ANE: "lut4"}

@@ -161,7 +161,7 @@ def recurrence_forms_markdown() -> str:
 * **Carried state.** An op that writes its final state back into an input (GatedDeltaNet
   `carry_state`, Lstm/Gru/Rnn `carry`) publishes it as an extra output named after that
   input, `<state input>_out` (`state` -> `state_out`, `h0` -> `h0_out`, `c0` -> `c0_out`;
-  `rlx_mil.naming.state_outputs`); `reference.evaluate` returns the same keys, so feeding
+  `rlx_mil.ir.naming.state_outputs`); `reference.evaluate` returns the same keys, so feeding
   `state_out` back as `state` continues the sequence. On iOS18, `kv_cache="auto"` (or a
   mapping naming `{{input: "<input>_out"}}`) keeps such a state in a Core ML state instead, the
   same mechanism as the KV caches (`read_state` / `coreml_update_state`, fp16; docs/llm.md).

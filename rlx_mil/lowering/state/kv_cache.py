@@ -35,6 +35,7 @@ import numpy as np
 from rlx_mil.errors import GraphError, InvalidOptionError, UnsupportedOpError
 from rlx_mil.ir.attention_layout import AttentionLayout, attention_geometry
 from rlx_mil.ir.graph import Graph, Node
+from rlx_mil.ir.naming import output_names
 from rlx_mil.ir.ops import Attention, Concat, Input, MaskType
 from rlx_mil.ir.shape import Dynamic
 from rlx_mil.lowering.state.recurrent_state import (
@@ -43,7 +44,6 @@ from rlx_mil.lowering.state.recurrent_state import (
     find_recurrent_states,
 )
 from rlx_mil.lowering.target import Target
-from rlx_mil.naming import output_names
 
 #: Name of the write-position input of a stateful model.
 POSITION_INPUT = "cache_position"

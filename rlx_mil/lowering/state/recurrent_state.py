@@ -2,7 +2,7 @@
 
 An op that writes its final state back into an Input (GatedDeltaNet `carry_state`, the RNNs'
 `carry`; see `Op.carried_operands`) is normally converted with that Input and an extra output
-`<input>_out` (`rlx_mil.naming.state_outputs`) the caller feeds back. With `kv_cache="auto"`
+`<input>_out` (`rlx_mil.ir.naming.state_outputs`) the caller feeds back. With `kv_cache="auto"`
 (or `kv_cache={input_name: "<input>_out"}`) the stateful lowering that keeps KV caches in
 states keeps these states there too: the Input and the `_out` output leave the interface, an
 fp16 state named after the Input holds the value, the program reads it with `read_state` where
@@ -10,7 +10,7 @@ the Input was used and writes the published final state back with `coreml_update
 A fresh Core ML state is zeros, which is the recurrence's own zero initial state.
 
 A state a graph threads by itself (a causal convolution's window of recent inputs) is an Input
-`X` with a regular output `X_out` of the same shape and dtype (`rlx_mil.naming.STATE_OUTPUT_SUFFIX`;
+`X` with a regular output `X_out` of the same shape and dtype (`rlx_mil.ir.naming.STATE_OUTPUT_SUFFIX`;
 the decoders' `conv_state_{i}` / `conv_state_{i}_out`): the same conversion keeps it in a state,
 read where the Input was used and overwritten with the output's value.
 """
@@ -23,9 +23,9 @@ from typing import Any
 
 from rlx_mil.errors import GraphError
 from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.naming import STATE_OUTPUT_SUFFIX, mil_identifier, output_names, state_outputs
 from rlx_mil.ir.ops import Input
 from rlx_mil.lowering.target import Precision
-from rlx_mil.naming import STATE_OUTPUT_SUFFIX, mil_identifier, output_names, state_outputs
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """One record per Hugging Face model family, from which every per-family table derives.
 
 A family module in this package reads its `config.json` into a `DecoderSpec` / `EncoderSpec`
-and registers itself with `@decoder_family(...)` or `@encoder_family(...)`, giving its
-`model_type`, display name, the table of transformers' config-class defaults (with the
-transformers version they were read from), the legacy keys older transformers versions wrote
-and a tiny config for the demo and the tests. `model_spec`, the architecture names, the demo's
-`--family` choices and `TINY_CONFIGS` all read these records; modules here are found by
-listing the package, so a new family is one new module.
+and registers itself with `@decoder_family(...)` or `@encoder_family(...)` (from
+`rlx_mil.models.family_registry`, never from this package), giving its `model_type`, display
+name, the table of transformers' config-class defaults (with the transformers version they were
+read from), the legacy keys older transformers versions wrote and a tiny config for the demo and
+the tests. `model_spec`, the architecture names, the demo's `--family` choices and
+`TINY_CONFIGS` all read these records; modules here are found by listing the package, so a new
+family is one new module.
 """
 
 from __future__ import annotations
@@ -14,90 +15,20 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from rlx_mil.errors import UnsupportedConfigError
+from rlx_mil.models.family_registry import TRANSFORMERS_VERSION, FamilyRecord, registered
 from rlx_mil.models.hf_config import Fields
 
 if TYPE_CHECKING:
     from rlx_mil.models.hf_config import ModelSpec
 
-#: The transformers release the defaults tables were read from.
-TRANSFORMERS_VERSION = "5.23.0"
+__all__ = ["TRANSFORMERS_VERSION", "FamilyRecord", "family", "family_of_model_type", "model_spec", "records",
+           "tiny_configs"]
 
-
-@dataclass(frozen=True)
-class FamilyRecord:
-    model_type: str
-    #: "Llama", "Gemma 3", ...: how messages and docs name the architecture.
-    name: str
-    #: "decoder" or "encoder".
-    kind: str
-    read: Callable[[Fields], ModelSpec]
-    #: transformers' config-class defaults: every field a config may omit, with its value.
-    defaults: Mapping[str, Any]
-    #: the config class they were read from, e.g. "LlamaConfig".
-    config_class: str
-    #: a tiny config (as `to_dict()` writes one) for `rlx-mil demo` and the tests.
-    tiny: Mapping[str, Any]
-    #: fields outside `defaults` the family reads too (written by older transformers versions).
-    legacy: frozenset[str] = field(default_factory=frozenset)
-    #: other model_type values read as this family.
-    aliases: tuple[str, ...] = ()
-    #: more tiny configs of this model_type under their own demo names (e.g. Phi-4-mini's shape of phi3).
-    variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: the transformers release `defaults` were read from, when not `TRANSFORMERS_VERSION`.
-    read_from: str | None = None
-
-    @property
-    def known(self) -> frozenset[str]:
-        return frozenset(self.defaults) | self.legacy
-
-    @property
-    def transformers_version(self) -> str:
-        return self.read_from or TRANSFORMERS_VERSION
-
-
-_RECORDS: dict[str, FamilyRecord] = {}
 _loaded = False
-
-Reader = TypeVar("Reader", bound=Callable[..., Any])
-
-
-def _family(kind: str, model_type: str, *, name: str, defaults: Mapping[str, Any], config_class: str,
-            tiny: Mapping[str, Any], legacy: tuple[str, ...] = (), aliases: tuple[str, ...] = (),
-            variants: Mapping[str, Mapping[str, Any]] | None = None,
-            transformers_version: str | None = None) -> Callable[[Reader], Reader]:
-    def register(read: Reader) -> Reader:
-        if model_type in _RECORDS:
-            raise ValueError(f"model family {model_type!r} is registered twice")
-        shaped = {k: {**v, "model_type": model_type} for k, v in (variants or {}).items()}
-        _RECORDS[model_type] = FamilyRecord(model_type, name, kind, read, dict(defaults), config_class,
-                                            {**tiny, "model_type": model_type}, frozenset(legacy), aliases, shaped,
-                                            transformers_version)
-        return read
-
-    return register
-
-
-def decoder_family(model_type: str, *, name: str, defaults: Mapping[str, Any], config_class: str,
-                   tiny: Mapping[str, Any], legacy: tuple[str, ...] = (), aliases: tuple[str, ...] = (),
-                   variants: Mapping[str, Mapping[str, Any]] | None = None) -> Callable[[Reader], Reader]:
-    """Register the decorated `read(fields) -> DecoderSpec` as the reader of `model_type`."""
-    return _family("decoder", model_type, name=name, defaults=defaults, config_class=config_class, tiny=tiny,
-                   legacy=legacy, aliases=aliases, variants=variants)
-
-
-def encoder_family(model_type: str, *, name: str, defaults: Mapping[str, Any], config_class: str,
-                   tiny: Mapping[str, Any], legacy: tuple[str, ...] = (),
-                   aliases: tuple[str, ...] = (), transformers_version: str | None = None) -> Callable[[Reader], Reader]:
-    """Register the decorated `read(fields) -> EncoderSpec` (or `VisionSpec`) as the reader of
-    `model_type`; `transformers_version`: the release its defaults were read from, when not
-    `TRANSFORMERS_VERSION`."""
-    return _family("encoder", model_type, name=name, defaults=defaults, config_class=config_class, tiny=tiny,
-                   legacy=legacy, aliases=aliases, transformers_version=transformers_version)
 
 
 def records() -> dict[str, FamilyRecord]:
@@ -107,7 +38,7 @@ def records() -> dict[str, FamilyRecord]:
         _loaded = True
         for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
             importlib.import_module(f"{__name__}.{info.name}")
-    return _RECORDS
+    return registered()
 
 
 def family(name: str) -> FamilyRecord:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlx_mil.models.families import encoder_family
+from rlx_mil.models.family_registry import encoder_family
 from rlx_mil.models.hf_config import EncoderSpec, Fields
 
 #: transformers 5.23.0 BertConfig defaults.

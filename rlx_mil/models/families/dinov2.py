@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlx_mil.models.families import encoder_family
+from rlx_mil.models.family_registry import encoder_family
 from rlx_mil.models.hf_config import Fields, VisionSpec
 
 #: transformers 5.24.0 Dinov2Config defaults.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rlx_mil.models.families import decoder_family
 from rlx_mil.models.families.llama import NO_TOKEN_IDS, TINY_LLAMA, default_rope
+from rlx_mil.models.family_registry import decoder_family
 from rlx_mil.models.hf_config import (
     GEMMA_ACTIVATIONS,
     GEMMA_STREAM_SCALE,

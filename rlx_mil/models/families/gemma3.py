@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from rlx_mil.models.families import decoder_family
 from rlx_mil.models.families.gemma2 import gemma_sandwich
+from rlx_mil.models.family_registry import decoder_family
 from rlx_mil.models.hf_config import (
     DecoderSpec,
     Fields,

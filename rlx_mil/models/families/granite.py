@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlx_mil.models.families import decoder_family
 from rlx_mil.models.families.llama import TINY_LLAMA, default_rope
+from rlx_mil.models.family_registry import decoder_family
 from rlx_mil.models.hf_config import (
     GATE_ACTIVATIONS,
     ROPE_LEGACY_KEYS,

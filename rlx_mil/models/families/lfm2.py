@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlx_mil.models.families import decoder_family
+from rlx_mil.models.family_registry import decoder_family
 from rlx_mil.models.hf_config import ROPE_LEGACY_KEYS, Fields, decoder_common, read_rope
 from rlx_mil.models.lfm2 import Lfm2Spec
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlx_mil.models.families import encoder_family
+from rlx_mil.models.family_registry import encoder_family
 from rlx_mil.models.hf_config import EncoderSpec, Fields, layer_type_ropes, layer_types
 from rlx_mil.models.modernbert import MODERNBERT_IGNORED, ModernBertSpec
 

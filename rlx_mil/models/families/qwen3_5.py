@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlx_mil.errors import UnsupportedConfigError
-from rlx_mil.models.families import decoder_family
+from rlx_mil.models.family_registry import decoder_family
 from rlx_mil.models.hf_config import GATE_ACTIVATIONS, ROPE_LEGACY_KEYS, Fields, decoder_common, read_rope
 from rlx_mil.models.qwen3_5 import Qwen35Spec
 

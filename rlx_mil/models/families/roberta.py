@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlx_mil.models.families import encoder_family
 from rlx_mil.models.families.bert import BERT_LEGACY, bert_fields
+from rlx_mil.models.family_registry import encoder_family
 from rlx_mil.models.hf_config import EncoderSpec, Fields
 
 #: transformers 5.24.0 RobertaConfig defaults.

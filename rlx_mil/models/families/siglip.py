@@ -10,8 +10,8 @@ import math
 from typing import Any
 
 from rlx_mil.errors import UnsupportedConfigError
-from rlx_mil.models.families import encoder_family
 from rlx_mil.models.families.dinov2 import square
+from rlx_mil.models.family_registry import encoder_family
 from rlx_mil.models.hf_config import Fields, VisionSpec
 
 #: transformers 5.24.0 SiglipConfig / Siglip2Config defaults (the dual-encoder wrapper).
