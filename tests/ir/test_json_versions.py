@@ -178,6 +178,31 @@ def test_upstream_ops_without_ir_definitions_are_unsupported_not_parse_errors() 
     assert isinstance(err.value, GraphFormatError) and isinstance(err.value, UnsupportedOpError)
 
 
+def test_every_upstream_kind_without_a_form_is_refused_by_name() -> None:
+    """Spec part 2, section 1.11: each kind of upstream's newest `OpKind` list that rlx_mil has
+    no form for is an UnsupportedOpFormatError naming it, spelled bare or with attributes."""
+    from rlx_mil.ir.serde.forms import UNSUPPORTED_UPSTREAM_OPS
+    from rlx_mil.ir.serde.upstream_kinds import UPSTREAM_OP_KINDS
+
+    assert len(UPSTREAM_OP_KINDS) == len(set(UPSTREAM_OP_KINDS)) == 187
+    assert set(OP_FORMS) <= set(UPSTREAM_OP_KINDS), sorted(set(OP_FORMS) - set(UPSTREAM_OP_KINDS))
+    assert UNSUPPORTED_UPSTREAM_OPS == set(UPSTREAM_OP_KINDS) - set(OP_FORMS)
+    for kind in sorted(UNSUPPORTED_UPSTREAM_OPS):
+        for op in (kind, {kind: {"axis": 0}}, {kind: None}):
+            nodes = [_input(0, "x", [4]), _node(1, op, [0], [4])]
+            with pytest.raises(UnsupportedOpFormatError, match=rf"nodes\[1\]\.op: upstream op {kind} is not supported"):
+                graph_from_json(_text(nodes))
+
+
+def test_the_kind_list_is_read_from_op_rs() -> None:
+    from rlx_mil.ir.serde.upstream_kinds import op_kinds_of
+
+    text = "pub enum Other {\n    A,\n}\npub enum OpKind {\n    Input,\n    /// a Doc, comment\n    Det,\n    // B,\n    Roll,\n}\n"
+    assert op_kinds_of(text) == ("Input", "Det", "Roll")
+    with pytest.raises(ValueError, match="no `pub enum OpKind"):
+        op_kinds_of("enum X {}")
+
+
 # The If example of spec part 2, section 7.1, as a complete document.
 IF_TEXT = (
     '{"name":"g","nodes":['
