@@ -146,6 +146,11 @@ class UnsupportedConfigError(RlxMilError):
         super().__init__(message)
 
 
+class IgnoredConfigKeyWarning(UserWarning):
+    """A config key that transformers reads past without using (e.g. `factor` under RoPE type
+    `default`) is left unused as transformers leaves it; the message names the file and key."""
+
+
 class CheckpointError(RlxMilError):
     """A checkpoint folder is unreadable or its tensors do not match the architecture its
     config describes; every missing, unexpected and mis-shaped tensor is listed at once."""

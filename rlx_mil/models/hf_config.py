@@ -311,6 +311,22 @@ ROPE_LEGACY_KEYS = ("rope_theta", "rope_scaling", "partial_rotary_factor", "orig
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
+#: Keys of a composite config (a `...ForConditionalGeneration` wrapper with a `text_config`)
+#: that transformers reads from the top level for the text decoder: the model ties its head by
+#: the wrapper's own `tie_word_embeddings`.
+WRAPPER_KEYS = ("tie_word_embeddings",)
+
+
+def text_config_fields(wrapper: Fields, text: Mapping[str, Any]) -> dict[str, Any]:
+    """A composite config's `text_config` fields, with the top-level keys transformers reads
+    for the text decoder (WRAPPER_KEYS) put over them where the top level gives them."""
+    given = dict(text)
+    for key in WRAPPER_KEYS:
+        if key in wrapper.given:
+            given[key] = wrapper.given[key]
+    return given
+
+
 def decoder_common(f: Fields, *, head_dim_default: int | None = None) -> dict[str, Any]:
     """The fields every decoder family reads, as DecoderSpec keyword arguments (RoPE apart)."""
     hidden = f.int_("hidden_size")

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from rlx_mil.errors import UnsupportedConfigError
+from rlx_mil.errors import IgnoredConfigKeyWarning, UnsupportedConfigError
 
 #: The rope types transformers defines, with the keys each may carry besides `rope_type`/`type`,
 #: `rope_theta` and `partial_rotary_factor` (transformers' `_validate_*_rope_parameters`).
@@ -196,7 +197,10 @@ class RopeReader:
             raise self.refuse(f"{field}.rope_type", kind, f"implemented rope types are {sorted(ROPE_TYPE_KEYS)}")
         unknown = sorted(set(params) - _COMMON_KEYS - ROPE_TYPE_KEYS[kind])
         if unknown:
-            raise self.refuse(f"{field}.{unknown[0]}", params[unknown[0]], f"not a key of rope type {kind!r}")
+            # transformers' rope validation logs these keys as unused and loads the model (published
+            # checkpoints carry e.g. "factor" under type "default"): warn likewise.
+            warnings.warn(f"{self.source}: {field} keys {unknown} are not keys of rope type {kind!r}; unused,"
+                          " as transformers leaves them", IgnoredConfigKeyWarning, stacklevel=2)
         sub = _Numbers(params, field, self)
         theta = sub.number("rope_theta", self._top("rope_theta", default_theta))
         partial = sub.number("partial_rotary_factor", self._top("partial_rotary_factor", partial_default))

@@ -199,8 +199,6 @@ def test_every_family_records_its_defaults_and_their_source() -> None:
     [
         ({"rope_scaling": {"rope_type": "ntk", "factor": 2.0}}, "rope_scaling.rope_type"),
         ({"rope_parameters": {"rope_type": "llama4", "rope_theta": 1e4}}, "rope_parameters.rope_type"),
-        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "scale_positions": True}},
-         "rope_parameters.scale_positions"),
         ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}},
          "rope_scaling.short_factor"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": -1.0}}, "rope_scaling.factor"),
@@ -214,6 +212,23 @@ def test_unknown_rope_types_and_fields_are_typed_errors(edit: dict[str, Any], fi
         model_spec({**config_with({}), **edit})
     assert info.value.field == field
     assert field.rsplit(".", 1)[-1] in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "plain"),
+    [
+        # published Llama configs: a factor under type "default", which transformers' default RoPE ignores
+        ({"rope_scaling": {"type": "default", "factor": 4.0}}, {}),
+        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4, "scale_positions": True}},
+         {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}),
+    ],
+)
+def test_rope_keys_transformers_leaves_unused_are_warned_of_and_unused(edit: dict[str, Any], plain: dict[str, Any]) -> None:
+    from rlx_mil.errors import IgnoredConfigKeyWarning
+
+    with pytest.warns(IgnoredConfigKeyWarning, match=r"are not keys of rope type .*unused"):
+        spec = model_spec({**config_with({}), **edit})
+    assert spec == model_spec({**config_with({}), **plain})
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen3", "gemma2", "gemma3_text", "smollm3", "granite",

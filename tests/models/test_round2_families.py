@@ -7,6 +7,7 @@ graph's greedy tokens, both config forms, and the published model shapes."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,32 @@ def test_gemma3_vision_language_folder_reads_its_text_decoder(layout: str, tmp_p
     got = reference.evaluate(graph, {"input_ids": ids}, params)["logits"]
     want, _ = forward("gemma3_text")(text, cfg["text_config"], ids)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma3"])
+def test_composite_configs_tie_the_head_by_the_top_level_flag(family: str, tmp_path: Path) -> None:
+    """transformers 5 writes Qwen3_5ForConditionalGeneration with `tie_word_embeddings` true at
+    the top, false in text_config and no lm_head.weight: the head is the embedding, as
+    transformers ties it by the wrapper's flag."""
+    from safetensors.numpy import load_file, save_file
+
+    cfg = copy.deepcopy(TINY_CONFIGS[family])
+    cfg["text_config"]["tie_word_embeddings"] = False
+    untied = write_random_checkpoint(tmp_path / "untied", {**cfg, "tie_word_embeddings": False}, seed=4)
+    stored = load_file(untied / "model.safetensors")
+    embed = next(k for k in stored if k.endswith("embed_tokens.weight"))
+    stored["lm_head.weight"] = stored[embed]
+    save_file(stored, untied / "model.safetensors", metadata={"format": "pt"})
+    tied = tmp_path / "tied"
+    tied.mkdir()
+    (tied / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    save_file({k: v for k, v in stored.items() if k != "lm_head.weight"}, tied / "model.safetensors", metadata={"format": "pt"})
+    ids = token_ids(6)
+    want = reference.evaluate(*_graph_and_feed(untied, ids))["logits"]
+    got = reference.evaluate(*_graph_and_feed(tied, ids))["logits"]
+    np.testing.assert_array_equal(got, want)
+
+
+def _graph_and_feed(folder: Path, ids: np.ndarray) -> tuple[Any, dict[str, np.ndarray], Any]:
+    graph, params = from_pretrained(folder, seq_len=len(ids[0]) if ids.ndim == 2 else len(ids))
+    return graph, {"input_ids": ids}, params

@@ -15,6 +15,7 @@ from rlx_mil.models.hf_config import (
     decoder_common,
     layer_type_ropes,
     layer_types,
+    text_config_fields,
     windows_of,
 )
 from rlx_mil.models.rope import RopeSpec
@@ -101,7 +102,7 @@ def read_gemma3_vlm(f: Fields) -> DecoderSpec:
         raise f.refuse("text_config", text, "a gemma3 config needs its decoder's text_config object")
     if text.get("model_type", "gemma3_text") != "gemma3_text":
         raise f.refuse("text_config.model_type", text.get("model_type"), "expected 'gemma3_text'")
-    given = {k: v for k, v in text.items() if k != "model_type"}
+    given = {k: v for k, v in text_config_fields(f, text).items() if k != "model_type"}
     inner = Fields(given, f.family, f"{f.source} text_config", GEMMA3_DEFAULTS)
     inner.check_known(frozenset(GEMMA3_DEFAULTS) | frozenset(_GEMMA3_LEGACY))
     return replace(read_gemma3(inner), root=VLM_ROOT, ignored_tensors=VLM_IGNORED)

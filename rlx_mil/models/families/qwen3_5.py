@@ -12,7 +12,14 @@ from typing import Any
 
 from rlx_mil.errors import UnsupportedConfigError
 from rlx_mil.models.family_registry import decoder_family
-from rlx_mil.models.hf_config import GATE_ACTIVATIONS, ROPE_LEGACY_KEYS, Fields, decoder_common, read_rope
+from rlx_mil.models.hf_config import (
+    GATE_ACTIVATIONS,
+    ROPE_LEGACY_KEYS,
+    Fields,
+    decoder_common,
+    read_rope,
+    text_config_fields,
+)
 from rlx_mil.models.qwen3_5 import Qwen35Spec
 
 #: transformers Qwen3_5TextConfig defaults (plus the two its __post_init__ sets).
@@ -106,10 +113,9 @@ def read_qwen3_5(f: Fields) -> Qwen35Spec:
     text = f.config.get("text_config")
     if not isinstance(text, dict):
         raise UnsupportedConfigError(f"{f.source}: a qwen3_5 config needs a text_config object", field="text_config", value=text)
-    given = dict(text)
-    # The decoder's tie flag: text_config's, else the wrapper's (transformers reads the text one).
-    if "tie_word_embeddings" not in given and "tie_word_embeddings" in f.given:
-        given["tie_word_embeddings"] = f.given["tie_word_embeddings"]
+    # transformers 5 ties the head by the wrapper's top-level tie_word_embeddings (checkpoints it
+    # writes say true at the top, false in text_config, and hold no lm_head.weight).
+    given = text_config_fields(f, text)
     inner = Fields(given, f.family, f"{f.source} text_config", QWEN3_5_TEXT_DEFAULTS)
     inner.check_known(frozenset(QWEN3_5_TEXT_DEFAULTS) | frozenset(ROPE_LEGACY_KEYS) | frozenset(_TEXT_LEGACY))
     return _read_text(inner, "model.language_model", (r"model\.visual\..*", r"mtp\..*"))
