@@ -24,7 +24,7 @@ class FamilyRecord:
     model_type: str
     #: "Llama", "Gemma 3", ...: how messages and docs name the architecture.
     name: str
-    #: "decoder" or "encoder".
+    #: "decoder", "encoder" or "speech".
     kind: str
     read: Callable[[Fields], ModelSpec]
     #: transformers' config-class defaults: every field a config may omit, with its value.
@@ -88,6 +88,15 @@ def encoder_family(model_type: str, *, name: str, defaults: Mapping[str, Any], c
     `TRANSFORMERS_VERSION`."""
     return _family("encoder", model_type, name=name, defaults=defaults, config_class=config_class, tiny=tiny,
                    legacy=legacy, aliases=aliases, transformers_version=transformers_version)
+
+
+def speech_family(model_type: str, *, name: str, defaults: Mapping[str, Any], config_class: str,
+                  tiny: Mapping[str, Any], legacy: tuple[str, ...] = ()) -> Callable[[Reader], Reader]:
+    """Register the decorated `read(fields)` as the reader of a speech model's `model_type`
+    (Whisper): its packages are a folder of several (`rlx_mil.speech`), so it stays out of the
+    single-graph tables (`tiny_configs`, the demo)."""
+    return _family("speech", model_type, name=name, defaults=defaults, config_class=config_class, tiny=tiny,
+                   legacy=legacy)
 
 
 def registered() -> dict[str, FamilyRecord]:

@@ -160,6 +160,11 @@ def from_pretrained(
     checkpoint = Checkpoint(path)
     source = str(checkpoint.directory / "config.json")
     spec = model_spec(checkpoint.config, source=source)
+    from rlx_mil.models.whisper import WhisperSpec
+
+    if isinstance(spec, WhisperSpec):
+        raise InvalidOptionError(f"{source}: Whisper is a speech model of three packages; convert it with"
+                                 " `rlx-mil convert-hf` (a WhisperKit folder) or rlx_mil.speech.convert_whisper")
     adapt = getattr(spec, "for_checkpoint", None)
     if adapt is not None:  # a family whose stored layout varies (fused or per-expert MoE weights)
         spec = adapt(checkpoint)

@@ -31,6 +31,7 @@ __all__ = ["TRANSFORMERS_VERSION", "FamilyRecord", "family", "family_of_model_ty
 _loaded = False
 
 
+
 def records() -> dict[str, FamilyRecord]:
     """Every registered family by model_type (the family modules of this package imported)."""
     global _loaded
@@ -62,8 +63,9 @@ def family_of_model_type(model_type: object, source: str = "config.json") -> Fam
 
 
 def tiny_configs() -> dict[str, dict[str, Any]]:
-    """Every family's tiny config by model_type, decoders first."""
-    found = sorted(records().values(), key=lambda r: (r.kind != "decoder", r.model_type))
+    """Every single-graph family's tiny config by model_type, decoders first (speech families'
+    folders of packages are made by `rlx_mil.speech`)."""
+    found = sorted((r for r in records().values() if r.kind != "speech"), key=lambda r: (r.kind != "decoder", r.model_type))
     out: dict[str, dict[str, Any]] = {}
     for record in found:
         out[record.model_type] = json.loads(json.dumps(record.tiny))

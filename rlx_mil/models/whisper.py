@@ -1,0 +1,262 @@
+"""Whisper (`WhisperForConditionalGeneration`) as RLX graphs in the form WhisperKit runs.
+
+Three graphs, each an ordinary RLX graph reading Hugging Face tensor names
+(`model.encoder.*`, `model.decoder.*`):
+
+* `build_audio_encoder`: `melspectrogram_features [1, n_mels, 1, 2 * n_audio_ctx]` -> two
+  convolutions (kernel 3, the second with stride 2) with GELU, plus the stored position table,
+  pre-norm blocks (self-attention, GELU feed-forward), the final LayerNorm; output
+  `encoder_output_embeds [1, d_model, 1, n_audio_ctx]` (channels first, WhisperKit's layout).
+* `build_text_decoder`: one token per call against a KV cache held by the caller, WhisperKit's
+  contract (argmaxinc/whisperkittools `text_decoder.py`): `input_ids [1]`, `cache_length [1]`,
+  `key_cache` / `value_cache [1, d_model * layers, 1, S]`, `kv_cache_update_mask [1, S]` (1 at
+  the slot this token takes), `encoder_output_embeds`, `decoder_key_padding_mask [1, S]`
+  (additive: 0 attends, -1e4 does not) -> `logits [1, 1, V]` (the head tied to the token
+  embedding) and this token's `key_cache_updates` / `value_cache_updates [1, d_model * layers, 1, 1]`.
+* `rlx_mil.models.whisper_mel.build_log_mel`: the log-mel front end.
+
+The projections are `x @ W.T (+ b)` on the stored `[out, in]` weights; the Neural Engine form
+(`deploy="ane"`) turns them into 1x1 convolutions.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlx_mil.errors import AmbiguousLayoutWarning, InvalidOptionError
+from rlx_mil.ir import Graph
+from rlx_mil.models.graph_builder import WeightGraph
+
+#: 30 s of 16 kHz audio, Whisper's window.
+N_SAMPLES = 480_000
+#: The mel frames of one window (hop 160).
+N_FRAMES = 3000
+#: Additive mask value of a cache slot not attended (WhisperKit's).
+MASKED = -1e4
+
+
+@dataclass(frozen=True)
+class WhisperSpec:
+    """A Whisper encoder-decoder read from `config.json` (rlx_mil.models.families.whisper)."""
+
+    family: str
+    vocab_size: int
+    num_mel_bins: int
+    d_model: int
+    encoder_layers: int
+    encoder_heads: int
+    encoder_ffn_dim: int
+    decoder_layers: int
+    decoder_heads: int
+    decoder_ffn_dim: int
+    max_source_positions: int
+    max_target_positions: int
+    #: "gelu" (erf) or "gelu_tanh".
+    activation: str = "gelu"
+    layer_norm_eps: float = 1e-5
+    decoder_start_token_id: int = 50257
+    eos_token_id: int = 50256
+    pad_token_id: int = 50256
+    suppress_tokens: tuple[int, ...] = ()
+    begin_suppress_tokens: tuple[int, ...] = (220, 50256)
+
+    @property
+    def n_audio_ctx(self) -> int:
+        return self.max_source_positions
+
+    @property
+    def kv_width(self) -> int:
+        """Channels of WhisperKit's stacked cache: d_model * decoder layers."""
+        return self.d_model * self.decoder_layers
+
+    def tensors(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the three graphs read (stored names, shapes)."""
+        e = self.d_model
+        out: dict[str, tuple[int, ...]] = {
+            "model.encoder.conv1.weight": (e, self.num_mel_bins, 3), "model.encoder.conv1.bias": (e,),
+            "model.encoder.conv2.weight": (e, e, 3), "model.encoder.conv2.bias": (e,),
+            "model.encoder.embed_positions.weight": (self.max_source_positions, e),
+            "model.encoder.layer_norm.weight": (e,), "model.encoder.layer_norm.bias": (e,),
+            "model.decoder.embed_tokens.weight": (self.vocab_size, e),
+            "model.decoder.embed_positions.weight": (self.max_target_positions, e),
+            "model.decoder.layer_norm.weight": (e,), "model.decoder.layer_norm.bias": (e,),
+        }
+        for side, layers, ffn, attns in (("encoder", self.encoder_layers, self.encoder_ffn_dim, ("self_attn",)),
+                                         ("decoder", self.decoder_layers, self.decoder_ffn_dim, ("self_attn", "encoder_attn"))):
+            for i in range(layers):
+                p = f"model.{side}.layers.{i}"
+                for attn in attns:
+                    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                        out[f"{p}.{attn}.{proj}.weight"] = (e, e)
+                        if proj != "k_proj":  # Whisper's key projections have no bias
+                            out[f"{p}.{attn}.{proj}.bias"] = (e,)
+                    out[f"{p}.{attn}_layer_norm.weight"] = (e,)
+                    out[f"{p}.{attn}_layer_norm.bias"] = (e,)
+                out[f"{p}.fc1.weight"], out[f"{p}.fc1.bias"] = (ffn, e), (ffn,)
+                out[f"{p}.fc2.weight"], out[f"{p}.fc2.bias"] = (e, ffn), (e,)
+                out[f"{p}.final_layer_norm.weight"], out[f"{p}.final_layer_norm.bias"] = (e,), (e,)
+        return out
+
+
+#: Stored tensors no graph reads: the tied output projection some exports store.
+IGNORED_TENSORS = (r"proj_out\.weight",)
+
+
+class _WhisperGraph(WeightGraph):
+    def __init__(self, spec: WhisperSpec, name: str) -> None:
+        super().__init__(name)
+        self.spec = spec
+
+    def layer_norm(self, x: int, module: str) -> int:
+        e = self.spec.d_model
+        return self.g.layer_norm(x, self.weight(f"{module}.weight", (e,)), self.weight(f"{module}.bias", (e,)),
+                                 eps=self.spec.layer_norm_eps, name=module)
+
+    def act(self, x: int, name: str) -> int:
+        return self.g.gelu(x, name=name) if self.spec.activation == "gelu" else self.g.gelu_approx(x, name=name)
+
+    def attention(self, x: int, kv: int, module: str, heads: int, seq: int, kv_seq: int,
+                  bias: int | None = None, cache: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
+        """Multi-head attention of `x [1, seq, E]` over `kv [1, kv_seq, E]`; returns (output,
+        this call's K, V). `cache` (K cache, V cache [1, S, E], update mask [1, S, 1]): the keys
+        and values are the caches with this token's K / V written where the mask is 1."""
+        g, e = self.g, self.spec.d_model
+        d = e // heads
+        q = self.linear(x, f"{module}.q_proj", e, e, True)
+        k = self.linear(kv, f"{module}.k_proj", e, e, False)
+        v = self.linear(kv, f"{module}.v_proj", e, e, True)
+        keys, values, keys_seq = k, v, kv_seq
+        if cache is not None:
+            key_cache, value_cache, update = cache
+            keep = g.sub(self.scalar(1.0), update, name=f"{module}.keep")
+            keys = g.add(g.mul(key_cache, keep, name=f"{module}.key_kept"), g.mul(k, update, name=f"{module}.key_new"),
+                         name=f"{module}.keys")
+            values = g.add(g.mul(value_cache, keep, name=f"{module}.value_kept"),
+                           g.mul(v, update, name=f"{module}.value_new"), name=f"{module}.values")
+            keys_seq = g.node(key_cache).shape.sizes()[1]
+        qh = self.split_heads(q, 1, seq, heads, d, f"{module}.q")
+        kh = self.split_heads(keys, 1, keys_seq, heads, d, f"{module}.k")
+        vh = self.split_heads(values, 1, keys_seq, heads, d, f"{module}.v")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", AmbiguousLayoutWarning)  # [B, H, S, D] by construction
+            if bias is None:
+                a = g.attention_kind(qh, kh, vh, heads, d, "none", name=f"{module}.sdpa")
+            else:
+                a = g.attention_bias(qh, kh, vh, bias, heads, d, name=f"{module}.sdpa")
+        a = self.merge_heads(a, 1, seq, e, f"{module}.sdpa")
+        return self.linear(a, f"{module}.out_proj", e, e, True), k, v
+
+    def feed_forward(self, x: int, p: str, ffn: int) -> int:
+        e = self.spec.d_model
+        h = self.layer_norm(x, f"{p}.final_layer_norm")
+        h = self.act(self.linear(h, f"{p}.fc1", ffn, e, True), f"{p}.act")
+        return self.g.add(x, self.linear(h, f"{p}.fc2", e, ffn, True), name=f"{p}.ffn_residual")
+
+    def channels_first(self, x: int, seq: int, name: str) -> int:
+        """`[1, seq, E]` -> `[1, E, 1, seq]`."""
+        t = self.g.transpose(x, [0, 2, 1], name=f"{name}.channels_first")
+        return self.g.reshape(t, [1, self.spec.d_model, 1, seq], name=name)
+
+    def sequence_major(self, x: int, seq: int, name: str) -> int:
+        """`[1, C, 1, seq]` -> `[1, seq, C]`."""
+        c = self.g.node(x).shape.sizes()[1]
+        flat = self.g.reshape(x, [1, c, seq], name=f"{name}.flat")
+        return self.g.transpose(flat, [0, 2, 1], name=name)
+
+
+def _conv(b: _WhisperGraph, x: int, module: str, in_ch: int, stride: int) -> int:
+    """A stored Conv1d (kernel 3, padding 1) on `[1, C, 1, T]` as a 2-D convolution over (1, T)."""
+    g, e = b.g, b.spec.d_model
+    w = g.reshape(b.weight(f"{module}.weight", (e, in_ch, 3)), [e, in_ch, 1, 3], name=f"{module}.kernel")
+    y = g.conv(x, w, stride=(1, stride), padding=(0, 1), name=module)
+    bias = g.reshape(b.weight(f"{module}.bias", (e,)), [1, e, 1, 1], name=f"{module}.bias_4d")
+    return b.act(g.add(y, bias, name=f"{module}.add_bias"), f"{module}.act")
+
+
+def build_audio_encoder(spec: WhisperSpec, name: str = "AudioEncoder") -> tuple[Graph, dict[str, tuple[int, ...]]]:
+    """The audio encoder graph and the tensors it reads."""
+    b = _WhisperGraph(spec, name)
+    g, e, n = b.g, spec.d_model, spec.n_audio_ctx
+    mel = g.input("melspectrogram_features", [1, spec.num_mel_bins, 1, 2 * n])
+    x = _conv(b, mel, "model.encoder.conv1", spec.num_mel_bins, 1)
+    x = _conv(b, x, "model.encoder.conv2", e, 2)
+    x = b.sequence_major(x, n, "model.encoder.sequence_major")
+    positions = b.weight("model.encoder.embed_positions.weight", (spec.max_source_positions, e))
+    x = g.add(x, positions, name="model.encoder.add_positions")
+    for i in range(spec.encoder_layers):
+        p = f"model.encoder.layers.{i}"
+        h = b.layer_norm(x, f"{p}.self_attn_layer_norm")
+        a, _, _ = b.attention(h, h, f"{p}.self_attn", spec.encoder_heads, n, n)
+        x = b.feed_forward(g.add(x, a, name=f"{p}.attn_residual"), p, spec.encoder_ffn_dim)
+    x = b.layer_norm(x, "model.encoder.layer_norm")
+    out = b.channels_first(x, n, "encoder_output_embeds")
+    g.set_outputs([out])
+    return g, b.expected
+
+
+def check_cache_len(spec: WhisperSpec, cache_len: int) -> None:
+    if isinstance(cache_len, bool) or not isinstance(cache_len, int) or not 1 <= cache_len <= spec.max_target_positions:
+        raise InvalidOptionError(f"cache_len must be an integer in [1, max_target_positions = {spec.max_target_positions}],"
+                                 f" got {cache_len!r}")
+
+
+def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecoder") -> tuple[Graph, dict[str, tuple[int, ...]]]:
+    """WhisperKit's one-token text decoder over `cache_len` cache slots, and the tensors it reads."""
+    check_cache_len(spec, cache_len)
+    b = _WhisperGraph(spec, name)
+    g, e, s, n = b.g, spec.d_model, cache_len, spec.n_audio_ctx
+    ids = g.input("input_ids", [1], "i32")
+    position = g.input("cache_length", [1], "i32")
+    key_cache = g.input("key_cache", [1, spec.kv_width, 1, s])
+    value_cache = g.input("value_cache", [1, spec.kv_width, 1, s])
+    update_mask = g.input("kv_cache_update_mask", [1, s], "i32")
+    encoded = g.input("encoder_output_embeds", [1, e, 1, n])
+    padding = g.input("decoder_key_padding_mask", [1, s])
+    tokens = b.weight("model.decoder.embed_tokens.weight", (spec.vocab_size, e))
+    positions = b.weight("model.decoder.embed_positions.weight", (spec.max_target_positions, e))
+    x = g.add(g.gather(tokens, ids, name="model.decoder.token"), g.gather(positions, position, name="model.decoder.position"),
+              name="model.decoder.embed")
+    x = g.reshape(x, [1, 1, e], name="model.decoder.hidden")
+    enc = b.sequence_major(encoded, n, "model.decoder.encoder_states")
+    update = g.reshape(g.cast(update_mask, "f32", name="kv_cache_update_mask_float"), [1, s, 1], name="update_mask")
+    bias = g.reshape(padding, [1, 1, 1, s], name="padding_bias")
+    key_updates: list[int] = []
+    value_updates: list[int] = []
+    for i in range(spec.decoder_layers):
+        p = f"model.decoder.layers.{i}"
+        caches = tuple(b.sequence_major(g.narrow(c, 1, i * e, e, name=f"{p}.{what}_cache"), s, f"{p}.{what}_cache_rows")
+                       for c, what in ((key_cache, "key"), (value_cache, "value")))
+        h = b.layer_norm(x, f"{p}.self_attn_layer_norm")
+        a, k, v = b.attention(h, h, f"{p}.self_attn", spec.decoder_heads, 1, 1, bias, (caches[0], caches[1], update))
+        key_updates.append(b.channels_first(k, 1, f"{p}.key_update"))
+        value_updates.append(b.channels_first(v, 1, f"{p}.value_update"))
+        x = g.add(x, a, name=f"{p}.attn_residual")
+        h = b.layer_norm(x, f"{p}.encoder_attn_layer_norm")
+        a, _, _ = b.attention(h, enc, f"{p}.encoder_attn", spec.decoder_heads, 1, n)
+        x = b.feed_forward(g.add(x, a, name=f"{p}.cross_residual"), p, spec.decoder_ffn_dim)
+    x = b.layer_norm(x, "model.decoder.layer_norm")
+    logits = g.matmul(x, g.transpose(tokens, [1, 0], name="lm_head.weight_t"), name="logits")
+    key_out, value_out = (_stacked(g, parts, name) for parts, name in
+                          ((key_updates, "key_cache_updates"), (value_updates, "value_cache_updates")))
+    g.set_outputs([logits, key_out, value_out])
+    return g, b.expected
+
+
+def _stacked(g: Graph, parts: list[int], name: str) -> int:
+    if len(parts) == 1:
+        g.set_name(parts[0], name)
+        return parts[0]
+    return g.concat(parts, 1, name=name)
+
+
+def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> np.ndarray:
+    """Whisper's sinusoidal encoder positions `[length, channels]` (sin half, then cos half),
+    as openai/whisper's `sinusoids` makes them (CTranslate2 folders may omit the table)."""
+    half = channels // 2
+    increment = np.log(max_timescale) / (half - 1)
+    inv = np.exp(-increment * np.arange(half, dtype=np.float64))
+    scaled = np.arange(length, dtype=np.float64)[:, None] * inv[None, :]
+    return np.concatenate([np.sin(scaled), np.cos(scaled)], axis=1).astype(np.float32)
