@@ -90,15 +90,15 @@ def dequantized(graph: Any, params: Any, spec: str, calibration: dict[str, np.nd
     return out, after / before, comp.plan.summary if comp.plan else "", time.perf_counter() - start
 
 
-def check_error(graph: Any, params: Any, dequant: dict[str, np.ndarray]) -> float:
-    """The largest relative L2 output error on the inputs a conversion generates for its check
-    (`example_inputs`): above `OUTPUT_ERROR_LIMIT` the conversion warns."""
+def check_quality(graph: Any, params: Any, dequant: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> Any:
+    """The conversion's quality check (`rlx_mil.compress.quality_check`) on `inputs`: the
+    reference on the dequantized weights against the float weights; `.ok` False is a warning
+    at conversion and a failed --verify."""
     from rlx_mil import reference
-    from rlx_mil.compress.calibration import example_inputs, output_errors
+    from rlx_mil.compress.quality_check import judge_outputs
 
-    feeds = example_inputs(graph)
-    errors = output_errors(reference.evaluate(graph, feeds, dequant), reference.evaluate(graph, feeds, params))
-    return max(e["relative_l2"] for e in errors.values())
+    return judge_outputs(reference.evaluate(graph, inputs, params), reference.evaluate(graph, inputs, dequant), inputs,
+                         compared_with="the float checkpoint", inputs_label="the benchmark text")
 
 
 def encoder_rows(cache: Path, schemes: list[str]) -> dict[str, dict[str, Any]]:
@@ -134,7 +134,7 @@ def encoder_rows(cache: Path, schemes: list[str]) -> dict[str, dict[str, Any]]:
             g = next(iter(reference.evaluate(graph, f, p).values())).reshape(-1)
             cos.append(float(g @ w / np.linalg.norm(g) / np.linalg.norm(w)))
         rows[spec] = {"size": size, "cos_min": min(cos), "cos_mean": float(np.mean(cos)), "plan": plan,
-                      "seconds": seconds, "check": check_error(graph, params, p)}
+                      "seconds": seconds, "check": check_quality(graph, params, p, feeds[0])}
         print(f"  MiniLM {spec}: {rows[spec]}", flush=True)
     return rows
 
@@ -156,9 +156,14 @@ def decoder_rows(cache: Path, schemes: list[str]) -> dict[str, dict[str, Any]]:
     for spec in schemes:
         p, size, plan, seconds = dequantized(graph, params, spec.replace("+cal", ""), cal if spec.endswith("+cal") else None)
         got = reference.evaluate(graph, {"input_ids": ids}, p)["logits"][0].astype(np.float64)
+        from rlx_mil.compress.quality_check import judge_outputs
+
+        check = judge_outputs({"logits": want[None]}, {"logits": got[None]}, {"input_ids": ids},
+                              compared_with="the float checkpoint", inputs_label=f"{ids.shape[1]} tokens of the benchmark text")
         rows[spec] = {"size": size, "top1": float(np.mean(got.argmax(-1) == top)),
                       "logits_rel": float(np.linalg.norm(got - want) / np.linalg.norm(want)), "plan": plan,
-                      "seconds": seconds, "check": check_error(graph, params, p)}
+                      "seconds": seconds, "check": check}
+        print(f"  SmolLM2 {spec}: {check.summary()}", flush=True)
         print(f"  SmolLM2 {spec}: {rows[spec]}", flush=True)
     return rows
 
@@ -179,10 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     enc = encoder_rows(args.cache, args.schemes) if "encoder" in args.models else {}
     dec = decoder_rows(args.cache, args.schemes) if "decoder" in args.models else {}
-    from rlx_mil.compress.report import OUTPUT_ERROR_LIMIT
-
     print("| scheme | size vs fp16 (MiniLM / SmolLM2) | MiniLM cosine min / mean | SmolLM2 top-1 | SmolLM2 logits rel. L2"
-          " | check error, warns (MiniLM / SmolLM2) | compress s (MiniLM / SmolLM2) |")
+          " | quality check warns (MiniLM / SmolLM2) | compress s (MiniLM / SmolLM2) |")
     print("|---|---|---|---|---|---|---|")
     for spec in args.schemes:
         e, d = enc.get(spec), dec.get(spec)
@@ -190,11 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         cos = f"{e['cos_min']:.4f} / {e['cos_mean']:.4f}" if e else "-"
         top = f"{d['top1']:.3f}" if d else "-"
         rel = f"{d['logits_rel']:.3f}" if d else "-"
-        check = " / ".join(f"{r['check']:.3f} {'yes' if r['check'] > OUTPUT_ERROR_LIMIT else 'no'}" for r in (e, d) if r)
+        check = " / ".join("no" if r["check"].ok else "yes" for r in (e, d) if r)
         secs = " / ".join(f"{r['seconds']:.1f}" for r in (e, d) if r)
         print(f"| `{spec}` | {size} | {cos} | {top} | {rel} | {check} | {secs} |")
     for spec in args.schemes:
         for what, r in (("MiniLM", enc.get(spec)), ("SmolLM2", dec.get(spec))):
+            if r:
+                print(f"{what} {spec}: {r['check'].summary()}")
             if r and r["plan"]:
                 print(f"{what} {spec}: {r['plan']}")
     print(f"({time.perf_counter() - start:.0f} s; uptime: {os.getloadavg()[0]:.1f} load)")

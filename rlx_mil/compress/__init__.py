@@ -12,7 +12,7 @@ from typing import Any
 
 from rlx_mil.compress.calibration import load_calibration, output_errors
 from rlx_mil.compress.plan import DequantizedParams, WeightCompressor, param_roles
-from rlx_mil.compress.report import CompressionReport, WeightReport, report_of, warn_if_degraded
+from rlx_mil.compress.report import CompressionReport, WeightReport, report_of, worst_weights
 from rlx_mil.compress.schemes import (
     PRESETS,
     CompressionConfig,
@@ -68,9 +68,15 @@ def measure_output_error(
     report = report_of(model)
     if report is None:
         raise CompressionError("measure_output_error takes a model converted with compress=...")
-    errors = output_errors(milexec.run(model, inputs), milexec.run(uncompressed, inputs))
+    from rlx_mil.compress.quality_check import judge_outputs, warn_below_threshold
+
+    got, want = milexec.run(model, inputs), milexec.run(uncompressed, inputs)
+    errors = output_errors(got, want)
     report.output_error = errors
-    warn_if_degraded(report, errors, "the --compress-check inputs")
+    check = judge_outputs(want, got, inputs, compared_with="the uncompressed conversion (MIL executor)",
+                          inputs_label="the --compress-check inputs", worst=worst_weights(report))
+    report.quality = check.to_dict()
+    warn_below_threshold(check)
     from rlx_mil.compress.report import METADATA_KEY
 
     model.user_defined_metadata[METADATA_KEY] = report.to_json()

@@ -366,7 +366,10 @@ class WeightCompressor:
             contributions=dict(self.plan.contributions) if self.plan else {},
         )
         if self.params is not None and self.weights and report.calibration_error is None and report.check_error is None:
-            if self.config.calibration is not None:
+            if self.config.check_inputs is not None:
+                report.check_error = self._measure(report, self.params, self.config.check_inputs,
+                                                   self.config.check_label or "the given check inputs")
+            elif self.config.calibration is not None:
                 report.calibration_error = self._measure(report, self.params, self.calibration_inputs(), "the calibration inputs")
             elif self._checks():
                 from rlx_mil.compress.calibration import example_inputs
@@ -397,17 +400,23 @@ class WeightCompressor:
     def _measure(
         self, report: CompressionReport, params: Mapping[str, Any], inputs: Mapping[str, Any], where: str,
     ) -> dict[str, dict[str, float]]:
-        """`inputs` through the reference with float and with dequantized weights (decoded from
-        the codes the program holds); warns when an output is off by more than the limit."""
+        """`inputs` through the reference with the uncompressed and with the dequantized weights
+        (decoded from the codes the program holds): the relative error of each output, and the
+        quality check (`report.quality`), which warns when a documented threshold is crossed."""
         from rlx_mil.compress.calibration import output_errors
+        from rlx_mil.compress.quality_check import judge_outputs, warn_below_threshold
         from rlx_mil.compress.range_check import reference_outputs
-        from rlx_mil.compress.report import warn_if_degraded
+        from rlx_mil.compress.report import worst_weights
         from rlx_mil.reference import evaluate
 
         want = reference_outputs(self.graph, inputs, params, self.precision, where)
         got = evaluate(self.graph, inputs, DequantizedParams(params, report, self.codes))
         errors = output_errors(got, want)
-        warn_if_degraded(report, errors, where)
+        compared = "the source file's decoded weights" if self.config.prequantized else "the uncompressed weights"
+        check = judge_outputs(want, got, inputs, compared_with=compared, inputs_label=where, worst=worst_weights(report),
+                              text="generated" not in where)
+        report.quality = check.to_dict()
+        warn_below_threshold(check, stacklevel=5)
         return errors
 
 

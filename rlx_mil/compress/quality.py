@@ -16,8 +16,8 @@ Encoders and other graphs are judged per output by `cosine` similarity and `psnr
 the reference's largest magnitude, as WhisperKit and coremltools compute it).
 
 `decoder_quality` / `output_quality` bundle these into records that know the documented
-thresholds (`QualityThresholds`: top-1 < 0.8 or mean KL > 0.1 for decoders, cosine < 0.95 for
-other outputs) and print the one-line summary conversions show.
+thresholds (`QualityThresholds`: top-1 < 0.8 -- judged where the reference is confident at 16
+positions or more -- or mean KL > 0.1 for decoders, cosine < 0.95 for other outputs) and print the one-line summary conversions show.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 #: A position counts for `confident_top1_agreement` when the reference's best logit beats its
 #: second best by at least this much.
 CONFIDENT_GAP = 0.5
-#: Fewer confident positions than this: the gate falls back to raw top-1 (too few to judge).
+#: Fewer confident positions than this: top-1 is not judged (too few to tell), KL still is.
 MIN_CONFIDENT_POSITIONS = 16
 #: Positions per chunk when reducing over a large vocabulary (bounds float64 temporaries).
 _CHUNK = 64
@@ -203,20 +203,20 @@ class DecoderQuality:
         return self.perplexity_compressed / self.perplexity_reference
 
     @property
-    def gated_top1(self) -> float:
-        """The top-1 the threshold applies to: gap-filtered when enough positions qualify."""
-        if self.confident_positions >= MIN_CONFIDENT_POSITIONS:
-            return self.top1_confident
-        return self.top1
+    def top1_judged(self) -> bool:
+        """Whether top-1 is judged: only with `MIN_CONFIDENT_POSITIONS` positions where the
+        reference is confident (on fewer, or a model all near-ties, top-1 measures the ties)."""
+        return self.confident_positions >= MIN_CONFIDENT_POSITIONS
 
     def failures(self, thresholds: QualityThresholds = DEFAULT_THRESHOLDS) -> list[str]:
-        """Each threshold crossed, as a short phrase; empty when quality is kept."""
+        """Each threshold crossed, as a short phrase; empty when quality is kept. Top-1 (all
+        positions, and where the reference is confident) is judged when `top1_judged`; mean KL
+        always."""
         out = []
-        gated = self.gated_top1
-        if not gated >= thresholds.min_top1:  # nan fails too
-            confident = self.confident_positions >= MIN_CONFIDENT_POSITIONS
-            which = "top-1 (where the reference is confident)" if confident else "top-1"
-            out.append(f"{which} {gated * 100:.1f} % < {thresholds.min_top1 * 100:.0f} %")
+        if self.top1_judged:
+            for which, value in (("top-1", self.top1), ("confident top-1", self.top1_confident)):
+                if not value >= thresholds.min_top1:  # nan fails too
+                    out.append(f"{which} {value * 100:.1f} % < {thresholds.min_top1 * 100:.0f} %")
         if not self.mean_kl <= thresholds.max_mean_kl:
             out.append(f"mean KL {self.mean_kl:.3g} > {thresholds.max_mean_kl:g}")
         return out

@@ -57,6 +57,9 @@ class CompressionReport:
     #: Without calibration: the same comparison on inputs the conversion generates
     #: (`rlx_mil.compress.calibration.example_inputs`), unless the config says check=off.
     check_error: dict[str, dict[str, float]] | None = None
+    #: The quality check (`rlx_mil.compress.quality_check.QualityCheck.to_dict`): top-1, KL,
+    #: perplexity ratio or cosine / PSNR against the uncompressed model, and its verdict.
+    quality: dict[str, Any] | None = None
 
     @property
     def bytes_before(self) -> int:
@@ -111,6 +114,10 @@ class CompressionReport:
             lines.append(f"  output {out}: relative L2 {err['relative_l2']:.3g} on the calibration inputs (vs float weights)")
         for out, err in (self.check_error or {}).items():
             lines.append(f"  output {out}: relative L2 {err['relative_l2']:.3g} on generated check inputs (vs float weights)")
+        if self.quality is not None:
+            from rlx_mil.compress.quality_check import check_from_dict
+
+            lines.append("  " + check_from_dict(self.quality).summary())
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:
@@ -118,14 +125,6 @@ class CompressionReport:
             "weights": len(self.weights), "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
             "output_error": self.output_error,
         }
-
-
-#: A compressed output whose relative L2 error (against the uncompressed model, on the
-#: --compress-check or calibration inputs) exceeds this is reported with a CompressionWarning
-#: (docs/compression.md says how it relates to top-1 agreement and embedding cosine: on a
-#: real 135M decoder, logits off by 0.03 kept 0.97 top-1 agreement, 0.08 kept 0.79, 0.48 kept
-#: 0.59; an embedding off by 0.1 has cosine 0.995).
-OUTPUT_ERROR_LIMIT = 0.1
 
 
 def top_contributors(report: CompressionReport, count: int = 5) -> list[tuple[str, float]]:
@@ -138,23 +137,11 @@ def top_contributors(report: CompressionReport, count: int = 5) -> list[tuple[st
     return ranked[:count]
 
 
-def warn_if_degraded(report: CompressionReport, errors: dict[str, dict[str, float]], where: str) -> None:
-    """A `CompressionWarning` naming the top contributing weights for each output whose
-    relative L2 error exceeds `OUTPUT_ERROR_LIMIT`."""
-    import warnings
-
-    from rlx_mil.errors import CompressionWarning
-
-    bad = {k: e["relative_l2"] for k, e in errors.items() if e["relative_l2"] > OUTPUT_ERROR_LIMIT}
-    if not bad:
-        return
+def worst_weights(report: CompressionReport, count: int = 3) -> list[tuple[str, str]]:
+    """(name, scheme) of the `count` weights contributing most, largest first: what a quality
+    warning names."""
     schemes = {w.name: w.scheme for w in report.weights}
-    worst = ", ".join(f"{n} ({schemes.get(n, '?')})" for n, _ in top_contributors(report))
-    outs = ", ".join(f"{k!r} {v:.3g}" for k, v in bad.items())
-    warnings.warn(CompressionWarning(
-        f"compressed outputs are off by relative L2 {outs} on {where} (more than {OUTPUT_ERROR_LIMIT}): the model may not"
-        f" keep its quality. The weights contributing most: {worst}. Widen them (e.g. a rule 'NAME=int8') or use"
-        " autoN with a larger budget"), stacklevel=3)
+    return [(n, schemes.get(n, "?")) for n, _ in top_contributors(report, count)]
 
 
 def report_of(model_or_metadata: Any) -> CompressionReport | None:

@@ -330,6 +330,10 @@ class CompressionConfig:
     #: `CHECK_AUTO_LIMIT` bytes (the reference holds them whole, twice over: float and
     #: decoded); ``check=on`` runs it whatever the size, ``check=off`` never.
     check: bool | None = None
+    #: Inputs the quality check runs on instead of the calibration or generated ones (e.g. a
+    #: text tokenized by the caller), and the words the check's summary names them with.
+    check_inputs: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    check_label: str = field(default="", compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0:

@@ -100,7 +100,7 @@ def test_calibration_measures_the_output_error_and_warns_naming_the_top_weights(
     _, report = convert_and_verify(GRAPH, PARAMS, INPUTS, config, roundtrip=False)
     assert report.calibration_error and "activation-weighted" in report.plan
     assert 0 < report.calibration_error["logits"]["relative_l2"] < 0.5
-    with pytest.warns(CompressionWarning, match=r"relative L2 .* The weights contributing most: \S+ \(lut2"):
+    with pytest.warns(CompressionWarning, match=r"(?s)quality vs the uncompressed weights: .*on the calibration inputs.*contributing most: \S+ \(lut2"):
         convert_and_verify(GRAPH, PARAMS, INPUTS, dataclasses.replace(parse_compress("lut2"), calibration=INPUTS),  # type: ignore[arg-type]
                            roundtrip=False)
     with warnings.catch_warnings():

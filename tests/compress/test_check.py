@@ -47,10 +47,13 @@ def test_example_inputs_index_inside_their_tables_and_fill_dynamic_dims() -> Non
 
 
 def test_a_conversion_without_calibration_checks_its_outputs_and_warns() -> None:
-    with pytest.warns(CompressionWarning, match=r"on inputs generated for the check .* contributing most: \S+ \(lut2"):
+    with pytest.warns(CompressionWarning, match=r"(?s)^quality vs the uncompressed weights: top-1 .*on inputs generated for the"
+                      r" check.*BELOW THRESHOLD.*\n  the weights contributing most: \S+ \(lut2"):
         model = rlx_mil.convert(GRAPH, PARAMS, precision="fp32", compress="lut2")
     report = report_of(model)
     assert report is not None and report.check_error is not None
+    assert report.quality is not None and not report.quality["ok"] and len(report.quality["worst"]) == 3
+    assert report.quality["decoder"]["perplexity_ratio"] is None  # generated ids are not text
     # The package itself (NumPy MIL executor) against the float reference on the same inputs.
     feeds = example_inputs(GRAPH)
     want = np.asarray(reference.evaluate(GRAPH, feeds, PARAMS)["logits"], np.float64)
@@ -65,6 +68,7 @@ def test_a_conversion_without_calibration_checks_its_outputs_and_warns() -> None
         quiet = rlx_mil.convert(GRAPH, PARAMS, precision="fp32", compress="lut2;check=off")
     good = report_of(model)
     assert good is not None and good.check_error is not None and good.check_error["logits"]["relative_l2"] < 0.05
+    assert good.quality is not None and good.quality["ok"] and good.quality["decoder"]["top1"] > 0.9
     skipped = report_of(quiet)
     assert skipped is not None and skipped.check_error is None and "check=off" in skipped.config
 

@@ -80,14 +80,26 @@ def test_decoder_quality_gates_on_confident_top1_and_kl() -> None:
     assert d["positions"] == 64 and d["perplexity_ratio"] is None
 
 
-def test_decoder_quality_falls_back_to_raw_top1_with_few_confident_positions() -> None:
+def test_top1_is_not_judged_without_enough_confident_positions() -> None:
     ref = np.zeros((20, 4))
     ref[:, 0] = 0.1  # every gap 0.1: no confident position
     got = np.zeros((20, 4))
     got[:, 1] = 0.1
     res = q.decoder_quality(ref, got)
-    assert res.confident_positions == 0 and res.gated_top1 == 0.0
-    assert res.failures(q.QualityThresholds(max_mean_kl=1.0)) == ["top-1 0.0 % < 80 %"]
+    assert res.confident_positions == 0 and res.top1 == 0.0 and not res.top1_judged
+    assert res.failures() == []  # near-ties: KL is tiny, top-1 measures the ties
+    assert res.failures(q.QualityThresholds(max_mean_kl=1e-4)) == [f"mean KL {res.mean_kl:.3g} > 0.0001"]
+
+
+def test_raw_top1_is_judged_beside_confident_top1() -> None:
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((100, 30)) * 0.01
+    ref[:40, 0] = 10.0  # 40 confident positions, the others near-ties
+    got = ref.copy()
+    got[40:] = rng.standard_normal((60, 30)) * 0.01  # the near-tie positions scrambled
+    res = q.decoder_quality(ref, got)
+    assert res.top1_judged and res.top1_confident == 1.0 and res.top1 < 0.8
+    assert any(f.startswith("top-1 ") for f in res.failures(q.QualityThresholds(max_mean_kl=10.0)))
 
 
 def test_output_quality_gates_on_cosine() -> None:
