@@ -176,6 +176,12 @@ class GGUFFormatError(WeightsFormatError):
         super().__init__(message)
 
 
+class AudioFormatError(RlxMilError, ValueError):
+    """An audio file (or array) cannot be transcribed: not a WAV, a header that does not parse,
+    data cut short, no samples, NaN or infinite samples, a sample rate or channel count out of
+    range. The message names the file."""
+
+
 class UnknownTensorError(RlxMilError, KeyError):
     """A tensor name that a weights file does not hold (also a KeyError, as Mappings raise)."""
 
