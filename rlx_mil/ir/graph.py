@@ -36,6 +36,7 @@ from rlx_mil.ir.ops.rope import RopeBuilder
 from rlx_mil.ir.ops.scatter import ScatterBuilder
 from rlx_mil.ir.ops.sequence import SequenceBuilder
 from rlx_mil.ir.ops.shape import ShapeBuilder
+from rlx_mil.ir.ops.training import TrainingBuilder
 from rlx_mil.ir.serde import reader, writer
 from rlx_mil.ir.serde.forms import oldest_version
 from rlx_mil.ir.shape import Dynamic, Shape, Static
@@ -64,6 +65,7 @@ class Graph(
     RecurrentBuilder,
     ControlBuilder,
     SequenceBuilder,
+    TrainingBuilder,
 ):
     """Append-only DAG of nodes in topological order; a node's id is its index.
 

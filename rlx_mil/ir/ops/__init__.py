@@ -31,6 +31,7 @@ from rlx_mil.ir.ops import (
     scatter,
     sequence,
     shape,
+    training,
 )
 from rlx_mil.ir.ops.attention import (
     Attention,
@@ -183,13 +184,23 @@ from rlx_mil.ir.ops.shape import (
     Transpose,
     Trilu,
 )
+from rlx_mil.ir.ops.training import (
+    ActivationBackward,
+    CumsumBackward,
+    FakeQuantizeLSQ,
+    GatherBackward,
+    ReluBackward,
+    RopeBackward,
+    SoftmaxCrossEntropy,
+    SoftmaxCrossEntropyWithLogits,
+)
 
 #: Every op family module, in the order their ops are listed (leaves first).
 FAMILIES: dict[str, ModuleType] = {
     module.__name__.rsplit(".", 1)[1]: module
     for module in (
         leaf, elementwise, linalg, quant, qcompute, norm, reduce, shape, scatter, rope,
-        attention, fused, conv, resample, audio, moe, recurrent, control, rng, sequence,
+        attention, fused, conv, resample, audio, moe, recurrent, control, rng, sequence, training,
     )
 }
 
@@ -206,6 +217,7 @@ __all__ = [
     "FAMILIES",
     "OP_TYPES",
     "Activation",
+    "ActivationBackward",
     "ActivationKind",
     "AdaLayerNorm",
     "AdaNormKind",
@@ -236,6 +248,7 @@ __all__ = [
     "CumMax",
     "CumProd",
     "Cumsum",
+    "CumsumBackward",
     "DequantGroupedMatMul",
     "DequantMatMul",
     "DequantMoEWeights",
@@ -244,6 +257,7 @@ __all__ = [
     "ElementwiseRegion",
     "Expand",
     "FakeQuantize",
+    "FakeQuantizeLSQ",
     "Fma",
     "FusedAttentionBlock",
     "FusedConvBiasAct",
@@ -256,6 +270,7 @@ __all__ = [
     "GatedDeltaNet",
     "GatedResidual",
     "Gather",
+    "GatherBackward",
     "GatherElements",
     "GatherNd",
     "GroupNorm",
@@ -290,6 +305,7 @@ __all__ = [
     "Reduce",
     "ReduceOp",
     "RegionPrologue",
+    "ReluBackward",
     "Reshape",
     "ResizeNearest2x",
     "Reverse",
@@ -299,6 +315,7 @@ __all__ = [
     "Rnn",
     "Roll",
     "Rope",
+    "RopeBackward",
     "RopeStyle",
     "Sample",
     "ScaleMode",
@@ -311,6 +328,8 @@ __all__ = [
     "SelectiveScan",
     "Slice",
     "Softmax",
+    "SoftmaxCrossEntropy",
+    "SoftmaxCrossEntropyWithLogits",
     "Sort",
     "SteKind",
     "StopGradient",
