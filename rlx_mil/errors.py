@@ -234,3 +234,13 @@ def file_access_error(err: OSError, message: str) -> FileAccessError:
     typed = cls(message)
     typed.errno = err.errno
     return typed
+
+
+class CoreAIUnavailableError(RlxMilError, ImportError):
+    """A Core AI feature was asked for, but Apple's `coreai-core` is not installed (it is an
+    optional extra for Python >= 3.11)."""
+
+
+class CoreAITranslationError(RlxMilError):
+    """A MIL program holds something the Core AI translator cannot express (the op, input or
+    form is named)."""

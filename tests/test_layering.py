@@ -29,20 +29,24 @@ SHARED = ("rlx_mil.errors", "rlx_mil.fileio", "rlx_mil.progress", "rlx_mil.versi
 #: stage -> the stages it must not import (besides `rlx_mil.cli`, which nothing imports).
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "rlx_mil.ir": ("rlx_mil.reference", "rlx_mil.lowering", "rlx_mil.coreml", "rlx_mil.compress", "rlx_mil.milexec",
-                   "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.weights", "rlx_mil.api", "rlx_mil.testing"),
+                   "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.weights", "rlx_mil.api", "rlx_mil.testing", "rlx_mil.coreai"),
     "rlx_mil.reference": ("rlx_mil.lowering", "rlx_mil.coreml", "rlx_mil.compress", "rlx_mil.milexec",
-                          "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.weights", "rlx_mil.api", "rlx_mil.testing"),
+                          "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.weights", "rlx_mil.api", "rlx_mil.testing", "rlx_mil.coreai"),
     "rlx_mil.lowering": ("rlx_mil.coreml", "rlx_mil.compress", "rlx_mil.milexec", "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech",
-                         "rlx_mil.api", "rlx_mil.testing"),
+                         "rlx_mil.api", "rlx_mil.testing", "rlx_mil.coreai"),
     "rlx_mil.coreml": ("rlx_mil.milexec", "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.api",
-                       "rlx_mil.testing"),
+                       "rlx_mil.testing", "rlx_mil.coreai"),
     "rlx_mil.compress": ("rlx_mil.coreml", "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.api",
-                         "rlx_mil.testing"),
+                         "rlx_mil.testing", "rlx_mil.coreai"),
     # The executor reads packages, so it may use coreml's package readers (coreml never imports it).
     "rlx_mil.milexec": ("rlx_mil.lowering", "rlx_mil.compress", "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech",
-                        "rlx_mil.api", "rlx_mil.testing"),
+                        "rlx_mil.api", "rlx_mil.testing", "rlx_mil.coreai"),
     "rlx_mil.weights": ("rlx_mil.lowering", "rlx_mil.coreml", "rlx_mil.compress", "rlx_mil.milexec",
-                        "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.api", "rlx_mil.testing"),
+                        "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech", "rlx_mil.api", "rlx_mil.testing", "rlx_mil.coreai"),
+    # Core AI, coreml's sibling, reads the final MIL program (with milexec's package readers) and
+    # runs it on Apple's runtime; it never sees the IR's lowering or the model builders.
+    "rlx_mil.coreai": ("rlx_mil.lowering", "rlx_mil.compress", "rlx_mil.models", "rlx_mil.llm", "rlx_mil.speech",
+                       "rlx_mil.api", "rlx_mil.testing"),
     # rlx_mil.testing (the verification harness: tolerances, tie-aware greedy comparison) sits
     # above the conversion stages; the checkpoint verifiers of models/ and llm/ use it.
     "rlx_mil.models": ("rlx_mil.llm", "rlx_mil.speech"),

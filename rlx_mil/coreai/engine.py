@@ -1,0 +1,105 @@
+"""Apple's Core AI runtime as an engine for MIL programs: a program (a saved `.mlpackage`, a
+converted MLModel, a MIL Program) is translated, saved as a temporary `.aimodel` and run by
+`coreai.runtime` (on Linux, Apple's CPU kernels). Inputs, states and outputs are named and
+checked as `rlx_mil.milexec.run` names and checks them."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.coreai import adapter
+from rlx_mil.coreai.translate import DEFAULT_FLOAT, EntryPoint, translate_program
+from rlx_mil.errors import CoreAITranslationError, MilExecError
+
+
+class CoreAIProgram:
+    """A MIL program translated for Core AI and loaded by its runtime (one asset holding every
+    function asked for). `close` (or the `with` block) removes the temporary asset."""
+
+    def __init__(self, source: Any, functions: Sequence[str] | None = None, *, float_dtype: Any = DEFAULT_FLOAT,
+                 io_names: Any = None) -> None:
+        from rlx_mil.milexec.loader import resolve_source
+        from rlx_mil.milexec.protoread import read_model
+
+        adapter.require()
+        first = resolve_source(source, functions[0] if functions else None, io_names, read_model)
+        program = first.program
+        names = list(functions) if functions else ([first.function_name] if program is None else list(program.functions))
+        self.resolved = {name: first if name == first.function_name else
+                         resolve_source(source, name, io_names, read_model) for name in names}
+        if program is None:
+            from rlx_mil.milexec.light import LightProgram
+
+            program = LightProgram({first.function_name: first.function}, first.function_name)
+        self.default_function = first.function_name
+        translation = translate_program(program, names, float_dtype=float_dtype)
+        self.entries: dict[str, EntryPoint] = translation.entries
+        self._dir = Path(tempfile.mkdtemp(prefix="rlx_mil_coreai_"))
+        try:
+            path = self._dir / "program.aimodel"
+            translation.builder.save(path)
+            self.asset = adapter.LoadedAsset(path)
+        except BaseException:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+
+    def run(self, inputs: Mapping[str, Any], *, function_name: str | None = None,
+            states: MutableMapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Outputs keyed like `milexec.run`'s; `states` (name -> array) are read and updated."""
+        from rlx_mil.milexec.executor import _bind_inputs
+
+        name = function_name or self.default_function
+        if name not in self.entries:
+            raise MilExecError(f"the program has no function '{name}' (functions: {sorted(self.entries)})")
+        resolved = self.resolved[name]
+        entry = self.entries[name]
+        feeds, state_feeds = _bind_inputs(resolved.function, inputs, states, resolved.io_names, "float32",
+                                          resolved.input_ranges)
+        arrays = {var.name: np.asarray(value).astype(entry.inputs[var.name][1], copy=False) for var, value in feeds}
+        runtime_states = {var.name: self.asset.new_state(np.asarray(value).astype(entry.states[var.name][1]))
+                          for var, value in state_feeds}
+        raw = self.asset.call(name, arrays, runtime_states)
+        output_names = resolved.io_names.outputs if resolved.io_names else {}
+        result = {output_names.get(key, key): _for_caller(raw[key]) for key in entry.outputs}
+        if resolved.output_pieces:
+            from rlx_mil.coreml.output_pieces import assemble
+
+            result = assemble(result, resolved.output_pieces)
+        if states is not None:
+            for state_name, runtime_state in runtime_states.items():
+                states[state_name] = adapter.LoadedAsset.state_value(runtime_state)
+        return result
+
+    def close(self) -> None:
+        asset = getattr(self, "asset", None)
+        if asset is not None:
+            asset.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> CoreAIProgram:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _for_caller(value: np.ndarray) -> np.ndarray:
+    if value.dtype.kind == "f" and value.dtype != np.float32:
+        return value.astype(np.float32)
+    return value
+
+
+def run(source: Any, inputs: Mapping[str, Any], *, function_name: str | None = None,
+        states: MutableMapping[str, np.ndarray] | None = None, io_names: Any = None) -> dict[str, np.ndarray]:
+    """Translate `source`'s function and run it once through Apple's Core AI runtime."""
+    with CoreAIProgram(source, [function_name] if function_name else None, io_names=io_names) as program:
+        return program.run(inputs, function_name=function_name, states=states)
+
+
+__all__ = ["CoreAIProgram", "CoreAITranslationError", "run"]

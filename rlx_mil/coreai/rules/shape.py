@@ -1,0 +1,269 @@
+"""Shape MIL ops: reshapes, transposes, slices, concat/split/stack, tile, pad, fill, gather."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.coreai import adapter
+from rlx_mil.coreai.registry import RuleContext, numpy_dtype, rule
+
+
+@rule("reshape", "reshape_like", "expand_dims", "squeeze", "flatten2d")
+def reshape(ctx: RuleContext) -> Any:
+    return ctx.reshape(ctx.v("x"), ctx.out_shape())
+
+
+@rule("transpose")
+def transpose(ctx: RuleContext) -> Any:
+    perm = [p % ctx.rank("x") for p in ctx.ints("perm")]
+    return ctx.ops.transpose(ctx.v("x"), np.asarray(perm, np.uint32))
+
+
+def static_slice(ctx: RuleContext, x: Any, starts: list[int], stops: list[int], steps: list[int]) -> Any:
+    """x[start:stop:step] per axis, with Python's slice semantics already resolved to in-range
+    starts/stops; a negative step reverses the axis first."""
+    shape = adapter.shape_of(x)
+    reverse_axes = [axis for axis, step in enumerate(steps) if step < 0]
+    if reverse_axes:
+        x = ctx.ops.reverse(x, np.asarray(reverse_axes, np.int32))
+        for axis in reverse_axes:
+            dim = shape[axis]
+            count = len(range(starts[axis], stops[axis], steps[axis]))
+            starts[axis] = dim - 1 - starts[axis]
+            steps[axis] = -steps[axis]
+            stops[axis] = starts[axis] + max(count - 1, 0) * steps[axis] + 1 if count else starts[axis]
+    if all(s == 0 for s in starts) and list(stops) == list(shape) and all(s == 1 for s in steps):
+        return x
+    return ctx.ops.slice_(x, np.asarray(starts, np.int32), np.asarray(stops, np.int32), np.asarray(steps, np.int32))
+
+
+@rule("slice_by_index")
+def slice_by_index(ctx: RuleContext) -> Any:
+    x = ctx.v("x")
+    shape = ctx.in_shape("x")
+    rank = len(shape)
+    if any(d < 0 for d in shape) or not ctx.is_const("begin") or not ctx.is_const("end"):
+        raise ctx.fail("only static slices are supported (a dynamic begin/end or input shape)")
+    begin = ctx.ints("begin")
+    end = ctx.ints("end")
+    stride = ctx.ints("stride", [1] * rank)
+    begin_mask = [bool(b) for b in (ctx.param("begin_mask") or [False] * rank)]
+    end_mask = [bool(b) for b in (ctx.param("end_mask") or [False] * rank)]
+    squeeze_mask = [bool(b) for b in (ctx.param("squeeze_mask") or [False] * rank)]
+    starts, stops, steps = [], [], []
+    for axis in range(rank):
+        b = None if begin_mask[axis] else begin[axis]
+        e = None if end_mask[axis] else end[axis]
+        if squeeze_mask[axis]:
+            b = begin[axis] % shape[axis]
+            e, step = b + 1, 1
+        else:
+            step = stride[axis]
+        start, stop, step = slice(b, e, step).indices(shape[axis])
+        if step > 0:
+            stop = max(stop, start)
+        starts.append(start)
+        stops.append(stop)
+        steps.append(step)
+    return ctx.reshape(static_slice(ctx, x, starts, stops, steps), ctx.out_shape())
+
+
+@rule("slice_by_size")
+def slice_by_size(ctx: RuleContext) -> Any:
+    x = ctx.v("x")
+    shape = ctx.in_shape("x")
+    size = ctx.ints("size")
+    if ctx.is_const("begin"):
+        begin = ctx.ints("begin")
+        stops = [shape[a] if size[a] == -1 else begin[a] + size[a] for a in range(len(shape))]
+        return static_slice(ctx, x, list(begin), stops, [1] * len(shape))
+    if any(s < 0 for s in size):
+        raise ctx.fail("a runtime begin needs a static size")
+    begin = ctx.cast(ctx.v("begin"), np.int32)
+    end = ctx.ops.broadcasting_add(begin, ctx.constant(size, np.int32))
+    return ctx.ops.slice_(x, begin, end, np.ones(len(shape), np.int32))
+
+
+@rule("concat")
+def concat(ctx: RuleContext) -> Any:
+    if ctx.param("interleave", False):
+        raise ctx.fail("interleave=True is not supported")
+    values = ctx.vs("values")
+    axis = int(ctx.param("axis")) % len(ctx.out_shape())
+    return values[0] if len(values) == 1 else ctx.ops.concat(axis, values)
+
+
+@rule("split")
+def split(ctx: RuleContext) -> Any:
+    x = ctx.v("x")
+    shape = ctx.in_shape("x")
+    axis = int(ctx.param("axis")) % len(shape)
+    sizes = [ctx.out_shape(i)[axis] for i in range(len(ctx.op.outputs))]
+    pieces, offset = [], 0
+    for size in sizes:
+        starts, stops = [0] * len(shape), list(shape)
+        starts[axis], stops[axis] = offset, offset + size
+        pieces.append(static_slice(ctx, x, starts, stops, [1] * len(shape)))
+        offset += size
+    return tuple(pieces)
+
+
+@rule("stack")
+def stack(ctx: RuleContext) -> Any:
+    values = ctx.vs("values")
+    out = ctx.out_shape()
+    axis = int(ctx.param("axis")) % len(out)
+    piece_shape = list(out)
+    piece_shape[axis] = 1
+    pieces = [ctx.reshape(v, piece_shape) for v in values]
+    return pieces[0] if len(pieces) == 1 else ctx.ops.concat(axis, pieces)
+
+
+@rule("tile")
+def tile(ctx: RuleContext) -> Any:
+    return ctx.ops.tile(ctx.v("x"), np.asarray(ctx.ints("reps"), np.uint32))
+
+
+@rule("reverse")
+def reverse(ctx: RuleContext) -> Any:
+    rank = ctx.rank("x")
+    axes = ctx.ints("axes", list(range(rank)))
+    return ctx.ops.reverse(ctx.v("x"), np.asarray([a % rank for a in axes], np.int32))
+
+
+@rule("pad")
+def pad(ctx: RuleContext) -> Any:
+    x = ctx.v("x")
+    rank = ctx.rank("x")
+    pads = ctx.ints("pad")
+    full = [0] * (2 * rank - len(pads)) + pads
+    mode = ctx.param("mode", "constant")
+    modes = {"constant": "constant", "reflect": "reflect", "replicate": "replicate"}
+    if mode not in modes:
+        raise ctx.fail(f"pad mode {mode!r} is not supported")
+    value = ctx.scalar(ctx.param("constant_val", 0.0), x)
+    return ctx.ops.pad(x, np.asarray(full, np.uint32), value, modes[mode])
+
+
+def _full(ctx: RuleContext, value: Any) -> Any:
+    shape = ctx.out_shape()
+    if any(d < 0 for d in shape):
+        raise ctx.fail("a fill of a dynamic shape is not supported")
+    if ctx.is_const("value"):
+        return ctx.constant(np.full(shape, np.asarray(ctx.const("value")), dtype=ctx.out_dtype()))
+    return ctx.ops.broadcast_to(ctx.cast(value, ctx.out_dtype()), np.asarray(shape, np.uint32))
+
+
+@rule("fill")
+def fill(ctx: RuleContext) -> Any:
+    return _full(ctx, ctx.v("value") if not ctx.is_const("value") else None)
+
+
+@rule("fill_like")
+def fill_like(ctx: RuleContext) -> Any:
+    return _full(ctx, ctx.v("value") if not ctx.is_const("value") else None)
+
+
+@rule("shape")
+def shape(ctx: RuleContext) -> Any:
+    dims = ctx.in_shape("x")
+    if any(d < 0 for d in dims):
+        return ctx.cast(ctx.ops.get_shape(ctx.v("x")), np.int32)
+    return ctx.constant(np.asarray(dims, np.int32))
+
+
+@rule("range_1d")
+def range_1d(ctx: RuleContext) -> Any:
+    if all(ctx.is_const(n) for n in ("start", "end", "step")):
+        values = np.arange(ctx.const("start"), ctx.const("end"), ctx.const("step"))
+        return ctx.constant(values.astype(ctx.out_dtype()))
+    return ctx.ops.range_(ctx.v("start"), ctx.v("end"), ctx.v("step"))
+
+
+@rule("band_part")
+def band_part(ctx: RuleContext) -> Any:
+    x = ctx.v("x")
+    shape = ctx.in_shape("x")
+    lower, upper = int(ctx.param("lower", -1)), int(ctx.param("upper", -1))
+    rows, cols = np.arange(shape[-2])[:, None], np.arange(shape[-1])[None, :]
+    keep = np.ones((shape[-2], shape[-1]), bool)
+    if lower >= 0:
+        keep &= rows - cols <= lower
+    if upper >= 0:
+        keep &= cols - rows <= upper
+    return ctx.ops.broadcasting_where(ctx.constant(keep), x, ctx.scalar(0, x))
+
+
+def _wrap_indices(ctx: RuleContext, indices: Any, dim: int) -> Any:
+    indices = ctx.cast(indices, np.int32)
+    negative = ctx.ops.broadcasting_greater(ctx.constant(np.int32(0)), indices)
+    return ctx.ops.broadcasting_where(negative, ctx.ops.broadcasting_add(indices, ctx.constant(np.int32(dim))), indices)
+
+
+@rule("gather")
+def gather(ctx: RuleContext) -> Any:
+    if int(ctx.param("batch_dims", 0)) != 0:
+        raise ctx.fail("batch_dims > 0 is not supported")
+    x = ctx.v("x")
+    shape = ctx.in_shape("x")
+    axis = int(ctx.param("axis", 0)) % len(shape)
+    indices = _wrap_indices(ctx, ctx.v("indices"), shape[axis])
+    index_shape = ctx.in_shape("indices")
+    perm = [axis, *[a for a in range(len(shape)) if a != axis]]
+    moved = x if axis == 0 else ctx.ops.transpose(x, np.asarray(perm, np.uint32))
+    gathered = ctx.ops.gather_nd(moved, ctx.reshape(indices, [*index_shape, 1]))
+    if axis == 0:
+        return gathered
+    # gathered: indices dims, then the other axes in order; put the index dims at `axis`.
+    k = len(index_shape)
+    order = list(range(k, k + axis)) + list(range(k)) + list(range(k + axis, k + len(shape) - 1))
+    return ctx.ops.transpose(gathered, np.asarray(order, np.uint32))
+
+
+@rule("gather_along_axis")
+def gather_along_axis(ctx: RuleContext) -> Any:
+    shape = ctx.in_shape("x")
+    axis = int(ctx.param("axis", 0)) % len(shape)
+    indices = _wrap_indices(ctx, ctx.v("indices"), shape[axis])
+    return ctx.ops.gather_along_axis(ctx.v("x"), indices, np.int32(axis))
+
+
+@rule("gather_nd")
+def gather_nd(ctx: RuleContext) -> Any:
+    if int(ctx.param("batch_dims", 0)) != 0:
+        raise ctx.fail("batch_dims > 0 is not supported")
+    return ctx.ops.gather_nd(ctx.v("x"), ctx.cast(ctx.v("indices"), np.int32))
+
+
+@rule("one_hot")
+def one_hot(ctx: RuleContext) -> Any:
+    indices = ctx.cast(ctx.v("indices"), np.int32)
+    depth = int(ctx.param("one_hot_vector_size"))
+    axis = int(ctx.param("axis", -1))
+    out = ctx.out_shape()
+    axis %= len(out)
+    index_shape = list(ctx.in_shape("indices"))
+    index_shape.insert(axis, 1)
+    positions = [1] * len(out)
+    positions[axis] = depth
+    hot = ctx.ops.broadcasting_equal(ctx.reshape(indices, index_shape),
+                                     ctx.constant(np.arange(depth, dtype=np.int32).reshape(positions)))
+    dtype = ctx.out_dtype()
+    on = ctx.constant(np.asarray(ctx.param("on_value", 1), dtype))
+    off = ctx.constant(np.asarray(ctx.param("off_value", 0), dtype))
+    return ctx.ops.broadcasting_where(hot, on, off)
+
+
+@rule("cumsum")
+def cumsum(ctx: RuleContext) -> Any:
+    x = ctx.v("x")
+    shape = ctx.in_shape("x")
+    axis = int(ctx.param("axis", 0)) % len(shape)
+    dtype = numpy_dtype(x)
+    work = ctx.cast(x, np.float32) if dtype.kind != "f" else x
+    result = ctx.ops.scan(work, np.uint32(axis), np.bool_(bool(ctx.param("reverse", False))), combiner="sum")
+    if ctx.param("exclusive", False):
+        result = ctx.ops.broadcasting_sub(result, work)
+    return ctx.cast(result, ctx.out_dtype())

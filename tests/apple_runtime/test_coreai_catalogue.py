@@ -1,0 +1,73 @@
+"""Every op-catalogue case, converted to a Core ML package, also runs through Apple's Core AI
+runtime (the program translated by `rlx_mil.coreai`, fp32 compute also for fp16 packages) and
+gives the reference's numbers within the row's tolerance. A case Core AI cannot run is listed
+in `CANNOT_RUN` with the reason; the test fails when such a case starts to run, so the list
+cannot go stale."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("coreai", reason="needs the coreai extra: pip install -e \".[coreai]\" (Python >= 3.11)")
+
+from catalogue import CATALOGUE_GROUP, ROWS, CatalogueModels, random_leaves
+
+from rlx_mil import reference
+from rlx_mil.coreai.engine import CoreAIProgram
+from rlx_mil.errors import CoreAITranslationError, RlxMilError
+from rlx_mil.lowering.target import Precision, Target
+from rlx_mil.testing import compare
+
+#: case -> why its program cannot run through Core AI here.
+CANNOT_RUN: dict[str, str] = {
+    "control_flow": "cond / while_loop: no rule yet",
+    "conv3d_fused_conv_bias_act": "conv: no rule yet",
+    "conv_pool": "conv / max_pool: no rule yet",
+    "conv_transpose_2d_3d": "conv_transpose: no rule yet",
+    "dequant_matmul": "constexpr_blockwise_shift_scale: no rule yet",
+    "experts": "constexpr_blockwise_shift_scale: no rule yet",
+    "gated_delta_net": "scatter / while_loop: no rule yet",
+    "gathers": "gather_nd with batch_dims > 0: no rule yet",
+    "generators": "random_normal / random_uniform: Core AI has no random ops",
+    "recurrences": "scatter / while_loop: no rule yet",
+    "reductions": "topk: no rule yet",
+    "resize_nearest_2x": "upsample_nearest_neighbor: no rule yet",
+    "sampling": "random_categorical: Core AI has no random ops",
+    "scans_and_sorting": "argsort: no rule yet",
+    "scatters": "scatter / scatter_along_axis / scatter_nd: no rule yet",
+    "state_space_scans": "scatter / while_loop: no rule yet",
+}
+
+
+def _target(case: str) -> Target:
+    return max(ROWS[case].min_target, Target.IOS18)
+
+
+@pytest.mark.xdist_group(CATALOGUE_GROUP)
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("case", sorted(ROWS))
+def test_catalogue_case_runs_through_core_ai(case: str, precision: str, catalogue_models: CatalogueModels) -> None:
+    row = ROWS[case]
+    graph = row.build()
+    inputs, params = random_leaves(graph)
+    model = catalogue_models.model(case, _target(case), precision)
+    if case in CANNOT_RUN:
+        with pytest.raises(CoreAITranslationError):
+            CoreAIProgram(model).close()
+        return
+    with CoreAIProgram(model) as program:
+        got = program.run(inputs)
+    prec = Precision.parse(precision)
+    try:
+        want = reference.evaluate(graph, inputs, params)
+    except RlxMilError:
+        assert prec in row.differs
+        return
+    problems = []
+    for name, value in want.items():
+        ok, _, detail = compare(got[name], value, row.tolerances[prec])
+        if not ok:
+            problems.append(f"{name}: {detail}")
+    if prec in row.differs and problems:
+        return  # the executor differs from the reference here too, for the row's stated reason
+    assert not problems, f"{case} {precision} through Core AI: " + "; ".join(problems)
