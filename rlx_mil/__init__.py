@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import importlib as _importlib
 import logging as _logging
+from typing import TYPE_CHECKING
+
+from rlx_mil import errors
+from rlx_mil.version import __version__
 
 # coremltools logs Linux-only proxy warnings when imported; keep them quiet unless the user
 # configured that logger. (Importing rlx_mil changes nothing in the process environment: the
@@ -10,27 +15,37 @@ import logging as _logging
 if _logging.getLogger("coremltools").level == _logging.NOTSET:
     _logging.getLogger("coremltools").setLevel(_logging.ERROR)
 
-from rlx_mil import errors
-from rlx_mil.ir import DType, Graph, MaskKind, QuantScheme, Shape
-from rlx_mil.version import __version__
+if TYPE_CHECKING:
+    from rlx_mil.api import convert, convert_buckets, convert_functions, lower, save
+    from rlx_mil.coreml.preflight import preflight
+    from rlx_mil.ir import DType, Graph, MaskKind, QuantScheme, Shape
 
 __all__ = [
     "DType", "Graph", "MaskKind", "QuantScheme", "Shape", "__version__", "convert", "convert_buckets",
     "convert_functions", "errors", "lower", "preflight", "save",
 ]
 
-# coremltools itself is only imported on first conversion. (`rlx_mil.lower` is the public
-# function; the lowering stage is the package `rlx_mil.lowering`.)
-from rlx_mil.api import convert, convert_buckets, convert_functions, lower, save
-from rlx_mil.coreml.preflight import preflight
-
+# Every name below loads on first use, so that `import rlx_mil` (and the `rlx-mil` command's
+# start, `--help` included) costs milliseconds rather than the IR, lowering rules and NumPy.
+# (`rlx_mil.lower` is the public function; the lowering stage is the package `rlx_mil.lowering`.)
+_LAZY = {
+    "DType": "rlx_mil.ir", "Graph": "rlx_mil.ir", "MaskKind": "rlx_mil.ir", "QuantScheme": "rlx_mil.ir",
+    "Shape": "rlx_mil.ir", "convert": "rlx_mil.api", "convert_buckets": "rlx_mil.api",
+    "convert_functions": "rlx_mil.api", "lower": "rlx_mil.api", "save": "rlx_mil.api",
+    "preflight": "rlx_mil.coreml.preflight",
+}
 _SUBMODULES = ("reference", "milexec", "testing", "weights", "models", "generate")
 
 
 def __getattr__(name: str) -> object:
-    # Heavier submodules load on first attribute access (`rlx_mil.reference.evaluate(...)`).
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     if name in _SUBMODULES:
-        import importlib
-
-        return importlib.import_module(f"rlx_mil.{name}")
+        return _importlib.import_module(f"rlx_mil.{name}")
     raise AttributeError(f"module 'rlx_mil' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))

@@ -13,9 +13,10 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 _CI_VARIABLES = ("CI", "GITHUB_ACTIONS", "BUILDKITE", "GITLAB_CI", "TF_BUILD")
 
@@ -77,7 +78,7 @@ class Progress:
             print(text, file=self.stream, flush=True)
 
 
-class CountingParams(Mapping[str, np.ndarray]):
+class CountingParams(Mapping[str, "np.ndarray"]):
     """A params mapping that reports each tensor read (the conversion reads each once)."""
 
     def __init__(self, params: Mapping[str, np.ndarray], on_read: Callable[[str, np.ndarray], None]) -> None:

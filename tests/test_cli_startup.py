@@ -36,3 +36,43 @@ def test_a_process_that_imported_torch_keeps_it() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
     assert done.stdout.split()[-1] == "True", done.stderr
+
+
+_HEAVY = ("numpy", "ml_dtypes", "coremltools", "rlx_mil.ir", "rlx_mil.api", "rlx_mil.models", "tqdm")
+
+
+def _modules_after(argv: list[str], tmp_path: Path) -> tuple[set[str], str]:
+    script = (
+        "import sys\n"
+        "from rlx_mil.cli.main import entry\n"
+        f"sys.argv = ['rlx-mil', *{argv!r}]\n"
+        "try:\n    entry()\nexcept SystemExit:\n    pass\n"
+        f"print(' '.join(m for m in {_HEAVY!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    return set(done.stdout.splitlines()[-1].split()) if done.stdout.strip() else set(), done.stderr
+
+
+def test_help_version_and_usage_errors_import_nothing_heavy(tmp_path: Path) -> None:
+    """They answer in tens of milliseconds (benchmarks/cli_startup.py times them): NumPy, the IR
+    and coremltools (1.3 s alone) load only when a command does its work."""
+    for argv in (["--help"], ["--version"], ["convert-hf", "--help"], ["convert-gguf", "--help"], ["generate", "--help"],
+                 ["preflight", "--help"], ["generate", "x.mlpackage", "--temperature", "-1"],
+                 ["generate", "x.mlpackage", "--prompt", "hi", "--top-p", "2"], ["nosuchcommand"],
+                 ["convert-hf", "m", "-o", "x.mlpackage", "--nosuchflag"]):
+        loaded, err = _modules_after(argv, tmp_path)
+        assert loaded == set(), (argv, loaded, err)
+
+
+def test_the_cli_mirrors_its_owners_tables() -> None:
+    from rlx_mil.cli.convert_gguf import ANE_SCHEME
+    from rlx_mil.cli.convert_hf import VARIANTS
+    from rlx_mil.cli.main import DEPLOY_FORMS, TARGETS
+    from rlx_mil.coreml.deploy import DEPLOY_FORMS as OWN_FORMS
+    from rlx_mil.llm.convert_hf import VARIANTS as OWN_VARIANTS
+    from rlx_mil.lowering.target import Target
+    from rlx_mil.models.gguf.requantize import ANE_SCHEME as OWN_SCHEME
+
+    assert TARGETS == tuple(t.label for t in Target)
+    assert DEPLOY_FORMS == tuple(OWN_FORMS) and VARIANTS == tuple(OWN_VARIANTS) and ANE_SCHEME == OWN_SCHEME

@@ -13,10 +13,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from rlx_mil.cli.arguments import float_at_least, fraction, int_at_least
 from rlx_mil.errors import RlxMilError
-from rlx_mil.lowering.target import Target
+
+# Nothing heavy is imported at module level: `--help`, `--version` and usage errors answer
+# before NumPy, the IR or coremltools load (tests/test_cli_startup.py times them). The choices
+# below mirror their owners' tables (tests/test_cli.py checks that they agree).
+TARGETS = ("iOS15", "iOS16", "iOS17", "iOS18", "iOS26")
+DEPLOY_FORMS = ("plain", "gpu", "ane")
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
@@ -41,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="where Core ML runs the model (macOS; not stored in a package)")
 
     def conversion_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default="iOS18", choices=[t.label for t in Target])
+        p.add_argument("--target", default="iOS18", choices=TARGETS)
         p.add_argument("--precision", default="fp16", choices=["fp16", "fp32"])
         p.add_argument("--attention", default="auto", choices=["auto", "fused", "decomposed"])
 
@@ -116,11 +120,12 @@ def _parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt-ids", metavar="ID,ID,...", help="comma-separated prompt token ids")
     gen.add_argument("--chat", action="store_true", help="--prompt is a user message rendered by the chat template")
     gen.add_argument("--system", metavar="TEXT", help="with --chat: a system message before the prompt")
-    gen.add_argument("-n", "--max-new-tokens", type=int, default=16, help="tokens to generate (default 16)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens (with --temperature)")
-    gen.add_argument("--top-p", type=float, help="sample in the nucleus of probability P (with --temperature)")
-    gen.add_argument("--seed", type=int, help="random seed for sampling")
+    gen.add_argument("-n", "--max-new-tokens", type=int_at_least(0), default=16, help="tokens to generate (default 16)")
+    gen.add_argument("--temperature", type=float_at_least(0), default=0.0, help="0 (default) is greedy")
+    gen.add_argument("--top-k", type=int_at_least(1), help="sample among the k most likely tokens (with --temperature)")
+    gen.add_argument("--top-p", type=fraction(low_open=True),
+                     help="sample in the nucleus of probability P (with --temperature)")
+    gen.add_argument("--seed", type=int_at_least(0), help="random seed for sampling")
     gen.add_argument("-q", "--quiet", action="store_true", help="no progress or speed lines on stderr")
     load_flags(gen)
 
@@ -138,7 +143,8 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="write a tiny random Hugging Face checkpoint, convert it, verify the package")
     demo.add_argument("-o", "--output", type=Path, default=Path("rlx_mil_demo.mlpackage"),
                       help="package to write (replaced if it exists)")
-    demo.add_argument("--family", default="llama", choices=_demo_families(), help="architecture of the checkpoint")
+    demo.add_argument("--family", default="llama", choices=_demo_families(), metavar="FAMILY",
+                      help="architecture of the checkpoint: %(choices)s (default %(default)s)")
     demo.add_argument("--checkpoint", type=Path, metavar="DIR", help="keep the random checkpoint in DIR")
     demo.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     demo.add_argument("--layers", type=int, default=2)
@@ -193,8 +199,6 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _deploy_flag(p: argparse.ArgumentParser) -> None:
-    from rlx_mil.coreml.deploy import DEPLOY_FORMS
-
     p.add_argument("--deploy", default="plain", choices=DEPLOY_FORMS,
                    help="shape the program for a device (docs/deploying.md): plain (default), gpu (fused attention,"
                    " iOS18) or ane (Neural Engine: channels-first 1x1 convs, per-head attention)")
@@ -228,23 +232,42 @@ def _convert_gguf(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def _demo_families() -> tuple[str, ...]:
-    from rlx_mil.cli.demo import DEMO_FAMILIES
+class _LazyChoices:
+    """argparse `choices` read from their owner on first use (a `demo` run or its `--help`),
+    so that building the parser imports nothing heavy."""
 
-    return DEMO_FAMILIES
+    def __init__(self, load: Any) -> None:
+        self._load = load
+        self._values: tuple[str, ...] | None = None
+
+    def _all(self) -> tuple[str, ...]:
+        if self._values is None:
+            self._values = tuple(self._load())
+        return self._values
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._all()
+
+    def __iter__(self) -> Any:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+def _demo_families() -> Any:
+    def load() -> tuple[str, ...]:
+        from rlx_mil.cli.demo import DEMO_FAMILIES
+
+        return DEMO_FAMILIES
+
+    return _LazyChoices(load)
 
 
 def _convert_hf(args: argparse.Namespace) -> int:
     from rlx_mil.cli.convert_hf import run
 
     return run(args)
-
-
-def _load_npz(path: Path) -> dict[str, np.ndarray]:
-    from rlx_mil.weights import open_arrays
-
-    with open_arrays(path, "inputs file") as archive:
-        return dict(archive.items())
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -279,6 +302,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from rlx_mil.fileio import atomic_output_file, check_output_path
     from rlx_mil.llm.runner import run_package
     from rlx_mil.weights import open_arrays

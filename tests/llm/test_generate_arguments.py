@@ -65,10 +65,14 @@ def test_engine_coreml_where_core_ml_cannot_run_is_a_plain_error(
 
 @pytest.mark.parametrize("flags", [["--temperature", "inf", "--top-k", "5"], ["--temperature", "nan"], ["--seed", "-1"],
                                    ["--temperature", "-1"], ["--top-k", "0", "--temperature", "1"]])
-def test_bad_generate_flags_are_one_line_errors(package: Path, flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["generate", str(package), "--prompt-ids", "1,2", "--engine", "milexec", *flags]) == 1
+def test_bad_generate_flags_are_usage_errors(tmp_path: Path, flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused while the command line is parsed (exit 2), before any package is opened: the
+    package named does not even exist."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", str(tmp_path / "absent.mlpackage"), "--prompt-ids", "1,2", "--engine", "milexec", *flags])
+    assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("rlx-mil generate: error: ") and "internal" not in err[0], err
+    assert err[-1].startswith("rlx-mil generate: error: argument ") and "internal" not in err[-1], err
 
 
 _TOKEN = st.one_of(st.integers(-2, VOCAB + 1), st.sampled_from([None, "3", 2.0, True, np.int64(4)]))

@@ -1,0 +1,53 @@
+"""argparse types that check a value while the command line is parsed: a bad number is a usage
+error (exit 2) before any package or checkpoint is opened."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def _number(text: str, kind: type) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return float(value) if kind is float else int(value)
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(_number(text, int))
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in its message
+    return parse
+
+
+def float_at_least(low: float, strictly: bool = False) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = _number(text, float)
+        if value < low or (strictly and value == low):
+            raise argparse.ArgumentTypeError(f"expected a number {'>' if strictly else '>='} {low:g}, got {text!r}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
+def fraction(low_open: bool) -> Callable[[str], float]:
+    """A number in (0, 1] (`low_open`) or [0, 1]."""
+
+    def parse(text: str) -> float:
+        value = _number(text, float)
+        if value > 1 or value < 0 or (low_open and value == 0):
+            raise argparse.ArgumentTypeError(f"expected a number in {'(' if low_open else '['}0, 1], got {text!r}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
