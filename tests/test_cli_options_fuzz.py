@@ -70,12 +70,18 @@ def test_convert_hf_options_typed_error_or_meant(
         assert code == 130
         kind, kwargs = reached[0]
         given = {flag[0]: flag[1] if len(flag) > 1 else True for flag in flags}
-        stateful = "--stateful" in given
+        # Decoders convert to the stateful package unless a flag shaping one graph is given.
+        graph_flags = {"--seq-len", "--cache-len", "--max-positions", "--last-logits", "--kv-outputs", "--position-ids"}
+        one_graph = bool(graph_flags & set(given)) or given.get("--variant") == "decode" or \
+            given.get("--batch-size", "1") != "1"
+        stateful = "--stateful" in given or not one_graph
         assert (kind == "convert_functions") == stateful, argv
         if not stateful:
             assert not {"--prefill", "--max-context", "--cache-layout"} & set(given), f"{argv}: a stateful flag ignored"
         else:
-            assert kwargs["max_context"] == int(given.get("--max-context", 2048)), argv
+            # default: 2048 capped at the positions the checkpoint was trained for
+            want = int(given.get("--max-context", min(2048, CFG["max_position_embeddings"])))
+            assert kwargs["max_context"] == want, argv
             if "--cache-layout" in given:
                 assert kwargs["cache_layout"] == given["--cache-layout"], argv
         return

@@ -99,12 +99,12 @@ def test_run_onto_a_full_disk_leaves_no_file(package: Path, tmp_path: Path, monk
 
 # ---------------------------------------------------------------- convert-hf flags and messages
 @pytest.mark.parametrize("flags", [["--prefill", "4"], ["--max-context", "64"], ["--cache-layout", "per_layer"]])
-def test_stateful_flags_without_stateful_are_refused(checkpoint: Path, tmp_path: Path, flags: list[str],
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_stateful_flags_with_graph_only_are_refused(checkpoint: Path, tmp_path: Path, flags: list[str],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "x.mlpackage"
-    assert main(["convert-hf", str(checkpoint), "-o", str(out), "-q", *flags]) == 1
+    assert main(["convert-hf", str(checkpoint), "-o", str(out), "-q", "--graph-only", *flags]) == 1
     err = _stderr_lines(capsys)
-    assert len(err) == 1 and f"{flags[0]} only apply with --stateful" in err[0], err
+    assert len(err) == 1 and f"{flags[0]} shapes the stateful package; drop --graph-only or drop it" in err[0], err
     assert not out.exists()
 
 

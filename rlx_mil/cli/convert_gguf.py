@@ -10,23 +10,22 @@ from pathlib import Path
 from typing import Any
 
 from rlx_mil.cli.convert_hf import (
-    DEFAULT_MAX_CONTEXT,
     _vocab_size,
     add_decoder_arguments,
     add_stateful_arguments,
     check_stateful_output,
+    choose_stateful,
     compress_check_inputs,
     convert_kwargs,
+    decoder_positions,
     description_overrides,
+    max_context_option,
+    prefill_option,
     print_compression,
-    refuse_graph_flags,
-    refuse_stateful_flags_without_stateful,
     report_chunked,
     verify_stateful_command,
 )
 from rlx_mil.errors import InvalidOptionError
-from rlx_mil.llm.convert_hf import convert_checkpoint
-from rlx_mil.models.gguf.requantize import ANE_SCHEME
 from rlx_mil.progress import Progress, running_under_ci
 from rlx_mil.units import human_bytes
 
@@ -35,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The convert-gguf flags (besides the shared --target/--precision/--compress flags)."""
     p.add_argument("model", type=Path, help="a GGUF file (llama, qwen2, qwen3, gemma2, gemma3 or phi3 architecture)")
     add_decoder_arguments(p)
-    from rlx_mil.coreml.deploy import DEPLOY_FORMS
+    from rlx_mil.cli.main import DEPLOY_FORMS
 
     p.add_argument("--deploy", default="plain", choices=DEPLOY_FORMS,
                    help="shape the package for a device (docs/deploying.md): plain (default) and gpu keep the file's"
@@ -55,6 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--description", help="Core ML short description (default: the model's name and architecture)")
     p.add_argument("--model-version", metavar="VERSION", help="Core ML model version string (default: general.version)")
     add_stateful_arguments(p)
+
+
+#: `rlx_mil.models.gguf.requantize.ANE_SCHEME` (tests/test_cli.py checks that they agree).
+ANE_SCHEME = "lut4"
 
 
 def requantize_spec(args: argparse.Namespace) -> str | None:
@@ -85,15 +88,16 @@ def gguf_loader(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     """The convert-gguf command."""
     from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.llm.convert_hf import convert_checkpoint
     from rlx_mil.llm.gguf_package import prepare_gguf_package
     from rlx_mil.models.gguf import from_gguf
     from rlx_mil.models.verify import example_inputs, verify_package
 
-    refuse_stateful_flags_without_stateful(args)
+    stateful = choose_stateful(args, decoder=True)  # every GGUF architecture rlx_mil reads is a decoder
     check_inputs = compress_check_inputs(args)
-    if args.stateful:
+    if stateful:
         if check_inputs is not None:
-            raise InvalidOptionError("--compress-check takes inputs of one stateless call; it does not apply to --stateful")
+            raise InvalidOptionError("--compress-check takes inputs of one stateless call; add --graph-only for one")
         return run_stateful(args)
     progress = Progress(enabled=not (args.quiet or running_under_ci()))
     start = time.perf_counter()
@@ -127,13 +131,13 @@ def run_stateful(args: argparse.Namespace) -> int:
     from rlx_mil.llm.gguf_package import prepare_gguf_package
     from rlx_mil.llm.package import convert_llm_checkpoint
 
-    refuse_graph_flags(args)
     from_gguf = gguf_loader(args)
     chunk_bytes = check_stateful_output(args)
     start = time.perf_counter()
+    max_context = max_context_option(args, decoder_positions(args.model, gguf=True)[1])
     result = convert_llm_checkpoint(
-        args.model, args.output, max_context=DEFAULT_MAX_CONTEXT if args.max_context is None else args.max_context,
-        prefill=args.prefill, overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked", attention_mask=args.attention_mask, description=description_overrides(args),
+        args.model, args.output, max_context=max_context,
+        prefill=prefill_option(args, max_context), overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked", attention_mask=args.attention_mask, description=description_overrides(args),
         loader=from_gguf, prepare=prepare_gguf_package, progress=Progress(enabled=not (args.quiet or running_under_ci())),
         chunk_bytes=chunk_bytes, **convert_kwargs(args),
     )

@@ -12,16 +12,25 @@ import argparse
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from rlx_mil.errors import InvalidOptionError
-from rlx_mil.ir import Graph
-from rlx_mil.llm.convert_hf import VARIANTS, check_output, convert_checkpoint
-from rlx_mil.llm.package import convert_llm_checkpoint, verify_stateful
 from rlx_mil.progress import Progress, running_under_ci
 from rlx_mil.units import human_bytes
+
+if TYPE_CHECKING:  # the command's heavy parts load when it runs, never while parsing flags
+    import numpy as np
+
+    from rlx_mil.ir import Graph
+
+#: `rlx_mil.llm.convert_hf.VARIANTS` (tests/test_cli.py checks that they agree).
+VARIANTS = ("prefill", "decode")
+
+
+def check_output(path: Path, overwrite: bool) -> None:
+    from rlx_mil.llm.convert_hf import check_output as check
+
+    check(path, overwrite)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -149,6 +158,8 @@ def calibration_inputs(path: Path, args: argparse.Namespace) -> dict[str, np.nda
     if not ids:
         raise InvalidOptionError(f"--compress-calibration: {str(path)!r} gives no tokens")
     length = getattr(args, "seq_len", None) or 128
+    import numpy as np
+
     row = np.resize(np.asarray(ids, np.int32), length)[None, :]
     return {"input_ids": row, "attention_mask": np.ones_like(row), "token_type_ids": np.zeros_like(row)}
 
@@ -189,17 +200,19 @@ def print_compression(metadata: Mapping[str, str]) -> None:
 def run(args: argparse.Namespace) -> int:
     """The convert-hf command."""
     from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.llm.convert_hf import convert_checkpoint
     from rlx_mil.models.verify import example_inputs, verify_package
 
-    refuse_stateful_flags_without_stateful(args)
+    decoder, positions = decoder_positions(args.model_dir)
+    stateful = choose_stateful(args, decoder)
     check_inputs = compress_check_inputs(args)
-    if args.stateful:
+    if stateful:
         if check_inputs is not None:
             raise InvalidOptionError(
-                "--compress-check takes inputs of one stateless call; for a --stateful package compare the"
+                "--compress-check takes inputs of one stateless call; add --graph-only, or for the stateful package compare the"
                 " compressed and uncompressed packages with `rlx-mil eval PACKAGE --text FILE --reference MODEL_DIR`"
             )
-        return run_stateful(args, convert_kwargs(args))
+        return run_stateful(args, convert_kwargs(args), max_context_option(args, positions))
     progress = Progress(enabled=not (args.quiet or running_under_ci()))
     start = time.perf_counter()
     graph, params, path = convert_checkpoint(
@@ -243,36 +256,52 @@ def _vocab_size(graph: Graph) -> int:
 
 
 def add_stateful_arguments(p: argparse.ArgumentParser) -> None:
-    """The convert-hf flags that make a stateful package."""
-    p.add_argument("--stateful", action="store_true",
-                   help="decoders: one stateful package (KV cache as Core ML state) with the prefill buckets and"
-                        " decode as functions sharing the weights (docs/llm.md)")
-    p.add_argument("--max-context", type=int, help=f"--stateful: cache capacity in tokens (default {DEFAULT_MAX_CONTEXT})")
-    p.add_argument("--prefill", metavar="N,N,...", help="--stateful: prefill bucket lengths, e.g. 64,512")
+    """The flags that choose between the stateful package (decoders' default) and one graph."""
+    p.add_argument("--stateful", action="store_true", default=None,
+                   help="decoders (the default for them): one stateful package (KV cache as Core ML state) with the"
+                        " prefill buckets and decode as functions sharing the weights (docs/llm.md)")
+    p.add_argument("--graph-only", "--no-stateful", dest="stateful", action="store_false", default=None,
+                   help="decoders: one stateless graph instead (a prefill of --seq-len tokens, or --variant decode);"
+                        " implied by the graph flags (--seq-len, --variant, ...). Encoders and vision models always"
+                        " convert this way")
+    p.add_argument("--max-context", type=int, help=f"stateful: cache capacity in tokens (default {DEFAULT_MAX_CONTEXT}, or the positions the model"
+                        " was trained for when fewer)")
+    p.add_argument("--prefill", metavar="N,N,...",
+                   help=f"stateful: prefill bucket lengths, e.g. 64,512 (default {DEFAULT_PREFILL}; 'none' for"
+                        " decode only, which reads prompts token by token)")
     p.add_argument("--cache-layout", choices=["stacked", "per_layer"],
-                   help="--stateful: two stacked states (default) or one state per layer's K and V")
+                   help="stateful: two stacked states (default) or one state per layer's K and V")
     p.add_argument("--chunk-bytes", metavar="SIZE",
-                   help="--stateful: write a chunked set to the folder -o DIR instead, cut at layer boundaries so"
+                   help="stateful: write a chunked set to the folder -o DIR instead, cut at layer boundaries so"
                         " every chunk's weight file stays under SIZE (200KB, 1GB = 10^9 bytes, 1GiB = 2^30 bytes;"
                         " docs/deploying.md)")
 
 
 #: --max-context when not given.
 DEFAULT_MAX_CONTEXT = 2048
+#: --prefill when not given: one bucket, so that prompts are read 128 tokens per call.
+DEFAULT_PREFILL = 128
 
 
-def refuse_stateful_flags_without_stateful(args: argparse.Namespace) -> None:
-    """--prefill, --max-context and --cache-layout shape a stateful package only: given without
-    --stateful they would be ignored while a stateless package is written."""
-    given = [flag for flag, value in (("--prefill", args.prefill), ("--max-context", args.max_context),
-                                      ("--cache-layout", args.cache_layout),
-                                      ("--chunk-bytes", getattr(args, "chunk_bytes", None))) if value is not None]
-    if given and not args.stateful:
-        raise InvalidOptionError(f"{', '.join(given)} only apply with --stateful; add --stateful or drop them")
+def prefill_option(args: argparse.Namespace, max_context: int) -> str:
+    """The prefill buckets of a stateful conversion: --prefill, 'none' for decode only, or by
+    default one bucket of `DEFAULT_PREFILL` tokens (smaller when the context is shorter)."""
+    given = args.prefill
+    if given is None and args.attention_mask:
+        return ""  # the key-padding mask is the decode function's alone
+    if given is None:
+        bucket = min(DEFAULT_PREFILL, max_context // 2)
+        return str(bucket) if bucket >= 2 else ""
+    return "" if str(given).strip().lower() == "none" else str(given)
 
 
-def refuse_graph_flags(args: argparse.Namespace) -> None:
-    """--stateful builds its own graphs: the flags that shape one graph are refused."""
+def _stateful_flags(args: argparse.Namespace) -> list[str]:
+    return [flag for flag, value in (("--prefill", args.prefill), ("--max-context", args.max_context),
+                                     ("--cache-layout", args.cache_layout),
+                                     ("--chunk-bytes", getattr(args, "chunk_bytes", None))) if value is not None]
+
+
+def _graph_flags(args: argparse.Namespace) -> list[str]:
     own_graph_flags = {
         "--variant decode": args.variant == "decode", "--seq-len": args.seq_len is not None,
         "--cache-len": args.cache_len is not None, "--kv-outputs": args.kv_outputs,
@@ -280,31 +309,90 @@ def refuse_graph_flags(args: argparse.Namespace) -> None:
         "--max-positions": args.max_positions is not None, "--save-graph": args.save_graph is not None,
         "--batch-size": args.batch_size != 1,
     }
-    clashing = [flag for flag, given in own_graph_flags.items() if given]
-    if clashing:
+    return [flag for flag, given in own_graph_flags.items() if given]
+
+
+def choose_stateful(args: argparse.Namespace, decoder: bool) -> bool:
+    """Whether to write the stateful package: decoders do unless --graph-only (or a flag that
+    shapes one graph) says otherwise; encoders and vision models never. Every clash between the
+    two kinds of flags is refused here, before anything is read."""
+    stateful_flags, graph_flags = _stateful_flags(args), _graph_flags(args)
+    many = len(stateful_flags) != 1
+    if args.stateful is False:
+        if stateful_flags:
+            raise InvalidOptionError(
+                f"{', '.join(stateful_flags)} shape{'s' * (not many)} the stateful package; drop --graph-only or"
+                f" drop {'them' if many else 'it'}"
+            )
+        return False
+    if not decoder:
+        if args.stateful or stateful_flags:
+            given = ["--stateful"] * bool(args.stateful) + stateful_flags
+            raise InvalidOptionError(
+                f"{', '.join(given)}: only decoders keep a KV cache; this checkpoint converts as one graph, drop"
+                f" {'them' if len(given) != 1 else 'it'}"
+            )
+        return False
+    if args.stateful is None and graph_flags and not stateful_flags:
+        return False  # the graph flags ask for one graph: the old output, as before
+    if graph_flags:
         raise InvalidOptionError(
-            f"--stateful builds its own decode graphs (one per prefill bucket and decode, sized by --max-context);"
-            f" drop {', '.join(clashing)}"
+            f"the stateful package builds its own decode graphs (one per prefill bucket and decode, sized by"
+            f" --max-context); drop {', '.join(graph_flags)}, or add --graph-only for one graph"
         )
+    return True
+
+
+def decoder_positions(model: Path, gguf: bool = False) -> tuple[bool, int | None]:
+    """Whether a checkpoint folder (or GGUF file) holds a decoder, and the positions it was
+    trained for (None when unknown). A source that cannot be read counts as a decoder: the
+    conversion then reports what is wrong with it."""
+    import json
+
+    from rlx_mil.errors import RlxMilError
+
+    try:
+        if gguf:
+            from rlx_mil.models.gguf.metadata import decoder_spec
+            from rlx_mil.models.gguf.reader import GGUFFile
+
+            return True, int(decoder_spec(GGUFFile(model)).max_position_embeddings)
+        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+        from rlx_mil.models.families import model_spec
+        from rlx_mil.models.hf_config import DecoderSpec
+
+        spec = model_spec(config)
+        if not isinstance(spec, DecoderSpec):
+            return False, None
+        return True, int(spec.max_position_embeddings)
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, RlxMilError):
+        return True, None
+
+
+def max_context_option(args: argparse.Namespace, positions: int | None) -> int:
+    """--max-context, else `DEFAULT_MAX_CONTEXT` capped at the positions the model was trained for."""
+    if args.max_context is not None:
+        return int(args.max_context)
+    return DEFAULT_MAX_CONTEXT if positions is None else max(2, min(DEFAULT_MAX_CONTEXT, positions))
 
 
 #: Greedy steps `convert-hf --stateful --verify` compares.
 VERIFY_STEPS = 8
 
 
-def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any]) -> int:
+def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any], max_context: int) -> int:
     """`convert-hf --stateful`: build, convert and save the package; `--verify` checks that the
     MIL executor generates the reference's greedy tokens."""
     import time
 
     from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.llm.package import convert_llm_checkpoint
 
-    refuse_graph_flags(args)
     chunk_bytes = check_stateful_output(args)
     start = time.perf_counter()
     result = convert_llm_checkpoint(
-        args.model_dir, args.output, max_context=DEFAULT_MAX_CONTEXT if args.max_context is None else args.max_context,
-        prefill=args.prefill, overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked",
+        args.model_dir, args.output, max_context=max_context,
+        prefill=prefill_option(args, max_context), overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked",
         attention_mask=args.attention_mask, chunk_bytes=chunk_bytes,
         description=description_overrides(args), progress=Progress(enabled=not (args.quiet or running_under_ci())),
         **convert_options,
@@ -346,6 +434,7 @@ def verify_stateful_command(model: Any, package: Any, precision: str, metadata: 
     """`--verify` of a stateful package: tie-aware greedy steps against the reference, one line
     each, then what was compared; the exit code."""
     from rlx_mil.compress import report_of
+    from rlx_mil.llm.package import verify_stateful
 
     print(f"verify: {VERIFY_STEPS} greedy steps, the package on the MIL executor against the NumPy reference"
           " of the checkpoint's plain graph (teacher-forced on the reference's tokens)", flush=True)

@@ -158,8 +158,9 @@ class Session:
             contract = self._chunks.contract if self._chunks is not None else LLMContract.read(meta)
             if contract is None:
                 raise GenerationError(
-                    f"{path} is not a stateful LLM package (no '{metadata.LLM}' metadata); convert the decode"
-                    " graph with kv_cache= (docs/llm.md)"
+                    f"{path} is not a stateful LLM package (no '{metadata.LLM}' metadata); convert the checkpoint"
+                    " again without --graph-only (`rlx-mil convert-hf` / `convert-gguf` write one by default), or in"
+                    " Python with convert_functions(..., kv_cache=\"auto\") (docs/llm.md)"
                 )
             #: Recurrent state (conv windows, gated delta-net): every token fed enters it.
             self._recurrent = bool(contract.recurrent_states)
