@@ -7,6 +7,11 @@ import argparse
 import math
 from collections.abc import Callable
 
+# The choices below mirror their owners' tables, which import NumPy and more
+# (tests/test_cli_startup.py checks that they agree).
+TARGETS = ("iOS15", "iOS16", "iOS17", "iOS18", "iOS26")
+DEPLOY_FORMS = ("plain", "gpu", "ane")
+
 
 def _number(text: str, kind: type) -> float:
     try:

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The convert-gguf flags (besides the shared --target/--precision/--compress flags)."""
     p.add_argument("model", type=Path, help="a GGUF file (llama, qwen2, qwen3, gemma2, gemma3 or phi3 architecture)")
     add_decoder_arguments(p)
-    from rlx_mil.cli.main import DEPLOY_FORMS
+    from rlx_mil.cli.arguments import DEPLOY_FORMS
 
     p.add_argument("--deploy", default="plain", choices=DEPLOY_FORMS,
                    help="shape the package for a device (docs/deploying.md): plain (default) and gpu keep the file's"

@@ -13,14 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlx_mil.cli.arguments import float_at_least, fraction, int_at_least
+from rlx_mil.cli.arguments import DEPLOY_FORMS, TARGETS, float_at_least, fraction, int_at_least
 from rlx_mil.errors import RlxMilError
 
 # Nothing heavy is imported at module level: `--help`, `--version` and usage errors answer
-# before NumPy, the IR or coremltools load (tests/test_cli_startup.py times them). The choices
-# below mirror their owners' tables (tests/test_cli.py checks that they agree).
-TARGETS = ("iOS15", "iOS16", "iOS17", "iOS18", "iOS26")
-DEPLOY_FORMS = ("plain", "gpu", "ane")
+# before NumPy, the IR or coremltools load (tests/test_cli_startup.py checks it).
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
