@@ -254,3 +254,51 @@ def test_stale_scratch_folders_of_gone_processes_only_are_swept(tmp_path: Path) 
         (folder / "x.mlpackage").mkdir(parents=True)
     assert scratch.sweep_stale(tmp_path) == [gone]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (alive, other_host, unrelated))
+
+
+class _FullDiskFile:
+    """A temporary file's stream whose flush finds the disk full (as coremltools' spec file
+    did with TMPDIR on a full disk)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def flush(self) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def test_a_full_disk_under_the_spec_file_is_one_typed_line(checkpoint: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The temporary .mlmodel coremltools writes fails to flush: one error line, nothing left in
+    the scratch folder, and no "Exception ignored" FileNotFoundError from the temporary file's
+    deleter after its folder is gone."""
+    import gc
+    import tempfile
+
+    import coremltools.models.utils as ct_utils
+
+    from rlx_mil.coreml.scratch import scratch_dir
+
+    real = tempfile.NamedTemporaryFile
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        made = real(*args, **kwargs)
+        made.file = _FullDiskFile(made.file)
+        return made
+
+    monkeypatch.setattr(ct_utils._tempfile, "NamedTemporaryFile", failing)
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    before = sorted(os.listdir(scratch_dir()))
+    out = tmp_path / "x.mlpackage"
+    assert main(["convert-hf", str(checkpoint), "-o", str(out), "-q"]) == 1
+    gc.collect()
+    monkeypatch.undo()
+    err = _stderr_lines(capsys)
+    assert len(err) == 1 and "No space left on device" in err[0], err
+    assert not unraisable, [u.exc_value for u in unraisable]
+    assert sorted(os.listdir(scratch_dir())) == before and not out.exists()

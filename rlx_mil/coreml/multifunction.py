@@ -35,7 +35,7 @@ from rlx_mil.coreml.metadata import (
     write_io_names,
 )
 from rlx_mil.coreml.pipeline import DEAD_CODE_ELIMINATION, passless_programs_left_alone
-from rlx_mil.errors import InvalidOptionError
+from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
 
 
 def merged_metadata(metas: Mapping[str, Mapping[str, str]], default_function: str) -> dict[str, str]:
@@ -139,10 +139,17 @@ def join_programs(functions: Mapping[str, PassedFunction], default_function: str
     program.validate = _validated
     program._check_early_error_out_for_invalid_program = _validated
     with passless_programs_left_alone():  # the passes are skipped: nothing to validate or print
-        model = mil_convert(
-            program, convert_to="mlprogram", convert_from="milinternal",
-            specification_version=max(int(target.value), _IOS18_SPEC), compute_units=_cpu_only(), skip_model_load=True,
-        )
+        try:
+            model = mil_convert(
+                program, convert_to="mlprogram", convert_from="milinternal",
+                specification_version=max(int(target.value), _IOS18_SPEC), compute_units=_cpu_only(),
+                skip_model_load=True,
+            )
+        except (RlxMilError, OSError):
+            raise
+        except Exception as err:  # e.g. the package writer's "filesystem error" on a full disk
+            raise ConversionError(f"coremltools failed to write the joined functions {sorted(functions)}:"
+                                  f" {type(err).__name__}: {err}") from err
     model.user_defined_metadata.update(merged_metadata({n: f.user_defined_metadata for n, f in functions.items()},
                                                        default_function))
     _write_spec(model)

@@ -17,11 +17,13 @@ one scratch folder, `TMPDIR/rlx_mil-PID-HOST-XXXXXXXX`:
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import re
 import shutil
 import tempfile
 import threading
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -87,7 +89,8 @@ def conversion_temporaries() -> Iterator[Path]:
     tempfile.tempdir = str(scratch)
     try:
         yield scratch
-    except BaseException:
+    except BaseException as err:
+        _release_frames(err)
         for name in set(os.listdir(scratch)) - before:
             path = scratch / name
             if path.is_dir() and not path.is_symlink():
@@ -97,3 +100,43 @@ def conversion_temporaries() -> Iterator[Path]:
         raise
     finally:
         tempfile.tempdir = saved
+
+
+def _release_frames(err: BaseException) -> None:
+    """Close the temporary files coremltools had open where `err` (or a cause of it) was
+    raised, and let go of its frames' locals, so that those `NamedTemporaryFile`s delete
+    themselves now, while their folder exists. Kept alive by the traceback, they would try
+    later, when the folder is gone, and print an "Exception ignored" FileNotFoundError
+    traceback. (A file whose write failed on a full disk is closed here, its error dropped.)"""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [err]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        _cut_at_temporary_file(current)
+        traceback.clear_frames(current.__traceback__)
+        pending += [current.__cause__, current.__context__]
+    gc.collect()
+
+
+def _cut_at_temporary_file(err: BaseException) -> None:
+    """Close the file of a `tempfile` wrapper method `err` was raised in, and cut the traceback
+    before that frame: the wrapper function's frame holds the file's deleter."""
+    previous, tb = None, err.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename == tempfile.__file__:
+            stream = getattr(frame.f_locals.get("func"), "__self__", None)
+            if stream is not None and hasattr(stream, "close"):
+                try:
+                    stream.close()
+                except OSError:
+                    pass  # the disk is full: its buffered bytes cannot be written, and need not be
+            if previous is None:
+                err.__traceback__ = None
+            else:
+                previous.tb_next = None
+            return
+        previous, tb = tb, tb.tb_next
