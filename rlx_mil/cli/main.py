@@ -96,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     insp.add_argument("--context", type=int, metavar="N",
                       help="--estimate: tokens in the KV cache (default: the package's max_context)")
 
+    tr = sub.add_parser("transcribe", help="speech to text with a Whisper package folder (docs/speech.md)")
+    _transcribe_arguments(tr)
+
     pre = sub.add_parser("preflight", help="check a .mlpackage against the known Core ML device rules"
                          " (docs/deploying.md); exit 1 when it breaks one")
     _preflight_arguments(pre)
@@ -218,6 +221,13 @@ def _convert_gguf_arguments(p: argparse.ArgumentParser) -> None:
 
 def _preflight_arguments(p: argparse.ArgumentParser) -> None:
     from rlx_mil.cli.preflight import add_arguments, run
+
+    add_arguments(p)
+    p.set_defaults(handler=run)
+
+
+def _transcribe_arguments(p: argparse.ArgumentParser) -> None:
+    from rlx_mil.cli.transcribe import add_arguments, run
 
     add_arguments(p)
     p.set_defaults(handler=run)

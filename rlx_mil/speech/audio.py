@@ -93,7 +93,14 @@ def _opened(path: str | os.PathLike[str], max_seconds: float) -> Iterator[tuple[
 def probe_audio(path: str | os.PathLike[str], *, max_seconds: float = MAX_SECONDS) -> AudioInfo:
     """The checked header of audio file `path`, without reading its samples: a bad file fails
     here before any model is opened."""
-    with _opened(path, max_seconds) as (_, info):
+    with _opened(path, max_seconds) as (sound, info):
+        if info.subtype in ("FLOAT", "DOUBLE"):  # NaN and inf too: a block at a time, nothing kept
+            read = 0
+            while read < info.frames:
+                block = _read_block(sound, info, path, read)
+                if len(block) == 0:
+                    break
+                read += len(block)
         return info
 
 
@@ -130,23 +137,14 @@ def _checked_info(sound: Any, path: str | os.PathLike[str], max_seconds: float) 
 
 
 def _decode(sound: Any, info: AudioInfo, path: str | os.PathLike[str]) -> Audio:
-    import soundfile as sf
-
     rate, channels, frames = info.rate, info.channels, info.frames
-    is_float = info.subtype in ("FLOAT", "DOUBLE")
     resample = _resampler(rate)
     pieces: list[np.ndarray] = []
     read = 0
     while read < frames:
-        try:
-            block = sound.read(min(_BLOCK_FRAMES, frames - read), dtype="float32", always_2d=True)
-        except (sf.SoundFileError, RuntimeError) as err:
-            raise AudioFormatError(f"{path}: audio data unreadable after {read} frames ({err})") from None
+        block = _read_block(sound, info, path, read)
         if len(block) == 0:
             break
-        if is_float and not np.isfinite(block).all():
-            bad = read + int(np.argmin(np.isfinite(block).all(axis=1)))
-            raise AudioFormatError(f"{path}: sample {bad} ({bad / rate:.3f} s) is NaN or infinite")
         read += len(block)
         pieces.append(resample(block.mean(axis=1, dtype=np.float32), False))
     if read < frames:
@@ -156,6 +154,20 @@ def _decode(sound: Any, info: AudioInfo, path: str | os.PathLike[str]) -> Audio:
     if len(samples) == 0:
         raise AudioFormatError(f"{path}: holds no audio samples")
     return Audio(samples, rate, channels, str(path))
+
+
+def _read_block(sound: Any, info: AudioInfo, path: str | os.PathLike[str], read: int) -> np.ndarray:
+    """The next block of frames `[n, channels]` float32, checked finite."""
+    import soundfile as sf
+
+    try:
+        block = sound.read(min(_BLOCK_FRAMES, info.frames - read), dtype="float32", always_2d=True)
+    except (sf.SoundFileError, RuntimeError) as err:
+        raise AudioFormatError(f"{path}: audio data unreadable after {read} frames ({err})") from None
+    if info.subtype in ("FLOAT", "DOUBLE") and not np.isfinite(block).all():
+        bad = read + int(np.argmin(np.isfinite(block).all(axis=1)))
+        raise AudioFormatError(f"{path}: sample {bad} ({bad / info.rate:.3f} s) is NaN or infinite")
+    return np.asarray(block)
 
 
 def _resampler(rate: int) -> Callable[[np.ndarray, bool], np.ndarray]:

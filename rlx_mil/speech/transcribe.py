@@ -30,6 +30,7 @@ from rlx_mil.speech.segments import Segment, split_window
 from rlx_mil.speech.tokens import SpeechPackageError, WhisperTokens, load_tokens, read_json
 
 TextSink = Callable[[str], None]
+SegmentSink = Callable[[Segment], None]
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,10 @@ def transcribe_audio(
     audio: Audio,
     options: DecodingOptions | None = None,
     on_text: TextSink | None = None,
+    on_segment: SegmentSink | None = None,
 ) -> Transcript:
-    """Transcribe (or translate) `audio` with `model`; `on_text` sees the text as it is decoded."""
+    """Transcribe (or translate) `audio` with `model`; `on_text` sees the text as it is decoded,
+    `on_segment` each segment once its window is done."""
     options = options or DecodingOptions()
     options.check(tokens)
     total = content_frames(audio)
@@ -89,6 +92,9 @@ def transcribe_audio(
         advance, found, language = _transcribe_window(model, tokens, audio, seek, options, on_text)
         options = replace(options, language=language)  # detected on the first window, kept after
         segments.extend(found)
+        if on_segment is not None:
+            for segment in found:
+                on_segment(segment)
         seek += advance
         windows += 1
     return Transcript(
@@ -145,12 +151,13 @@ def check_speech_folder(folder: str | os.PathLike[str]) -> Path:
     return root
 
 
-def open_model(folder: Path, *, engine: str = "auto", compute_units: str = "ALL") -> WhisperModel:
-    """The Whisper packages of `folder` as a WhisperModel (`rlx_mil.speech.runner`)."""
+def open_model(folder: Path, *, stateful: bool = False) -> WhisperModel:
+    """The Whisper packages of `folder` as a WhisperModel run by the NumPy MIL executor
+    (`rlx_mil.speech.runner`); `stateful` runs the stateful text decoder."""
     import importlib
 
     runner = importlib.import_module("rlx_mil.speech.runner")
-    opened: WhisperModel = runner.open_whisper(folder, engine=engine, compute_units=compute_units)
+    opened: WhisperModel = runner.PackagedWhisper(folder, stateful=stateful)
     return opened
 
 
@@ -159,12 +166,11 @@ class Transcriber:
     number of audio inputs. `model` replaces the folder's packages (any `WhisperModel`)."""
 
     def __init__(
-        self, folder: str | os.PathLike[str], *, engine: str = "auto", compute_units: str = "ALL",
-        model: WhisperModel | None = None,
+        self, folder: str | os.PathLike[str], *, stateful: bool = False, model: WhisperModel | None = None,
     ) -> None:
         self.folder = check_speech_folder(folder)
         self.tokens = load_tokens(self.folder)
-        self.model = model if model is not None else open_model(self.folder, engine=engine, compute_units=compute_units)
+        self.model = model if model is not None else open_model(self.folder, stateful=stateful)
         if self.model.vocab_size <= self.tokens.timestamp_begin:
             raise SpeechPackageError(
                 f"{self.folder}: the text decoder's vocabulary ({self.model.vocab_size}) ends before the tokenizer's"
@@ -172,22 +178,24 @@ class Transcriber:
             )
 
     def transcribe(
-        self, audio: str | os.PathLike[str] | np.ndarray, *, language: str | None = None, task: str = "transcribe",
-        timestamps: bool = False, on_text: TextSink | None = None, max_tokens: int | None = None,
+        self, audio: str | os.PathLike[str] | np.ndarray | Audio, *, language: str | None = None,
+        task: str = "transcribe", timestamps: bool = False, on_text: TextSink | None = None,
+        on_segment: SegmentSink | None = None, max_tokens: int | None = None,
     ) -> Transcript:
         options = DecodingOptions(language=language, task=task, timestamps=timestamps, max_tokens=max_tokens)
         options.check(self.tokens)  # before reading the audio: a bad option costs nothing
-        return transcribe_audio(self.model, self.tokens, as_audio(audio), options, on_text)
+        audio = audio if isinstance(audio, Audio) else as_audio(audio)
+        return transcribe_audio(self.model, self.tokens, audio, options, on_text, on_segment)
 
 
 def transcribe(
     folder: str | os.PathLike[str], audio: str | os.PathLike[str] | np.ndarray, *, language: str | None = None,
-    task: str = "transcribe", timestamps: bool = False, on_text: TextSink | None = None, engine: str = "auto",
-    compute_units: str = "ALL",
+    task: str = "transcribe", timestamps: bool = False, on_text: TextSink | None = None, stateful: bool = False,
 ) -> Transcript:
     """Transcribe `audio` (a WAV path, or 16 kHz mono float samples) with the Whisper packages
     in `folder`. `language` None detects it; `task` "translate" translates into English;
-    `timestamps` decodes timed segments; `on_text` receives the text as it is decoded."""
-    return Transcriber(folder, engine=engine, compute_units=compute_units).transcribe(
+    `timestamps` decodes timed segments; `on_text` receives the text as it is decoded;
+    `stateful` runs the folder's stateful text decoder."""
+    return Transcriber(folder, stateful=stateful).transcribe(
         audio, language=language, task=task, timestamps=timestamps, on_text=on_text
     )

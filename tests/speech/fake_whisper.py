@@ -1,8 +1,8 @@
 """A Whisper-shaped tokenizer and a scripted NumPy model implementing `WhisperModel`, for
 testing decoding and transcription without packages.
 
-The tokenizer is byte-level BPE without merges: text token i is byte i (space is 220, as in
-Whisper), then Whisper's special tokens in Whisper's order and 1501 timestamps. The model's
+The tokenizer is byte-level BPE over single bytes (space is 220, as in Whisper) with one merge
+per lower-case letter after a space (" a" is one token, as in Whisper), then Whisper's special tokens in Whisper's order and 1501 timestamps. The model's
 logits come from a script: `script(window, fed)` -> logits row, where `window` is the index of
 the window (the fake front end reads it from the audio: tests feed a ramp whose first sample
 says where the window starts) and `fed` every token the decoder has been given.
@@ -22,12 +22,15 @@ from rlx_mil.speech.model import N_AUDIO_CTX, N_FRAMES, N_SAMPLES
 from rlx_mil.speech.tokens import N_TIMESTAMPS, WhisperTokens, tokens_from
 
 LANGUAGES = ("en", "de", "fr")
-EOT = 256
+EOT = 256 + 26
 
 
 def whisper_tokenizer(multilingual: bool = True) -> Tokenizer:
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    merges = [("\u0120", c) for c in "abcdefghijklmnopqrstuvwxyz"]  # " a" is one token, as in Whisper
+    vocab.update({a + b: len(alphabet) + i for i, (a, b) in enumerate(merges)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|startoftranscript|>", *[f"<|{c}|>" for c in LANGUAGES], "<|translate|>",
@@ -38,7 +41,7 @@ def whisper_tokenizer(multilingual: bool = True) -> Tokenizer:
 
 
 def text_id(text: str) -> int:
-    """The one token of `text` (a single byte's character)."""
+    """The one token of `text` (a byte, or a space and a lower-case letter)."""
     ids = whisper_tokenizer().encode(text, add_special_tokens=False).ids
     assert len(ids) == 1, text
     return int(ids[0])
