@@ -18,6 +18,7 @@ from rlx_mil.ir.node import Node, NodeOrigin
 from rlx_mil.ir.op_base import Op
 from rlx_mil.ir.ops.attention import AttentionBuilder
 from rlx_mil.ir.ops.audio import AudioBuilder
+from rlx_mil.ir.ops.codebook import CodebookBuilder
 from rlx_mil.ir.ops.control import ControlBuilder
 from rlx_mil.ir.ops.conv import ConvBuilder
 from rlx_mil.ir.ops.elementwise import ElementwiseBuilder
@@ -66,6 +67,7 @@ class Graph(
     ControlBuilder,
     SequenceBuilder,
     TrainingBuilder,
+    CodebookBuilder,
 ):
     """Append-only DAG of nodes in topological order; a node's id is its index.
 

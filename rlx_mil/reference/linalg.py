@@ -10,6 +10,7 @@ from rlx_mil.errors import ShapeError
 from rlx_mil.ir.ops import (
     DotGeneral,
     FusedMatMulBiasAct,
+    FusedMatMulResidual,
     LoraMatMul,
     MatMul,
 )
@@ -40,6 +41,13 @@ def matmul(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("a", "b")) ->
 @reference_kernel(MatMul)
 def _matmul(op: MatMul, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
     return finish(matmul(inputs[0], inputs[1]), out)
+
+
+@reference_kernel(FusedMatMulResidual)
+def _fused_matmul_residual(op: FusedMatMulResidual, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    lhs, rhs, residual = inputs
+    product = matmul(lhs, rhs)
+    return finish(product + residual.astype(product.dtype), out)
 
 
 @reference_kernel(LoraMatMul)

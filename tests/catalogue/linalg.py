@@ -25,7 +25,8 @@ def _lora() -> Graph:
 def _fused_mm() -> Graph:
     g = Graph("fused_matmul_bias_act")
     x = g.input("x", [2, 8])
-    g.set_outputs([g.fused_matmul_bias_act(x, g.param("w", [8, 4]), g.param("b", [4]), "relu", name="y")])
+    residual = g.fused_matmul_residual(x, g.param("w2", [8, 4]), g.input("skip", [2, 4]), name="with_skip")
+    g.set_outputs([g.fused_matmul_bias_act(x, g.param("w", [8, 4]), g.param("b", [4]), "relu", name="y"), residual])
     return g
 
 

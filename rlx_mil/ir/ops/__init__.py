@@ -13,6 +13,7 @@ from rlx_mil.ir.op_base import Op, f32
 from rlx_mil.ir.ops import (
     attention,
     audio,
+    codebook,
     control,
     conv,
     elementwise,
@@ -43,6 +44,7 @@ from rlx_mil.ir.ops.attention import (
 from rlx_mil.ir.ops.audio import (
     LogMel,
 )
+from rlx_mil.ir.ops.codebook import SynthKind, SynthMatMul, SynthReconstruct
 from rlx_mil.ir.ops.control import (
     ChainOperand,
     ChainSource,
@@ -87,6 +89,7 @@ from rlx_mil.ir.ops.leaf import (
 from rlx_mil.ir.ops.linalg import (
     DotGeneral,
     FusedMatMulBiasAct,
+    FusedMatMulResidual,
     LoraMatMul,
     MatMul,
 )
@@ -200,7 +203,7 @@ FAMILIES: dict[str, ModuleType] = {
     module.__name__.rsplit(".", 1)[1]: module
     for module in (
         leaf, elementwise, linalg, quant, qcompute, norm, reduce, shape, scatter, rope,
-        attention, fused, conv, resample, audio, moe, recurrent, control, rng, sequence, training,
+        attention, fused, conv, resample, audio, moe, recurrent, control, rng, sequence, training, codebook,
     )
 }
 
@@ -262,6 +265,7 @@ __all__ = [
     "FusedAttentionBlock",
     "FusedConvBiasAct",
     "FusedMatMulBiasAct",
+    "FusedMatMulResidual",
     "FusedResidualLN",
     "FusedResidualNormOp",
     "FusedResidualRmsNorm",
@@ -333,6 +337,9 @@ __all__ = [
     "Sort",
     "SteKind",
     "StopGradient",
+    "SynthKind",
+    "SynthMatMul",
+    "SynthReconstruct",
     "Tile",
     "TopK",
     "Transpose",

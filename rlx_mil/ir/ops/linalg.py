@@ -27,6 +27,7 @@ from rlx_mil.ir.serde.codecs import (
     struct_form,
     unit_form,
 )
+from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Shape
 from rlx_mil.ir.shape_checks import (
     conflict,
@@ -72,6 +73,20 @@ class FusedMatMulBiasAct(Op):
 
     def roles(self, count: int) -> tuple[str, ...] | None:
         return ("x", "w", "bias")
+
+
+@dataclass(frozen=True)
+class FusedMatMulResidual(Op):
+    """`matmul(lhs, rhs) + residual`, the residual a full tensor of the product's shape (newest
+    upstream only)."""
+
+    type_name: ClassVar[str] = "FusedMatMulResidual"
+
+    def arity(self) -> int | None:
+        return 3
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("lhs", "rhs", "residual")
 
 
 @dataclass(frozen=True)
@@ -121,6 +136,17 @@ def _fused_matmul_bias_act(op: FusedMatMulBiasAct, ins: Sequence[Shape], declare
     if not fits_into(bias.dims, dims):
         raise ShapeError(f"bias {bias} does not broadcast onto the product {dims_text(dims)}", operand="bias")
     return Shape(dims, x.dtype)
+
+
+@shape_rule(FusedMatMulResidual)
+def _fused_matmul_residual(op: FusedMatMulResidual, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    lhs, rhs, residual = ins
+    dims = matmul_dims(lhs, rhs)
+    if residual.rank != len(dims) or any(conflict(a, b) for a, b in zip(residual.dims, dims, strict=True)):
+        raise ShapeError(f"residual {residual} must have the product's shape {dims_text(dims)}", operand="residual")
+    if residual.dtype is not lhs.dtype:
+        raise ShapeError(f"residual is {residual.dtype.value} but lhs is {lhs.dtype.value}", operand="residual")
+    return Shape(dims, lhs.dtype)
 
 
 @shape_rule(DotGeneral)
@@ -186,6 +212,10 @@ class LinalgBuilder(BuilderBase):
         kind = None if activation is None else activation_kind_arg(self, activation, "FusedMatMulBiasAct", name)
         return self.add_node(FusedMatMulBiasAct(kind), [x, w, bias], name=name)
 
+    def fused_matmul_residual(self, lhs: int, rhs: int, residual: int, *, name: str | None = None) -> int:
+        """`lhs @ rhs + residual` (the residual has the product's shape)."""
+        return self.add_node(FusedMatMulResidual(), [lhs, rhs, residual], name=name)
+
 
 #: The ops of this family.
 OPS = collect_ops(globals())
@@ -195,5 +225,6 @@ JSON_FORMS = (
     unit_form(MatMul),
     struct_form(LoraMatMul, ("scale", F32)),
     struct_form(FusedMatMulBiasAct, ("activation", OptionCodec(ACTIVATION))),
+    unit_form(FusedMatMulResidual, since=NEWEST),
     struct_form(DotGeneral, ("lhs_contracting", USIZE_VEC), ("rhs_contracting", USIZE_VEC), ("lhs_batch", USIZE_VEC), ("rhs_batch", USIZE_VEC)),
 )

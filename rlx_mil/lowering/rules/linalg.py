@@ -322,3 +322,19 @@ def lower_dot_general(op: ops.DotGeneral, ctx: LowerContext) -> Any:
     result, held = matmul_var(ctx, a, b, (*lead, m, n), "matmul", source)
     result = _reshape(ctx, result, out_sizes, "shape")
     return convert(ctx, result, held, ctx.out_shape.dtype, suffix="out")
+
+
+@lowering(
+    notes=(
+        "decomposed in IR: `MatMul` (so a Param/Constant rhs becomes `linear`'s weight, compressed"
+        " when asked) then `Add` of the residual, each through its own rule."
+    ),
+)
+def lower_fused_matmul_residual(op: ops.FusedMatMulResidual, ctx: LowerContext) -> Any:
+    from rlx_mil.ir.graph import Graph
+
+    graph = Graph(f"{ctx.base_name}_parts")
+    lhs, rhs, residual = (graph.input(role, ctx.input_shape(i).dims, ctx.input_shape(i).dtype)
+                          for i, role in enumerate(("lhs", "rhs", "residual")))
+    graph.set_outputs([graph.add(graph.matmul(lhs, rhs), residual)])
+    return ctx.lower_subgraph(graph, {lhs: 0, rhs: 1, residual: 2})[0]

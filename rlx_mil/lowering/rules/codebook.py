@@ -1,0 +1,109 @@
+"""SynthMatMul and SynthReconstruct. With the indices and codebook known at conversion, iOS18+
+holds them as Core ML vector palettization: one `constexpr_lut_to_dense` (the codebook padded
+to a power-of-two number of entries, `vector_axis=1`, indices at 1-8 bits) rebuilding the
+`[n, k]` weight, fed to `linear` - the package keeps the codes, not the weight. Older targets
+get the decoded weight; run-time indices or codebooks `gather` the rows at run time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import AttributeValueError
+from rlx_mil.ir import ops
+from rlx_mil.ir.ops.codebook import SynthKind
+from rlx_mil.lowering.context import LowerContext
+from rlx_mil.lowering.registry import lowering
+from rlx_mil.lowering.rules.quant_support import finish, linear
+from rlx_mil.lowering.rules.shape import gather_indices
+from rlx_mil.lowering.target import Target
+
+#: Index widths `constexpr_lut_to_dense` takes (uint1..uint8 without 5 and 7).
+LUT_BITS = (1, 2, 3, 4, 6, 8)
+
+
+def lut_bits(num_entries: int) -> int:
+    """The narrowest LUT index width holding `num_entries` entries."""
+    return next(bits for bits in LUT_BITS if 2**bits >= num_entries)
+
+
+def _known_indices(ctx: LowerContext, kind: SynthKind, i: int) -> np.ndarray | None:
+    value = ctx.known_value(i)
+    if value is None:
+        return None
+    arr = np.asarray(value)
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise ctx.fail(AttributeValueError, "constant indices must be finite", "indices")
+    idx = np.trunc(arr.astype(np.float64)).astype(np.int64) if arr.dtype.kind == "f" else arr.astype(np.int64)
+    if idx.size and (idx.min() < 0 or idx.max() >= kind.num_entries):
+        raise ctx.fail(AttributeValueError, f"constant indices must lie in [0, {kind.num_entries})", "indices")
+    return idx
+
+
+def _vector_lut(ctx: LowerContext, kind: SynthKind, idx: np.ndarray, codebook: np.ndarray) -> Any:
+    """`[n, k]` weight as one iOS18 `constexpr_lut_to_dense` (vector palettization)."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    bits = lut_bits(kind.num_entries)
+    lut = np.zeros((2**bits, kind.entry_dim), ctx.float_dtype)
+    lut[: kind.num_entries] = codebook.astype(ctx.float_dtype)
+    dtype = np.uint8 if bits == 8 else getattr(types, f"np_uint{bits}_dtype")
+    return mb.constexpr_lut_to_dense(indices=idx.astype(dtype), lut=lut.reshape(1, 1, 2**bits, kind.entry_dim),
+                                     vector_axis=1, name=ctx.name("weight"))
+
+
+def synth_weight_var(ctx: LowerContext, kind: SynthKind) -> tuple[Any, bool]:
+    """The `[n, k]` weight of a node with inputs (.., indices, codebook) as the last two, and
+    whether it is a const (compressed or decoded) `linear` can take."""
+    from coremltools.converters.mil import Builder as mb
+
+    i_idx, i_cb = ctx.num_inputs - 2, ctx.num_inputs - 1
+    n, blocks = ctx.input_shape(i_idx).sizes()
+    idx = _known_indices(ctx, kind, i_idx)
+    codebook = ctx.known_value(i_cb)
+    if idx is not None and codebook is not None:
+        cb = np.asarray(codebook, np.float32)
+        if ctx.target >= Target.IOS18:
+            return _vector_lut(ctx, kind, idx, cb), True
+        weight = cb[idx].reshape(n, blocks * kind.entry_dim)
+        return ctx.const(weight, "weight"), True
+    flat = gather_indices(ctx, kind.num_entries, i_idx, "indices")
+    flat = mb.reshape(x=flat, shape=np.asarray([n * blocks], np.int32), name=ctx.name("flat_indices"))
+    rows = mb.gather(x=ctx.var(i_cb), indices=flat, axis=0, name=ctx.name("rows"))
+    weight = mb.reshape(x=rows, shape=np.asarray([n, blocks * kind.entry_dim], np.int32), name=ctx.name("weight"))
+    return weight, False
+
+
+@lowering(
+    notes=(
+        "indices and codebook known: iOS18+ one `constexpr_lut_to_dense` (vector palettization: the"
+        " codebook padded to 2^b entries, b in 1,2,3,4,6,8, `vector_axis=1`) rebuilding W [n, k], then"
+        " `linear` (the package holds the b-bit codes and the codebook); iOS15-17 the decoded W as a"
+        " `linear` const. Run-time indices or codebook: `gather` of codebook rows, `reshape`,"
+        " `matmul` with transpose_y."
+    ),
+)
+def lower_synth_matmul(op: ops.SynthMatMul, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    weight, is_const = synth_weight_var(ctx, op.kind)
+    x = ctx.var(0)
+    if is_const:
+        return linear(ctx, x, weight)
+    return finish(ctx, mb.matmul(x=x, y=weight, transpose_y=True, name=ctx.name("matmul")))
+
+
+@lowering(
+    notes=(
+        "W [n, k] (upstream's shape inference). Known indices and codebook: iOS18+ the"
+        " `constexpr_lut_to_dense` of SynthMatMul, older targets the decoded const; otherwise `gather`"
+        " of codebook rows + `reshape`."
+    ),
+)
+def lower_synth_reconstruct(op: ops.SynthReconstruct, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    weight, _ = synth_weight_var(ctx, op.kind)
+    return mb.identity(x=weight, name=ctx.name()) if weight.op.op_type == "constexpr_lut_to_dense" else weight
