@@ -36,8 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def load_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--engine", choices=["auto", "coreml", "milexec"], default="auto",
-                       help="Core ML (macOS) or the NumPy MIL executor; auto: Core ML where it runs")
+        p.add_argument("--engine", choices=["auto", "coreml", "milexec", "coreai"], default="auto",
+                       help="Core ML (macOS), the NumPy MIL executor, or Apple's Core AI runtime (the coreai "
+                            "extra; also on Linux); auto: Core ML where it runs")
         p.add_argument("--compute-units", default="ALL", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"],
                        help="where Core ML runs the model (macOS; not stored in a package)")
 

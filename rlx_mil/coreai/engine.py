@@ -49,23 +49,39 @@ class CoreAIProgram:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise
 
+    def new_states(self, function_name: str | None = None) -> dict[str, Any]:
+        """Zeroed runtime state buffers of a function, for `run(runtime_states=...)`: they stay
+        in the runtime between calls (no copy per call), as a Core ML state does."""
+        entry = self.entries[function_name or self.default_function]
+        return {name: self.asset.new_state(np.zeros(shape, dtype)) for name, (shape, dtype) in entry.states.items()}
+
     def run(self, inputs: Mapping[str, Any], *, function_name: str | None = None,
-            states: MutableMapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Outputs keyed like `milexec.run`'s; `states` (name -> array) are read and updated."""
+            states: MutableMapping[str, np.ndarray] | None = None, runtime_states: Mapping[str, Any] | None = None,
+            io_names: Any = None) -> dict[str, np.ndarray]:
+        """Outputs keyed like `milexec.run`'s; `states` (name -> array) are read and updated,
+        or `runtime_states` (from `new_states`) are used in place. `io_names` overrides the
+        package's interface-name mapping (as `milexec.run`'s)."""
         from rlx_mil.milexec.executor import _bind_inputs
+        from rlx_mil.milexec.loader import IONames
 
         name = function_name or self.default_function
         if name not in self.entries:
             raise MilExecError(f"the program has no function '{name}' (functions: {sorted(self.entries)})")
         resolved = self.resolved[name]
         entry = self.entries[name]
-        feeds, state_feeds = _bind_inputs(resolved.function, inputs, states, resolved.io_names, "float32",
-                                          resolved.input_ranges)
+        names = resolved.io_names
+        if io_names is not None:
+            names = io_names if isinstance(io_names, IONames) else IONames.from_mapping(io_names)
+        feeds, state_feeds = _bind_inputs(resolved.function, inputs, {} if runtime_states is not None else states,
+                                          names, "float32", resolved.input_ranges)
         arrays = {var.name: np.asarray(value).astype(entry.inputs[var.name][1], copy=False) for var, value in feeds}
-        runtime_states = {var.name: self.asset.new_state(np.asarray(value).astype(entry.states[var.name][1]))
-                          for var, value in state_feeds}
+        if runtime_states is None:
+            runtime_states = {var.name: self.asset.new_state(np.asarray(value).astype(entry.states[var.name][1]))
+                              for var, value in state_feeds}
+        else:
+            states = None
         raw = self.asset.call(name, arrays, runtime_states)
-        output_names = resolved.io_names.outputs if resolved.io_names else {}
+        output_names = names.outputs if names else {}
         result = {output_names.get(key, key): _for_caller(raw[key]) for key in entry.outputs}
         if resolved.output_pieces:
             from rlx_mil.coreml.output_pieces import assemble

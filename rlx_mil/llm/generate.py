@@ -41,7 +41,7 @@ from rlx_mil.milexec.prepared import MEMORY_MODES, MemoryMode
 if TYPE_CHECKING:
     from rlx_mil.llm.text import TextTokenizer
 
-ENGINES = ("auto", "coreml", "milexec")
+ENGINES = ("auto", "coreml", "milexec", "coreai")
 
 
 class GenerationError(RlxMilError):
@@ -208,8 +208,15 @@ class Session:
         if self.engine == "coreml" and units is None:
             raise InvalidOptionError(f"unknown compute_units {compute_units!r}")
         if self._chunks is not None:
+            if self.engine == "coreai":
+                raise InvalidOptionError("engine 'coreai' runs one package, not a chunked set; use engine 'milexec'")
             self._chunks.open(self.engine, units, memory, precision_model)
             self.memory = self._chunks.memory
+        elif self.engine == "coreai":
+            from rlx_mil.coreai.engine import CoreAIProgram
+
+            # Every function in one Core AI asset (equal weights stored once), fp32 compute.
+            self._coreai = CoreAIProgram(path, [f.name for f in self.functions if f.name] or None)
         elif self.engine == "coreml":
             self._models = {
                 f.name: ct.models.MLModel(path, compute_units=units, function_name=f.name) for f in self.functions
@@ -249,6 +256,8 @@ class Session:
         self.calls: list[tuple[str, int]] = []
         if self._chunks is not None:
             self._chunks.reset()
+        elif self.engine == "coreai":
+            self._runtime_states = self._coreai.new_states(self.functions[0].name or None)
         elif self.engine == "coreml":
             any_model = next(iter(self._models.values()))
             self._state = any_model.make_state()
@@ -275,6 +284,9 @@ class Session:
         feeds = self._feeds(fn, tokens)
         if self._chunks is not None:
             out = self._chunks.run(fn.name, feeds)
+        elif self.engine == "coreai":
+            out = self._coreai.run(feeds, function_name=fn.name or None, runtime_states=self._runtime_states,
+                                   io_names=self._io_names.get(fn.name) or None)
         elif self.engine == "coreml":
             out = self._models[fn.name].predict(feeds, state=self._state)
         else:

@@ -118,6 +118,12 @@ def run_package(
             raise RlxMilError(f"unknown compute units {compute_units!r}")
         model = ct.models.MLModel(str(p), compute_units=units, function_name=function_name)
         return predict_coreml(model, inputs, function_name), "coreml"
+    if engine == "coreai":
+        from rlx_mil.coreai.engine import run as coreai_run
+
+        names = function_io_names(_package_metadata(p), function_name) if function_name is not None else None
+        return coreai_run(p, inputs, function_name=function_name, io_names=names), \
+            "coreai (Apple's Core AI runtime, fp32 compute)"
     from rlx_mil import milexec
 
     if function_name is None:
@@ -126,3 +132,9 @@ def run_package(
 
     names = function_io_names(package_info(p).metadata, function_name)
     return milexec.run(p, inputs, function_name=function_name, io_names=names), "milexec (NumPy MIL executor)"
+
+
+def _package_metadata(path: Path) -> Mapping[str, str]:
+    from rlx_mil.coreml.package_info import package_info
+
+    return package_info(path).metadata

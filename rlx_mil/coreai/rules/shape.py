@@ -267,3 +267,41 @@ def cumsum(ctx: RuleContext) -> Any:
     if ctx.param("exclusive", False):
         result = ctx.ops.broadcasting_sub(result, work)
     return ctx.cast(result, ctx.out_dtype())
+
+
+@rule("slice_update")
+def slice_update(ctx: RuleContext) -> Any:
+    x = ctx.v("x")
+    shape = ctx.in_shape("x")
+    rank = len(shape)
+    stride = ctx.ints("stride", [1] * rank)
+    begin_mask = [bool(b) for b in (ctx.param("begin_mask") or [False] * rank)]
+    end_mask = [bool(b) for b in (ctx.param("end_mask") or [False] * rank)]
+    squeeze_mask = [bool(b) for b in (ctx.param("squeeze_mask") or [False] * rank)]
+    update = ctx.v("update")
+    if ctx.is_const("begin") and ctx.is_const("end"):
+        begin, end = ctx.ints("begin"), ctx.ints("end")
+        starts, stops = [], []
+        for axis in range(rank):
+            b = 0 if begin_mask[axis] else begin[axis] % shape[axis] if begin[axis] < 0 else begin[axis]
+            e = b + 1 if squeeze_mask[axis] else shape[axis] if end_mask[axis] else \
+                end[axis] + shape[axis] if end[axis] < 0 else end[axis]
+            starts.append(b)
+            stops.append(e)
+        if any(s < 0 for s in stride):
+            raise ctx.fail("a negative stride is not supported")
+        piece = [len(range(b, e, s)) for b, e, s in zip(starts, stops, stride, strict=True)]
+        return ctx.ops.slice_update(x, np.asarray(starts, np.int32), np.asarray(stops, np.int32),
+                                    np.asarray(stride, np.int32), ctx.reshape(update, piece))
+    if any(s != 1 for s in stride):
+        raise ctx.fail("a runtime begin/end needs unit strides")
+    begin = ctx.cast(ctx.v("begin"), np.int32)
+    if any(begin_mask):
+        begin = ctx.ops.broadcasting_mul(begin, ctx.constant(np.asarray([0 if m else 1 for m in begin_mask], np.int32)))
+    # The slice's extent is the update's (squeezed axes are 1): end = begin + extent.
+    update_shape = list(adapter.shape_of(update))
+    piece = []
+    for axis in range(rank):
+        piece.append(1 if squeeze_mask[axis] else update_shape.pop(0) if update_shape else 1)
+    end = ctx.ops.broadcasting_add(begin, ctx.constant(np.asarray(piece, np.int32)))
+    return ctx.ops.slice_update(x, begin, end, np.ones(rank, np.int32), ctx.reshape(update, piece))
