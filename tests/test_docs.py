@@ -23,3 +23,21 @@ def test_op_coverage_doc_lists_every_op() -> None:
     text = coverage_markdown()
     for name in OP_TYPES:
         assert f"| {name} |" in text
+
+
+def test_every_upstream_kind_is_lowered_or_refused_with_its_reason() -> None:
+    from rlx_mil.ir.serde.forms import UNSUPPORTED_UPSTREAM_OPS
+    from rlx_mil.ir.serde.upstream_kinds import UPSTREAM_OP_KINDS
+    from rlx_mil.lowering.upstream_coverage import REFUSED, lowered_kinds
+
+    lowered = lowered_kinds()
+    unlowered = set(UPSTREAM_OP_KINDS) - lowered
+    assert len(UPSTREAM_OP_KINDS) == 187
+    assert unlowered == set(REFUSED), (
+        f"without a reason: {sorted(unlowered - set(REFUSED))}; lowered but still given a reason: "
+        f"{sorted(set(REFUSED) - unlowered)}"
+    )
+    assert UNSUPPORTED_UPSTREAM_OPS <= unlowered
+    text = coverage_markdown()
+    for kind in UPSTREAM_OP_KINDS:
+        assert f"| {kind} | {'lowered' if kind in lowered else 'refused'} |" in text

@@ -9,6 +9,7 @@ from rlx_mil.ir.ops import OP_TYPES, Constant, Input, Param
 from rlx_mil.lowering.registry import registered_rules
 from rlx_mil.lowering.rules.sequence_loop import recurrence_forms_markdown
 from rlx_mil.lowering.target import Target
+from rlx_mil.lowering.upstream_coverage import upstream_kinds_markdown
 
 #: Relative to the repository root, where the command is meant to run.
 DOC_PATH = Path("docs") / "op-coverage.md"
@@ -96,7 +97,7 @@ def coverage_markdown() -> str:
     if missing:
         lines.append(f"Without a rule: {', '.join(missing)}.")
     lines.append("")
-    return "\n".join(lines) + SEMANTICS + recurrence_forms_markdown()
+    return "\n".join(lines) + SEMANTICS + recurrence_forms_markdown() + upstream_kinds_markdown()
 
 
 def main(argv: list[str] | None = None) -> int:
