@@ -71,10 +71,12 @@ def _attention_mode(attention: str, form: DeployForm, target: Target) -> str:
     return lowering_attention(form, attention, target)
 
 
-def _options(attention: str, compressor: Compressor | None = None, form: DeployForm = DeployForm.PLAIN) -> LowerOptions:
+def _options(attention: str, compressor: Compressor | None = None, form: DeployForm = DeployForm.PLAIN,
+             fp16_io: bool = False) -> LowerOptions:
     if attention not in ATTENTION_MODES:
         raise InvalidOptionError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
-    return LowerOptions(attention=attention, compressor=compressor, neural_engine=form is DeployForm.ANE)
+    return LowerOptions(attention=attention, compressor=compressor, neural_engine=form is DeployForm.ANE,
+                        fp16_io=_flag(fp16_io, "fp16_io"))
 
 
 def _compressor(compress: Any, graph: Graph, target: Target, precision: Precision, params: Any = None) -> tuple[WeightCompressor | None, Any]:
@@ -228,6 +230,7 @@ def convert(
     compress: Any = None,
     deploy: str | DeployForm = "plain",
     split_logits: bool = True,
+    fp16_io: bool = False,
 ) -> ct.models.MLModel:
     """Convert `graph` with `params` (name -> ndarray) into a `ct.models.MLModel`.
 
@@ -259,6 +262,8 @@ def convert(
     (`logits_0`, `logits_1`, ...; the contract is `rlx_mil.split_outputs` in the metadata,
     which `Session`, `rlx-mil run/eval/generate` and the executor read transparently);
     `split_logits=False` returns one concatenated output instead (preflight reports its width).
+    `fp16_io=True` makes the inputs and outputs the graph declares F16 fp16 in the package's
+    interface (iOS16+; WhisperKit's packages take and give fp16 arrays).
     """
 
     graph = require_graph(graph)
@@ -280,7 +285,8 @@ def convert(
         nonreplaceable_marks_only_with_constexprs(), fusion_patterns_built_once(), pass_bars_hidden(),
         program_text_only_when_logged(), consts_compared_in_chunks(),
     ):
-        lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor, form), kv_cache=plan)
+        lowered = lower_graph(graph, params, target=tgt, precision=prec, options=_options(attention, compressor, form, fp16_io),
+                              kv_cache=plan)
         context = RewriteContext(form, tgt, prec, split_outputs=split_outputs)
         rewrite_program(lowered.program, context)
         split = name_split_outputs(lowered.outputs, context.split_outputs_made)

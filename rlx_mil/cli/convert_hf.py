@@ -199,10 +199,13 @@ def print_compression(metadata: Mapping[str, str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The convert-hf command."""
+    from rlx_mil.cli.convert_whisper import is_whisper_folder, run_whisper
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.llm.convert_hf import convert_checkpoint
     from rlx_mil.models.verify import example_inputs, verify_package
 
+    if is_whisper_folder(args.model_dir):
+        return run_whisper(args, convert_kwargs(args))
     decoder, positions = decoder_positions(args.model_dir)
     stateful = choose_stateful(args, decoder)
     check_inputs = compress_check_inputs(args)

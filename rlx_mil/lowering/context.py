@@ -76,6 +76,9 @@ class LowerOptions:
     #: whatever the precision, RmsNorm / LayerNorm through MIL's `layer_norm` (RmsNorm over
     #: `[x, -x]`, whose mean is zero).
     neural_engine: bool = False
+    #: Inputs and outputs the graph declares F16 are fp16 in the Core ML interface (iOS16+),
+    #: not float32: the contract of packages an app feeds fp16 arrays (WhisperKit's).
+    fp16_io: bool = False
 
 
 @dataclass(frozen=True)

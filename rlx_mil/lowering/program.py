@@ -468,6 +468,8 @@ def lower_graph(
         node = input_nodes[ir_name]
         dtype = node.shape.dtype
         io_type = types.int32 if (dtype.is_int) else types.fp32
+        if options.fp16_io and dtype is DType.F16:
+            io_type = types.fp16
         # Core ML has no rank-0 inputs: a scalar travels as [1] and is reshaped inside.
         shape = (node.shape.sizes() or (1,)) if stateful is None else stateful.input_shape(node)
         placeholders[ident] = mb.placeholder(shape=shape, dtype=io_type, name=ident)
@@ -492,9 +494,12 @@ def lower_graph(
             var = func.inputs[ident]
             if not node.shape.sizes():
                 var = mb.reshape(x=var, shape=np.zeros((0,), np.int32), name=names.fresh(f"{ident}_scalar"))
-            if node.shape.dtype.is_float and float_mil == "fp16":
+            if var.dtype == types.fp16:  # an fp16 interface input (options.fp16_io) holds fp16 values
+                if float_mil == "fp32":
+                    var = mb.cast(x=var, dtype="fp32", name=names.fresh(f"{ident}_to_fp32"))
+            elif node.shape.dtype.is_float and float_mil == "fp16":
                 var = mb.cast(x=var, dtype="fp16", name=names.fresh(f"{ident}_to_fp16"))
-            if needs_rounding(node, precision):  # a BF16 (or F16) input holds only such values
+            elif needs_rounding(node, precision):  # a BF16 (or F16) input holds only such values
                 from rlx_mil.lowering.holding import convert
 
                 var = convert(lowerer.context(node), var, DType.F32, node.shape.dtype, round_floats=True, suffix="rounded")
@@ -521,7 +526,10 @@ def lower_graph(
             if tuple(var.shape) != out_shape.sizes():
                 var = mb.reshape(x=var, shape=np.asarray(out_shape.sizes(), dtype=np.int32), name=names.fresh(f"{ident}_shape"))
             dtype = out_shape.dtype
-            if dtype.is_float or dtype is DType.BOOL:
+            if options.fp16_io and dtype is DType.F16:
+                outs.append(mb.identity(x=var, name=ident) if var.dtype == types.fp16
+                            else mb.cast(x=var, dtype="fp16", name=ident))
+            elif dtype.is_float or dtype is DType.BOOL:
                 if var.dtype == types.fp32:
                     outs.append(mb.identity(x=var, name=ident))
                 else:

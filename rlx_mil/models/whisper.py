@@ -105,6 +105,22 @@ class WhisperSpec:
 IGNORED_TENSORS = (r"proj_out\.weight",)
 
 
+def float_input(g: Graph, name: str, shape: list[int], fp16: bool) -> int:
+    """A float input, declared F16 (then widened: the graph computes in F32) for an fp16
+    interface (`rlx_mil.convert(..., fp16_io=True)`, WhisperKit's contract)."""
+    if not fp16:
+        return g.input(name, shape)
+    return g.cast(g.input(name, shape, "f16"), "f32", name=f"{name}.f32")
+
+
+def float_output(g: Graph, x: int, name: str, fp16: bool) -> int:
+    """Name `x` as the output `name`, narrowed to F16 for an fp16 interface."""
+    if fp16:
+        return g.cast(x, "f16", name=name)
+    g.set_name(x, name)
+    return x
+
+
 class _WhisperGraph(WeightGraph):
     def __init__(self, spec: WhisperSpec, name: str) -> None:
         super().__init__(name)
@@ -176,11 +192,12 @@ def _conv(b: _WhisperGraph, x: int, module: str, in_ch: int, stride: int) -> int
     return b.act(g.add(y, bias, name=f"{module}.add_bias"), f"{module}.act")
 
 
-def build_audio_encoder(spec: WhisperSpec, name: str = "AudioEncoder") -> tuple[Graph, dict[str, tuple[int, ...]]]:
-    """The audio encoder graph and the tensors it reads."""
+def build_audio_encoder(spec: WhisperSpec, name: str = "AudioEncoder", *,
+                        fp16_io: bool = False) -> tuple[Graph, dict[str, tuple[int, ...]]]:
+    """The audio encoder graph and the tensors it reads (`fp16_io`: F16 input and output)."""
     b = _WhisperGraph(spec, name)
     g, e, n = b.g, spec.d_model, spec.n_audio_ctx
-    mel = g.input("melspectrogram_features", [1, spec.num_mel_bins, 1, 2 * n])
+    mel = float_input(g, "melspectrogram_features", [1, spec.num_mel_bins, 1, 2 * n], fp16_io)
     x = _conv(b, mel, "model.encoder.conv1", spec.num_mel_bins, 1)
     x = _conv(b, x, "model.encoder.conv2", e, 2)
     x = b.sequence_major(x, n, "model.encoder.sequence_major")
@@ -192,7 +209,7 @@ def build_audio_encoder(spec: WhisperSpec, name: str = "AudioEncoder") -> tuple[
         a, _, _ = b.attention(h, h, f"{p}.self_attn", spec.encoder_heads, n, n)
         x = b.feed_forward(g.add(x, a, name=f"{p}.attn_residual"), p, spec.encoder_ffn_dim)
     x = b.layer_norm(x, "model.encoder.layer_norm")
-    out = b.channels_first(x, n, "encoder_output_embeds")
+    out = float_output(g, b.channels_first(x, n, "model.encoder.output"), "encoder_output_embeds", fp16_io)
     g.set_outputs([out])
     return g, b.expected
 
@@ -203,18 +220,20 @@ def check_cache_len(spec: WhisperSpec, cache_len: int) -> None:
                                  f" got {cache_len!r}")
 
 
-def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecoder") -> tuple[Graph, dict[str, tuple[int, ...]]]:
-    """WhisperKit's one-token text decoder over `cache_len` cache slots, and the tensors it reads."""
+def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecoder", *,
+                       fp16_io: bool = False) -> tuple[Graph, dict[str, tuple[int, ...]]]:
+    """WhisperKit's one-token text decoder over `cache_len` cache slots, and the tensors it
+    reads (`fp16_io`: the float inputs and outputs F16, as WhisperKit feeds them)."""
     check_cache_len(spec, cache_len)
     b = _WhisperGraph(spec, name)
     g, e, s, n = b.g, spec.d_model, cache_len, spec.n_audio_ctx
     ids = g.input("input_ids", [1], "i32")
     position = g.input("cache_length", [1], "i32")
-    key_cache = g.input("key_cache", [1, spec.kv_width, 1, s])
-    value_cache = g.input("value_cache", [1, spec.kv_width, 1, s])
+    key_cache = float_input(g, "key_cache", [1, spec.kv_width, 1, s], fp16_io)
+    value_cache = float_input(g, "value_cache", [1, spec.kv_width, 1, s], fp16_io)
     update_mask = g.input("kv_cache_update_mask", [1, s], "i32")
-    encoded = g.input("encoder_output_embeds", [1, e, 1, n])
-    padding = g.input("decoder_key_padding_mask", [1, s])
+    encoded = float_input(g, "encoder_output_embeds", [1, e, 1, n], fp16_io)
+    padding = float_input(g, "decoder_key_padding_mask", [1, s], fp16_io)
     tokens = b.weight("model.decoder.embed_tokens.weight", (spec.vocab_size, e))
     positions = b.weight("model.decoder.embed_positions.weight", (spec.max_target_positions, e))
     x = g.add(g.gather(tokens, ids, name="model.decoder.token"), g.gather(positions, position, name="model.decoder.position"),
@@ -238,18 +257,13 @@ def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecod
         a, _, _ = b.attention(h, enc, f"{p}.encoder_attn", spec.decoder_heads, 1, n)
         x = b.feed_forward(g.add(x, a, name=f"{p}.cross_residual"), p, spec.decoder_ffn_dim)
     x = b.layer_norm(x, "model.decoder.layer_norm")
-    logits = g.matmul(x, g.transpose(tokens, [1, 0], name="lm_head.weight_t"), name="logits")
-    key_out, value_out = (_stacked(g, parts, name) for parts, name in
-                          ((key_updates, "key_cache_updates"), (value_updates, "value_cache_updates")))
-    g.set_outputs([logits, key_out, value_out])
+    logits = g.matmul(x, g.transpose(tokens, [1, 0], name="lm_head.weight_t"), name="lm_head")
+    outputs = [float_output(g, logits, "logits", fp16_io)]
+    for parts, out_name in ((key_updates, "key_cache_updates"), (value_updates, "value_cache_updates")):
+        stacked = parts[0] if len(parts) == 1 else g.concat(parts, 1, name=f"{out_name}.stacked")
+        outputs.append(float_output(g, stacked, out_name, fp16_io))
+    g.set_outputs(outputs)
     return g, b.expected
-
-
-def _stacked(g: Graph, parts: list[int], name: str) -> int:
-    if len(parts) == 1:
-        g.set_name(parts[0], name)
-        return parts[0]
-    return g.concat(parts, 1, name=name)
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> np.ndarray:

@@ -1,0 +1,118 @@
+"""`rlx-mil convert-hf WHISPER_DIR -o OUT_DIR`: a Whisper checkpoint (Hugging Face or
+CTranslate2 layout) -> the WhisperKit folder `OUT_DIR/openai_whisper-<variant>/`
+(`rlx_mil.speech.packages`)."""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import InvalidOptionError
+from rlx_mil.ir import Graph
+from rlx_mil.progress import Progress, running_under_ci
+from rlx_mil.units import human_bytes
+
+
+def is_whisper_folder(path: Path) -> bool:
+    """A folder whose config.json says `model_type: whisper`, or a CTranslate2 WhisperSpec `model.bin`."""
+    import json
+
+    try:
+        binary = path / "model.bin"
+        if binary.is_file():
+            with open(binary, "rb") as f:
+                head = f.read(64)
+            if len(head) >= 6 and struct.unpack("<I", head[:4])[0] <= 6:
+                length = struct.unpack("<H", head[4:6])[0]
+                if head[6:6 + length].rstrip(b"\0") == b"WhisperSpec":
+                    return True
+        config = path / "config.json"
+        if config.is_file() and config.stat().st_size < 2**20:
+            data = json.loads(config.read_text(encoding="utf-8"))
+            return isinstance(data, dict) and data.get("model_type") == "whisper"
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return False
+
+
+def _refuse_llm_flags(args: argparse.Namespace) -> None:
+    flags = {
+        "--variant decode": getattr(args, "variant", "prefill") == "decode", "--seq-len": getattr(args, "seq_len", None),
+        "--kv-outputs": getattr(args, "kv_outputs", False), "--last-logits": getattr(args, "last_logits", False),
+        "--position-ids": getattr(args, "position_ids", False), "--prefill": getattr(args, "prefill", None),
+        "--chunk-bytes": getattr(args, "chunk_bytes", None), "--save-graph": getattr(args, "save_graph", None),
+        "--compress-check": getattr(args, "compress_check", None),
+    }
+    given = [flag for flag, value in flags.items() if value not in (None, False)]
+    if given:
+        raise InvalidOptionError(f"not for a Whisper folder: {', '.join(given)} (it writes WhisperKit's three packages;"
+                                 " --cache-len sets the TextDecoder's cache slots)")
+
+
+def verify_inputs(role: str, graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Example inputs of one WhisperKit graph: speech-like audio, a log-mel-sized spectrogram,
+    and the decoder's first step with an empty cache."""
+    from rlx_mil.ir import Input
+
+    rng = np.random.default_rng(seed)
+    shapes = {n.op.name: n.shape.sizes() for n in graph if isinstance(n.op, Input)}
+    if role == "MelSpectrogram":
+        t = np.arange(shapes["audio"][0]) / 16_000
+        return {"audio": (0.3 * np.sin(2 * np.pi * 220 * t) + 0.02 * rng.standard_normal(t.size)).astype(np.float32)}
+    if role == "AudioEncoder":
+        return {"melspectrogram_features": rng.uniform(-1.0, 1.5, shapes["melspectrogram_features"]).astype(np.float32)}
+    slots = shapes["key_cache"][-1]
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": np.array([1], np.int32), "cache_length": np.array([1], np.int32),
+        "key_cache": rng.standard_normal(shapes["key_cache"]).astype(np.float32),
+        "value_cache": rng.standard_normal(shapes["value_cache"]).astype(np.float32),
+        "kv_cache_update_mask": np.zeros((1, slots), np.int32),
+        "encoder_output_embeds": rng.standard_normal(shapes["encoder_output_embeds"]).astype(np.float32),
+        "decoder_key_padding_mask": np.full((1, slots), -1e4, np.float32),
+    }
+    feeds["kv_cache_update_mask"][0, 1] = 1
+    feeds["decoder_key_padding_mask"][0, :2] = 0
+    return feeds
+
+
+def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
+    """Write the WhisperKit folder (and with --stateful rlx_mil's stateful decoder beside it)."""
+    from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.models.verify import verify_package
+    from rlx_mil.speech.packages import convert_whisper
+
+    _refuse_llm_flags(args)
+    if convert.get("attention", "auto") != "auto":
+        raise InvalidOptionError("--attention does not apply to a Whisper folder")
+    progress = Progress(enabled=not (args.quiet or running_under_ci()))
+    checks: list[Any] = []
+
+    def verify(role: str, graph: Graph, params: Mapping[str, Any], path: Path) -> None:
+        if role != "MelSpectrogram" and convert.get("compress"):
+            from rlx_mil.compress import dequantized_params, report_of
+
+            params = dequantized_params(params, report_of(package_info(path).metadata))
+        for check in verify_package(graph, params, path, verify_inputs(role, graph), convert["precision"]):
+            print(f"{role}: {check.to_text()}")
+            checks.append(check)
+
+    start = time.perf_counter()
+    written = convert_whisper(
+        args.model_dir, args.output, precision=convert["precision"], target=convert["target"],
+        compress=convert.get("compress"), deploy=convert.get("deploy", "plain"),
+        cache_len=args.cache_len, stateful=bool(args.stateful),
+        overwrite=args.overwrite, progress=progress, on_graph=verify if args.verify else None,
+    )
+    total = 0
+    for role, path in written.packages.items():
+        info = package_info(path)
+        total += info.package_bytes
+        print(f"  {role}: {info.num_ops} ops, {human_bytes(info.package_bytes)}")
+    print(f"wrote {written.folder} ({human_bytes(total)}) in {time.perf_counter() - start:.1f} s")
+    return 0 if all(c.ok for c in checks) else 1

@@ -1,0 +1,190 @@
+"""A Whisper checkpoint folder -> the folder of packages WhisperKit loads.
+
+`openai_whisper-<variant>/` holds `MelSpectrogram.mlpackage` (`audio [480000]` ->
+`melspectrogram_features [1, n_mels, 1, 3000]`), `AudioEncoder.mlpackage` (->
+`encoder_output_embeds [1, d_model, 1, 1500]`), `TextDecoder.mlpackage` (WhisperKit's one-token
+decoder over a caller-held cache of `cache_len` slots; argmaxinc/whisperkittools
+`text_decoder.py`), and beside them `config.json`, `generation_config.json` and the tokenizer
+files. Under fp16 the float inputs and outputs are fp16 and the update mask int32, as WhisperKit
+(`TextDecoder.swift`, `prepareDecoderInputs`) makes its arrays. `stateful=True` writes
+`TextDecoderStateful.mlpackage` beside them (rlx_mil's own form; `rlx_mil.speech.stateful`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import InvalidOptionError
+from rlx_mil.ir import Graph
+from rlx_mil.models.whisper import build_audio_encoder, build_text_decoder, check_cache_len
+from rlx_mil.models.whisper_checkpoint import (
+    TOKENIZER_FILES,
+    ParamsOf,
+    WhisperCheckpoint,
+    hf_config_of,
+    open_whisper,
+)
+from rlx_mil.models.whisper_mel import build_log_mel
+from rlx_mil.progress import Progress
+
+MEL, ENCODER, DECODER = "MelSpectrogram", "AudioEncoder", "TextDecoder"
+STATEFUL_DECODER = "TextDecoderStateful"
+#: WhisperKit's decoder cache, `Constants.maxTokenContext`: 448 / 2 slots (the default
+#: `cache_len` is half the checkpoint's `max_target_positions`).
+DEFAULT_CACHE_LEN = 224
+#: The metadata key naming a package's part of the folder.
+ROLE_KEY = "rlx_mil.whisper.role"
+
+
+@dataclass(frozen=True)
+class WhisperPackages:
+    """A written WhisperKit folder."""
+
+    folder: Path
+    packages: dict[str, Path]
+    cache_len: int
+    precision: str
+
+
+def folder_name(directory: Path) -> str:
+    """WhisperKit's folder name for a checkpoint folder: `openai_whisper-<variant>`."""
+    name = directory.resolve().name.lower()
+    name = re.sub(r"^(openai[_-]|faster-|ct2-)", "", name)
+    name = re.sub(r"(-ct2|-ctranslate2|-hf)$", "", name)
+    if not name.startswith(("whisper", "distil-whisper")):
+        name = f"whisper-{name}"
+    return f"openai_{name}"
+
+
+def graphs(checkpoint: WhisperCheckpoint, cache_len: int, fp16_io: bool) -> dict[str, tuple[Graph, Mapping[str, Any]]]:
+    """The three WhisperKit graphs of `checkpoint` with the params each reads."""
+    spec = checkpoint.spec
+    mel, mel_params = build_log_mel(spec.num_mel_bins, MEL, fp16_io=fp16_io)
+    encoder, encoder_names = build_audio_encoder(spec, ENCODER, fp16_io=fp16_io)
+    decoder, decoder_names = build_text_decoder(spec, cache_len, DECODER, fp16_io=fp16_io)
+    return {
+        MEL: (mel, mel_params),
+        ENCODER: (encoder, ParamsOf(checkpoint.params, encoder_names)),
+        DECODER: (decoder, ParamsOf(checkpoint.params, decoder_names)),
+    }
+
+
+def convert_whisper(
+    model_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    *,
+    precision: str = "fp16",
+    target: str = "iOS17",
+    compress: Any = None,
+    deploy: str = "plain",
+    cache_len: int | None = None,
+    stateful: bool = False,
+    overwrite: bool = False,
+    name: str | None = None,
+    progress: Progress | None = None,
+    on_graph: Callable[[str, Graph, Mapping[str, Any], Path], None] | None = None,
+) -> WhisperPackages:
+    """Write the WhisperKit folder of the Whisper checkpoint `model_dir` (Hugging Face or
+    CTranslate2 layout) into `output_dir/openai_whisper-<variant>` (`name` overrides the folder
+    name). `compress` applies to the encoder and decoder weights (the mel front end has only its
+    DFT basis and filter bank, kept exact); the mel front end follows `precision` (its log is
+    taken so that an fp16 program floors silence at -10 as Whisper does).
+    `on_graph(role, graph, params, package)` is called after each package is saved (`--verify`)."""
+    from rlx_mil import api
+
+    if precision not in ("fp16", "fp32"):
+        raise InvalidOptionError(f"precision must be 'fp16' or 'fp32', got {precision!r}")
+    progress = progress or Progress(enabled=False)
+    progress.begin("reading the checkpoint")
+    checkpoint = open_whisper(model_dir)
+    if cache_len is None:  # WhisperKit's 224 for Whisper's 448 positions
+        cache_len = checkpoint.spec.max_target_positions // 2
+    check_cache_len(checkpoint.spec, cache_len)
+    progress.end(f"Whisper ({checkpoint.layout} layout): d_model {checkpoint.spec.d_model},"
+                 f" {checkpoint.spec.encoder_layers} + {checkpoint.spec.decoder_layers} layers,"
+                 f" {checkpoint.spec.num_mel_bins} mels")
+    folder = Path(output_dir) / (name or folder_name(checkpoint.directory))
+    if folder.exists() and not overwrite:
+        raise InvalidOptionError(f"{folder} exists; pass --overwrite to replace it")
+    folder.mkdir(parents=True, exist_ok=True)
+    fp16_io = precision == "fp16"
+    written: dict[str, Path] = {}
+    for role, (graph, params) in graphs(checkpoint, cache_len, fp16_io).items():
+        progress.begin(f"converting {role}")
+        model = api.convert(graph, params, precision=precision, target=target, deploy=deploy,
+                            compress=None if role == MEL else compress, fp16_io=fp16_io)
+        _describe(model, role, checkpoint)
+        path = api.save(model, folder / f"{role}.mlpackage", overwrite=True)
+        del model
+        progress.end(str(path))
+        written[role] = path
+        if on_graph is not None:
+            on_graph(role, graph, params, path)
+    if stateful:
+        from rlx_mil.speech.stateful import convert_stateful_decoder
+
+        progress.begin(f"converting {STATEFUL_DECODER}")
+        written[STATEFUL_DECODER] = convert_stateful_decoder(
+            checkpoint, folder / f"{STATEFUL_DECODER}.mlpackage", precision=precision, compress=compress,
+            deploy=deploy, max_context=checkpoint.spec.max_target_positions // 2)
+        progress.end(str(written[STATEFUL_DECODER]))
+    write_folder_files(checkpoint, folder)
+    return WhisperPackages(folder, written, cache_len, precision)
+
+
+def _describe(model: Any, role: str, checkpoint: WhisperCheckpoint) -> None:
+    spec = checkpoint.spec
+    model.short_description = {
+        MEL: f"Whisper log-mel front end: 30 s of 16 kHz audio -> {spec.num_mel_bins} mel bins x 3000 frames",
+        ENCODER: f"Whisper audio encoder (d_model {spec.d_model}, {spec.encoder_layers} layers)",
+        DECODER: f"Whisper text decoder, one token per call (WhisperKit's contract; {spec.decoder_layers} layers)",
+    }[role]
+    model.user_defined_metadata[ROLE_KEY] = role
+
+
+def write_folder_files(checkpoint: WhisperCheckpoint, folder: Path) -> None:
+    """config.json, generation_config.json and the tokenizer files beside the packages."""
+    source = checkpoint.directory
+    config = hf_config_of(checkpoint.spec)
+    if checkpoint.layout == "hf":
+        loaded = json.loads((source / "config.json").read_text(encoding="utf-8"))
+        config = loaded if isinstance(loaded, dict) else config
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    generation = dict(checkpoint.generation_config)
+    if not generation:
+        spec = checkpoint.spec
+        generation = {"decoder_start_token_id": spec.decoder_start_token_id, "eos_token_id": spec.eos_token_id,
+                      "pad_token_id": spec.pad_token_id, "suppress_tokens": list(spec.suppress_tokens),
+                      "begin_suppress_tokens": list(spec.begin_suppress_tokens)}
+    if checkpoint.alignment_heads and "alignment_heads" not in generation:
+        generation["alignment_heads"] = [list(h) for h in checkpoint.alignment_heads]
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
+    for file in TOKENIZER_FILES:
+        if file in ("generation_config.json",):
+            continue
+        path = source / file
+        if path.is_file() and not path.is_symlink():
+            shutil.copyfile(path, folder / file)
+
+
+def feeds_for_step(spec_kv_width: int, d_model: int, cache_len: int, token: int, position: int,
+                   keys: np.ndarray, values: np.ndarray, encoded: np.ndarray) -> dict[str, np.ndarray]:
+    """The TextDecoder's inputs for one step as WhisperKit builds them: the token, its
+    position, the caches, the update mask (1 at `position`) and the padding mask (0 over the
+    positions 0..position, -1e4 elsewhere)."""
+    update = np.zeros((1, cache_len), np.int32)
+    update[0, position] = 1
+    padding = np.full((1, cache_len), -1e4, np.float32)
+    padding[0, : position + 1] = 0
+    return {"input_ids": np.array([token], np.int32), "cache_length": np.array([position], np.int32),
+            "key_cache": keys, "value_cache": values, "kv_cache_update_mask": update,
+            "encoder_output_embeds": encoded, "decoder_key_padding_mask": padding}
