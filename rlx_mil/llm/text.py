@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -84,42 +83,18 @@ def _id_list(value: Any) -> list[int] | None:
     return None
 
 
-def compile_chat_template(source: str, where: str = "chat template") -> Any:
-    """A jinja2 template compiled in the environment transformers' apply_chat_template uses."""
+def compile_chat_template(source: object, where: str = "chat template") -> Any:
+    """A jinja2 template compiled in the environment transformers' apply_chat_template uses,
+    sandboxed and bounded (`rlx_mil.llm.chat_template`)."""
     import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    class Generation(jinja2.ext.Extension):
-        """`{% generation %}...{% endgeneration %}` (assistant-mask markers): renders the body."""
+    from rlx_mil.llm.chat_template import ChatTemplateBoundError, compile_bounded
 
-        tags = {"generation"}
-
-        def parse(self, parser: Any) -> Any:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller: Any) -> str:
-            return str(caller())
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(format: str) -> str:
-        return datetime.now().strftime(format)
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = tojson
+    if not isinstance(source, str):
+        raise TokenizerError(f"{where}: a chat template must be text, got {type(source).__name__}")
     try:
-        return env.from_string(source, globals={"raise_exception": raise_exception, "strftime_now": strftime_now})
-    except jinja2.TemplateError as err:
+        return compile_bounded(source)
+    except (jinja2.TemplateError, ChatTemplateBoundError, RecursionError, MemoryError) as err:
         raise TokenizerError(f"{where}: not a valid jinja2 template ({type(err).__name__}: {err})") from None
 
 
@@ -266,14 +241,53 @@ class TextTokenizer:
             )
         if self._template is None:
             self._template = compile_chat_template(self.chat_template_source, f"{self.folder}: chat template")
-        context = {**self.special_tokens, **variables}
+        context = {**self.special_tokens, **self._missing_tokens(), **variables}
+        from rlx_mil.llm.chat_template import ChatTemplateBoundError, render_bounded
+
         try:
-            return str(self._template.render(
-                messages=[dict(m) for m in messages], tools=None, documents=None,
-                add_generation_prompt=add_generation_prompt, **context,
-            ))
+            return render_bounded(self._template, {
+                "messages": [dict(m) for m in messages], "tools": None, "documents": None,
+                "add_generation_prompt": add_generation_prompt, **context,
+            })
+        except TokenizerError:
+            raise
+        except ChatTemplateBoundError as err:
+            raise TokenizerError(f"{self.folder}: chat template stopped: {err}") from None
         except jinja2.TemplateError as err:
             raise TokenizerError(f"{self.folder}: the chat template failed: {err}") from None
+        except (RecursionError, MemoryError) as err:
+            raise TokenizerError(f"{self.folder}: the chat template failed: {type(err).__name__}") from None
+        except Exception as err:  # the template's own Python errors: 1/0, 'a' - 1, int('x')...
+            raise TokenizerError(f"{self.folder}: the chat template failed: {type(err).__name__}: {err}") from None
+
+    def _missing_tokens(self) -> dict[str, Any]:
+        """An undefined value for each special token this tokenizer does not set: false in
+        `{% if bos_token %}`, an error when the template writes it (transformers would write
+        nothing, and the prompt would silently lack the token)."""
+        import jinja2
+
+        folder = self.folder
+
+        class MissingToken(jinja2.Undefined):
+            def __str__(self) -> str:
+                raise TokenizerError(f"{folder}: the chat template writes {self._undefined_name}, which the"
+                                     " tokenizer does not define (tokenizer_config.json / special_tokens_map.json)")
+
+        class AbsentToken(str):
+            """A special token the vocabulary lacks: the text would be encoded as plain pieces."""
+
+            def __str__(self) -> str:
+                raise TokenizerError(f"{folder}: the chat template writes the special token {str.__str__(self)!r},"
+                                     " which the tokenizer's vocabulary does not hold")
+
+        values: dict[str, Any] = {}
+        for name in SPECIAL_TOKEN_NAMES:
+            text = self.special_tokens.get(name)
+            if not isinstance(text, str):
+                values[name] = MissingToken(name=name)
+            elif self.token_id(text) is None:
+                values[name] = AbsentToken(text)
+        return values
 
     def encode_chat(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **variables: Any
@@ -292,4 +306,8 @@ class TextTokenizer:
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [
             {"role": "user", "content": prompt}
         ]
-        return self.encode_chat(messages)
+        text = self.render_chat(messages)
+        if system is not None and system.strip() not in text:
+            raise TokenizerError(f"{self.folder}: the chat template has no system role (it left the system message"
+                                 " out of the prompt); drop --system or put it in the prompt")
+        return self.encode(text, add_special_tokens=False)
