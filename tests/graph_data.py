@@ -21,6 +21,7 @@ from rlx_mil.ir.ops import (
     ScatterElements,
     ScatterNd,
 )
+from rlx_mil.ir.ops.scaled import ScaledDequantize, ScaledGroupedMatMul, ScaledMatMul, ScaleKind
 
 
 def _consumers(graph: Graph) -> dict[int, list[tuple[int, int]]]:
@@ -74,6 +75,8 @@ def leaf_values(graph: Graph, seed: int = 0) -> tuple[dict[str, np.ndarray], dic
                 value = rng.uniform(0.01, 0.05, size=shape).astype(np.float32)
             elif isinstance(user.op, DequantMatMul) and pos == 3:
                 value = rng.integers(-4, 5, size=shape).astype(np.float32)
+            elif isinstance(user.op, (ScaledDequantize, ScaledMatMul, ScaledGroupedMatMul)):
+                value = _scaled_leaf(graph, user, pos, shape, rng)
         if dtype.kind in "iu":
             value = np.trunc(value).astype(dtype) if np.all(np.abs(value) < 1e6) else value.astype(dtype)
         elif dtype.kind == "b":
@@ -97,3 +100,27 @@ def _valid_indices(graph: Graph, user: Node, shape: tuple[int, ...], rng: np.ran
         data = graph.node(user.inputs[0]).shape.sizes()
         limits = data[op.axis % len(data)]
     return np.floor(rng.random(shape) * limits).astype(np.float32)
+
+
+def _scaled_leaf(graph: Graph, user: Node, pos: int, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Codes of the operand's format with magnitudes near 1 (no NaN/inf codes), scale bytes near
+    2^0, per-tensor scales near 1, valid expert ids and plain biases."""
+    from rlx_mil.reference.scaled import code_table
+
+    op = user.op
+    codes_pos, scale_pos = ((0,), (1,)) if isinstance(op, ScaledDequantize) else ((0, 1), (2, 3))
+    if pos in codes_pos:
+        fmt = op.format if isinstance(op, ScaledDequantize) else (op.lhs_format, op.rhs_format)[pos]
+        table = code_table(fmt)
+        usable = np.flatnonzero(np.isfinite(table) & (np.abs(table) <= 8))
+        return rng.choice(usable, size=shape).astype(np.float32)
+    if pos in scale_pos:
+        kind = op.scale_layout.kind
+        if kind is ScaleKind.PER_TENSOR:
+            return rng.uniform(0.5, 2.0, size=shape).astype(np.float32)
+        low, high = (124, 130) if kind is ScaleKind.BLOCK_MX_E8M0 else (0x30, 0x40)
+        return rng.integers(low, high, size=shape).astype(np.float32)
+    if isinstance(op, ScaledGroupedMatMul) and pos == 4:
+        experts = graph.node(user.inputs[1]).shape.sizes()[0]
+        return rng.integers(0, experts, size=shape).astype(np.float32)
+    return rng.standard_normal(shape).astype(np.float32)

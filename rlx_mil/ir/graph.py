@@ -34,6 +34,7 @@ from rlx_mil.ir.ops.reduce import ReduceBuilder
 from rlx_mil.ir.ops.resample import ResampleBuilder
 from rlx_mil.ir.ops.rng import RngBuilder
 from rlx_mil.ir.ops.rope import RopeBuilder
+from rlx_mil.ir.ops.scaled import ScaledBuilder
 from rlx_mil.ir.ops.scatter import ScatterBuilder
 from rlx_mil.ir.ops.sequence import SequenceBuilder
 from rlx_mil.ir.ops.shape import ShapeBuilder
@@ -68,6 +69,7 @@ class Graph(
     SequenceBuilder,
     TrainingBuilder,
     CodebookBuilder,
+    ScaledBuilder,
 ):
     """Append-only DAG of nodes in topological order; a node's id is its index.
 

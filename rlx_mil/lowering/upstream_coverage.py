@@ -63,9 +63,6 @@ REFUSED: dict[str, str] = {
         " rules); not lowered yet"
     ),
     "ScaledQuantScale": "computes ScaledQuantize's block scales (E8M0 exponents of block maxima); not lowered yet",
-    "ScaledMatMul": "MXFP4 / NVFP4 / FP8 operand codes with their scale tables; not lowered yet",
-    "ScaledGroupedMatMul": "the expert-indexed ScaledMatMul; not lowered yet",
-    "ScaledDequantize": "decodes ScaledMatMul's codes with their scales; not lowered yet",
     "DequantGroupedMatMulMlx": "MLX-affine expert words with per-group scale and bias; not lowered yet",
     "FftQ": (
         "a fixed-point I32 FFT whose per-stage shift / saturation (`FftQScale`) has no exact form in"

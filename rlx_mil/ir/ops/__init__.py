@@ -29,6 +29,7 @@ from rlx_mil.ir.ops import (
     resample,
     rng,
     rope,
+    scaled,
     scatter,
     sequence,
     shape,
@@ -163,6 +164,14 @@ from rlx_mil.ir.ops.rope import (
     Rope,
     RopeStyle,
 )
+from rlx_mil.ir.ops.scaled import (
+    ScaledDequantize,
+    ScaledFormat,
+    ScaledGroupedMatMul,
+    ScaledMatMul,
+    ScaleKind,
+    ScaleLayout,
+)
 from rlx_mil.ir.ops.scatter import (
     GatherElements,
     GatherNd,
@@ -203,7 +212,7 @@ FAMILIES: dict[str, ModuleType] = {
     module.__name__.rsplit(".", 1)[1]: module
     for module in (
         leaf, elementwise, linalg, quant, qcompute, norm, reduce, shape, scatter, rope,
-        attention, fused, conv, resample, audio, moe, recurrent, control, rng, sequence, training, codebook,
+        attention, fused, conv, resample, audio, moe, recurrent, control, rng, sequence, training, codebook, scaled,
     )
 }
 
@@ -322,8 +331,14 @@ __all__ = [
     "RopeBackward",
     "RopeStyle",
     "Sample",
+    "ScaleKind",
+    "ScaleLayout",
     "ScaleMode",
     "ScaleModeKind",
+    "ScaledDequantize",
+    "ScaledFormat",
+    "ScaledGroupedMatMul",
+    "ScaledMatMul",
     "Scan",
     "ScatterAdd",
     "ScatterElements",
