@@ -87,6 +87,7 @@ def gguf_loader(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """The convert-gguf command."""
+    from rlx_mil.cli.quality import check_report_path
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.llm.convert_hf import convert_checkpoint
     from rlx_mil.llm.gguf_package import prepare_gguf_package
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
     stateful = choose_stateful(args, decoder=True)  # every GGUF architecture rlx_mil reads is a decoder
     check_inputs = compress_check_inputs(args)
+    check_report_path(args)
     if stateful:
         if check_inputs is not None:
             raise InvalidOptionError("--compress-check takes inputs of one stateless call; add --graph-only for one")
@@ -109,17 +111,21 @@ def run(args: argparse.Namespace) -> int:
     info = package_info(path)
     print(f"wrote {path} ({info.num_ops} ops, {human_bytes(info.package_bytes)}) in {time.perf_counter() - start:.1f} s")
     print_compression(info.metadata)
+    quality = gguf_quality(args, info.metadata)
     if args.verify:
+        from rlx_mil.cli.quality import verify_quality
         from rlx_mil.compress import dequantized_params, report_of
 
         report = report_of(info.metadata)
         if report is not None:  # the package computes with the codes: verify against their decode
             params = dequantized_params(params, report)
+            print("verify: fidelity (the package on the MIL executor vs the NumPy reference on its own codes):")
         checks = verify_package(graph, params, path, example_inputs(graph, _vocab_size(graph)), args.precision)
         for check in checks:
             print(check.to_text())
         if not all(c.ok for c in checks):
             return 1
+        return verify_quality(args, quality)
     return 0
 
 
@@ -147,6 +153,23 @@ def run_stateful(args: argparse.Namespace) -> int:
     print(f"wrote {args.output} (functions {', '.join(info.functions)}; {info.weight_bytes} bytes of weights)"
           f" in {time.perf_counter() - start:.1f} s")
     print_compression(info.metadata)
+    quality = gguf_quality(args, info.metadata)
     if args.verify:
-        return verify_stateful_command(args.model, args.output, args.precision, info.metadata, loader=from_gguf)
+        from rlx_mil.cli.quality import verify_quality
+
+        return verify_stateful_command(args.model, args.output, args.precision, info.metadata, loader=from_gguf) or verify_quality(args, quality)
     return 0
+
+
+def gguf_quality(args: argparse.Namespace, metadata: Any) -> Any:
+    """The quality check of a package whose weights were encoded anew (--requantize, --deploy
+    ane's default, --compress) against the float model the file's own codes decode to; printed,
+    written to --report, warned about. None when the file's codes were kept (they are the model)."""
+    from rlx_mil.cli.quality import measure_stateful, print_summary, write_report
+
+    quality = None
+    if requantize_spec(args) is not None or getattr(args, "compress", None):
+        quality = measure_stateful(args.model, metadata, gguf_loader(args), args, gguf=True)
+    print_summary(quality)
+    write_report(args, metadata, quality)
+    return quality

@@ -126,15 +126,30 @@ def compress_option(args: argparse.Namespace) -> Any:
         spec += f";budget={budget!r}"
     if max_error is not None:
         spec += f";max_error={max_error!r}"
-    if calibration is None:
-        return spec
     import dataclasses
 
     from rlx_mil.compress import parse_compress
 
     config = parse_compress(spec)
     assert config is not None
-    return dataclasses.replace(config, calibration=calibration_inputs(calibration, args))
+    if calibration is not None:
+        config = dataclasses.replace(config, calibration=calibration_inputs(calibration, args))
+    return dataclasses.replace(config, **quality_check_option(args))
+
+
+def quality_check_option(args: argparse.Namespace) -> dict[str, Any]:
+    """How the conversion checks its quality: a stateful package or a GGUF file is checked by
+    the command after converting (`rlx_mil.cli.quality.measure_stateful`); a checkpoint with a
+    tokenizer on the --compress-calibration text or the built-in one; else on generated inputs."""
+    if getattr(args, "stateful", False) or hasattr(args, "requantize"):
+        return {"final_check": False}
+    model_dir = getattr(args, "model_dir", None)
+    if model_dir is None:
+        return {}
+    from rlx_mil.cli.quality import check_inputs_of
+
+    found = check_inputs_of(Path(model_dir), args, getattr(args, "seq_len", None) or 128)
+    return {} if found is None else {"check_inputs": found[0], "check_label": found[1]}
 
 
 def calibration_inputs(path: Path, args: argparse.Namespace) -> dict[str, np.ndarray]:
@@ -200,6 +215,13 @@ def print_compression(metadata: Mapping[str, str]) -> None:
 def run(args: argparse.Namespace) -> int:
     """The convert-hf command."""
     from rlx_mil.cli.convert_whisper import is_whisper_folder, run_whisper
+    from rlx_mil.cli.quality import (
+        check_report_path,
+        print_summary,
+        stored_check,
+        verify_quality,
+        write_report,
+    )
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.llm.convert_hf import convert_checkpoint
     from rlx_mil.models.verify import example_inputs, verify_package
@@ -208,7 +230,9 @@ def run(args: argparse.Namespace) -> int:
         return run_whisper(args, convert_kwargs(args))
     decoder, positions = decoder_positions(args.model_dir)
     stateful = choose_stateful(args, decoder)
+    args.stateful = stateful  # what the conversion options (the quality check's place) follow
     check_inputs = compress_check_inputs(args)
+    check_report_path(args)
     if stateful:
         if check_inputs is not None:
             raise InvalidOptionError(
@@ -226,6 +250,9 @@ def run(args: argparse.Namespace) -> int:
     info = package_info(path)
     print(f"wrote {path} ({info.num_ops} ops, {human_bytes(info.package_bytes)}) in {time.perf_counter() - start:.1f} s")
     print_compression(info.metadata)
+    quality = stored_check(info.metadata)
+    print_summary(quality)
+    write_report(args, info.metadata, quality)
     if args.verify:
         vocab = _vocab_size(graph) if _takes_tokens(graph) else 1
         if getattr(args, "compress", None):
@@ -233,11 +260,13 @@ def run(args: argparse.Namespace) -> int:
             from rlx_mil.compress import dequantized_params, report_of
 
             params = dequantized_params(params, report_of(info.metadata))
+            print("verify: fidelity (the package on the MIL executor vs the NumPy reference on its own compressed weights):")
         checks = verify_package(graph, params, path, example_inputs(graph, vocab), args.precision)
         for check in checks:
             print(check.to_text())
         if not all(c.ok for c in checks):
             return 1
+        return verify_quality(args, quality)
     return 0
 
 
@@ -405,8 +434,14 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any], max_
     info = package_info(args.output)
     names = ", ".join(info.functions)
     print(f"wrote {args.output} (functions {names}; {info.weight_bytes} bytes of weights) in {time.perf_counter() - start:.1f} s")
+    from rlx_mil.cli.quality import measure_stateful, print_summary, verify_quality, write_report
+    from rlx_mil.models.pretrained import from_pretrained
+
+    quality = measure_stateful(args.model_dir, info.metadata, from_pretrained, args)
+    print_summary(quality)
+    write_report(args, info.metadata, quality)
     if args.verify:
-        return verify_stateful_command(args.model_dir, args.output, args.precision, info.metadata)
+        return verify_stateful_command(args.model_dir, args.output, args.precision, info.metadata) or verify_quality(args, quality)
     return 0
 
 
@@ -439,8 +474,9 @@ def verify_stateful_command(model: Any, package: Any, precision: str, metadata: 
     from rlx_mil.compress import report_of
     from rlx_mil.llm.package import verify_stateful
 
+    weights = "the package's own compressed weights (fidelity)" if report_of(metadata) is not None else "its weights"
     print(f"verify: {VERIFY_STEPS} greedy steps, the package on the MIL executor against the NumPy reference"
-          " of the checkpoint's plain graph (teacher-forced on the reference's tokens)", flush=True)
+          f" of the checkpoint's plain graph on {weights} (teacher-forced on the reference's tokens)", flush=True)
     comparison = verify_stateful(
         model, package, None, VERIFY_STEPS, precision=precision, compression=report_of(metadata),
         report=lambda line: print(f"verify: {line}", flush=True), loader=loader,

@@ -62,7 +62,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="with --compress autoN: widen every weight whose estimated relative error exceeds E")
         p.add_argument("--compress-calibration", type=Path, metavar="FILE",
                        help="calibration inputs (.npz of the graph's inputs; for convert-hf also a .txt tokenized with"
-                       " the checkpoint's tokenizer): activation-aware autoN choices and a measured output error")
+                       " the checkpoint's tokenizer): activation-aware autoN choices, and the text the quality check"
+                       " against the original model runs on (default: a built-in English text)")
+        from rlx_mil.cli.quality import add_quality_flags
+
+        add_quality_flags(p)
 
     conv = sub.add_parser("convert", help="convert a graph (upstream RLX JSON) plus weights to .mlpackage")
     conv.add_argument("graph", type=Path, help="graph JSON as serialised by upstream RLX or rlx_mil")
@@ -176,8 +180,10 @@ def _convert(args: argparse.Namespace) -> int:
             raise RlxMilError(f"--dim takes SYMBOL=SIZE with non-negative integers, got {item!r}")
         dims[int(symbol)] = int(size)
     from rlx_mil.cli.convert_hf import compress_check_inputs
+    from rlx_mil.cli.quality import check_report_path
 
     check_inputs = compress_check_inputs(args)
+    check_report_path(args)
     start = time.perf_counter()
     options: dict[str, Any] = {
         "target": args.target, "precision": args.precision, "attention": args.attention, "dims": dims or None,
@@ -194,8 +200,12 @@ def _convert(args: argparse.Namespace) -> int:
     info = package_info(args.output)
     print(f"wrote {args.output} ({info.num_ops} ops, {info.package_bytes} bytes) in {time.perf_counter() - start:.2f} s")
     from rlx_mil.cli.convert_hf import print_compression
+    from rlx_mil.cli.quality import print_summary, stored_check, write_report
 
     print_compression(model.user_defined_metadata)
+    check = stored_check(model.user_defined_metadata)
+    print_summary(check)
+    write_report(args, model.user_defined_metadata, check)
     return EXIT_OK
 
 

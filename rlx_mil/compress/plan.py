@@ -365,10 +365,11 @@ class WeightCompressor:
             weights=list(self.weights), kept=kept, plan=self.plan.summary if self.plan else "",
             contributions=dict(self.plan.contributions) if self.plan else {},
         )
-        if self.params is not None and self.weights and report.calibration_error is None and report.check_error is None:
-            if self.config.check_inputs is not None:
-                report.check_error = self._measure(report, self.params, self.config.check_inputs,
-                                                   self.config.check_label or "the given check inputs")
+        if (self.config.final_check and self.params is not None and self.weights and report.calibration_error is None
+                and report.check_error is None):
+            given = self._given_check_inputs() if self.config.check is not False else None
+            if given is not None:
+                report.check_error = self._measure(report, self.params, given, self.config.check_label or "the given check inputs")
             elif self.config.calibration is not None:
                 report.calibration_error = self._measure(report, self.params, self.calibration_inputs(), "the calibration inputs")
             elif self._checks():
@@ -377,6 +378,27 @@ class WeightCompressor:
                 report.check_error = self._measure(report, self.params, example_inputs(self.graph),
                                                    "inputs generated for the check")
         return report
+
+    def _given_check_inputs(self) -> dict[str, Any] | None:
+        """`config.check_inputs` as the graph takes them; None when they do not fit it (a text
+        tokenized for a decoder offered to a graph that takes no such tokens): the check then
+        runs on the calibration or generated inputs."""
+        from rlx_mil.ir.ops import Input
+        from rlx_mil.ir.shape import Static
+
+        given = self.config.check_inputs
+        if given is None:
+            return None
+        feeds = {}
+        for node in self.graph:
+            if isinstance(node.op, Input):
+                value = given.get(node.op.name)
+                dims = node.shape.dims
+                if value is None or np.ndim(value) != len(dims) or any(
+                        isinstance(d, Static) and d.size != n for d, n in zip(dims, np.shape(value), strict=True)):
+                    return None
+                feeds[node.op.name] = value
+        return feeds
 
     def _checks(self) -> bool:
         """Whether the output check on generated inputs runs: as the config says, else while the

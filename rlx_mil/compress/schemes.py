@@ -334,6 +334,9 @@ class CompressionConfig:
     #: text tokenized by the caller), and the words the check's summary names them with.
     check_inputs: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
     check_label: str = field(default="", compare=False, hash=False)
+    #: False: the conversion records no quality check of its own (a caller measures it once,
+    #: on text, after converting every function of a stateful package).
+    final_check: bool = field(default=True, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0:

@@ -53,7 +53,8 @@ def test_stateful_package_compresses_shared_weights_once(tmp_path: Path, capsys:
     folder = write_random_checkpoint(tmp_path / "qwen3", TINY_CONFIGS["qwen3"], dtype="bfloat16")
     packed = tmp_path / "int4.mlpackage"
     common = [str(folder), "--stateful", "--max-context", "32", "--prefill", "8", "--quiet", "--precision", "fp32"]
-    assert main(["convert-hf", *common, "-o", str(packed), "--verify", "--compress", "int4;min_size=0"]) == 0
+    assert main(["convert-hf", *common, "-o", str(packed), "--verify", "--compress", "int4;min_size=0",
+                 "--allow-quality-loss"]) == 0  # int4 of every tiny random tensor: KL above 0.1
     assert ": ok" in capsys.readouterr().out
     info = package_info(packed)
     report = report_of(info.metadata)

@@ -1,0 +1,150 @@
+"""The conversion commands' quality check: `--report FILE`, `--allow-quality-loss`, the summary
+line, and what `--verify` says of quality (docs/compression.md, "Quality check").
+
+A compressed conversion measures its quality against the original model once. Stateless
+conversions do it inside `rlx_mil.convert` (the compression report's `quality`, on the text
+`check_inputs_of` tokenizes); stateful and GGUF conversions here, after converting, on the
+checkpoint's plain graph (`rlx_mil.llm.quality_check`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.compress.quality_check import QualityCheck, check_from_dict
+from rlx_mil.errors import InvalidOptionError
+
+
+def add_quality_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--report", type=Path, metavar="FILE.json",
+                   help="with compression: write the full report (every weight's scheme, size and error; the quality"
+                   " check against the original model) as JSON")
+    p.add_argument("--allow-quality-loss", action="store_true",
+                   help="--verify passes a compressed package whose quality against the original model is below the"
+                   " documented thresholds (docs/compression.md)")
+
+
+def user_text(args: argparse.Namespace) -> str | None:
+    """The --compress-calibration text (a .txt file), else None."""
+    path = getattr(args, "compress_calibration", None)
+    if path is None or Path(path).suffix.lower() != ".txt":
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidOptionError(f"--compress-calibration: cannot read {str(path)!r} ({err})") from None
+
+
+def check_inputs_of(model_dir: Path, args: argparse.Namespace, length: int) -> tuple[dict[str, np.ndarray], str] | None:
+    """Inputs for the stateless conversion's quality check: the --compress-calibration text,
+    else the built-in held-out text, tokenized by the checkpoint's tokenizer into `length`
+    tokens (repeated when shorter), with its label; None without a tokenizer."""
+    from rlx_mil.llm.quality_check import check_text_ids
+
+    found = check_text_ids(model_dir, user_text(args), max_tokens=length)
+    if found is None or not found[0]:
+        return None
+    ids, label = found
+    row = np.resize(np.asarray(ids, np.int32), length)[None, :]
+    if len(ids) < length:
+        label += f", repeated to {length}"
+    return {"input_ids": row, "attention_mask": np.ones_like(row), "token_type_ids": np.zeros_like(row)}, label
+
+
+def measure_stateful(source: Any, metadata: Mapping[str, str], loader: Any, args: argparse.Namespace, *,
+                     gguf: bool = False) -> QualityCheck | None:
+    """The quality check of a stateful (or GGUF) package, with its warning: the package's
+    compression against the original model on text. None when nothing was compressed (the
+    caller asks only when something was encoded anew: a GGUF file's kept codes are the model)."""
+    from rlx_mil.compress import report_of
+    from rlx_mil.llm.quality_check import (
+        check_and_warn,
+        check_text_ids,
+        generated_ids,
+        gguf_check_text_ids,
+        measure_decoder_quality,
+    )
+
+    report = report_of(dict(metadata))
+    if report is None or not report.weights:
+        return None
+    text = user_text(args)
+    found = gguf_check_text_ids(source, text) if gguf else check_text_ids(source, text)
+    graph_text = found is not None
+    if found is None:
+        vocab = _vocab(source, loader)
+        found = generated_ids(vocab)
+    ids, label = found
+    compared = "the float model the GGUF codes decode to" if gguf else "the float checkpoint"
+    check = measure_decoder_quality(source, report, ids, label, loader=loader, compared_with=compared, text=graph_text)
+    return check_and_warn(check)
+
+
+def _vocab(source: Any, loader: Any) -> int:
+    graph, _ = loader(source, "prefill", seq_len=2)
+    logits = next(n for n in graph if n.id in graph.outputs)
+    return int(logits.shape.sizes()[-1])
+
+
+def stored_check(metadata: Mapping[str, str]) -> QualityCheck | None:
+    """The quality check a stateless conversion stored in the compression report."""
+    from rlx_mil.compress import report_of
+
+    report = report_of(dict(metadata))
+    return None if report is None or report.quality is None else check_from_dict(report.quality)
+
+
+def print_summary(check: QualityCheck | None) -> None:
+    if check is not None:
+        print(check.summary())
+
+
+def write_report(args: argparse.Namespace, metadata: Mapping[str, str], check: QualityCheck | None) -> None:
+    """--report FILE: the compression report (every weight) and the quality check as JSON."""
+    path = getattr(args, "report", None)
+    if path is None:
+        return
+    from dataclasses import asdict
+
+    from rlx_mil.compress import report_of
+    from rlx_mil.fileio import atomic_output_file
+
+    report = report_of(dict(metadata))
+    compression = None if report is None else asdict(report)
+    if compression is not None:
+        compression.pop("quality", None)
+    body = {"compression": compression, "quality": None if check is None else check.to_dict()}
+    with atomic_output_file(Path(path), overwrite=True, what="report") as stream:
+        stream.write((json.dumps(body, indent=1, allow_nan=False) + "\n").encode())
+    print(f"wrote the compression report to {path}")
+
+
+def check_report_path(args: argparse.Namespace) -> None:
+    """Refuse a --report path that cannot be written (a folder, a missing folder) before any
+    work; an existing file is replaced."""
+    path = getattr(args, "report", None)
+    if path is not None:
+        from rlx_mil.fileio import check_output_path
+
+        check_output_path(Path(path), overwrite=True, what="report")
+
+
+def verify_quality(args: argparse.Namespace, check: QualityCheck | None) -> int:
+    """What --verify says of quality (after the fidelity checks): 0, or 1 when the compressed
+    package is below the thresholds and --allow-quality-loss was not given."""
+    if check is None:
+        return 0
+    print(f"verify: quality (the compressed weights vs the original model, NumPy reference): {check.summary()}")
+    if check.ok:
+        return 0
+    if getattr(args, "allow_quality_loss", False):
+        print("verify: quality below the thresholds, accepted (--allow-quality-loss)")
+        return 0
+    print("verify: FAILED: quality below the thresholds (docs/compression.md); --allow-quality-loss accepts it")
+    return 1

@@ -1,0 +1,57 @@
+"""The quality check of compressed conversions on the command line: the summary line against
+the original model, --report, the warning, and --verify's verdict (--allow-quality-loss)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlx_mil.cli import main
+from tests.llm.text_fixtures import chat_checkpoint
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return chat_checkpoint(tmp_path_factory.mktemp("quality") / "ckpt")
+
+
+def _convert(checkpoint: Path, out: Path, spec: str, *extra: str) -> int:
+    return main(["convert-hf", str(checkpoint), "-o", str(out), "--stateful", "--max-context", "64",
+                 "--precision", "fp32", "--compress", spec, *extra])
+
+
+def test_int8_reports_its_quality_on_the_builtin_text_without_warning(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "r.json"
+    code = _convert(checkpoint, tmp_path / "m.mlpackage", "int8", "--report", str(report), "--verify")
+    out, err = capsys.readouterr()
+    assert code == 0, out
+    assert "warning: quality" not in err
+    line = next(x for x in out.splitlines() if x.startswith("quality vs the float checkpoint"))
+    assert "tokens of the built-in held-out English text" in line and "ppl x" in line
+    assert "verify: quality (the compressed weights vs the original model" in out
+    assert "own compressed weights (fidelity)" in out
+    body = json.loads(report.read_text())
+    quality = body["quality"]
+    assert quality["ok"] and quality["decoder"]["positions"] > 100
+    assert quality["decoder"]["mean_kl"] < 1e-3 and 0.97 < quality["decoder"]["perplexity_ratio"] < 1.03
+    weights = body["compression"]["weights"]
+    assert weights and all(w["scheme"].startswith("int8") and w["relative_error"] < 0.01 for w in weights)
+
+
+def test_a_broken_package_warns_and_fails_verify_unless_allowed(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = _convert(checkpoint, tmp_path / "m.mlpackage", "lut2-tensor", "--verify")
+    out, err = capsys.readouterr()
+    assert code == 1, out
+    warned = [x for x in err.split("rlx-mil convert-hf: warning: ") if x.startswith("quality vs")]
+    assert len(warned) == 1, err
+    assert "BELOW THRESHOLD" in warned[0] and "the weights contributing most: " in warned[0]
+    assert "verify: FAILED: quality below the thresholds" in out
+    code = _convert(checkpoint, tmp_path / "m2.mlpackage", "lut2-tensor", "--verify", "--allow-quality-loss")
+    assert code == 0
+    assert "accepted (--allow-quality-loss)" in capsys.readouterr().out
