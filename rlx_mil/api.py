@@ -338,7 +338,8 @@ def release(model: Any) -> None:
 
 
 def save(model: ct.models.MLModel, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
-    """Write `model` to `path` (.mlpackage) atomically: staged beside `path`, synced to disk,
+    """Write `model` to `path` (.mlpackage; or `.aimodel`: Apple's Core AI asset of the same
+    program, `rlx_mil.coreai.asset.save_aimodel`) atomically: staged beside `path`, synced to disk,
     then swapped into place, so a failure or crash leaves the old package (or none) and
     never a half-written one. Errors are typed (FileAccessError subclasses also derive from
     the matching OSError: `except FileExistsError` works); see `rlx_mil.coreml.saving`."""
@@ -347,8 +348,14 @@ def save(model: ct.models.MLModel, path: str | os.PathLike[str], *, overwrite: b
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidOptionError(f"path must be a str or os.PathLike ending in .mlpackage, got {path!r}")
     dest = Path(path)
+    if dest.suffix == ".aimodel":
+        # Apple's Core AI asset (the coreai extra): the program translated, fp32 compute.
+        from rlx_mil.coreai.asset import save_aimodel
+
+        return save_aimodel(model, dest, overwrite=overwrite)
     if dest.suffix != ".mlpackage":
-        raise InvalidOptionError(f"a Core ML ML Program is saved as a .mlpackage folder, got {str(dest)!r}")
+        raise InvalidOptionError(
+            f"a Core ML ML Program is saved as a .mlpackage folder (or a Core AI .aimodel asset), got {str(dest)!r}")
     return save_package(model, dest, overwrite=overwrite)
 
 

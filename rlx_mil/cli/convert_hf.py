@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlx_mil.cli.aimodel_output import add_format_argument
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.progress import Progress, running_under_ci
 from rlx_mil.units import human_bytes
@@ -63,7 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
     """The output and decoder-graph flags convert-hf and convert-gguf share."""
     p.add_argument("-o", "--output", type=Path, required=True,
-                   help="output .mlpackage path (a folder with --chunk-bytes)")
+                   help="output .mlpackage (or .aimodel) path (a folder with --chunk-bytes)")
+    add_format_argument(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing package")
     p.add_argument("--variant", default="prefill", choices=VARIANTS,
                    help="decoders: prefill (S tokens, causal) or decode (new tokens against a KV cache)")

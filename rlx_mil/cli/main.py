@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlx_mil.cli import aimodel_output
+from rlx_mil.cli.aimodel_output import add_format_argument
 from rlx_mil.cli.arguments import DEPLOY_FORMS, TARGETS, float_at_least, fraction, int_at_least
 from rlx_mil.errors import RlxMilError
 
@@ -71,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     conv = sub.add_parser("convert", help="convert a graph (upstream RLX JSON) plus weights to .mlpackage")
     conv.add_argument("graph", type=Path, help="graph JSON as serialised by upstream RLX or rlx_mil")
     conv.add_argument("--params", type=Path, help="weights: .npz or .safetensors")
-    conv.add_argument("-o", "--output", type=Path, required=True, help="output .mlpackage path")
+    conv.add_argument("-o", "--output", type=Path, required=True, help="output .mlpackage (or .aimodel) path")
+    add_format_argument(conv)
     conv.add_argument("--overwrite", action="store_true", help="replace an existing package")
     conv.add_argument("-q", "--quiet", action="store_true", help="no warnings on stderr")
     conv.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
@@ -489,6 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "generate": _generate, "eval": _eval,
     }
     handler = getattr(args, "handler", None) or handlers[args.command]
+    if args.command in ("convert", "convert-hf", "convert-gguf"):
+        handler = aimodel_output.wrap(handler)
     where = f"rlx-mil {args.command}"
     try:
         with warnings.catch_warnings():

@@ -115,17 +115,24 @@ def constant(array: np.ndarray) -> Any:
     return ops.constant(array)
 
 
-_resource_count = 0
+#: content digest -> resource attribute: equal constants (in any graph of the module) share one
+#: blob, so a prefill + decode asset stores its weights once.
+_RESOURCES: dict[tuple[Any, ...], Any] = {}
 
 
 def _resource_constant(buffer: np.ndarray, like: np.ndarray, dtype: Any) -> Any:
     """A constant whose bytes are stored as a blob resource (how large weights are kept)."""
+    import hashlib
+
     from coreai._compiler.ir import DenseResourceElementsAttr
 
-    global _resource_count
-    _resource_count += 1
-    attr = DenseResourceElementsAttr.get_from_buffer(
-        np.ascontiguousarray(buffer), f"rlx_mil_w{_resource_count}", tensor_type(like.shape, dtype))
+    data = np.ascontiguousarray(buffer)
+    key = (str(dtype), like.shape, hashlib.sha256(memoryview(data).cast("B")).hexdigest())
+    attr = _RESOURCES.get(key)
+    if attr is None:
+        attr = DenseResourceElementsAttr.get_from_buffer(data, f"rlx_mil_w{len(_RESOURCES)}",
+                                                          tensor_type(like.shape, dtype))
+        _RESOURCES[key] = attr
     return ops.ConstantOp(value=attr).result
 
 
@@ -147,6 +154,7 @@ class ModuleBuilder:
         from coreai._compiler.ir import Location, Module
         from coreai.authoring import Context
 
+        _RESOURCES.clear()  # attributes belong to one MLIR context: a new module starts afresh
         self._context = Context()
         self._mlir = self._context._mlir_context
         with self._mlir, Location.unknown():

@@ -232,8 +232,9 @@ def check_destination(dest: Path, overwrite: bool) -> None:
     """Refuse, before any work, a destination `save_package` would refuse after it. The
     staging folders of killed saves to `dest` are swept first, so that a conversion which
     then fails (a full disk, bad weights) does not leave them for a later save."""
-    if dest.suffix != ".mlpackage":
-        raise InvalidOptionError(f"a Core ML ML Program is saved as a .mlpackage folder, got {str(dest)!r}")
+    if dest.suffix not in (".mlpackage", ".aimodel"):
+        raise InvalidOptionError(
+            f"a Core ML ML Program is saved as a .mlpackage folder (or a Core AI .aimodel asset), got {str(dest)!r}")
     sweep_killed_saves(dest)
     if (dest.exists() or dest.is_symlink()) and not overwrite:
         raise ExistingFileError(f"{dest} exists; pass overwrite=True (--overwrite) to replace it")

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -128,12 +129,24 @@ class Session:
                 f"engine 'coreml' needs macOS with the Core ML runtime (this is {sys.platform}); use engine 'milexec'"
                 " (or 'auto')"
             )
-        in_memory = None
+        in_memory: Any = None
         from rlx_mil.llm.chunk_session import open_chunked
 
         #: A chunked set (docs/deploying.md) runs chunk by chunk; its last chunk gives the logits.
         self._chunks = open_chunked(package)
-        if self._chunks is not None:
+        from rlx_mil.coreai.asset import AssetHandle, is_asset
+
+        #: An rlx_mil Core AI asset (.aimodel) runs on Apple's Core AI runtime.
+        self._asset_path = str(package) if isinstance(package, (str, os.PathLike)) and is_asset(package) else None
+        if self._asset_path is not None:
+            if engine not in ("auto", "coreai"):
+                raise InvalidOptionError(f"a Core AI asset runs with engine 'coreai', not {engine!r}")
+            engine = "coreai"
+            if not os.path.isdir(self._asset_path):
+                raise GenerationError(f"no Core AI asset at {self._asset_path}")
+            path = self._asset_path
+            in_memory = AssetHandle(path)
+        elif self._chunks is not None:
             path = str(self._chunks.last_package)
         elif isinstance(package, (str, os.PathLike)):
             if not os.path.isdir(package):
@@ -212,6 +225,10 @@ class Session:
                 raise InvalidOptionError("engine 'coreai' runs one package, not a chunked set; use engine 'milexec'")
             self._chunks.open(self.engine, units, memory, precision_model)
             self.memory = self._chunks.memory
+        elif self._asset_path is not None:
+            from rlx_mil.coreai.asset import AssetProgram
+
+            self._coreai: Any = AssetProgram(self._asset_path)
         elif self.engine == "coreai":
             from rlx_mil.coreai.engine import CoreAIProgram
 
@@ -418,7 +435,13 @@ class Session:
             from rlx_mil.llm.text import TextTokenizer
 
             text = self._chunks.text_package if self._chunks is not None else self.path
-            folder = package_text_folder(text) if text is not None else None
+            if self._asset_path is not None:
+                from rlx_mil.coreai.asset import TEXT_FOLDER
+
+                asset_text = os.path.join(self._asset_path, TEXT_FOLDER)
+                folder = Path(asset_text) if os.path.isdir(asset_text) else None
+            else:
+                folder = package_text_folder(text) if text is not None else None
             if folder is None:
                 raise GenerationError(
                     f"{self.path} carries no tokenizer (convert-hf stores the checkpoint's); assign"

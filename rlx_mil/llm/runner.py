@@ -104,6 +104,13 @@ def run_package(
     else the default one); returns (outputs keyed by IR names, engine used). States of a
     stateful function start as zeros."""
     p = Path(path)
+    if p.suffix == ".aimodel":
+        if engine not in ("auto", "coreai"):
+            raise RlxMilError(f"a Core AI asset runs with --engine coreai, not {engine!r}")
+        from rlx_mil.coreai.asset import AssetProgram
+
+        with AssetProgram(p) as asset:
+            return asset.run(inputs, function_name=function_name), "coreai (Apple's Core AI runtime)"
     if not p.exists():
         raise RlxMilError(f"{p}: no such package")
     check_package_tree(p)
