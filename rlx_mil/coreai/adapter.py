@@ -127,7 +127,7 @@ def _resource_constant(buffer: np.ndarray, like: np.ndarray, dtype: Any) -> Any:
     from coreai._compiler.ir import DenseResourceElementsAttr
 
     data = np.ascontiguousarray(buffer)
-    key = (str(dtype), like.shape, hashlib.sha256(memoryview(data).cast("B")).hexdigest())
+    key = (str(dtype), like.shape, hashlib.sha256(data.data.cast("B")).hexdigest())
     attr = _RESOURCES.get(key)
     if attr is None:
         attr = DenseResourceElementsAttr.get_from_buffer(data, f"rlx_mil_w{len(_RESOURCES)}",
