@@ -14,7 +14,8 @@ logits after these filters, in openai-whisper's order:
   timestamp no later than `max_initial_timestamp_index`; and where the timestamps together are
   more likely than the single likeliest text token, a timestamp is taken.
 
-Decoding stops at EOT or after `n_text_ctx // 2` sampled tokens.
+Decoding stops at EOT, after `n_text_ctx // 2` sampled tokens, or when the decoder session is
+full (a model's `cache_len`, when it has one).
 """
 
 from __future__ import annotations
@@ -151,7 +152,9 @@ def decode_window(
         prompt = tokens.prompt(language, options.task, options.timestamps)
         logits = _last_row(session, prompt, model.vocab_size)
     limit = options.max_tokens if options.max_tokens is not None else model.n_text_ctx // 2
-    limit = min(limit, model.n_text_ctx - len(prompt))
+    # The last sampled token is never fed back, so a session of `capacity` positions samples
+    # capacity - len(prompt) + 1 tokens at most.
+    limit = min(limit, session_capacity(model) - len(prompt) + 1)
     sampled: list[int] = []
     while True:
         token = int(np.argmax(filtered(logits, sampled, tokens, options.timestamps)))
@@ -163,6 +166,13 @@ def decode_window(
         if len(sampled) >= limit:
             return DecodedWindow(prompt, sampled, language, False)
         logits = _last_row(session, [token], model.vocab_size)
+
+
+def session_capacity(model: WhisperModel) -> int:
+    """Positions a decoder session holds: `cache_len` where the model says (WhisperKit's
+    TextDecoder holds 224 of Whisper's 448), else `n_text_ctx`."""
+    capacity = getattr(model, "cache_len", None)
+    return int(capacity) if isinstance(capacity, int) and capacity > 0 else model.n_text_ctx
 
 
 def _last_row(session: DecoderSession, ids: Sequence[int], vocab: int) -> np.ndarray:

@@ -51,5 +51,8 @@ class WhisperModel(Protocol):
         ...
 
     def decoder(self, encoded: np.ndarray) -> DecoderSession:
-        """A fresh decoder session (empty cache) attending to `encoded` `[1500, d_model]`."""
+        """A fresh decoder session (empty cache) attending to `encoded` `[1500, d_model]`.
+
+        A model whose sessions hold fewer than `n_text_ctx` positions (WhisperKit's TextDecoder
+        keeps 224) says so in an int attribute `cache_len`; decoding stops before overfilling it."""
         ...

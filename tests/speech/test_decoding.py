@@ -154,6 +154,13 @@ def test_decoding_stops_after_half_the_text_context() -> None:
     assert sum(len(c) for c in model.calls) == 4 + 19  # the prompt, then each sampled token but the last
 
 
+def test_decoding_stops_before_the_session_is_full() -> None:
+    model = ScriptedWhisper(lambda window, fed: row((A, 10.0)))
+    model.cache_len = 12  # type: ignore[attr-defined]
+    decoded = decode_window(model, ENCODED, TOKENS, DecodingOptions(language="en"))
+    assert len(decoded.tokens) == 9 and sum(len(c) for c in model.calls) == 12
+
+
 def test_logits_of_the_wrong_shape_are_a_typed_error() -> None:
     model = ScriptedWhisper(lambda window, fed: np.zeros(10, np.float32))
     with pytest.raises(RlxMilError, match="logits of shape"):
