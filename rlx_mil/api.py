@@ -360,7 +360,7 @@ def save(model: ct.models.MLModel, path: str | os.PathLike[str], *, overwrite: b
 
 
 #: Options one function may set for itself; the rest are shared by the whole package.
-PER_FUNCTION_OPTIONS = frozenset({"dims", "kv_cache", "attention", "max_context"})
+PER_FUNCTION_OPTIONS = frozenset({"dims", "kv_cache", "attention", "max_context", "params"})
 
 FunctionSpec = Graph | tuple[Graph, Mapping[str, Any]]
 
@@ -393,7 +393,8 @@ def convert_functions(
 
     `options` are `rlx_mil.convert`'s keyword arguments (target, precision, kv_cache,
     max_context, cache_layout, compress, deploy, ...), shared by every function; a function's own mapping may
-    override `dims`, `kv_cache`, `attention` and `max_context`. `default_function` (default:
+    override `dims`, `kv_cache`, `attention` and `max_context`, and give the `params` it reads (a
+    function reading other weights than the rest; weights of one name are still shared). `default_function` (default:
     "decode" if present, else the first) is what Core ML runs when no function is named.
     `path` also saves the package there (atomically, see `rlx_mil.save`).
     """
@@ -424,7 +425,8 @@ def convert_functions(
         for i, (name, (graph, own)) in enumerate(specs.items(), 1):
             stages.begin(f"converting function {name} ({i}/{len(specs)})")
             with collecting_functions():
-                passed[name] = convert(graph, params, **{**options, **own})
+                own_params = own.pop("params", params)  # a function reading its own subset of the weights
+                passed[name] = convert(graph, own_params, **{**options, **own})
             stages.end(f"{len(graph)} IR nodes")
         stages.begin(f"joining {len(specs)} functions, writing each weight once")
         # frozen: a full collection would rescan every function's program (~0.3 s for 3 of a 28-layer decoder)

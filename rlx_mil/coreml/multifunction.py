@@ -56,9 +56,11 @@ def merged_metadata(metas: Mapping[str, Mapping[str, str]], default_function: st
         if own_ranges is not None:
             ranges[name] = own_ranges["main"]
         common = {k: v for k, v in meta.items() if k.startswith(PREFIX) and k not in PER_FUNCTION_KEYS}
-    if contracts and len(contracts) != len(metas):
-        stateless = sorted(set(metas) - set(contracts))
-        raise InvalidOptionError(f"functions {stateless} have no KV cache while the others do; one package shares one state")
+    if contracts and default_function not in contracts:
+        # a stateless function may sit beside stateful ones (Whisper's cross-attention prefill,
+        # called without a state), but the default function is the one the contract describes
+        raise InvalidOptionError(f"the default function {default_function!r} has no KV cache while"
+                                 f" {sorted(contracts)} do; make a stateful function the default")
     states = {name: c.states for name, c in contracts.items()}
     if len({json.dumps(s, sort_keys=True) for s in states.values()}) > 1:
         raise InvalidOptionError(f"the functions declare different states, which one package cannot share: {states}")

@@ -274,3 +274,73 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> np.
     inv = np.exp(-increment * np.arange(half, dtype=np.float64))
     scaled = np.arange(length, dtype=np.float64)[:, None] * inv[None, :]
     return np.concatenate([np.sin(scaled), np.cos(scaled)], axis=1).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- the stateful form
+
+
+def build_cross_kv(spec: WhisperSpec, name: str = "cross_attention") -> tuple[Graph, dict[str, tuple[int, ...]]]:
+    """Every decoder layer's cross-attention keys and values of one encoder output, computed
+    once per utterance: `encoder_output_embeds [1, E, 1, n_audio]` -> `cross_keys` /
+    `cross_values [layers, 1, heads, n_audio, head_dim]`."""
+    b = _WhisperGraph(spec, name)
+    g, e, n, h = b.g, spec.d_model, spec.n_audio_ctx, spec.decoder_heads
+    d = e // h
+    enc = b.sequence_major(g.input("encoder_output_embeds", [1, e, 1, n]), n, "encoder_states")
+    keys, values = [], []
+    for i in range(spec.decoder_layers):
+        p = f"model.decoder.layers.{i}.encoder_attn"
+        keys.append(b.split_heads(b.linear(enc, f"{p}.k_proj", e, e, False), 1, n, h, d, f"{p}.k"))
+        values.append(b.split_heads(b.linear(enc, f"{p}.v_proj", e, e, True), 1, n, h, d, f"{p}.v"))
+    outs = []
+    for parts, out_name in ((keys, "cross_keys"), (values, "cross_values")):
+        stacked = g.concat([g.reshape(t, [1, 1, h, n, d], name=f"{out_name}.{j}") for j, t in enumerate(parts)], 0,
+                           name=f"{out_name}.stacked") if len(parts) > 1 else g.reshape(parts[0], [1, 1, h, n, d])
+        outs.append(float_output(g, stacked, out_name, False))
+    g.set_outputs(outs)
+    return g, b.expected
+
+
+def build_stateful_decoder(spec: WhisperSpec, tokens: int = 1, name: str = "decode") -> tuple[Graph, dict[str, tuple[int, ...]]]:
+    """The text decoder in upstream's decode form (`past_k_{i}` / `past_v_{i}` Inputs concatenated
+    with the new tokens' K / V, causal attention, `new_k_{i}` / `new_v_{i}` outputs), which
+    `rlx_mil.convert(..., kv_cache="auto")` turns into Core ML state: `input_ids` /
+    `position_ids [1, tokens]`, the cross-attention `cross_keys` / `cross_values` of
+    `build_cross_kv` as inputs, `logits [1, tokens, V]`."""
+    b = _WhisperGraph(spec, name)
+    g, e, n, h, heads_dim = b.g, spec.d_model, spec.n_audio_ctx, spec.decoder_heads, spec.d_model // spec.decoder_heads
+    ids = g.input("input_ids", [1, tokens], "i32")
+    position_ids = g.input("position_ids", [1, tokens], "i32")
+    cross_keys = g.input("cross_keys", [spec.decoder_layers, 1, h, n, heads_dim])
+    cross_values = g.input("cross_values", [spec.decoder_layers, 1, h, n, heads_dim])
+    table = b.weight("model.decoder.embed_tokens.weight", (spec.vocab_size, e))
+    positions = b.weight("model.decoder.embed_positions.weight", (spec.max_target_positions, e))
+    x = g.add(g.gather(table, ids, name="model.decoder.token"), g.gather(positions, position_ids, name="model.decoder.position"),
+              name="model.decoder.embed")
+    caches: list[int] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmbiguousLayoutWarning)  # [B, H, S, D] by construction
+        for i in range(spec.decoder_layers):
+            p = f"model.decoder.layers.{i}"
+            hn = b.layer_norm(x, f"{p}.self_attn_layer_norm")
+            a = f"{p}.self_attn"
+            q = b.split_heads(b.linear(hn, f"{a}.q_proj", e, e, True), 1, tokens, h, heads_dim, f"{a}.q")
+            k = b.split_heads(b.linear(hn, f"{a}.k_proj", e, e, False), 1, tokens, h, heads_dim, f"{a}.k")
+            v = b.split_heads(b.linear(hn, f"{a}.v_proj", e, e, True), 1, tokens, h, heads_dim, f"{a}.v")
+            k = g.concat([g.input(f"past_k_{i}", [1, h, 1, heads_dim]), k], 2, name=f"new_k_{i}")
+            v = g.concat([g.input(f"past_v_{i}", [1, h, 1, heads_dim]), v], 2, name=f"new_v_{i}")
+            caches += [k, v]
+            att = g.attention_kind(q, k, v, h, heads_dim, "causal", name=f"{a}.sdpa")
+            x = g.add(x, b.linear(b.merge_heads(att, 1, tokens, e, a), f"{a}.out_proj", e, e, True), name=f"{p}.attn_residual")
+            hn = b.layer_norm(x, f"{p}.encoder_attn_layer_norm")
+            c = f"{p}.encoder_attn"
+            q = b.split_heads(b.linear(hn, f"{c}.q_proj", e, e, True), 1, tokens, h, heads_dim, f"{c}.q")
+            ck = g.reshape(g.narrow(cross_keys, 0, i, 1), [1, h, n, heads_dim], name=f"{c}.keys")
+            cv = g.reshape(g.narrow(cross_values, 0, i, 1), [1, h, n, heads_dim], name=f"{c}.values")
+            att = g.attention_kind(q, ck, cv, h, heads_dim, "none", name=f"{c}.sdpa")
+            x = g.add(x, b.linear(b.merge_heads(att, 1, tokens, e, c), f"{c}.out_proj", e, e, True), name=f"{p}.cross_residual")
+            x = b.feed_forward(x, p, spec.decoder_ffn_dim)
+    x = b.layer_norm(x, "model.decoder.layer_norm")
+    logits = g.matmul(x, g.transpose(table, [1, 0], name="lm_head.weight_t"), name="logits")
+    g.set_outputs([logits, *caches])
+    return g, b.expected

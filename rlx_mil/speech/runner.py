@@ -82,7 +82,7 @@ class PackagedWhisper:
         if self.stateful:
             from rlx_mil.speech.stateful import StatefulSession
 
-            return StatefulSession(self._decoder, states)
+            return StatefulSession(self._decoder, states, self.n_text_ctx // 2)
         return WhisperKitSession(self, states)
 
 

@@ -57,7 +57,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ct2 = write_ct2_folder(root / "faster-whisper-tiny", hf, "float32")
     out = {"hf": hf}
     for key, source, precision in (("fp16", hf, "fp16"), ("fp32", hf, "fp32"), ("ct2_fp16", ct2, "fp16")):
-        out[key] = convert_whisper(source, root / key, precision=precision, cache_len=CACHE).folder
+        out[key] = convert_whisper(source, root / key, precision=precision, cache_len=CACHE, stateful=key == "fp16").folder
     return out
 
 
@@ -137,3 +137,24 @@ def test_ct2_and_hf_layouts_give_identical_package_outputs(built: dict[str, Path
     encoded = hf.encode(mel)
     np.testing.assert_array_equal(ct2.encode(mel), encoded)
     np.testing.assert_array_equal(ct2.decoder(encoded).step(TOKENS), hf.decoder(encoded).step(TOKENS))
+
+
+def test_stateful_decoder_matches_the_numpy_forward(built: dict[str, Path]) -> None:
+    """The stateful form: cross-attention K/V computed once (`cross_attention`), the
+    self-attention cache in Core ML state (`decode`), one multifunction package."""
+    import coremltools as ct
+
+    package = built["fp16"] / "TextDecoderStateful.mlpackage"
+    spec = ct.utils.load_spec(str(package))
+    functions = {f.name: f for f in spec.description.functions}
+    assert set(functions) == {"cross_attention", "decode"} and spec.description.defaultFunctionName == "decode"
+    assert [s.name for s in functions["decode"].state] == ["key_cache", "value_cache"]
+    assert {i.name for i in functions["decode"].input} == {"input_ids", "position_ids", "cache_position", "cross_keys",
+                                                           "cross_values"}
+    params = open_whisper(built["hf"]).params
+    encoded = np.random.default_rng(3).standard_normal((1500, E)).astype(np.float32)
+    teacher = forward.decode(params, TINY_WHISPER, TOKENS, encoded)
+    session = PackagedWhisper(built["fp16"], stateful=True).decoder(encoded)
+    logits = np.concatenate([session.step(TOKENS[:3]), session.step(TOKENS[3:])])
+    assert np.abs(logits - teacher).max() < 0.02 * np.abs(teacher).max()
+    assert (logits.argmax(-1) == teacher.argmax(-1)).all()

@@ -33,7 +33,7 @@ _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "g
 #: 32 text positions.
 TINY_WHISPER: dict[str, Any] = {
     **WHISPER_DEFAULTS, "model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"], "vocab_size": 96, "num_mel_bins": 16,
-    "d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+    "d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 2, "decoder_attention_heads": 2,
     "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "max_source_positions": 1500, "max_target_positions": 32,
     "decoder_start_token_id": 90, "pad_token_id": 89, "bos_token_id": 89, "eos_token_id": 89,
     "begin_suppress_tokens": [5, 89],
