@@ -364,8 +364,10 @@ def _generate(args: argparse.Namespace) -> int:
     progress = _progress(args)
     if not args.quiet:
         print(f"engine: {session.engine}", file=sys.stderr, flush=True)
+    prompt_ids = tokenizer.prompt_ids(args.prompt, chat=args.chat, system=args.system)
     pieces = session.stream_text(
-        args.prompt, args.max_new_tokens, chat=args.chat, system=args.system, temperature=args.temperature,
+        args.prompt, _new_tokens(session, len(prompt_ids), args), chat=args.chat, system=args.system,
+        temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed,
     )
     progress.begin("reading the prompt")
@@ -390,13 +392,25 @@ def _generate_ids(args: argparse.Namespace) -> int:
         raise RlxMilError(f"--prompt-ids takes comma-separated integers, got {args.prompt_ids!r}") from None
     session = Session(args.package, engine=args.engine, compute_units=args.compute_units)
     tokens = session.generate(
-        prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+        prompt, _new_tokens(session, len(prompt), args), temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed,
     )
     print(f"engine: {session.engine}")
     print(",".join(str(t) for t in tokens))
     if not args.quiet:
         print(f"{_opened_text(session)}; {session.stats.to_text()}", file=sys.stderr)
     return EXIT_OK
+
+
+def _new_tokens(session: Any, prompt_tokens: int, args: argparse.Namespace) -> int:
+    """-n, capped (with a warning) where the package's context ends; an empty prompt or one
+    longer than the context is refused before anything runs."""
+    from rlx_mil.llm.generate import new_token_budget
+
+    count, capped = new_token_budget(session.max_context, prompt_tokens, args.max_new_tokens)
+    if capped is not None:
+        warnings.warn(capped, stacklevel=2)
+    return count
 
 
 def _opened_text(session: Any) -> str:

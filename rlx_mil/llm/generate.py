@@ -526,6 +526,24 @@ def _token_list(ids: Any, what: str) -> list[int]:
     return [int(t) for t in ids]
 
 
+def new_token_budget(max_context: int, prompt_tokens: int, max_new_tokens: int) -> tuple[int, str | None]:
+    """How many new tokens a prompt of `prompt_tokens` leaves room for in a cache of
+    `max_context` (the last new token is never fed back): `max_new_tokens` or fewer, and why
+    it was capped (None when it was not). A prompt that is empty or does not fit is an error."""
+    if prompt_tokens == 0:
+        raise GenerationError("the prompt is empty: it encodes to no tokens (this tokenizer adds no BOS token)")
+    if prompt_tokens > max_context:
+        raise GenerationError(
+            f"the prompt has {prompt_tokens} tokens, more than the package's context of {max_context};"
+            " shorten it (or convert with a larger --max-context)"
+        )
+    room = max_context - prompt_tokens + 1
+    if max_new_tokens <= room:
+        return max_new_tokens, None
+    return room, (f"-n {max_new_tokens} capped to {room}: the package's context holds {max_context} tokens and the"
+                  f" prompt takes {prompt_tokens}")
+
+
 def check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any, seed: Any = None) -> None:
     """Typed errors for bad generation options (which would otherwise fail deep inside NumPy)."""
     if not _is_int(max_new_tokens) or max_new_tokens < 0:

@@ -105,3 +105,19 @@ def test_generate_arguments_typed_error_or_correct(
     elif seed is not None:
         session.reset()
         assert session.generate(prompt, steps, **call) == got
+
+
+def test_n_beyond_the_context_is_capped_and_said(package: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """-n past the cache generates what fits (the greedy reference's tokens) and says so in one
+    warning line; a prompt that does not fit, or is empty, is refused before anything runs."""
+    argv = ["generate", str(package), "--engine", "milexec", "--prompt-ids", "1,2,3"]
+    assert main([*argv, "-n", "1000000000"]) == 0
+    out, err = capsys.readouterr()
+    room = MAX_CONTEXT - 3 + 1
+    assert f"-n 1000000000 capped to {room}: the package's context holds {MAX_CONTEXT} tokens" in err
+    assert [int(t) for t in out.splitlines()[-1].split(",")] == reference_greedy(checkpoint, [1, 2, 3], room)
+    assert main(["generate", str(package), "--engine", "milexec", "--prompt-ids", ",".join(["1"] * (MAX_CONTEXT + 1))]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the prompt has {MAX_CONTEXT + 1} tokens, more than the package's context" in err[0], err
+    assert main(["generate", str(package), "--engine", "milexec", "--prompt-ids", ","]) == 1
+    assert "the prompt is empty" in capsys.readouterr().err
