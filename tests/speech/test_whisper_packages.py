@@ -158,3 +158,15 @@ def test_stateful_decoder_matches_the_numpy_forward(built: dict[str, Path]) -> N
     logits = np.concatenate([session.step(TOKENS[:3]), session.step(TOKENS[3:])])
     assert np.abs(logits - teacher).max() < 0.02 * np.abs(teacher).max()
     assert (logits.argmax(-1) == teacher.argmax(-1)).all()
+
+
+def test_neural_engine_preflight(built: dict[str, Path]) -> None:
+    """AudioEncoder and TextDecoder break no Neural Engine rule; the MelSpectrogram breaks one,
+    the length of its own `audio [480000]` input, which WhisperKit's contract fixes (its
+    tensors are chunks of 160 samples, its reflect padding a permutation matmul, no gather)."""
+    from rlx_mil.coreml.preflight import is_finding, preflight
+
+    for role in ("AudioEncoder", "TextDecoder"):
+        assert [f.to_text() for f in preflight(built["fp16"] / f"{role}.mlpackage", "ane") if is_finding(f)] == []
+    mel = [f for f in preflight(built["fp16"] / "MelSpectrogram.mlpackage", "ane") if is_finding(f)]
+    assert [(f.rule, f.var) for f in mel] == [("dim-over-65536", "audio")]
