@@ -63,7 +63,6 @@ REFUSED: dict[str, str] = {
         " rules); not lowered yet"
     ),
     "ScaledQuantScale": "computes ScaledQuantize's block scales (E8M0 exponents of block maxima); not lowered yet",
-    "DequantGroupedMatMulMlx": "MLX-affine expert words with per-group scale and bias; not lowered yet",
     "FftQ": (
         "a fixed-point I32 FFT whose per-stage shift / saturation (`FftQScale`) has no exact form in"
         " Core ML's int32 arithmetic; not lowered"

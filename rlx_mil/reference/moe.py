@@ -7,7 +7,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from rlx_mil.errors import ShapeError
-from rlx_mil.ir.ops import DequantGroupedMatMul, DequantMoEWeights, GroupedMatMul, QuantScheme
+from rlx_mil.ir.ops import (
+    DequantGroupedMatMul,
+    DequantGroupedMatMulMlx,
+    DequantMoEWeights,
+    GroupedMatMul,
+    QuantScheme,
+)
 from rlx_mil.ir.shape import Shape
 from rlx_mil.reference.quant import as_bytes, gguf_dequantize
 from rlx_mil.reference.registry import as_float, finish, reference_kernel, static_sizes
@@ -61,3 +67,36 @@ def _dequant_moe_weights(op: DequantMoEWeights, inputs: Sequence[np.ndarray], ou
     if weight.shape[0] != experts:
         raise ShapeError(f"the bytes hold {weight.shape[0]} experts, the node declares {experts}", operand="packed_w")
     return finish(weight, out)
+
+
+def mlx_codes(words: np.ndarray, rows: int, k: int, bits: int) -> np.ndarray:
+    """`[rows, k]` codes of MLX-affine words: each row's `k * bits / 8` bytes are one LSB-first
+    bit stream (MLX's uint32 words, little-endian; 3/5/6-bit codes cross byte boundaries)."""
+    stream = np.unpackbits(as_bytes(words).reshape(rows, k * bits // 8), axis=1, bitorder="little")
+    weights = (1 << np.arange(bits, dtype=np.int64))
+    return (stream.reshape(rows, k, bits).astype(np.int64) * weights).sum(axis=2)
+
+
+def mlx_experts(scheme: QuantScheme, words: np.ndarray, scales: np.ndarray, biases: np.ndarray) -> np.ndarray:
+    """`[E, N, K]` weights: code * scale + bias per group of `group_size` along K."""
+    assert scheme.bits is not None and scheme.group_size is not None
+    experts, n, groups = scales.shape
+    k = groups * scheme.group_size
+    codes = mlx_codes(words, experts * n, k, scheme.bits).reshape(experts, n, groups, scheme.group_size)
+    s = as_float(scales).astype(np.float32)[..., None]
+    b = as_float(biases).astype(np.float32)[..., None]
+    return (codes.astype(np.float32) * s + b).reshape(experts, n, k)
+
+
+def clamped_experts(ids: np.ndarray, experts: int) -> np.ndarray:
+    """Upstream's `(id as usize).min(E - 1)`: truncated, NaN and negatives to 0, past the end to E - 1."""
+    v = np.nan_to_num(np.asarray(ids, np.float64).reshape(-1), nan=0.0, posinf=experts - 1, neginf=0.0)
+    return np.clip(np.trunc(v), 0, experts - 1).astype(np.int64)
+
+
+@reference_kernel(DequantGroupedMatMulMlx)
+def _dequant_grouped_matmul_mlx(op: DequantGroupedMatMulMlx, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x, words, scales, biases, ids = inputs
+    weight = mlx_experts(op.scheme, words, scales, biases)
+    rows = clamped_experts(ids, weight.shape[0])
+    return finish(np.einsum("mk,mnk->mn", as_float(x).astype(np.float32), weight[rows]), out)

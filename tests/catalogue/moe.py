@@ -25,6 +25,20 @@ _INVALID_LEAVES = (
         " experts, which the reference refuses; tests/e2e/test_moe_e2e.py compares with encoded weights"
 )
 
+
+def _mlx_experts() -> Graph:
+    g = Graph("mlx_experts")
+    x, ids = g.input("x", [3, 64]), g.input("experts", [3])
+    outs = []
+    for bits in (4, 3):
+        words = g.param(f"w{bits}", [2 * 5 * 64 * bits // 8], "u8")
+        outs.append(g.dequant_grouped_matmul_mlx(x, words, g.param(f"s{bits}", [2, 5, 2]), g.param(f"b{bits}", [2, 5, 2]),
+                                                 ids, bits, 32, name=f"y{bits}"))
+    g.set_outputs(outs)
+    return g
+
+
 CASES: dict[str, Callable[[], Graph] | Row] = {
     "experts": Row(_experts, differs={Precision.FP32: _INVALID_LEAVES, Precision.FP16: _INVALID_LEAVES}),
+    "mlx_experts": _mlx_experts,
 }

@@ -96,6 +96,7 @@ from rlx_mil.ir.ops.linalg import (
 )
 from rlx_mil.ir.ops.moe import (
     DequantGroupedMatMul,
+    DequantGroupedMatMulMlx,
     DequantMoEWeights,
     GroupedMatMul,
 )
@@ -262,6 +263,7 @@ __all__ = [
     "Cumsum",
     "CumsumBackward",
     "DequantGroupedMatMul",
+    "DequantGroupedMatMulMlx",
     "DequantMatMul",
     "DequantMoEWeights",
     "Dequantize",

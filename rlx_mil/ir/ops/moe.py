@@ -16,15 +16,17 @@ from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import (
+    Op,
     TernaryOp,
     UnaryOp,
     collect_ops,
 )
-from rlx_mil.ir.ops.quant import GGUF_BLOCKS, QuantScheme, QuantSchemeCodec
+from rlx_mil.ir.ops.quant import GGUF_BLOCKS, QuantKind, QuantScheme, QuantSchemeCodec
 from rlx_mil.ir.serde.codecs import (
     struct_form,
     unit_form,
 )
+from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Dim, Shape, Static
 from rlx_mil.ir.shape_checks import (
     conflict,
@@ -127,6 +129,56 @@ def _dequant_moe_weights(op: DequantMoEWeights, ins: Sequence[Shape], declared: 
     return declared.with_dtype(DType.F32)
 
 
+@dataclass(frozen=True)
+class DequantGroupedMatMulMlx(Op):
+    """MLX-affine experts: row i is `input[i] @ W[e]^T` with `W[e][o, c] = code * scale + bias`
+    per group of `group_size` along K; codes are `bits`-bit words packed LSB-first (newest
+    upstream only). Expert ids are clamped into [0, E - 1], as upstream's kernels do."""
+
+    type_name: ClassVar[str] = "DequantGroupedMatMulMlx"
+    scheme: QuantScheme
+
+    def arity(self) -> int | None:
+        return 5
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("input", "weight", "scales", "biases", "expert_idx")
+
+
+#: Word widths MLX's affine quantization packs.
+MLX_BITS = (2, 3, 4, 5, 6, 8)
+
+
+@shape_rule(DequantGroupedMatMulMlx)
+def _dequant_grouped_matmul_mlx(op: DequantGroupedMatMulMlx, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x, words, scales, biases, ids = ins
+    scheme = op.scheme
+    if not isinstance(scheme, QuantScheme) or scheme.kind is not QuantKind.MLX_AFFINE:
+        raise AttributeValueError(f"DequantGroupedMatMulMlx takes the MlxAffine scheme, got {scheme}")
+    if scheme.bits not in MLX_BITS:
+        raise AttributeValueError(f"MlxAffine bits must be one of {list(MLX_BITS)}, got {scheme.bits}")
+    require_rank(x, "input", exact=(2,))
+    _check_expert_ids(ids, x.dims[0])
+    require_rank(scales, "scales", exact=(3,))
+    if biases.rank != 3 or any(conflict(a, b) for a, b in zip(biases.dims, scales.dims, strict=True)):
+        raise ShapeError(f"biases {biases} must have the shape of scales {scales}", operand="biases")
+    for shape, role in ((scales, "scales"), (biases, "biases")):
+        if not shape.dtype.is_float:
+            raise DTypeError(f"{role} must be float, got {shape.dtype.value}", operand=role)
+    if words.dtype is not DType.U8:
+        raise DTypeError(f"weight must be U8 bytes of packed words, got {words.dtype.value}", operand="weight")
+    bits, group_size = scheme.bits or 0, scheme.group_size or 0
+    k, experts, n, groups = (size_of(d) for d in (x.dims[1], *scales.dims))
+    if k is not None and groups is not None and (groups == 0 or k != groups * group_size):
+        raise ShapeError(f"scales {scales} must hold K / group_size = {k} / {group_size} groups per row",
+                         operand="scales")
+    total = numel(words.dims)
+    if k is not None and experts is not None and n is not None and total is not None and total * 8 != experts * n * k * bits:
+        raise ShapeError(f"weight {words} must hold E * N * K * bits / 8 = {experts} * {n} * {k} * {bits} / 8 bytes",
+                         operand="weight")
+    return Shape((x.dims[0], scales.dims[1]), x.dtype)
+
+
 # -------------------------------------------------------------------------------- builder
 
 
@@ -152,6 +204,14 @@ class MoeBuilder(BuilderBase):
         declared = Shape((Static(experts), Static(k), Static(n)), DType.F32)
         return self.add_node(DequantMoEWeights(scheme), [packed_w], declared, name=name)
 
+    def dequant_grouped_matmul_mlx(
+        self, x: int, weight: int, scales: int, biases: int, expert_idx: int, bits: int, group_size: int, *,
+        name: str | None = None,
+    ) -> int:
+        """Row i: `x[i] @ W[e]^T`, `W` MLX-affine `bits`-bit words with per-group scale and bias."""
+        scheme = QuantScheme(QuantKind.MLX_AFFINE, bits=bits, group_size=group_size)
+        return self.add_node(DequantGroupedMatMulMlx(scheme), [x, weight, scales, biases, expert_idx], name=name)
+
 
 #: The ops of this family.
 OPS = collect_ops(globals())
@@ -161,4 +221,5 @@ JSON_FORMS = (
     unit_form(GroupedMatMul),
     struct_form(DequantGroupedMatMul, ("scheme", QuantSchemeCodec())),
     struct_form(DequantMoEWeights, ("scheme", QuantSchemeCodec())),
+    struct_form(DequantGroupedMatMulMlx, ("scheme", QuantSchemeCodec()), since=NEWEST),
 )

@@ -26,7 +26,7 @@ from rlx_mil.lowering.rules.dequant_matmul import GGUF_AFFINE, gguf_codes
 from rlx_mil.lowering.rules.elementwise import convert, to_float
 from rlx_mil.lowering.rules.shape import gather_indices
 from rlx_mil.lowering.target import Target
-from rlx_mil.reference.moe import moe_weights
+from rlx_mil.reference.moe import clamped_experts, mlx_codes, moe_weights
 from rlx_mil.reference.quant import GGUF_FORMATS, as_bytes
 
 
@@ -40,12 +40,14 @@ def _rows_cols(ctx: LowerContext) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
-def grouped_matmul_var(ctx: LowerContext, x: Any, weight: Any, experts: int, m: int, k: int, n: int) -> Any:
+def grouped_matmul_var(ctx: LowerContext, x: Any, weight: Any, experts: int, m: int, k: int, n: int,
+                       ids: Any | None = None) -> Any:
     """`x[i] @ weight[expert_idx[i]]` for the node's input 0 rows (`x` in the program float,
-    `weight` an `[E, K, N]` var); expert ids are the node's input 2."""
+    `weight` an `[E, K, N]` var); expert ids are the int32 `ids`, else the node's input 2."""
     from coremltools.converters.mil import Builder as mb
 
-    ids = gather_indices(ctx, experts, operand=2, role="expert_idx")
+    if ids is None:
+        ids = gather_indices(ctx, experts, operand=2, role="expert_idx")
     if m <= experts:
         picked = mb.gather(x=weight, indices=ids, axis=0, name=ctx.name("experts"))  # [M, K, N]
         rows = mb.reshape(x=x, shape=np.asarray([m, 1, k], np.int32), name=ctx.name("rows"))
@@ -155,4 +157,76 @@ def lower_dequant_grouped_matmul(op: ops.DequantGroupedMatMul, ctx: LowerContext
     weight, experts = _expert_weights(ctx, op.scheme, 1, k, n)
     x = to_float(ctx, ctx.var(0), ctx.input_shape(0).dtype, "x_float")
     y = grouped_matmul_var(ctx, x, weight, experts, m, k, n)
+    return convert(ctx, y, DType.F32, ctx.out_shape.dtype, suffix="out")
+
+
+def _clamped_ids(ctx: LowerContext, experts: int) -> Any:
+    """Input 4 (expert ids) clamped into [0, E - 1] as upstream's kernels read them, int32."""
+    from coremltools.converters.mil import Builder as mb
+
+    known = ctx.value(4)
+    if known is not None:
+        return ctx.const(clamped_experts(known, experts).astype(np.int32), "expert_ids")
+    ids = to_float(ctx, ctx.var(4), ctx.input_shape(4).dtype, "ids_float")
+    ids = mb.clip(x=ids, alpha=ctx.scalar(0.0), beta=ctx.scalar(float(experts - 1)), name=ctx.name("ids_clamped"))
+    return mb.cast(x=mb.floor(x=ids, name=ctx.name("ids_floor")), dtype="int32", name=ctx.name("ids_int"))
+
+
+def _mlx_weight(ctx: LowerContext, codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int) -> Any:
+    """`[E, K, N]` weights from `[E, N, K]` codes and `[E, N, G]` scales / biases."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    experts, n, k = codes.shape
+    groups = scales.shape[2]
+    block = k // groups
+    codes_kn = np.ascontiguousarray(codes.transpose(0, 2, 1))  # [E, K, N]
+    s = np.ascontiguousarray(scales.transpose(0, 2, 1)).astype(np.float32)  # [E, G, N]
+    b = np.ascontiguousarray(biases.transpose(0, 2, 1)).astype(np.float32)
+    if ctx.target < Target.IOS16:
+        w = codes_kn.reshape(experts, groups, block, n) * s[:, :, None] + b[:, :, None]
+        return ctx.const(w.reshape(experts, k, n), "experts")
+    if ctx.target >= Target.IOS18 and bits in (4, 8) and np.all(np.isfinite(s)) and np.all(s != 0):
+        # code * s + b = (code - (-b / s)) * s: the words and per-group tables stay compressed.
+        data = codes_kn.astype(types.np_uint4_dtype if bits == 4 else np.uint8)
+        return mb.constexpr_blockwise_shift_scale(data=data, scale=s.astype(ctx.float_dtype),
+                                                  offset=(-b / s).astype(ctx.float_dtype), name=ctx.name("experts"))
+    lut_bits = next(w for w in ((1, 2, 3, 4, 6, 8) if ctx.target >= Target.IOS18 else (1, 2, 4, 6, 8)) if w >= bits)
+    table = np.arange(2**lut_bits, dtype=np.float32).astype(ctx.float_dtype)
+    grouped = codes_kn.reshape(experts, groups, block, n)
+    if ctx.target >= Target.IOS18:
+        dtype = np.uint8 if lut_bits == 8 else getattr(types, f"np_uint{lut_bits}_dtype")
+        values = mb.constexpr_lut_to_dense(indices=grouped.astype(dtype), lut=table.reshape(1, 1, 1, 1, -1, 1),
+                                           name=ctx.name("codes"))
+    else:
+        stream = ((grouped.reshape(-1, 1) >> np.arange(lut_bits)) & 1).astype(np.uint8)
+        values = mb.constexpr_lut_to_dense(lut=table, indices=np.packbits(stream.reshape(-1), bitorder="little"),
+                                           shape=np.asarray(grouped.shape, np.uint32), name=ctx.name("codes"))
+    w = mb.mul(x=values, y=s[:, :, None].astype(ctx.float_dtype), name=ctx.name("times_scale"))
+    w = mb.add(x=w, y=b[:, :, None].astype(ctx.float_dtype), name=ctx.name("plus_bias"))
+    return mb.reshape(x=w, shape=np.asarray([experts, k, n], np.int32), name=ctx.name("experts"))
+
+
+@lowering(
+    notes=(
+        "MLX-affine words, scales and biases known at conversion (run-time ones are refused): 4/8-bit"
+        " on iOS18 one `constexpr_blockwise_shift_scale` ([E,K,N] codes, per-group scale, float offset"
+        " -bias/scale); other widths (and 4/8-bit with a zero scale) the codes as an identity-table"
+        " `constexpr_lut_to_dense` (2/3/6/8-bit indices, 5 bits held at 6) times the group scale plus"
+        " bias at run time; iOS15 decoded. Expert ids clamped into [0, E-1] (`clip`, `floor`), then"
+        " as GroupedMatMul."
+    ),
+)
+def lower_dequant_grouped_matmul_mlx(op: ops.DequantGroupedMatMulMlx, ctx: LowerContext) -> Any:
+    scheme = op.scheme
+    assert scheme.bits is not None
+    words, scales, biases = ctx.known_value(1), ctx.known_value(2), ctx.known_value(3)
+    if words is None or scales is None or biases is None:
+        raise ctx.unsupported("the MLX words, scales and biases must be Params or Constants (known at conversion)")
+    m, k = ctx.input_shape(0).sizes()
+    experts, n, _ = ctx.input_shape(2).sizes()
+    codes = mlx_codes(np.asarray(words), experts * n, k, scheme.bits).reshape(experts, n, k)
+    weight = _mlx_weight(ctx, codes, np.asarray(scales, np.float32), np.asarray(biases, np.float32), scheme.bits)
+    x = to_float(ctx, ctx.var(0), ctx.input_shape(0).dtype, "x_float")
+    y = grouped_matmul_var(ctx, x, weight, experts, m, k, n, ids=_clamped_ids(ctx, experts))
     return convert(ctx, y, DType.F32, ctx.out_shape.dtype, suffix="out")
