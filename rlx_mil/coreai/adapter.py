@@ -232,15 +232,22 @@ class GraphScope:
             self.graph.arg_attrs = ArrayAttr.get(attrs)
 
 
-def if_(result_types: Sequence[Any], condition: Any) -> tuple[Any, Any, Any]:
+def _result_list(results: Any, count: int) -> list[Any]:
+    if count == 1 and not isinstance(results, (list, tuple)) and hasattr(results, "type"):
+        return [results]
+    return list(results)
+
+
+def if_(result_types: Sequence[Any], condition: Any) -> tuple[list[Any], Any, Any]:
     """(results, then-builder, else-builder) of a Core AI `if`."""
     results, (then_builder, else_builder) = ops.if_(list(result_types), condition)
-    return results, then_builder, else_builder
+    return _result_list(results, len(result_types)), then_builder, else_builder
 
 
-def while_(result_types: Sequence[Any], inits: Sequence[Any]) -> tuple[Any, Any, Any]:
+def while_(result_types: Sequence[Any], inits: Sequence[Any]) -> tuple[list[Any], Any, Any]:
+    """(results, condition-builder, body-builder) of a Core AI `while`."""
     results, (before, after) = ops.while_(list(result_types), list(inits))
-    return results, before, after
+    return _result_list(results, len(result_types)), before, after
 
 
 # -- metadata ----------------------------------------------------------------------------------

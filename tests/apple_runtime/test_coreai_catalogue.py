@@ -21,12 +21,9 @@ from rlx_mil.testing import compare
 #: case -> why its program cannot run through Core AI here.
 CANNOT_RUN: dict[str, str] = {
     "backward_pieces": "scatter: no rule yet",
-    "control_flow": "cond / while_loop: no rule yet",
     "conv3d_fused_conv_bias_act": "conv: no rule yet",
     "conv_pool": "conv / max_pool: no rule yet",
     "conv_transpose_2d_3d": "conv_transpose: no rule yet",
-    "dequant_matmul": "constexpr_blockwise_shift_scale: no rule yet",
-    "experts": "constexpr_blockwise_shift_scale: no rule yet",
     "gated_delta_net": "scatter / while_loop: no rule yet",
     "gathers": "gather_nd with batch_dims > 0: no rule yet",
     "generators": "random_normal / random_uniform: Core AI has no random ops",

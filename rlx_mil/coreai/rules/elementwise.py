@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from rlx_mil.coreai.registry import RuleContext, numpy_dtype, rule
 
 _BINARY = {
@@ -187,6 +189,9 @@ def cast(ctx: RuleContext) -> Any:
         x = ctx.ops.broadcasting_where(ctx.ops.broadcasting_greater(x, ctx.scalar(0, x)), _floor(ctx, x),
                                        ctx.ops.broadcasting_mul(_floor(ctx, ctx.ops.broadcasting_mul(x, ctx.scalar(-1, x))),
                                                                 ctx.scalar(-1, x)))
+    if ctx.param("dtype") == "fp16" and target.kind == "f" and target != np.float16:
+        # An explicit cast to fp16 rounds even when floats are held wider.
+        return ctx.cast(ctx.ops.cast(ctx.cast(x, target), np.float16), target)
     return ctx.cast(x, target)
 
 

@@ -1,0 +1,50 @@
+"""Every graph serialised by upstream RLX, converted in fp32, also runs through Apple's Core AI
+runtime and gives the reference's numbers within 1e-4 relative (its largest deviation, scaled
+by the output's largest magnitude)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("coreai", reason="needs the coreai extra: pip install -e \".[coreai]\" (Python >= 3.11)")
+
+from conftest import upstream_fixture_paths
+from graph_data import leaf_values
+
+import rlx_mil
+import rlx_mil.lowering.program
+from rlx_mil import reference
+from rlx_mil.coreai.engine import CoreAIProgram
+from rlx_mil.ir.graph import Graph
+from rlx_mil.testing import supported_targets
+
+FIXTURES = upstream_fixture_paths()
+pytestmark = pytest.mark.skipif(
+    not FIXTURES, reason="upstream JSON fixtures absent: ../shared/fixtures/upstream-json not found"
+)
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+def test_fixture_runs_through_core_ai(path: Path) -> None:
+    graph = Graph.from_json_file(path)
+    inputs, params = leaf_values(graph)
+    target = supported_targets(graph)[-1]
+    model = rlx_mil.convert(graph, params, target=target, precision="fp32")
+    want = reference.evaluate(graph, inputs, params)
+    with CoreAIProgram(model) as program:
+        got = program.run(inputs)
+    assert set(got) == set(want)
+    for name, value in want.items():
+        expected = np.asarray(value, np.float64)
+        actual = np.asarray(got[name], np.float64)
+        assert actual.shape == expected.shape, name
+        # NaN where the reference has NaN (log of a negative...), equal infinities, count as equal.
+        same = (np.isnan(actual) & np.isnan(expected)) | (np.isinf(expected) & (actual == expected))
+        finite = np.where(np.isfinite(expected), np.abs(expected), 0.0)
+        scale = max(float(np.max(finite)), 1e-30) if expected.size else 1.0
+        delta = np.where(same, 0.0, np.abs(actual - expected))
+        error = float(np.max(np.where(np.isnan(delta), np.inf, delta))) if expected.size else 0.0
+        assert error <= 1e-4 * scale, f"{path.stem} {name}: max deviation {error:.3g} over scale {scale:.3g}"
