@@ -420,7 +420,10 @@ def convert_functions(
     # Every function is lowered against one set of weight arrays and taken through Core ML's
     # passes in memory; the join then writes each weight once (rlx_mil.coreml.multifunction).
     stages = progress or Progress(enabled=False)
-    with conversion_temporaries(), pass_bars_hidden(), weights_shared_across_graphs():
+    from rlx_mil.compress.shared import shared_compression
+
+    # shared_compression: each weight is compressed (and the quality checked) once, not once per function.
+    with conversion_temporaries(), pass_bars_hidden(), weights_shared_across_graphs(), shared_compression():
         passed = {}
         for i, (name, (graph, own)) in enumerate(specs.items(), 1):
             stages.begin(f"converting function {name} ({i}/{len(specs)})")

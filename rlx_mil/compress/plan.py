@@ -30,6 +30,7 @@ from rlx_mil.compress.prequantized import (
 )
 from rlx_mil.compress.report import CompressionReport, WeightReport
 from rlx_mil.compress.schemes import CHECK_AUTO_LIMIT, CompressionConfig, LinearScheme, Scheme, parse_scheme
+from rlx_mil.compress.shared import current as shared_session
 from rlx_mil.errors import CompressionError, InvalidOptionError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Param
@@ -182,8 +183,22 @@ class WeightCompressor:
                     defaults.append(name)
         self.notes: dict[str, str] = {}
         self.plan: AutoPlan | None = None
+        self.shared = shared_session()
+        if self.shared is not None:
+            self.shared.held += [params, config]
+        # What identifies this compression across the functions of one conversion.
+        self._shared_key = (id(params), id(config.calibration), config.describe(), target, precision)
         if config.auto is not None:
-            self._plan_auto(defaults)
+            plan_key = (self._shared_key, tuple(sorted(defaults)))
+            planned = self.shared.plans.get(plan_key) if self.shared else None
+            if planned is None:
+                self._plan_auto(defaults)
+                if self.shared is not None:
+                    self.shared.plans[plan_key] = (
+                        {n: self.schemes[n] for n in defaults}, dict(self.notes), self.plan)
+            else:
+                self.schemes.update(planned[0])
+                self.notes, self.plan = dict(planned[1]), planned[2]
         self._done: dict[tuple[str, str], Any] = {}
         #: The codes of each compressed weight (the arrays the program holds, no copy): what
         #: the conversion-time checks decode instead of encoding the weights again.
@@ -328,6 +343,10 @@ class WeightCompressor:
         key = (name, param_layout)
         if key in self._done:
             return self._done[key]
+        shared_key = (self._shared_key, name, param_layout, getattr(scheme, "label", str(scheme)), storage.shape)
+        held = self.shared.codes.get(shared_key) if self.shared is not None else None
+        if held is not None:  # another function of this conversion encoded it: the same arrays
+            return self._emit(key, held[0], held[1], op_name)
         if isinstance(scheme, PrequantizedScheme):
             if param_layout != "dense":
                 raise CompressionError(f"weight {name!r}: {scheme.label} codes are rows of the stored weight, used here transposed")
@@ -339,21 +358,28 @@ class WeightCompressor:
             note = "; ".join(filter(None, [self.notes.get(name, ""), fitted]))
             check_target(scheme, self.target, name)
             codes = encode(storage, scheme, self.precision, name, self.store.writer)
-        if isinstance(codes, LutScaleCodes):
-            var = lut_scale_op(codes, op_name(), self.store)
-            after = lut_scale_bytes(codes)
-        else:
-            build = linear_op if isinstance(codes, LinearCodes) else palette_op
-            var = build(codes, self.target, op_name(), self.store)  # type: ignore[arg-type]
-            after = compressed_bytes(codes)
+        after = lut_scale_bytes(codes) if isinstance(codes, LutScaleCodes) else compressed_bytes(codes)
         param_shape = storage.shape[::-1] if param_layout == "kn" else storage.shape
-        self.weights.append(WeightReport(
+        entry = WeightReport(
             name=name, role=self.roles.get(name, "weight"), scheme=scheme.label, layout=param_layout,
             shape=[int(d) for d in param_shape], bytes_before=int(arr.size) * np.dtype(store_dtype(self.precision)).itemsize,
             bytes_after=after, relative_error=codes.relative_error, max_error=getattr(codes, "max_error", None), note=note,
-        ))
+        )
+        if self.shared is not None:
+            self.shared.codes[shared_key] = (codes, entry)
+        return self._emit(key, codes, entry, op_name)
+
+    def _emit(self, key: tuple[str, str], codes: LinearCodes | PaletteCodes | LutScaleCodes, entry: WeightReport,
+              op_name: Callable[[], str]) -> Any:
+        """The constexpr var of `codes` in this function's program, recorded in the report."""
+        if isinstance(codes, LutScaleCodes):
+            var = lut_scale_op(codes, op_name(), self.store)
+        else:
+            build = linear_op if isinstance(codes, LinearCodes) else palette_op
+            var = build(codes, self.target, op_name(), self.store)  # type: ignore[arg-type]
+        self.weights.append(entry)
         self._done[key] = var
-        self.codes[name] = codes
+        self.codes[entry.name] = codes
         return var
 
     def report(self) -> CompressionReport:
@@ -365,7 +391,11 @@ class WeightCompressor:
             weights=list(self.weights), kept=kept, plan=self.plan.summary if self.plan else "",
             contributions=dict(self.plan.contributions) if self.plan else {},
         )
-        if (self.config.final_check and self.params is not None and self.weights and report.calibration_error is None
+        checked = self.shared.checks.get(self._shared_key) if self.shared is not None else None
+        if checked is not None:  # measured once, by the first function of this conversion
+            for field_name, value in checked.items():
+                setattr(report, field_name, value)
+        elif (self.config.final_check and self.params is not None and self.weights and report.calibration_error is None
                 and report.check_error is None):
             given = self._given_check_inputs() if self.config.check is not False else None
             if given is not None:
@@ -377,6 +407,9 @@ class WeightCompressor:
 
                 report.check_error = self._measure(report, self.params, example_inputs(self.graph),
                                                    "inputs generated for the check")
+            if self.shared is not None:
+                self.shared.checks[self._shared_key] = {
+                    "check_error": report.check_error, "calibration_error": report.calibration_error, "quality": report.quality}
         return report
 
     def _given_check_inputs(self) -> dict[str, Any] | None:

@@ -1,0 +1,44 @@
+"""A multifunction conversion compresses (and plans, and checks) each weight once."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlx_mil.compress.plan as plan
+from rlx_mil.compress import report_of
+from rlx_mil.llm.package import convert_llm_checkpoint
+from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+
+@pytest.mark.parametrize("spec", ["int4", "auto4"])
+def test_every_function_holds_the_codes_encoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    folder = write_random_checkpoint(tmp_path / "llama", TINY_CONFIGS["llama"], seed=2)
+    encoded: list[str] = []
+    planned: list[int] = []
+    real_encode, real_plan = plan.encode, plan.plan_auto
+
+    def counting_encode(storage: np.ndarray, scheme: object, precision: object, name: str, *rest: object) -> object:
+        encoded.append(name)
+        return real_encode(storage, scheme, precision, name, *rest)  # type: ignore[arg-type]
+
+    def counting_plan(*args: object, **kwargs: object) -> object:
+        planned.append(1)
+        return real_plan(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(plan, "encode", counting_encode)
+    monkeypatch.setattr(plan, "plan_auto", counting_plan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = convert_llm_checkpoint(folder, None, max_context=16, prefill=[4, 8], precision="fp32",
+                                       compress=f"{spec};min_size=0;check=off")
+    report = report_of(model.user_defined_metadata)
+    assert report is not None and report.weights
+    names = {w.name for w in report.weights}
+    # autoN also encodes candidates while planning; the conversion itself encodes each weight once.
+    conversion = encoded if spec == "int4" else encoded[-len(names):]
+    assert sorted(conversion) == sorted(names), "a weight was encoded once per function"
+    assert len(planned) == (1 if spec == "auto4" else 0)
