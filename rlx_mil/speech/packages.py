@@ -120,8 +120,9 @@ def convert_whisper(
     written: dict[str, Path] = {}
     for role, (graph, params) in graphs(checkpoint, cache_len, fp16_io).items():
         progress.begin(f"converting {role}")
+        # WhisperKit reads one `logits` output: the Neural Engine form keeps it whole (split_logits)
         model = api.convert(graph, params, precision=precision, target=target, deploy=deploy,
-                            compress=None if role == MEL else compress, fp16_io=fp16_io)
+                            compress=None if role == MEL else compress, fp16_io=fp16_io, split_logits=False)
         _describe(model, role, checkpoint)
         path = api.save(model, folder / f"{role}.mlpackage", overwrite=True)
         del model

@@ -36,7 +36,8 @@ def convert_stateful_decoder(checkpoint: WhisperCheckpoint, path: Path, *, preci
         "decode": (decode, {"params": ParamsOf(checkpoint.params, decode_names)}),
     }
     api.convert_functions(functions, None, default_function="decode", path=path, overwrite=True, target="iOS18",
-                          precision=precision, compress=compress, deploy=deploy, kv_cache="auto", max_context=max_context)
+                          precision=precision, compress=compress, deploy=deploy, kv_cache="auto", max_context=max_context,
+                          split_logits=False)
     return path
 
 
