@@ -302,7 +302,7 @@ def test_cli_exit_codes_and_json(
     clean: Any, wide: Any, saved: Callable[[str, Any], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["preflight", str(saved("clean", clean))]) == 0
-    assert "0 findings for the ane" in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines()[0].endswith(": no known rule of the Neural Engine broken")
     wide_path = str(saved("wide", wide))
     assert main(["preflight", wide_path, "--json"]) == 1
     listed = json.loads(capsys.readouterr().out)
@@ -310,10 +310,19 @@ def test_cli_exit_codes_and_json(
     assert {"rule", "severity", "function", "op", "var", "why", "source", "fix"} == set(listed[0])
     assert main(["preflight", wide_path]) == 1
     text = capsys.readouterr().out
-    assert "error: [rank-over-4] main: select five_1 -> five_1: rank 5 tensor fp16[1, 2, 2, 2, 2]" in text
-    assert "findings for the ane: rank-over-4 " in text.splitlines()[-1] and "(1 note)" in text
+    lines = text.splitlines()
+    # the verdict first, then each rule once: its count, examples, one fix
+    assert lines[0] == (f"{wide_path}: breaks 3 rules of the Neural Engine (10 findings: rank-over-4 5,"
+                        " dim-over-16384 4, ane-unsupported-op 1); 1 note")
+    assert "rank-over-4 " in lines[0] and "error: [rank-over-4] " in text
+    assert "  ... and 2 more (--verbose lists them)" in lines
+    assert main(["preflight", wide_path, "--verbose"]) == 1
+    every = capsys.readouterr().out.splitlines()
+    assert any(ln.startswith("  main: select five_1 -> five_1: rank 5 tensor fp16[1, 2, 2, 2, 2]") for ln in every)
+    headers = [line for line in lines if line.split(":")[0] in ("error", "warning", "note")]
+    assert len(headers) == 4 and sum(line.startswith("  fix: ") for line in lines) == 4
     assert main(["preflight", wide_path, "--device", "gpu"]) == 0  # only the embedding note
-    assert "(1 note)" in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines()[0].endswith("no known rule of the GPU broken; 1 note")
     assert main(["preflight", str(tmp_path / "missing.mlpackage")]) == 1
     assert capsys.readouterr().err.startswith("rlx-mil preflight: error: ")
     with pytest.raises(SystemExit) as usage:
@@ -343,3 +352,21 @@ def test_a_package_from_coremltools_pytorch_path_gets_its_findings() -> None:
 
 def test_the_docs_list_every_rule() -> None:
     assert rule_table() in DOCS.read_text(encoding="utf-8")
+
+
+def test_the_report_groups_findings_by_rule() -> None:
+    from rlx_mil.cli.preflight import report_text
+    from rlx_mil.coreml.preflight import Finding
+
+    many = [Finding("rank-over-4", "error", "main", f"select s{i}", f"s{i}", f"rank 5 tensor #{i}", "src", "keep rank <= 4")
+            for i in range(7)]
+    note = Finding("embed-note", "note", "", "", "", "an embedding", "src2", "none")
+    text = report_text(Path("m.mlpackage"), "ane", [*many, note])
+    lines = text.splitlines()
+    assert lines[0] == "m.mlpackage: breaks 1 rule of the Neural Engine (7 findings: rank-over-4 7); 1 note"
+    assert lines.count("  fix: keep rank <= 4") == 1 and "error: [rank-over-4] 7 findings" in lines
+    assert [ln for ln in lines if "rank 5 tensor" in ln] == [f"  main: select s{i} -> s{i}: rank 5 tensor #{i}" for i in range(3)]
+    assert "  ... and 4 more (--verbose lists them)" in lines
+    assert lines.index("note: [embed-note] 1 finding") > lines.index("error: [rank-over-4] 7 findings")
+    verbose = report_text(Path("m.mlpackage"), "ane", many, verbose=True).splitlines()
+    assert sum("rank 5 tensor" in ln for ln in verbose) == 7 and not any("more (--verbose" in ln for ln in verbose)
