@@ -60,10 +60,11 @@ class PackageInfo:
         if graph:
             lines.append(f"graph:    {graph} (precision {self.metadata.get('rlx_mil.precision', '?')})")
         lines += [f"{name + ':':<9} {value}" for name, value in self.description.items()]
-        lines.append("inputs:")
-        lines += [f"  {t.name}: {t.dtype}{t.shape}" for t in self.inputs]
-        lines.append("outputs:")
-        lines += [f"  {t.name}: {t.dtype}{t.shape}" for t in self.outputs]
+        if self.inputs or self.outputs or not self.functions:  # a multifunction package: per function below
+            lines.append("inputs:")
+            lines += [f"  {t.name}: {t.dtype}{t.shape}" for t in self.inputs]
+            lines.append("outputs:")
+            lines += [f"  {t.name}: {t.dtype}{t.shape}" for t in self.outputs]
         if self.states:
             lines.append("states:")
             lines += [f"  {t.name}: {t.dtype}{t.shape}" for t in self.states]
@@ -145,7 +146,6 @@ def _tensor_infos(features: Any) -> list[TensorInfo]:
 def open_model(model_or_path: Any) -> tuple[Any, Path | None]:
     """(`MLModel`, its package path or None) of an `MLModel` or a saved `.mlpackage` path, read
     without compiling it (`skip_model_load`); a typed error for a missing or unreadable package."""
-    import coremltools as ct
 
     path: Path | None
     if isinstance(model_or_path, (str, os.PathLike)):
@@ -154,7 +154,9 @@ def open_model(model_or_path: Any) -> tuple[Any, Path | None]:
             raise RlxMilError(f"{path}: no such package")
         check_package_tree(path)
         try:
-            model = ct.models.MLModel(str(path), skip_model_load=True)
+            from rlx_mil.coreml.manifest import open_model
+
+            model = open_model(path, skip_model_load=True)
         except Exception as err:
             raise RlxMilError(f"{path}: not a readable Core ML package ({type(err).__name__}: {err})") from None
     else:

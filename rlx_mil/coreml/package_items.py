@@ -25,13 +25,13 @@ def add_item(package: str | os.PathLike[str], folder: str | os.PathLike[str], na
 
 def item_folder(package: str | os.PathLike[str], name: str) -> Path | None:
     """The folder of the package's rlx_mil item `name`, or None when it has none."""
-    from coremltools.libmodelpackage import ModelPackage
+    from rlx_mil.coreml.manifest import ManifestReader
 
     root = Path(package)
     if not (root / "Manifest.json").is_file():
         return None
-    try:
-        info = ModelPackage(str(root)).findItemByNameAuthor(name, ITEM_AUTHOR)
+    try:  # read-only: coremltools' ModelPackage would rewrite the manifest
+        info = ManifestReader(root).findItemByNameAuthor(name, ITEM_AUTHOR)
     except Exception:  # a damaged manifest: the package has no usable item
         return None
     if info is None:

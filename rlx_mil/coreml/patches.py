@@ -28,6 +28,10 @@ ALLOW_UNTESTED_ENV = "RLX_MIL_UNTESTED_COREMLTOOLS"
 
 #: "module:attribute path" -> why rlx_mil replaces it (and which module supplies the replacement).
 PATCHES: dict[str, str] = {
+    "coremltools.models.utils:_ModelPackage":
+        "read a package's Manifest.json without rewriting it while rlx_mil opens a package (coreml/manifest.py)",
+    "coremltools.models.model:_ModelPackage":
+        "read a package's Manifest.json without rewriting it while rlx_mil opens a package (coreml/manifest.py)",
     "coremltools.converters.mil.mil.passes.pass_pipeline:PassPipelineManager.apply_pipeline":
         "validate the program once per pass pipeline instead of after each pass, and not at all when"
         " its passes are all skipped (coreml/pipeline.py)",

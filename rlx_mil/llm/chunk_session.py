@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.coreml.manifest import open_model
 from rlx_mil.coreml.metadata import FunctionTable, LLMContract
 from rlx_mil.errors import RlxMilError
 from rlx_mil.fileio import check_package_tree
@@ -26,7 +27,6 @@ class ChunkedPackages:
     """The chunks of a set, opened for repeated calls."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
-        import coremltools as ct
 
         self.set: ChunkedSet = read_chunked_set(folder)
         self.folder = Path(folder)
@@ -36,7 +36,7 @@ class ChunkedPackages:
         for i in range(len(self.set.chunks)):
             path = check_package_tree(self.set.package(i))
             try:
-                handle = ct.models.MLModel(str(path), skip_model_load=True)
+                handle = open_model(path, skip_model_load=True)
                 table = FunctionTable.read(dict(handle.user_defined_metadata))
                 functions = handle.get_spec().description.functions
             except RlxMilError:

@@ -95,13 +95,14 @@ def load_program(path: str | os.PathLike[str], *, packed_4bit: bool = False) -> 
 
 
 def _open_model(path: str | os.PathLike[str]) -> Any:
-    import coremltools as ct
 
     if not Path(path).exists():
         raise MilExecError(f"no model package at {path}")
     check_package_tree(path)
     try:
-        return ct.models.MLModel(str(path), skip_model_load=True)
+        from rlx_mil.coreml.manifest import open_model
+
+        return open_model(path, skip_model_load=True)
     except Exception as exc:
         raise MilExecError(f"cannot open {path} as a Core ML model: {exc}") from exc
 
