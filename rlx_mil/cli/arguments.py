@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+import warnings
 from collections.abc import Callable
 
 # The choices below mirror their owners' tables, which import NumPy and more
@@ -56,3 +58,15 @@ def fraction(low_open: bool) -> Callable[[str], float]:
 
     parse.__name__ = "float"
     return parse
+
+
+def compute_units(args: argparse.Namespace) -> str:
+    """--compute-units (default ALL), with a warning where Core ML does not run the model."""
+    given = getattr(args, "compute_units", None)
+    if given is None:
+        return "ALL"
+    engine = getattr(args, "engine", "auto")
+    if engine == "milexec" or (engine == "auto" and sys.platform != "darwin"):
+        warnings.warn(f"--compute-units {given} has no effect here: the NumPy MIL executor runs the model"
+                      " (Core ML runs only on macOS)", UserWarning, stacklevel=2)
+    return str(given)

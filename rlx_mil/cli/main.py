@@ -15,7 +15,7 @@ from typing import Any
 
 from rlx_mil.cli import aimodel_output
 from rlx_mil.cli.aimodel_output import add_format_argument
-from rlx_mil.cli.arguments import DEPLOY_FORMS, TARGETS, float_at_least, fraction, int_at_least
+from rlx_mil.cli.arguments import DEPLOY_FORMS, TARGETS, compute_units
 from rlx_mil.errors import RlxMilError
 
 # Nothing heavy is imported at module level: `--help`, `--version` and usage errors answer
@@ -41,8 +41,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--engine", choices=["auto", "coreml", "milexec", "coreai"], default="auto",
                        help="Core ML (macOS), the NumPy MIL executor, or Apple's Core AI runtime (the coreai "
                             "extra; also on Linux); auto: Core ML where it runs")
-        p.add_argument("--compute-units", default="ALL", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"],
-                       help="where Core ML runs the model (macOS; not stored in a package)")
+        p.add_argument("--compute-units", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"],
+                       help="where Core ML runs the model (macOS; default ALL; not stored in a package)")
 
     def conversion_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--target", default="iOS18", choices=TARGETS)
@@ -121,21 +121,13 @@ def _parser() -> argparse.ArgumentParser:
     load_flags(run)
 
     gen = sub.add_parser("generate", help="generate text (or token ids) with a stateful LLM package (docs/llm.md)")
-    gen.add_argument("package", type=Path)
-    prompt = gen.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", metavar="TEXT", help="the prompt text (the package's tokenizer encodes it);"
-                        " the generated text streams to stdout")
-    prompt.add_argument("--prompt-ids", metavar="ID,ID,...", help="comma-separated prompt token ids")
-    gen.add_argument("--chat", action="store_true", help="--prompt is a user message rendered by the chat template")
-    gen.add_argument("--system", metavar="TEXT", help="with --chat: a system message before the prompt")
-    gen.add_argument("-n", "--max-new-tokens", type=int_at_least(0), default=16, help="tokens to generate (default 16)")
-    gen.add_argument("--temperature", type=float_at_least(0), default=0.0, help="0 (default) is greedy")
-    gen.add_argument("--top-k", type=int_at_least(1), help="sample among the k most likely tokens (with --temperature)")
-    gen.add_argument("--top-p", type=fraction(low_open=True),
-                     help="sample in the nucleus of probability P (with --temperature)")
-    gen.add_argument("--seed", type=int_at_least(0), help="random seed for sampling")
-    gen.add_argument("-q", "--quiet", action="store_true", help="no progress or speed lines on stderr")
+    _generate_arguments(gen)
     load_flags(gen)
+
+    chat = sub.add_parser("chat", help="chat with a stateful LLM package in the terminal: multi-turn, streamed"
+                          " (/reset, /exit)")
+    _chat_arguments(chat)
+    load_flags(chat)
 
     ev = sub.add_parser("eval", help="perplexity of a text under a stateful LLM package, optionally against a reference")
     ev.add_argument("package", type=Path)
@@ -334,7 +326,7 @@ def _run(args: argparse.Namespace) -> int:
     with open_arrays(args.inputs, "inputs file") as archive:
         inputs = dict(archive.items())
     outputs, engine = run_package(
-        args.package, inputs, engine=args.engine, function_name=args.function, compute_units=args.compute_units
+        args.package, inputs, engine=args.engine, function_name=args.function, compute_units=compute_units(args)
     )
     print(f"engine: {engine}")
     for name, value in outputs.items():
@@ -348,73 +340,18 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from rlx_mil.llm.generate import Session
+def _generate_arguments(p: argparse.ArgumentParser) -> None:
+    from rlx_mil.cli.generate import add_generate_arguments, run_generate
 
-    if args.prompt is None:
-        if args.chat or args.system is not None:
-            raise RlxMilError("--chat and --system need --prompt TEXT")
-        return _generate_ids(args)
-    if args.system is not None and not args.chat:
-        raise RlxMilError("--system needs --chat")
-    session = Session(args.package, engine=args.engine, compute_units=args.compute_units)
-    tokenizer = session.tokenizer  # fails early, before any output, on a package without one
-    if args.chat and not tokenizer.has_chat_template:
-        raise RlxMilError(f"{args.package}: its tokenizer has no chat template; drop --chat")
-    progress = _progress(args)
-    if not args.quiet:
-        print(f"engine: {session.engine}", file=sys.stderr, flush=True)
-    prompt_ids = tokenizer.prompt_ids(args.prompt, chat=args.chat, system=args.system)
-    pieces = session.stream_text(
-        args.prompt, _new_tokens(session, len(prompt_ids), args), chat=args.chat, system=args.system,
-        temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-    )
-    progress.begin("reading the prompt")
-    for piece in pieces:
-        progress.end(f"{session.stats.prompt_tokens} tokens")  # the first piece ends the stage
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    progress.end(f"{session.stats.prompt_tokens} tokens")
-    sys.stdout.write("\n")
-    sys.stdout.flush()
-    if not args.quiet:
-        print(f"{_opened_text(session)}; {session.stats.to_text()}", file=sys.stderr)
-    return EXIT_OK
+    add_generate_arguments(p)
+    p.set_defaults(handler=run_generate)
 
 
-def _generate_ids(args: argparse.Namespace) -> int:
-    from rlx_mil.llm.generate import Session
+def _chat_arguments(p: argparse.ArgumentParser) -> None:
+    from rlx_mil.cli.generate import add_chat_arguments, run_chat
 
-    try:
-        prompt = [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t]
-    except ValueError:
-        raise RlxMilError(f"--prompt-ids takes comma-separated integers, got {args.prompt_ids!r}") from None
-    session = Session(args.package, engine=args.engine, compute_units=args.compute_units)
-    tokens = session.generate(
-        prompt, _new_tokens(session, len(prompt), args), temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed,
-    )
-    print(f"engine: {session.engine}")
-    print(",".join(str(t) for t in tokens))
-    if not args.quiet:
-        print(f"{_opened_text(session)}; {session.stats.to_text()}", file=sys.stderr)
-    return EXIT_OK
-
-
-def _new_tokens(session: Any, prompt_tokens: int, args: argparse.Namespace) -> int:
-    """-n, capped (with a warning) where the package's context ends; an empty prompt or one
-    longer than the context is refused before anything runs."""
-    from rlx_mil.llm.generate import new_token_budget
-
-    count, capped = new_token_budget(session.max_context, prompt_tokens, args.max_new_tokens)
-    if capped is not None:
-        warnings.warn(capped, stacklevel=2)
-    return count
-
-
-def _opened_text(session: Any) -> str:
-    return f"package opened in {session.open_seconds:.2f} s (CPU {session.open_cpu_seconds:.2f} s)"
+    add_chat_arguments(p)
+    p.set_defaults(handler=run_chat)
 
 
 def _progress(args: argparse.Namespace) -> Any:
@@ -440,7 +377,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     result = evaluate_package(
         args.package, text, reference=args.reference, max_tokens=args.max_tokens, engine=args.engine,
-        compute_units=args.compute_units, progress=start,
+        compute_units=compute_units(args), progress=start,
     )
     progress.end(f"{result.scored} tokens")
     print(result.to_json() if args.json else result.to_text())
@@ -482,6 +419,22 @@ def _os_error_line(err: OSError) -> str:
     return _one_line(err)
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._subparsers._group_actions if parser._subparsers is not None else ():
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass  # stdout is not a file descriptor (captured): nothing will flush into a closed pipe
+
+
 def entry() -> int:
     """The `rlx-mil` command (and `python -m rlx_mil.cli`): `main` in a process that goes
     without PyTorch and transformers, which no subcommand uses but coremltools imports whenever
@@ -500,10 +453,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     appear in the table below) and inherit all of this.
     """
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's usage, not the top-level one, names what it takes
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     handlers: dict[str, Any] = {
         "convert": _convert, "convert-hf": _convert_hf, "convert-gguf": _convert_gguf, "inspect": _inspect, "run": _run, "demo": _demo,
-        "generate": _generate, "eval": _eval,
+        "eval": _eval,
     }
     handler = getattr(args, "handler", None) or handlers[args.command]
     if args.command in ("convert", "convert-hf", "convert-gguf"):
@@ -517,9 +472,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 warnings.simplefilter("ignore")
             else:
                 warnings.showwarning = _show_warning(where)
-            return int(handler(args))
+            code = int(handler(args))
+            sys.stdout.flush()  # a reader that went away is seen here, not at the interpreter's exit
+            return code
     except RlxMilError as err:
         print(f"{where}: error: {_error_lines(err)}", file=sys.stderr)
+    except BrokenPipeError:
+        # The reader went away (`rlx-mil preflight PKG | head -1`): not an error. Later writes
+        # (and the interpreter's final flush) go nowhere instead of raising again.
+        _silence_stdout()
+        return EXIT_OK
     except OSError as err:
         print(f"{where}: error: {_os_error_line(err)}", file=sys.stderr)
     except MemoryError:

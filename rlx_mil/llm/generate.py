@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlx_mil.coreml import metadata
+from rlx_mil.coreml.manifest import open_model
 from rlx_mil.coreml.metadata import (
     FunctionTable,
     LLMContract,
@@ -161,7 +162,7 @@ class Session:
             in_memory = package
         self.path = str(package) if self._chunks is not None else path
         try:
-            handle = in_memory if in_memory is not None else ct.models.MLModel(path, skip_model_load=True)
+            handle = in_memory if in_memory is not None else open_model(path, skip_model_load=True)
         except Exception as err:
             raise GenerationError(f"cannot open {path} as a Core ML model: {err}") from err
         meta = dict(handle.user_defined_metadata)
@@ -281,6 +282,17 @@ class Session:
         else:
             self._states: dict[str, np.ndarray] = {}
 
+    def rewind(self, position: int) -> bool:
+        """Forget the tokens from `position` on (they are overwritten by the next ones), where
+        the package allows it: causal masks and no recurrent state (which has taken them in).
+        Returns False, changing nothing, where it does not."""
+        if self._recurrent or not self._mask_kinds <= {"Causal", "SlidingWindow"} or self._chunks is not None:
+            return False
+        if not 0 <= position <= self._position:
+            raise InvalidOptionError(f"rewind takes a position in [0, {self._position}], got {position!r}")
+        self._position = position
+        return True
+
     # -- calls -----------------------------------------------------------------------------------
     def _feeds(self, fn: FunctionInfo, tokens: Sequence[int]) -> dict[str, np.ndarray]:
         n, pos = len(tokens), self._position
@@ -377,12 +389,19 @@ class Session:
         seed: int | None = None,
         stop_ids: Sequence[int] = (),
         until_full: bool = False,
+        repeat_penalty: float = 1.0,
+        min_p: float | None = None,
     ) -> Iterator[int]:
         """`generate` as an iterator: each new id as soon as it is picked. `until_full` ends
         the stream when the cache is full instead of raising. `self.stats` times the prompt
-        and the generated tokens."""
+        and the generated tokens. The prompt continues what the session holds (`reset()`
+        starts afresh)."""
+        from rlx_mil.llm.sampling import check_penalties, penalize
+
         check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
+        check_penalties(repeat_penalty, min_p)
         prompt = _token_list(prompt_ids, "prompt_ids")
+        seen = set(prompt)
         stops = set(_token_list(stop_ids, "stop_ids"))
         rng = np.random.default_rng(seed)
         stats = self.stats = GenerationStats(prompt_tokens=len(prompt))
@@ -391,7 +410,8 @@ class Session:
         stats.prompt_seconds = time.perf_counter() - start
         start = time.perf_counter()
         for step in range(max_new_tokens):
-            token = pick_token(logits, temperature, top_k, rng, top_p)
+            token = pick_token(penalize(logits, seen, repeat_penalty), temperature, top_k, rng, top_p, min_p)
+            seen.add(token)
             stats.new_tokens += 1
             stats.seconds = time.perf_counter() - start
             yield token
@@ -415,6 +435,8 @@ class Session:
         top_p: float | None = None,
         seed: int | None = None,
         stop_ids: Sequence[int] = (),
+        repeat_penalty: float = 1.0,
+        min_p: float | None = None,
     ) -> list[int]:
         """Feed the prompt, then pick `max_new_tokens` tokens one at a time (greedy when
         `temperature` is 0; otherwise sampled from softmax(logits / temperature), over the
@@ -422,7 +444,7 @@ class Session:
         `stop_ids`. Returns the new ids."""
         return list(self.stream(
             prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            stop_ids=stop_ids,
+            stop_ids=stop_ids, repeat_penalty=repeat_penalty, min_p=min_p,
         ))
 
     # -- text ------------------------------------------------------------------------------------
@@ -465,6 +487,8 @@ class Session:
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
+        repeat_penalty: float = 1.0,
+        min_p: float | None = None,
     ) -> Iterator[str]:
         """Generate from the text `prompt` (with `chat`, one user turn rendered by the chat
         template, after a `system` turn when given) from a fresh cache; yield the generated
@@ -476,7 +500,7 @@ class Session:
         self.reset()
         ids = self.stream(
             prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            stop_ids=tokenizer.stop_ids, until_full=True,
+            stop_ids=tokenizer.stop_ids, until_full=True, repeat_penalty=repeat_penalty, min_p=min_p,
         )
         yield from tokenizer.stream_decode(ids)
 
@@ -560,11 +584,13 @@ def check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any
 
 
 def pick_token(
-    logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator, top_p: float | None = None
+    logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator, top_p: float | None = None,
+    min_p: float | None = None,
 ) -> int:
     """Greedy argmax at temperature 0, else a sample from the tempered softmax restricted to
     the `top_k` most likely tokens and then to the `top_p` nucleus (the fewest most likely
-    tokens whose probabilities sum to at least `top_p`), as transformers orders them."""
+    tokens whose probabilities sum to at least `top_p`), as transformers orders them, and to
+    the tokens at least `min_p` times as likely as the most likely one."""
     scores = np.asarray(logits, np.float64).reshape(-1)
     if np.isnan(scores).any():
         raise GenerationError(f"the model produced NaN logits ({int(np.isnan(scores).sum())} of {scores.size}); no token to pick")
@@ -582,5 +608,8 @@ def pick_token(
         keep = np.zeros(probs.size, bool)
         keep[order[before < top_p]] = True
         probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum()
+    if min_p:
+        probs = np.where(probs >= min_p * probs.max(), probs, 0.0)
         probs /= probs.sum()
     return int(rng.choice(scores.size, p=probs))

@@ -103,7 +103,7 @@ def convert_llm_checkpoint(
     decode, params = graph(1)
     functions: dict[str, Any] = {f"prefill_{n}": graph(n)[0] for n in buckets}
     functions["decode"] = decode
-    stages.end(f"{len(functions)} functions ({', '.join(functions)}), {len(params)} params")
+    stages.end(f"{len(functions)} function{'s' * (len(functions) != 1)} ({', '.join(functions)}), {len(params)} params")
     if chunk_bytes is not None:
         from rlx_mil.llm.chunked import convert_chunked
 

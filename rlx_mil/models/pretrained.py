@@ -6,6 +6,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -196,7 +197,7 @@ def from_pretrained(
         last_logits=last_logits, kv_outputs=kv_outputs, position_ids=position_ids, max_positions=max_positions,
         attention_mask=attention_mask, pooling=pooling, normalize=normalize, token_type_ids=token_type_ids,
         image_size=image_size, spatial_shape=spatial_shape,
-        name=checkpoint.directory.name or None, source=source, precheck=precheck,
+        name=checkpoint_name(checkpoint.directory, checkpoint.config), source=source, precheck=precheck,
     )
     checkpoint.check({prefix + k: v for k, v in expected.items()}, architecture_name(spec), _ignorable_prefixed(spec, prefix))
     derived = {k: v for k, v in computed.items() if isinstance(v, DerivedTensor)}
@@ -236,3 +237,16 @@ def _ignorable_prefixed(spec: ModelSpec, prefix: str) -> Any:
     if not prefix:
         return base
     return lambda name: base(name[len(prefix):] if name.startswith(prefix) else name) or base(name)
+
+
+def checkpoint_name(directory: Path, config: Mapping[str, Any]) -> str | None:
+    """The model's name: the last part of config.json's `_name_or_path` (`HuggingFaceTB/SmolLM2-135M`),
+    else the repository of a Hugging Face cache snapshot (`models--owner--name/snapshots/<hash>`),
+    else the folder's name."""
+    given = config.get("_name_or_path")
+    if isinstance(given, str) and given.strip().rstrip("/"):
+        return given.strip().rstrip("/").rsplit("/", 1)[-1]
+    parts = directory.resolve().parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].rsplit("--", 1)[-1]
+    return directory.name or None

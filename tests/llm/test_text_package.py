@@ -299,9 +299,10 @@ def test_text_needs_a_tokenizer_and_a_template(package: Path, tmp_path: Path, ca
     assert main(["generate", str(package), "--prompt", "hi", "--system", "x"]) == 1
     assert "--system needs --chat" in capsys.readouterr().err
     assert main(["generate", str(package), "--prompt-ids", "1,2", "--chat"]) == 1
-    assert "need --prompt TEXT" in capsys.readouterr().err
-    assert main(["generate", str(package), "--prompt", "hi", "--top-p", "1.5", "--temperature", "1"]) == 1
-    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+    assert "need a text prompt (--prompt or -f)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:  # checked while parsing, before the package is opened
+        main(["generate", str(package), "--prompt", "hi", "--top-p", "1.5", "--temperature", "1"])
+    assert usage.value.code == 2 and "--top-p: expected a number in (0, 1]" in capsys.readouterr().err
     no_template = tmp_path / "nt"
     shutil.copytree(package / "Data" / "rlx_mil" / "tokenizer", no_template)
     config = json.loads((no_template / "tokenizer_config.json").read_text())

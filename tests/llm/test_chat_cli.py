@@ -1,0 +1,150 @@
+"""`rlx-mil chat` (multi-turn, /reset, the oldest turns dropped when the context is full) and
+generate's prompt sources (`--prompt -`, `-f FILE`), default length, `--repeat-penalty` and
+`--min-p`; the speed and peak-memory line on every exit."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlx_mil.cli import main
+from rlx_mil.cli.generate import Conversation
+from rlx_mil.llm.generate import Session, pick_token
+from rlx_mil.llm.sampling import penalize
+
+from .text_fixtures import chat_checkpoint
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    checkpoint = chat_checkpoint(tmp_path_factory.mktemp("hf") / "tiny-chat")
+    out = tmp_path_factory.mktemp("pkg") / "chat.mlpackage"
+    # the default conversion (stateful) with a short context, so that a chat fills it
+    assert main(["convert-hf", str(checkpoint), "-o", str(out), "--max-context", "64", "--prefill", "8",
+                 "--precision", "fp32", "-q"]) == 0
+    return out
+
+
+def _greedy_text(package: Path, prompt: str, n: int) -> str:
+    return Session(package, engine="milexec").generate_text(prompt, n, chat=True)
+
+
+def test_prompt_from_stdin_and_from_a_file(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    want = _greedy_text(package, "hello there", 5)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hello there")))
+    assert main(["generate", str(package), "--chat", "--prompt", "-", "-n", "5", "-q", "--engine", "milexec"]) == 0
+    assert capsys.readouterr().out == want + "\n"
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello there")
+    assert main(["generate", str(package), "--chat", "-f", str(prompt), "-n", "5", "-q", "--engine", "milexec"]) == 0
+    assert capsys.readouterr().out == want + "\n"
+    prompt.write_bytes(b"\xff\xfe bad")
+    assert main(["generate", str(package), "-f", str(prompt), "-q"]) == 1
+    assert "not UTF-8" in capsys.readouterr().err
+
+
+def test_default_length_and_the_stats_line(package: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", str(package), "--prompt-ids", "1,2,3", "--engine", "milexec"]) == 0
+    out, err = capsys.readouterr()
+    ids = out.splitlines()[-1].split(",")
+    # no -n: up to 256 tokens, the cache (64) ending it first (the last token picked is never fed)
+    assert len(ids) == 64 - 3 + 1 and "stopped: context full" in err and "peak memory" in err
+
+
+def test_repeat_penalty_and_min_p() -> None:
+    logits = np.array([2.0, -1.0, 0.5, 1.9])
+    penalized = penalize(logits, {0, 1}, 2.0)
+    assert penalized.tolist() == [1.0, -2.0, 0.5, 1.9]
+    assert penalize(logits, {0}, 1.0) is logits
+    assert int(np.argmax(penalized)) == 3  # greedy now avoids the repeated token
+    rng = np.random.default_rng(0)
+    # min_p 0.9: only tokens at least 0.9x as likely as the best stay; 0 and 3 differ by e^-0.1 = 0.905
+    picks = {pick_token(logits, 1.0, None, rng, None, min_p=0.9) for _ in range(200)}
+    assert picks == {0, 3}
+    picks = {pick_token(logits, 1.0, None, rng, None, min_p=0.95) for _ in range(50)}
+    assert picks == {0}
+
+
+def test_penalty_flags_change_the_tokens(package: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", str(package), "--prompt-ids", "5,5,5", "-n", "12", "--engine", "milexec", "-q"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out.splitlines()[-1]
+    assert main([*argv, "--repeat-penalty", "100"]) == 0
+    penalized = [int(t) for t in capsys.readouterr().out.splitlines()[-1].split(",")]
+    assert 5 not in penalized[:1] or plain.split(",")[0] != "5"
+    # with a huge penalty every seen token is pushed down: the first 12 picks are all new tokens
+    assert len(set(penalized)) == len(penalized)
+    with pytest.raises(SystemExit):
+        main([*argv, "--repeat-penalty", "0"])
+    with pytest.raises(SystemExit):
+        main([*argv, "--min-p", "1.5"])
+
+
+def test_chat_continues_the_cache_and_resets(package: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    session = Session(package, engine="milexec")
+    conversation = Conversation(session, None, reserve=4)
+    notes: list[str] = []
+    first = conversation.prompt_ids("hi", notes.append)
+    reply = "".join(conversation.reply(first, 4, {}))
+    second = conversation.prompt_ids("and you?", notes.append)
+    # the second turn feeds only what extends what the cache holds of the conversation
+    whole = session.tokenizer.encode_chat(conversation._messages())
+    assert len(second) < len(whole) and whole[-len(second):] == second and session.position == len(whole) - len(second)
+    assert reply == conversation.turns[1]["content"] or reply.strip() == conversation.turns[1]["content"].strip()
+    # its reply equals a fresh session's on the whole conversation
+    again = "".join(conversation.reply(second, 4, {}))
+    fresh = Session(package, engine="milexec")
+    fresh_ids = list(fresh.stream(whole, 4, stop_ids=fresh.tokenizer.stop_ids, until_full=True))
+    assert again == fresh.tokenizer.decode(fresh_ids)
+    # a long conversation drops its oldest turns, and says so
+    for _ in range(6):
+        ids = conversation.prompt_ids("tell me more about the capital", notes.append)
+        "".join(conversation.reply(ids, 4, {}))
+    assert notes and notes[0].startswith("(dropped the") and "context of 64 tokens" in notes[0]
+    assert len(session.tokenizer.encode_chat(conversation._messages())) <= 64
+    conversation.reset()
+    assert conversation.turns == [] and conversation.fed == []
+
+
+def test_chat_command_reads_turns_until_exit(package: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hi\n/reset\nhello\n/exit\nnever read\n")))
+    assert main(["chat", str(package), "-n", "3", "--engine", "milexec"]) == 0
+    out, err = capsys.readouterr()
+    # two replies, each the greedy one of a fresh conversation (the /reset between them)
+    want = [_greedy_text(package, text, 3) for text in ("hi", "hello")]
+    assert out == "".join(w + "\n" for w in want)
+    assert "(a new conversation)" in err and err.count("generation: ") == 2
+    assert err.rstrip().splitlines()[-1].startswith("chat: ") and "peak memory" in err
+
+
+def test_ctrl_c_prints_the_stats_line(package: Path, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the middle of the generated tokens: exit 130, the tokens so far, the speed and
+    peak-memory line, then the one `interrupted` line."""
+    real_stream = Session.stream
+
+    def stream(self: Session, *args: object, **kwargs: object) -> object:
+        for i, token in enumerate(real_stream(self, *args, **kwargs)):  # type: ignore[arg-type]
+            if i == 3:
+                raise KeyboardInterrupt
+            yield token
+
+    monkeypatch.setattr(Session, "stream", stream)
+    assert main(["generate", str(package), "--prompt-ids", "1,2", "--engine", "milexec"]) == 130
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()[-1].split(",")) == 3
+    lines = err.strip().splitlines()
+    assert "stopped: interrupted" in lines[-2] and "peak memory" in lines[-2] and lines[-1] == "rlx-mil generate: interrupted"
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hi\nhello\n")))
+    assert main(["chat", str(package), "--engine", "milexec"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    # (the 4th token was picked, and counted, when the interrupt came)
+    assert err[-2].startswith("chat: 4 tokens generated") and err[-1] == "rlx-mil chat: interrupted"
