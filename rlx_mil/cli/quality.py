@@ -13,12 +13,14 @@ import argparse
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from rlx_mil.compress.quality_check import QualityCheck, check_from_dict
 from rlx_mil.errors import InvalidOptionError
+
+if TYPE_CHECKING:  # loaded when a conversion runs, not while the command line is parsed
+    import numpy as np
+
+    from rlx_mil.compress.quality_check import QualityCheck
 
 
 def add_quality_flags(p: argparse.ArgumentParser) -> None:
@@ -51,6 +53,8 @@ def check_inputs_of(model_dir: Path, args: argparse.Namespace, length: int) -> t
     if found is None or not found[0]:
         return None
     ids, label = found
+    import numpy as np
+
     row = np.resize(np.asarray(ids, np.int32), length)[None, :]
     if len(ids) < length:
         label += f", repeated to {length}"
@@ -97,6 +101,8 @@ def stored_check(metadata: Mapping[str, str]) -> QualityCheck | None:
     from rlx_mil.compress import report_of
 
     report = report_of(dict(metadata))
+    from rlx_mil.compress.quality_check import check_from_dict
+
     return None if report is None or report.quality is None else check_from_dict(report.quality)
 
 
