@@ -1,0 +1,70 @@
+"""`rlx-mil convert-hf` on Whisper folders: the WhisperKit folder in one command, --verify, and
+one-line errors for what does not apply or cannot be read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlx_mil.cli import main
+from rlx_mil.cli.convert_whisper import is_whisper_folder
+from rlx_mil.models.ct2_file import write_ct2
+from rlx_mil.models.families.whisper import TINY_WHISPER
+from rlx_mil.models.random_checkpoint import write_random_checkpoint
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_checkpoint(tmp_path_factory.mktemp("cli") / "whisper-tiny", TINY_WHISPER, seed=4)
+
+
+def test_convert_hf_writes_and_verifies_the_whisperkit_folder(checkpoint: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path), "--cache-len", "4", "--verify", "-q"]) == 0
+    out = capsys.readouterr().out
+    folder = tmp_path / "openai_whisper-tiny"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "AudioEncoder.mlpackage", "MelSpectrogram.mlpackage", "TextDecoder.mlpackage", "config.json",
+        "generation_config.json"]
+    for role, output in (("MelSpectrogram", "melspectrogram_features"), ("AudioEncoder", "encoder_output_embeds"),
+                         ("TextDecoder", "logits")):
+        assert f"{role}:   check {output}:" in out and f"wrote {folder}" in out
+    assert " ok" in out and "FAIL" not in out
+    assert json.loads((folder / "config.json").read_text())["d_model"] == TINY_WHISPER["d_model"]
+    # an existing folder is refused without --overwrite
+    assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path), "--cache-len", "4", "-q"]) == 1
+    assert "exists; pass --overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--seq-len", "8"], "not for a Whisper folder: --seq-len"),
+    (["--variant", "decode"], "not for a Whisper folder: --variant decode"),
+    (["--cache-len", "999"], "cache_len must be an integer in [1, max_target_positions = 32]"),
+])
+def test_flags_that_do_not_apply_are_one_line_errors(checkpoint: Path, tmp_path: Path, flags: list[str], message: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path), *flags]) in (1, 2)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlx-mil convert-hf: error:") and message in err[0]
+    assert not (tmp_path / "openai_whisper-tiny").exists()
+
+
+def test_a_broken_ct2_folder_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "faster-whisper-broken"
+    folder.mkdir()
+    write_ct2(folder / "model.bin", "WhisperSpec", 3, {})
+    data = (folder / "model.bin").read_bytes()
+    (folder / "model.bin").write_bytes(data[:-2])  # the alias count cut short
+    assert is_whisper_folder(folder)
+    assert main(["convert-hf", str(folder), "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.bin" in err[0] and err[0].startswith("rlx-mil convert-hf: error:")
+
+
+def test_whisper_folders_are_told_apart(checkpoint: Path, tmp_path: Path) -> None:
+    assert is_whisper_folder(checkpoint)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert not is_whisper_folder(tmp_path)
+    assert not is_whisper_folder(tmp_path / "missing")
