@@ -10,12 +10,18 @@ dequantized reference, the report's bytes against the package's). Reported per s
 
 * size: compressed weight bytes plus the float weights kept (fp16) over all weights in fp16;
 * MiniLM: cosine of each sentence embedding to the float model's, min / mean over 8 sentences;
-* SmolLM2: teacher-forced top-1 agreement of the next-token argmax with the float model's over
-  a 124-token English paragraph (125 positions), and the logits' relative L2 error.
+* SmolLM2: teacher-forced top-1 agreement of the next-token argmax with the float model's (at
+  every position, and where the float model's top-2 gap is >= 0.5 logit), the mean KL
+  divergence from the float model's next-token distribution and the perplexity ratio, over two
+  English paragraphs (197 positions).
+
+``--deploy gpu`` / ``ane`` reads ``4bit`` / ``auto4`` as that deployment form does (its
+candidates and default budget).
 
 ``auto4+cal`` calibrates on a different text than the one measured.
 
-    python benchmarks/bench_compress_real.py [--cache DIR] [--schemes int8 int4 lut4 auto4 ...] [--measure-limit 1e15]
+    python benchmarks/bench_compress_real.py [--cache DIR] [--schemes int8 int4 lut4 auto4 ...] [--deploy gpu]
+        [--measure-limit 1e15]
 """
 
 from __future__ import annotations
@@ -41,7 +47,10 @@ TEXT = ("The history of the printing press begins in the fifteenth century, when
         "before. Scholars could compare identical copies of a text, which changed how knowledge was checked and "
         "shared. Within fifty years, presses were running in more than two hundred cities, and millions of "
         "volumes had been printed. The same pattern repeats with every new medium: a technical change lowers the "
-        "cost of copying, and society reorganises around the new abundance.")
+        "cost of copying, and society reorganises around the new abundance. The lighthouse keeper climbed the stairs "
+        "every evening at dusk. He trimmed the wick, polished the lens and wrote the weather in a leather book: wind "
+        "from the west, a grey sea, two fishing boats returning late. In winter the storms lasted for days, and the "
+        "supply ship could not land, so he kept flour, salt fish and candles for a month.")
 CALIBRATION = ("Rivers shape the land they cross. Over thousands of years water carves valleys, carries sand and "
                "stones to the sea, and builds deltas where farmers grow rice and wheat. Cities grew along rivers "
                "because boats moved goods cheaply, and mills turned the current into power.")
@@ -51,17 +60,20 @@ SENTENCES = ["A man is playing a guitar on the street.", "The new movie is aweso
              "Quantum computers use qubits instead of bits.", "She baked a chocolate cake for her brother's birthday."]
 
 
-def dequantized(graph: Any, params: Any, spec: str, calibration: dict[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray], float, str, float]:
+def dequantized(graph: Any, params: Any, spec: str, calibration: dict[str, np.ndarray] | None,
+                deploy: str = "plain") -> tuple[dict[str, np.ndarray], float, str, float]:
     """The params as the compressed package computes with them, its size vs fp16, the plan and
     the seconds the compression took (choosing and encoding every weight, as a conversion does)."""
     from rlx_mil.compress import WeightCompressor, parse_compress
     from rlx_mil.compress.emit import compressed_bytes
     from rlx_mil.compress.fit import fit_to_shape
     from rlx_mil.compress.plan import _predicted_layout, _user_map, encode
+    from rlx_mil.coreml.deploy import DeployForm
+    from rlx_mil.coreml.deploy.compression import form_compression
     from rlx_mil.lowering.target import Precision, Target
 
     start = time.perf_counter()
-    config = parse_compress(spec)
+    config = parse_compress(form_compression(spec, DeployForm(deploy)))
     assert config is not None
     if calibration is not None:
         config = dataclasses.replace(config, calibration=calibration)
@@ -84,7 +96,7 @@ def dequantized(graph: Any, params: Any, spec: str, calibration: dict[str, np.nd
         storage = arr.T if kn else arr
         fitted, _ = fit_to_shape(scheme, tuple(storage.shape), Target.IOS18)  # type: ignore[arg-type]
         codes = encode(storage, fitted, Precision.FP16, name)
-        after += compressed_bytes(codes)
+        after += compressed_bytes(codes, Target.IOS18)
         back = codes.dequantize()
         out[name] = back.T if kn else back
     return out, after / before, comp.plan.summary if comp.plan else "", time.perf_counter() - start
@@ -139,7 +151,27 @@ def encoder_rows(cache: Path, schemes: list[str]) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def decoder_rows(cache: Path, schemes: list[str]) -> dict[str, dict[str, Any]]:
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def decoder_quality(want: np.ndarray, got: np.ndarray, ids: np.ndarray) -> dict[str, float]:
+    """Teacher-forced quality of logits `got` against the float model's `want` ([T, vocab]) on
+    the token ids `ids` ([T]): top-1 agreement (all positions, and where the float model's
+    top-2 gap is >= 0.5 logit), mean KL(float || compressed) and the perplexity ratio."""
+    lw, lg = _log_softmax(want), _log_softmax(got)
+    same = got.argmax(-1) == want.argmax(-1)
+    top2 = np.sort(want, -1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) >= 0.5
+    nxt = ids[1:]
+    rows = np.arange(nxt.size)
+    nll_want, nll_got = -lw[rows, nxt].mean(), -lg[rows, nxt].mean()
+    return {"top1": float(same.mean()), "top1_gap": float(same[clear].mean()) if clear.any() else 1.0,
+            "kl": float(np.mean(np.sum(np.exp(lw) * (lw - lg), -1))), "ppl_ratio": float(np.exp(nll_got - nll_want))}
+
+
+def decoder_rows(cache: Path, schemes: list[str], deploy: str = "plain") -> dict[str, dict[str, Any]]:
     from rlx_mil import reference
     from rlx_mil.llm.text import TextTokenizer
     from rlx_mil.models.pretrained import from_pretrained
@@ -149,18 +181,18 @@ def decoder_rows(cache: Path, schemes: list[str]) -> dict[str, dict[str, Any]]:
     ids = np.asarray([[1, *tok.encode(TEXT, add_special_tokens=False)]], np.int32)
     graph, params = from_pretrained(folder, seq_len=ids.shape[1])
     want = reference.evaluate(graph, {"input_ids": ids}, params)["logits"][0].astype(np.float64)
-    top = want.argmax(-1)
     cal_ids = [1, *tok.encode(CALIBRATION, add_special_tokens=False)]
     cal = {"input_ids": np.resize(np.asarray(cal_ids, np.int32), ids.shape[1])[None, :]}
     rows = {}
     for spec in schemes:
-        p, size, plan, seconds = dequantized(graph, params, spec.replace("+cal", ""), cal if spec.endswith("+cal") else None)
+        p, size, plan, seconds = dequantized(graph, params, spec.replace("+cal", ""), cal if spec.endswith("+cal") else None,
+                                             deploy)
         got = reference.evaluate(graph, {"input_ids": ids}, p)["logits"][0].astype(np.float64)
         from rlx_mil.compress.quality_check import judge_outputs
 
         check = judge_outputs({"logits": want[None]}, {"logits": got[None]}, {"input_ids": ids},
                               compared_with="the float checkpoint", inputs_label=f"{ids.shape[1]} tokens of the benchmark text")
-        rows[spec] = {"size": size, "top1": float(np.mean(got.argmax(-1) == top)),
+        rows[spec] = {"size": size, **decoder_quality(want, got, ids[0]),
                       "logits_rel": float(np.linalg.norm(got - want) / np.linalg.norm(want)), "plan": plan,
                       "seconds": seconds, "check": check}
         print(f"  SmolLM2 {spec}: {check.summary()}", flush=True)
@@ -172,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "rlx_mil_bench")
     parser.add_argument("--schemes", nargs="+", default=DEFAULT_SCHEMES)
+    parser.add_argument("--deploy", default="plain", choices=["plain", "gpu", "ane"],
+                        help="the deployment form whose 4bit / auto4 meanings (and auto4 budget) the schemes take")
     parser.add_argument("--models", nargs="+", default=["encoder", "decoder"], choices=["encoder", "decoder"])
     parser.add_argument("--measure-limit", type=float, default=None,
                         help="autoN's MEASURE_LIMIT (weights x parameters x tokens measured whole; 1e15: every weight)")
@@ -183,19 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     args.cache.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     enc = encoder_rows(args.cache, args.schemes) if "encoder" in args.models else {}
-    dec = decoder_rows(args.cache, args.schemes) if "decoder" in args.models else {}
-    print("| scheme | size vs fp16 (MiniLM / SmolLM2) | MiniLM cosine min / mean | SmolLM2 top-1 | SmolLM2 logits rel. L2"
-          " | quality check warns (MiniLM / SmolLM2) | compress s (MiniLM / SmolLM2) |")
-    print("|---|---|---|---|---|---|---|")
+    dec = decoder_rows(args.cache, args.schemes, args.deploy) if "decoder" in args.models else {}
+    print("| scheme | size vs fp16 (MiniLM / SmolLM2) | MiniLM cosine min / mean | SmolLM2 top-1 (all / gap >= 0.5)"
+          " | SmolLM2 KL | SmolLM2 ppl ratio | quality check warns (MiniLM / SmolLM2) | compress s (MiniLM / SmolLM2) |")
+    print("|---|---|---|---|---|---|---|---|")
     for spec in args.schemes:
         e, d = enc.get(spec), dec.get(spec)
         size = " / ".join(f"{r['size']:.3f}" for r in (e, d) if r)
         cos = f"{e['cos_min']:.4f} / {e['cos_mean']:.4f}" if e else "-"
-        top = f"{d['top1']:.3f}" if d else "-"
-        rel = f"{d['logits_rel']:.3f}" if d else "-"
+        top = f"{d['top1']:.3f} / {d['top1_gap']:.3f}" if d else "-"
+        kl = f"{d['kl']:.4f}" if d else "-"
+        ratio = f"{d['ppl_ratio']:.3f}" if d else "-"
         check = " / ".join("no" if r["check"].ok else "yes" for r in (e, d) if r)
         secs = " / ".join(f"{r['seconds']:.1f}" for r in (e, d) if r)
-        print(f"| `{spec}` | {size} | {cos} | {top} | {rel} | {check} | {secs} |")
+        print(f"| `{spec}` | {size} | {cos} | {top} | {kl} | {ratio} | {check} | {secs} |")
     for spec in args.schemes:
         for what, r in (("MiniLM", enc.get(spec)), ("SmolLM2", dec.get(spec))):
             if r:

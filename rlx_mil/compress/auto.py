@@ -120,7 +120,7 @@ def options_for(
             codes = palettize(sample, scheme, store)
         else:
             codes = quantize_linear(sample.reshape((sample.shape[0], *shape[1:])), scheme, store)
-        estimate = round(compressed_bytes(codes) * channels / sample.shape[0])
+        estimate = round(compressed_bytes(codes, target) * channels / sample.shape[0])
         found.append(Option(scheme, _weighted_error(sample, codes.dequantize(), importance), estimate))
     found.sort(key=lambda o: (o.bytes, o.error))
     kept: list[Option] = []

@@ -48,6 +48,9 @@ def check_target(scheme: Scheme, target: Target, name: str) -> None:
             raise CompressionError(f"{where}: per-block scales need iOS18 (constexpr_blockwise_shift_scale); {target.label} has"
                                    " per-tensor or per-channel constexpr_affine_dequantize only")
         return
+    if scheme.channel_scale:
+        raise CompressionError(f"{where}: a per-channel scale after the LUT needs iOS18 (constexpr_blockwise_shift_scale);"
+                               f" {target.label} has none")
     if scheme.granularity == PER_GROUPED_CHANNEL:
         raise CompressionError(f"{where}: per-grouped-channel LUTs need iOS18; {target.label}'s constexpr_lut_to_dense holds one"
                                " table per tensor")
@@ -111,7 +114,13 @@ def palette_op(codes: PaletteCodes, target: Target, name: str, store: CodeStore)
     if target >= Target.IOS18:
         lut_shape = [codes.lut.shape[0]] + [1] * (len(shape) - 1) + [1 << bits, 1]
         indices = store.hold(codes.indices, _sub_byte(f"uint{bits}") if bits != 8 else None)
-        return mb.constexpr_lut_to_dense(indices=indices, lut=store.hold(codes.lut.reshape(lut_shape)), name=name)
+        if codes.channel_scale is None:
+            return mb.constexpr_lut_to_dense(indices=indices, lut=store.hold(codes.lut.reshape(lut_shape)), name=name)
+        # coremltools' per-channel-scale palettization: the LUT, then the scale of each output
+        # channel (for targets before iOS26 its passes store a scaled table per channel).
+        values = mb.constexpr_lut_to_dense(indices=indices, lut=store.hold(codes.lut.reshape(lut_shape)), name=f"{name}_lut")
+        scale = codes.channel_scale.reshape([shape[0]] + [1] * (len(shape) - 1))
+        return mb.constexpr_blockwise_shift_scale(data=values, scale=store.hold(scale), name=name)
     if codes.lut.shape[0] != 1:
         raise CompressionError(f"weight LUT of {codes.lut.shape[0]} groups has no {target.label} form")
     return mb.constexpr_lut_to_dense(
@@ -124,8 +133,10 @@ def packed_bytes(count: int, bits: int) -> int:
     return (count * bits + 7) // 8
 
 
-def compressed_bytes(codes: LinearCodes | PaletteCodes) -> int:
-    """Bytes the weight takes in the package: packed codes plus its scale/offset or LUT tables."""
+def compressed_bytes(codes: LinearCodes | PaletteCodes, target: Target | None = None) -> int:
+    """Bytes the weight takes in the package: packed codes plus its scale/offset or LUT tables.
+    A channel-scaled palette on a `target` before iOS26 is stored as a scaled table per output
+    channel (coremltools' `canonicalize_quantized_lut_pattern`), its scales kept too."""
     if isinstance(codes, LinearCodes):
         bits = codes.scheme.bits
         total = packed_bytes(codes.data.size, bits) + codes.scale.size * codes.scale.dtype.itemsize
@@ -133,4 +144,9 @@ def compressed_bytes(codes: LinearCodes | PaletteCodes) -> int:
             integer = codes.offset.dtype.kind in "iu"
             total += packed_bytes(codes.offset.size, bits) if integer else codes.offset.size * codes.offset.dtype.itemsize
         return total
-    return packed_bytes(codes.indices.size, codes.scheme.bits) + codes.lut.size * codes.lut.dtype.itemsize
+    tables = codes.lut.size * codes.lut.dtype.itemsize
+    if codes.channel_scale is not None:
+        scales = codes.channel_scale.size * codes.channel_scale.dtype.itemsize
+        tables = scales + (tables if target is not None and target >= Target.IOS26 else
+                           codes.channel_scale.size * codes.lut.shape[1] * codes.lut.dtype.itemsize)
+    return packed_bytes(codes.indices.size, codes.scheme.bits) + tables

@@ -14,7 +14,7 @@ Lloyd run from the same seeds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -120,6 +120,9 @@ class PaletteCodes:
     sq_norm: float
     #: Largest |decoded - source| when the codes came from an already quantized source.
     max_error: float | None = None
+    #: ``lutN-scaled``: one scale per output channel ([channels], the program's float type)
+    #: multiplying the table's values (`constexpr_blockwise_shift_scale` after the LUT).
+    channel_scale: np.ndarray | None = None
 
     @property
     def group_rows(self) -> int:
@@ -128,7 +131,10 @@ class PaletteCodes:
     def dequantize(self) -> np.ndarray:
         rows = rows_view(self.indices)
         group = np.repeat(np.arange(self.lut.shape[0]), self.group_rows)[:, None]
-        return self.lut.astype(np.float32)[group, rows.astype(np.int64)].reshape(self.indices.shape)
+        values = self.lut.astype(np.float32)[group, rows.astype(np.int64)]
+        if self.channel_scale is not None:
+            values = values * self.channel_scale.astype(np.float32)[:, None]
+        return values.reshape(self.indices.shape)
 
     @property
     def relative_error(self) -> float:
@@ -252,7 +258,10 @@ def palettize(
     element. The LUT is rounded to `store` before indexing, so indices fit the stored table;
     the indices go to `code_writer` a slab at a time. Grouped tables are fitted a slab of
     groups at a time (about `slab_elements` weights: the fit's temporaries are some 60 bytes a
-    weight), vectorised over the groups (`_grouped_luts`)."""
+    weight), vectorised over the groups (`_grouped_luts`). A ``scaled`` scheme normalises each
+    output channel first (`palettize_scaled`)."""
+    if scheme.channel_scale:
+        return palettize_scaled(weight, scheme, store, name, code_writer)
     shape = tuple(int(d) for d in weight.shape)
     rows = rows_view(weight)
     channels, width = rows.shape
@@ -289,6 +298,42 @@ def palettize(
         sq_error += float(np.sum(np.square(chosen - x)))
         sq_norm += float(np.sum(np.square(x, dtype=np.float64)))
     return PaletteCodes(indices.result().reshape(shape), luts, scheme, sq_error, sq_norm)
+
+
+def palettize_scaled(
+    weight: np.ndarray, scheme: PaletteScheme, store: type[np.floating], name: str = "weight",
+    code_writer: WriterFactory = CodeWriter,
+) -> PaletteCodes:
+    """``lutN-scaled``, as coremltools' `enable_per_channel_scale`: each output channel is
+    divided by its largest magnitude (a zero channel by 1), the tables are fitted to the
+    normalised weight (values in [-1, 1], kept in `store`), and the scales (in `store`) multiply
+    the decoded table values back. Holds the normalised weight in `store` while fitting (one
+    weight, not the model)."""
+    rows = rows_view(weight)
+    channels, width = rows.shape
+    step = max(1, SLAB_ELEMENTS // max(width, 1))
+    scale = np.empty(channels, dtype=store)
+    normalised = np.empty((channels, width), dtype=store)
+    for r0 in range(0, channels, step):
+        slab = finite_slab(rows[r0:r0 + step], name, r0).astype(store)
+        peak = np.max(np.abs(slab), axis=1, keepdims=True)
+        peak[peak == 0] = 1
+        scale[r0:r0 + step] = peak[:, 0]
+        normalised[r0:r0 + step] = slab / peak
+    codes = palettize(normalised.reshape(weight.shape), replace(scheme, channel_scale=False), store, name, code_writer)
+    codes.scheme, codes.channel_scale = scheme, scale
+    # The error of the decoded weight (table value x scale) against the weight as given.
+    sq_error = sq_norm = 0.0
+    lut64, scale64 = codes.lut.astype(np.float64), scale.astype(np.float64)
+    indices = rows_view(codes.indices)
+    for r0 in range(0, channels, step):
+        slab = np.asarray(rows[r0:r0 + step], dtype=np.float64)
+        span = np.arange(r0, r0 + slab.shape[0])
+        back = lut64[(span // codes.group_rows)[:, None], indices[r0:r0 + step].astype(np.int64)] * scale64[span, None]
+        sq_error += float(np.sum(np.square(back - slab)))
+        sq_norm += float(np.sum(np.square(slab)))
+    codes.sq_error, codes.sq_norm = sq_error, sq_norm
+    return codes
 
 
 def check_palette_bits(bits: int, allowed: tuple[int, ...], name: str, target: str) -> None:

@@ -358,7 +358,7 @@ class WeightCompressor:
             note = "; ".join(filter(None, [self.notes.get(name, ""), fitted]))
             check_target(scheme, self.target, name)
             codes = encode(storage, scheme, self.precision, name, self.store.writer)
-        after = lut_scale_bytes(codes) if isinstance(codes, LutScaleCodes) else compressed_bytes(codes)
+        after = lut_scale_bytes(codes) if isinstance(codes, LutScaleCodes) else compressed_bytes(codes, self.target)
         param_shape = storage.shape[::-1] if param_layout == "kn" else storage.shape
         entry = WeightReport(
             name=name, role=self.roles.get(name, "weight"), scheme=scheme.label, layout=param_layout,

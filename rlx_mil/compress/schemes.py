@@ -8,10 +8,11 @@ per_grouped_channel with ``group_size``), so a scheme here means the same number
 Text form (the CLI's ``--compress`` and ``convert(compress="...")``)::
 
     SCHEME                      int8 | uint8 | int4 | uint4 | lut1..lut8 | none
-      modifiers joined by '-':  sym | asym | float | tensor | channel | block | blockN | groupN
+      modifiers joined by '-':  sym | asym | float | tensor | channel | block | blockN | groupN | scaled
       e.g. int4 (= int4-sym-block32), int8 (= int8-sym-channel), int8-asym-tensor,
            int4-block64, uint4-float (= uint4 codes, float offset, block 32: llama.cpp's Q4_1 grid),
            lut4 (= lut4-group16: a table per 16 output channels), lut4-tensor, lut4-group4, lut6,
+           lut4-scaled (one table on rows divided by their largest |w|, an fp16 scale per row),
            4bit (the deployment form's 4-bit default: int4 per block; lut4 with deploy="ane")
     CONFIG                      items separated by ';'
       SCHEME                    the default for every eligible weight
@@ -140,6 +141,11 @@ class PaletteScheme:
     #: False for a bare ``lutN``: a target without grouped tables (iOS16/17) then gets one
     #: table per tensor instead of an error.
     explicit: bool = field(default=True, compare=False, repr=False)
+    #: ``lutN-scaled``: each output channel is divided by its largest magnitude before the
+    #: table is fitted, and an fp16 scale per output channel restores it
+    #: (`constexpr_lut_to_dense` then `constexpr_blockwise_shift_scale`, iOS18): coremltools'
+    #: `OpPalettizerConfig(enable_per_channel_scale=True)`.
+    channel_scale: bool = False
 
     def __post_init__(self) -> None:
         if self.bits not in PALETTE_BITS:
@@ -151,13 +157,16 @@ class PaletteScheme:
 
     @property
     def label(self) -> str:
-        return f"lut{self.bits}" + (f"-group{self.group_size}" if self.granularity == PER_GROUPED_CHANNEL else "-tensor")
+        grouping = f"-group{self.group_size}" if self.granularity == PER_GROUPED_CHANNEL else "-tensor"
+        return f"lut{self.bits}{grouping}" + ("-scaled" if self.channel_scale else "")
 
     def coremltools_config(self) -> dict[str, Any]:
         """Keyword arguments of the equivalent `OpPalettizerConfig`."""
         cfg: dict[str, Any] = {"mode": "kmeans", "nbits": self.bits, "granularity": self.granularity}
         if self.granularity == PER_GROUPED_CHANNEL:
             cfg["group_size"] = self.group_size
+        if self.channel_scale:
+            cfg["enable_per_channel_scale"] = True
         return cfg
 
 
@@ -231,11 +240,17 @@ def parse_scheme(text: str) -> Scheme | None:
                 chosen.set("granularity", mod, (PER_TENSOR, DEFAULT_GROUP_SIZE))
             elif g := re.fullmatch(r"(?:group|g)(\d*)", mod):
                 chosen.set("granularity", mod, (PER_GROUPED_CHANNEL, int(g.group(1)) if g.group(1) else DEFAULT_GROUP_SIZE))
+            elif mod in ("scaled", "scale"):
+                chosen.set("scale", mod, True)
             else:
                 raise InvalidOptionError(f"compression scheme {text!r}: unknown modifier {mod!r} for {base}"
-                                         " (tensor, group, groupN)")
-        granularity, group = chosen.get("granularity", (PER_GROUPED_CHANNEL, DEFAULT_GROUP_SIZE))
-        return PaletteScheme(bits=int(m.group(1)), granularity=granularity, group_size=group, explicit=bool(mods))
+                                         " (tensor, group, groupN, scaled)")
+        scaled = chosen.get("scale", False)
+        # A scaled table is one per tensor unless a group is asked for (the Neural Engine form
+        # measured in docs/compression.md: one table on max-normalised rows).
+        granularity, group = chosen.get("granularity", (PER_TENSOR if scaled else PER_GROUPED_CHANNEL, DEFAULT_GROUP_SIZE))
+        return PaletteScheme(bits=int(m.group(1)), granularity=granularity, group_size=group,
+                             explicit=bool(mods), channel_scale=scaled)
     raise InvalidOptionError(
         f"unknown compression scheme {text!r}: expected int8, uint8, int4, uint4, lut1..lut8 (lut5/lut7 do not"
         " exist) or none, with '-'-joined modifiers"

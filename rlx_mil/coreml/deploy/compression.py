@@ -1,12 +1,16 @@
 """The 4-bit default of each deployment form.
 
-| form | `compress="4bit"` | `compress="auto4"` chooses from |
-|---|---|---|
-| `plain` | per-block int4 (block 32; today's default) | `rlx_mil.compress.auto.CANDIDATES` |
-| `gpu` | per-block int4 (block 32): fastest on the GPU, where a 4-bit LUT is 2.3x slower (FluidInference/mobius#81) | int4, uint4-float, int8 (no LUTs) |
-| `ane` | `lut4`: a 4-bit LUT per grouped channel (16 output channels per table), the Neural Engine's palettes; per-block ints run on the GPU/CPU only (coremltools #2510) | lut4, lut6, int8 per channel (no per-block ints) |
+| form | `compress="4bit"` | `compress="auto4"` chooses from | auto4's default budget |
+|---|---|---|---|
+| `plain` | per-block int4 (block 32; today's default) | `rlx_mil.compress.auto.CANDIDATES` | 0.30x |
+| `gpu` | per-block int4 (block 32): fastest on the GPU, where a 4-bit LUT is 2.3x slower (FluidInference/mobius#81) | int4, uint4-float, int8 (no LUTs) | 0.36x |
+| `ane` | `lut4`: a 4-bit LUT per grouped channel (16 output channels per table), the Neural Engine's palettes; per-block ints run on the GPU/CPU only (coremltools #2510) | lut4, lut6, int8 per channel (no per-block ints) | 0.40x |
 
-An explicit scheme (`int4`, `lut4-group8`, ...) is always what it says.
+An explicit scheme (`int4`, `lut4-group8`, ...) is always what it says, and so is an explicit
+budget (`auto4;budget=0.3`, `--compress-budget`). The forms' default budgets are measured
+(docs/compression.md, "Devices"): on SmolLM2-135M-Instruct the GPU's 0.36x holds its Q4_1
+layers exactly (`uint4-float`, 0.3125x of their fp16 bytes) with an 8-bit tied embedding / head
+(teacher-forced top-1 0.975, perplexity x1.003 on held-out text), where 0.30x cannot.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from rlx_mil.coreml.deploy.forms import DeployForm
 
 #: `compress="4bit"` per form.
 FOUR_BIT: dict[DeployForm, str] = {DeployForm.PLAIN: "int4", DeployForm.GPU: "int4", DeployForm.ANE: "lut4"}
-#: `auto4` per form: the scheme every weight starts from and the candidates, cheapest first.
-AUTO4: dict[DeployForm, tuple[str, tuple[str, ...]]] = {
-    DeployForm.GPU: ("int4", ("int4", "uint4-float", "int8")),
-    DeployForm.ANE: ("lut4", ("lut4", "lut6", "int8")),
+#: `auto4` per form: the scheme every weight starts from, the candidates (cheapest first) and
+#: the default size budget (a fraction of the fp16 weight bytes; module doc).
+AUTO4: dict[DeployForm, tuple[str, tuple[str, ...], float]] = {
+    DeployForm.GPU: ("int4", ("int4", "uint4-float", "int8"), 0.36),
+    DeployForm.ANE: ("lut4", ("lut4", "lut6", "int8"), 0.40),
 }
 _FOUR_BIT = re.compile(r"^\s*4-?bit\s*$", re.IGNORECASE)
 
@@ -56,5 +61,7 @@ def form_compression(compress: Any, form: DeployForm) -> Any:
     config = parse_compress(compress)
     if config is None or config.auto != 4 or config.candidates is not None:
         return config
-    start, candidates = AUTO4[form]
+    start, candidates, budget = AUTO4[form]
+    if config.budget is None and config.max_error is None:
+        config = dataclasses.replace(config, budget=budget)
     return dataclasses.replace(config, default=parse_scheme(start), candidates=candidates)
