@@ -163,9 +163,10 @@ def _present_pages(view: np.ndarray) -> list[bool]:
 @pytest.mark.parametrize("ratio", [0.0, 0.3, 3.0])
 def test_compact_sessions_give_the_plain_runs_numbers(int4_package: Path, ratio: float,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """"auto" picks "compact" for a compressed package: its weights kept compressed, those
-    the cache budget holds decoded once; the logits are the plain runs'."""
+    """"auto" picks "compact" for a compressed package when "fast" does not fit: its weights
+    kept compressed, those the cache budget holds decoded once; the logits are the plain runs'."""
     monkeypatch.setattr(prepared, "COMPACT_CACHE_RATIO", ratio)
+    monkeypatch.setattr(prepared, "_available_bytes", lambda: 1 << 16)
     session = Session(int4_package, engine="milexec")
     assert session.memory == "compact"
     weights = [prepared._weights(r.function) for r in session._prepared._resolved.values()]
@@ -179,5 +180,19 @@ def test_compact_sessions_give_the_plain_runs_numbers(int4_package: Path, ratio:
     got = [session.feed(prompt), session.feed([9])]
     calls = [("prefill_4", prompt[:4], 0), ("decode", prompt[4:], 4), ("decode", [9], 5)]
     want = unprepared_logits(int4_package, calls)
+    for g, w in zip(got, want[1:], strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_auto_decodes_a_compressed_package_once_where_memory_allows(int4_package: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for it, "auto" is "fast" for a compressed package too: its weights decoded
+    once per session up to fast's budget, the same logits as the plain runs."""
+    monkeypatch.setattr(prepared, "_available_bytes", lambda: 1 << 40)
+    session = Session(int4_package, engine="milexec")
+    assert session.memory == "fast" and session._prepared.prepared_bytes > 0
+    prompt = [7, 30001, 12, 4095, 40]
+    got = [session.feed(prompt), session.feed([9])]
+    want = unprepared_logits(int4_package, [("prefill_4", prompt[:4], 0), ("decode", prompt[4:], 4), ("decode", [9], 5)])
     for g, w in zip(got, want[1:], strict=True):
         np.testing.assert_array_equal(g, w)
