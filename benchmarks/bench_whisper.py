@@ -114,17 +114,29 @@ def speech(work: Path) -> tuple[np.ndarray, str]:
     return window, what
 
 
-def greedy(model: Any, encoded: np.ndarray, prompt: list[int], steps: int, eos: int) -> list[int]:
+def greedy(model: Any, encoded: np.ndarray, prompt: list[int], steps: int, vocab: Any) -> list[int]:
+    """Greedy tokens with the suppression rules transformers' `generate` applies (no timestamps)."""
     session = model.decoder(encoded)
     tokens = list(prompt)
-    logits = session.step(prompt)[-1]
-    for _ in range(steps):
+    logits = session.step(prompt)[-1].copy()
+    for step in range(steps):
+        logits[list(vocab.suppress)] = -np.inf
+        if step == 0:
+            logits[list(vocab.begin_suppress)] = -np.inf
         nxt = int(np.argmax(logits))
         tokens.append(nxt)
-        if nxt == eos:
+        if nxt == vocab.eot:
             break
-        logits = session.step([nxt])[-1]
+        logits = session.step([nxt])[-1].copy()
     return tokens
+
+
+def step_seconds(model: Any, encoded: np.ndarray, tokens: list[int]) -> tuple[float, np.ndarray]:
+    """CPU seconds per decoder token (the session opened outside the timing) and the logits."""
+    session = model.decoder(encoded)
+    t0 = time.process_time()
+    logits = session.step(tokens)
+    return (time.process_time() - t0) / len(tokens), logits
 
 
 def psnr(got: np.ndarray, want: np.ndarray) -> float:
@@ -188,7 +200,7 @@ def main() -> int:
     encode_cpu = time.process_time() - t0
     vocab = load_tokens(ref_folder)
     prompt = vocab.prompt("en", "transcribe", False)
-    tokens = greedy(reference, encoded, prompt, args.tokens, vocab.eot)
+    tokens = greedy(reference, encoded, prompt, args.tokens, vocab)
     print(f"== audio: {what}; fp32 encoder {encode_cpu:.1f} s CPU; greedy text: {vocab.text(tokens[len(prompt):])!r}")
 
     if args.transformers_python:
@@ -206,8 +218,20 @@ def main() -> int:
         agree = float(np.mean(ours_logits.argmax(-1) == theirs["logits"].argmax(-1)))
         print(f"  teacher-forced logits: max |diff| {np.abs(ours_logits - theirs['logits']).max():.2e}, top-1 agreement"
               f" {agree:.3f} over {len(tokens)} positions")
-        same = list(theirs["generated"]) == tokens[: len(theirs["generated"])] or list(theirs["generated"][:len(tokens)]) == tokens
-        print(f"  greedy tokens equal to transformers' generate: {same}")
+        generated = [int(t) for t in theirs["generated"]]
+        print(f"  greedy tokens equal to transformers' generate: {generated == tokens}"
+              f" ({len(tokens) - len(prompt)} vs {len(generated) - len(prompt)} new tokens;"
+              f" theirs: {vocab.text(generated[len(prompt):])!r})")
+
+    print("== decoder step: WhisperKit's TextDecoder against the stateful form (fp16, executor CPU)")
+    _, _, stateful_folder = timed_convert(hf, work / "out_stateful", "--stateful")
+    plain_s, plain_logits = step_seconds(PackagedWhisper(stateful_folder), encoded, tokens)
+    state_s, state_logits = step_seconds(PackagedWhisper(stateful_folder, stateful=True), encoded, tokens)
+    forced = np.array(tokens[len(prompt):])
+    for what, logits, seconds in (("TextDecoder", plain_logits, plain_s), ("stateful", state_logits, state_s)):
+        top1 = float(np.mean(logits[len(prompt) - 1:-1].argmax(-1) == forced))
+        print(f"  {what:12} {seconds * 1000:7.1f} ms CPU per token, teacher-forced top-1 {top1:.3f} vs fp32")
+    print(f"  stateful / TextDecoder time per token: {state_s / plain_s:.2f}x")
 
     print("== per scheme (fp16 packages, against the uncompressed fp32 packages)")
     print(f"  {'scheme':8} {'enc cosine':>10} {'enc PSNR':>9} {'top-1':>6} {'encoder':>9} {'decoder':>9}")
