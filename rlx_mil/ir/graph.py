@@ -38,6 +38,7 @@ from rlx_mil.ir.ops.scaled import ScaledBuilder
 from rlx_mil.ir.ops.scatter import ScatterBuilder
 from rlx_mil.ir.ops.sequence import SequenceBuilder
 from rlx_mil.ir.ops.shape import ShapeBuilder
+from rlx_mil.ir.ops.signal import SignalBuilder
 from rlx_mil.ir.ops.training import TrainingBuilder
 from rlx_mil.ir.serde import reader, writer
 from rlx_mil.ir.serde.forms import oldest_version
@@ -70,6 +71,7 @@ class Graph(
     TrainingBuilder,
     CodebookBuilder,
     ScaledBuilder,
+    SignalBuilder,
 ):
     """Append-only DAG of nodes in topological order; a node's id is its index.
 

@@ -71,15 +71,19 @@ REFUSED: dict[str, str] = {
     "BatchElementwiseRegion": "one ElementwiseRegion chain over several batch planes; not lowered yet",
     "Custom": "a user-registered op dispatched by name through upstream's op registry; not lowered yet",
     "CustomFn": "a user sub-graph with optional AD bodies (its forward body inlined); not lowered yet",
-    "Histogram": "equal-width bin counts over [min, max]; not lowered yet",
-    "SplineActivation": "KAN Gaussian-RBF spline activation; not lowered yet",
-    "Im2Col": "NCHW patch extraction; not lowered yet",
-    "PartitionedConv": "full linear 1-D convolution of a signal with an impulse response; not lowered yet",
-    "Fft": "1-D DFT in the real-block or interleaved complex layout; not lowered yet",
-    "FftButterflyStage": "one gated radix-2 butterfly stage; not lowered yet",
-    "WelchPeaks": "top-k Welch PSD peaks of segment spectra; not lowered yet",
-    "ComplexNormSq": "|z|^2 of C64 values; not lowered yet",
-    "Conjugate": "conjugate of C64 values; not lowered yet",
+    "FftButterflyStage": (
+        "one gated radix-2 butterfly stage whose pair pattern per `stage` op.rs does not define; not lowered"
+        " (Fft itself lowers)"
+    ),
+    "WelchPeaks": (
+        "top-k Welch PSD peaks: the PSD scaling, one-sidedness and tie order are only in upstream's CPU code;"
+        " not lowered"
+    ),
+    "ComplexNormSq": (
+        "|z|^2 of C64 values: rlx_mil's IR subset and Core ML have no complex dtype (Fft takes the real-block"
+        " layout instead); not lowered"
+    ),
+    "Conjugate": "conjugate of C64 values: no complex dtype in rlx_mil's IR subset or Core ML; not lowered",
 }
 
 

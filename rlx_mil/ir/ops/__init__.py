@@ -33,6 +33,7 @@ from rlx_mil.ir.ops import (
     scatter,
     sequence,
     shape,
+    signal,
     training,
 )
 from rlx_mil.ir.ops.attention import (
@@ -197,6 +198,7 @@ from rlx_mil.ir.ops.shape import (
     Transpose,
     Trilu,
 )
+from rlx_mil.ir.ops.signal import Fft, FftNorm, Histogram, Im2Col, PartitionedConv, SplineActivation
 from rlx_mil.ir.ops.training import (
     ActivationBackward,
     CumsumBackward,
@@ -214,6 +216,7 @@ FAMILIES: dict[str, ModuleType] = {
     for module in (
         leaf, elementwise, linalg, quant, qcompute, norm, reduce, shape, scatter, rope,
         attention, fused, conv, resample, audio, moe, recurrent, control, rng, sequence, training, codebook, scaled,
+        signal,
     )
 }
 
@@ -272,6 +275,8 @@ __all__ = [
     "Expand",
     "FakeQuantize",
     "FakeQuantizeLSQ",
+    "Fft",
+    "FftNorm",
     "Fma",
     "FusedAttentionBlock",
     "FusedConvBiasAct",
@@ -291,7 +296,9 @@ __all__ = [
     "GroupNorm",
     "GroupedMatMul",
     "Gru",
+    "Histogram",
     "If",
+    "Im2Col",
     "Input",
     "Interpolate3d",
     "KvAppend",
@@ -311,6 +318,7 @@ __all__ = [
     "PadKind",
     "PadMode",
     "Param",
+    "PartitionedConv",
     "Pool",
     "QConv2d",
     "QMatMul",
@@ -352,6 +360,7 @@ __all__ = [
     "SoftmaxCrossEntropy",
     "SoftmaxCrossEntropyWithLogits",
     "Sort",
+    "SplineActivation",
     "SteKind",
     "StopGradient",
     "SynthKind",

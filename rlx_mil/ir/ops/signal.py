@@ -1,0 +1,244 @@
+"""Signal and feature ops: Histogram, SplineActivation (KAN), Im2Col, PartitionedConv and the
+real-block Fft. Newest upstream JSON only; the contract is upstream's `op.rs` documentation,
+decisions in docs/upstream-ops-3.md."""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rlx_mil.errors import AttributeValueError, DTypeError, ShapeError
+from rlx_mil.ir.builder import BuilderBase
+from rlx_mil.ir.dtype import DType
+from rlx_mil.ir.infer import shape_rule
+from rlx_mil.ir.op_base import BinaryArityOp, UnaryOp, collect_ops, fix_f32
+from rlx_mil.ir.serde.codecs import BOOL, F32, U32, USIZE, USIZE_VEC, EnumCodec, struct_form
+from rlx_mil.ir.serde.versions import NEWEST
+from rlx_mil.ir.shape import Dim, Shape, Static
+from rlx_mil.ir.shape_checks import conflict, require_float, require_rank
+
+
+class FftNorm(enum.Enum):
+    """Backward: unscaled both ways; Forward: the inverse scaled by 1/N; Ortho: 1/sqrt(N) both."""
+
+    BACKWARD = "Backward"
+    FORWARD = "Forward"
+    ORTHO = "Ortho"
+
+    def scale(self, n: int, inverse: bool) -> float:
+        if self is FftNorm.ORTHO:
+            return 1.0 / math.sqrt(n)
+        return 1.0 / n if self is FftNorm.FORWARD and inverse else 1.0
+
+
+@dataclass(frozen=True)
+class Histogram(UnaryOp):
+    """Counts of `x` in `bins` equal-width buckets over `[min, max]` (F32 `[bins]`); values outside
+    (and NaN) are dropped, `x == max` lands in the last bucket."""
+
+    type_name: ClassVar[str] = "Histogram"
+    bins: int
+    min: float
+    max: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fix_f32(self, "min", "max")
+
+
+@dataclass(frozen=True)
+class SplineActivation(BinaryArityOp):
+    """KAN spline: `y[.., c] = sum_g coeff[c, g] * exp(-((x[.., c] - center_g) * inv_h)^2)`."""
+
+    type_name: ClassVar[str] = "SplineActivation"
+    num_basis: int
+    grid_min: float
+    grid_max: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fix_f32(self, "grid_min", "grid_max")
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("x", "coeff")
+
+
+@dataclass(frozen=True)
+class Im2Col(UnaryOp):
+    """NCHW patches: `[N, C, H, W]` -> `[N * Ho * Wo, C * kH * kW]` (rows n, ho, wo; columns c,
+    kh, kw), zero padding."""
+
+    type_name: ClassVar[str] = "Im2Col"
+    kernel_size: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PartitionedConv(BinaryArityOp):
+    """The full linear convolution of `x [.., L]` with `ir [M]`: `[.., L + M - 1]`. `block` only
+    sizes upstream's overlap-save partitions; the value is the direct convolution."""
+
+    type_name: ClassVar[str] = "PartitionedConv"
+    block: int
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("x", "ir")
+
+
+@dataclass(frozen=True)
+class Fft(UnaryOp):
+    """1-D DFT along the last axis in the real-block layout `[re_0..re_{N-1}, im_0..im_{N-1}]`:
+    `X[k] = sum_n x[n] exp(-+2 pi i n k / N)` (+ for the inverse), scaled per `norm`."""
+
+    type_name: ClassVar[str] = "Fft"
+    inverse: bool
+    norm: FftNorm
+
+
+# -------------------------------------------------------------------------------- shape rules
+
+
+@shape_rule(Histogram)
+def _histogram(op: Histogram, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    if not isinstance(op.bins, int) or isinstance(op.bins, bool) or op.bins < 1:
+        raise AttributeValueError(f"bins must be an integer >= 1, got {op.bins!r}")
+    if not (math.isfinite(op.min) and math.isfinite(op.max) and op.max > op.min):
+        raise AttributeValueError(f"need finite min < max, got [{op.min}, {op.max}]")
+    require_float(ins[0], "x", op.type_name)
+    return Shape((Static(op.bins),), DType.F32)
+
+
+@shape_rule(SplineActivation)
+def _spline_activation(op: SplineActivation, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x, coeff = ins
+    if not isinstance(op.num_basis, int) or isinstance(op.num_basis, bool) or op.num_basis < 1:
+        raise AttributeValueError(f"num_basis must be an integer >= 1, got {op.num_basis!r}")
+    if not (math.isfinite(op.grid_min) and math.isfinite(op.grid_max) and op.grid_max > op.grid_min):
+        raise AttributeValueError(f"need finite grid_min < grid_max, got [{op.grid_min}, {op.grid_max}]")
+    require_rank(x, "x", minimum=1)
+    require_float(x, "x", op.type_name)
+    require_rank(coeff, "coeff", exact=(2,))
+    if conflict(coeff.dims[0], x.dims[-1]) or conflict(coeff.dims[1], Static(op.num_basis)):
+        raise ShapeError(f"coeff {coeff} must be [C = {x.dims[-1]}, num_basis = {op.num_basis}]", operand="coeff")
+    return x
+
+
+def _pairs(op: Im2Col) -> tuple[tuple[int, int, int, int], ...]:
+    values = (op.kernel_size, op.stride, op.padding, op.dilation)
+    names = ("kernel_size", "stride", "padding", "dilation")
+    for value, name in zip(values, names, strict=True):
+        if len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise AttributeValueError(f"{name} must be two integers (H, W), got {list(value)}")
+        if name != "padding" and min(value) < 1:
+            raise AttributeValueError(f"{name} must be >= 1, got {list(value)}")
+        if name == "padding" and min(value) < 0:
+            raise AttributeValueError(f"padding must be >= 0, got {list(value)}")
+    return tuple(zip(*values, strict=True))  # (k, s, p, d) per spatial axis
+
+
+def im2col_out(op: Im2Col, height: int, width: int) -> tuple[int, int]:
+    outs = []
+    for size, (k, s, p, d) in zip((height, width), _pairs(op), strict=True):
+        span = size + 2 * p - d * (k - 1) - 1
+        if span < 0:
+            raise ShapeError(f"the dilated kernel {k} (dilation {d}) does not fit the padded size {size + 2 * p}",
+                             operand="x")
+        outs.append(span // s + 1)
+    return outs[0], outs[1]
+
+
+@shape_rule(Im2Col)
+def _im2col(op: Im2Col, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x = ins[0]
+    require_rank(x, "x", exact=(4,))
+    _pairs(op)
+    if not x.is_static:
+        raise ShapeError(f"x {x} must be static", operand="x")
+    n, c, h, w = x.sizes()
+    ho, wo = im2col_out(op, h, w)
+    return Shape((Static(n * ho * wo), Static(c * op.kernel_size[0] * op.kernel_size[1])), x.dtype)
+
+
+@shape_rule(PartitionedConv)
+def _partitioned_conv(op: PartitionedConv, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x, ir = ins
+    if not isinstance(op.block, int) or isinstance(op.block, bool) or op.block < 1:
+        raise AttributeValueError(f"block must be an integer >= 1, got {op.block!r}")
+    require_rank(x, "x", minimum=1)
+    require_rank(ir, "ir", exact=(1,))
+    require_float(x, "x", op.type_name)
+    if ir.dtype is not x.dtype:
+        raise DTypeError(f"ir is {ir.dtype.value} but x is {x.dtype.value}", operand="ir")
+    length, taps = x.dims[-1], ir.dims[0]
+    if not (isinstance(length, Static) and isinstance(taps, Static)) or taps.size < 1:
+        raise ShapeError(f"x {x} and ir {ir} need static, non-empty lengths", operand="ir")
+    return Shape((*x.dims[:-1], Static(length.size + taps.size - 1)), x.dtype)
+
+
+@shape_rule(Fft)
+def _fft(op: Fft, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x = ins[0]
+    if not isinstance(op.norm, FftNorm):
+        raise AttributeValueError(f"norm must be an FftNorm, got {op.norm!r}")
+    if x.dtype not in (DType.F32, DType.F64):
+        raise DTypeError(f"Fft takes the F32/F64 real-block layout; {x.dtype.value} (the C64 interleaved form) is"
+                         " not supported", operand="x")
+    require_rank(x, "x", minimum=1)
+    last: Dim = x.dims[-1]
+    if not isinstance(last, Static) or last.size < 2 or last.size % 2:
+        raise ShapeError(f"the last dim of x {x} must be 2N (N real parts, then N imaginary parts)", operand="x")
+    return x
+
+
+# -------------------------------------------------------------------------------- builder
+
+
+def _pair(value: int | Sequence[int]) -> tuple[int, ...]:
+    return (value, value) if isinstance(value, int) else tuple(value)
+
+
+class SignalBuilder(BuilderBase):
+    """Builder methods of this family (composed into `Graph`)."""
+
+    def histogram(self, x: int, bins: int, min: float, max: float, *, name: str | None = None) -> int:
+        """Counts of `x` in `bins` equal buckets over `[min, max]`."""
+        return self.add_node(Histogram(bins, min, max), [x], name=name)
+
+    def spline_activation(self, x: int, coeff: int, num_basis: int, grid_min: float, grid_max: float, *,
+                          name: str | None = None) -> int:
+        """Per-channel Gaussian-RBF spline with coefficients `coeff [C, num_basis]`."""
+        return self.add_node(SplineActivation(num_basis, grid_min, grid_max), [x, coeff], name=name)
+
+    def im2col(self, x: int, kernel_size: int | Sequence[int], stride: int | Sequence[int] = 1,
+               padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, *, name: str | None = None) -> int:
+        """`[N * Ho * Wo, C * kH * kW]` patches of NCHW `x`."""
+        op = Im2Col(_pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation))
+        return self.add_node(op, [x], name=name)
+
+    def partitioned_conv(self, x: int, ir: int, block: int = 64, *, name: str | None = None) -> int:
+        """The full linear convolution of `x` (last axis) with `ir`."""
+        return self.add_node(PartitionedConv(block), [x, ir], name=name)
+
+    def fft(self, x: int, inverse: bool = False, norm: FftNorm | str = FftNorm.BACKWARD, *,
+            name: str | None = None) -> int:
+        """DFT of the real-block `[.., 2N]` `x` along its last axis."""
+        return self.add_node(Fft(inverse, norm if isinstance(norm, FftNorm) else FftNorm(norm)), [x], name=name)
+
+
+#: The ops of this family.
+OPS = collect_ops(globals())
+
+#: Their JSON forms (newest upstream only).
+JSON_FORMS = (
+    struct_form(Histogram, ("bins", USIZE), ("min", F32), ("max", F32), since=NEWEST),
+    struct_form(SplineActivation, ("num_basis", U32), ("grid_min", F32), ("grid_max", F32), since=NEWEST),
+    struct_form(Im2Col, ("kernel_size", USIZE_VEC), ("stride", USIZE_VEC), ("padding", USIZE_VEC),
+                ("dilation", USIZE_VEC), since=NEWEST),
+    struct_form(PartitionedConv, ("block", USIZE), since=NEWEST),
+    struct_form(Fft, ("inverse", BOOL), ("norm", EnumCodec(FftNorm, "FftNorm")), since=NEWEST),
+)

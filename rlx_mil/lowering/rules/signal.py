@@ -1,0 +1,156 @@
+"""Histogram, SplineActivation, Im2Col, PartitionedConv and Fft in MIL: comparisons and sums,
+one `gather` of patches, a `conv` with the reversed response, and the DFT as one `linear`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.errors import ShapeError
+from rlx_mil.ir import ops
+from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.ops.signal import im2col_out
+from rlx_mil.lowering.context import LowerContext
+from rlx_mil.lowering.registry import lowering
+from rlx_mil.lowering.rules.training import decomposed
+from rlx_mil.reference.signal import spline_basis_centers
+
+#: Largest N the DFT form takes: its [2N, 2N] matrix is 16 MB of fp32 at N = 1024.
+FFT_MAX_N = 1024
+
+
+def _fp32_source(var: Any) -> Any:
+    """The fp32 program input behind a cast to fp16, so counting reads the values as fed."""
+    source = getattr(var, "op", None)
+    if source is not None and source.op_type == "cast" and str(source.x.dtype).endswith("fp32"):
+        return source.x
+    return var
+
+
+@lowering(
+    notes=(
+        "flattened; bucket = floor((x - min) / (max - min) * bins) (`sub`, `real_div`, `mul`, `floor`,"
+        " `cast`, `minimum` bins-1), in-range mask (`greater_equal`/`less_equal`: NaN and outliers drop),"
+        " `equal` against the bucket ids, `logical_and`, `cast`, `reduce_sum`. An fp32 program input"
+        " is counted in fp32 under fp16 precision."
+    ),
+)
+def lower_histogram(op: ops.Histogram, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    x = _fp32_source(ctx.var(0))
+    dtype = np.float32 if str(x.dtype).endswith("fp32") else ctx.float_dtype
+    flat = mb.reshape(x=x, shape=np.asarray([-1], np.int32), name=ctx.name("flat"))
+    lo, hi = dtype(op.min), dtype(op.max)
+    t = mb.mul(x=mb.real_div(x=mb.sub(x=flat, y=lo, name=ctx.name("shift")), y=dtype(hi - lo), name=ctx.name("unit")),
+               y=dtype(op.bins), name=ctx.name("scaled"))
+    bucket = mb.cast(x=mb.floor(x=t, name=ctx.name("floor")), dtype="int32", name=ctx.name("bucket_int"))
+    bucket = mb.minimum(x=bucket, y=np.int32(op.bins - 1), name=ctx.name("bucket"))
+    inside = mb.logical_and(x=mb.greater_equal(x=flat, y=lo, name=ctx.name("ge")),
+                            y=mb.less_equal(x=flat, y=hi, name=ctx.name("le")), name=ctx.name("inside"))
+    ids = np.arange(op.bins, dtype=np.int32).reshape(1, -1)
+    hit = mb.equal(x=mb.expand_dims(x=bucket, axes=[1], name=ctx.name("col")), y=ids, name=ctx.name("hit"))
+    hit = mb.logical_and(x=hit, y=mb.expand_dims(x=inside, axes=[1], name=ctx.name("inside_col")), name=ctx.name("counted"))
+    counts = mb.reduce_sum(x=mb.cast(x=hit, dtype="int32", name=ctx.name("ones")), axes=[0], keep_dims=False,
+                           name=ctx.name("counts"))
+    return mb.cast(x=counts, dtype=ctx.mil_float, name=ctx.name())
+
+
+@lowering(
+    notes=(
+        "x[.., C, 1] minus the G centers (`expand_dims`, `sub`), times 1/h, `mul` by itself, `mul` -1,"
+        " `exp`, `mul` by coeff [C, G], `reduce_sum` over G."
+    ),
+)
+def lower_spline_activation(op: ops.SplineActivation, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    centers, inv_h = spline_basis_centers(op)
+    z = mb.sub(x=mb.expand_dims(x=ctx.var(0), axes=[-1], name=ctx.name("col")), y=centers.astype(ctx.float_dtype),
+               name=ctx.name("offset"))
+    z = mb.mul(x=z, y=ctx.scalar(float(inv_h)), name=ctx.name("z"))
+    basis = mb.exp(x=mb.mul(x=mb.mul(x=z, y=z, name=ctx.name("z2")), y=ctx.scalar(-1.0), name=ctx.name("neg")),
+                   name=ctx.name("basis"))
+    coeff = ctx.known_value(1)
+    weights = ctx.const(coeff, "coeff") if coeff is not None else ctx.var(1)
+    return mb.reduce_sum(x=mb.mul(x=basis, y=weights, name=ctx.name("weighted")), axes=[-1], keep_dims=False,
+                         name=ctx.name())
+
+
+@lowering(
+    notes=(
+        "`pad` with zeros, `reshape` to [N, C*Hp*Wp], one `gather` of every patch element (indices"
+        " computed at conversion), `reshape` to [N*Ho*Wo, C*kH*kW]."
+    ),
+)
+def lower_im2col(op: ops.Im2Col, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    n, c, h, w = ctx.input_shape(0).sizes()
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = op.kernel_size, op.stride, op.padding, op.dilation
+    ho, wo = im2col_out(op, h, w)
+    hp, wp = h + 2 * ph, w + 2 * pw
+    x = ctx.var(0)
+    if ph or pw:
+        x = mb.pad(x=x, pad=np.asarray([0, 0, 0, 0, ph, ph, pw, pw], np.int32), mode="constant", name=ctx.name("padded"))
+    flat = mb.reshape(x=x, shape=np.asarray([n, c * hp * wp], np.int32), name=ctx.name("flat"))
+    rows = (np.arange(ho) * sh)[:, None, None, None, None] + (np.arange(kh) * dh)[None, None, None, :, None]
+    cols = (np.arange(wo) * sw)[None, :, None, None, None] + (np.arange(kw) * dw)[None, None, None, None, :]
+    chan = np.arange(c)[None, None, :, None, None]
+    index = (chan * hp * wp + rows * wp + cols).reshape(ho * wo, c * kh * kw).astype(np.int32)
+    patches = mb.gather(x=flat, indices=index, axis=1, name=ctx.name("patches"))
+    return mb.reshape(x=patches, shape=np.asarray([n * ho * wo, c * kh * kw], np.int32), name=ctx.name())
+
+
+@lowering(
+    notes=(
+        "the direct form, decomposed in IR: `Reshape` to [B, 1, L], `Conv` (1-D, padding M-1 on both"
+        " sides) with the `Reverse`d response as its [1, 1, M] weight, `Reshape` back to [.., L + M - 1]."
+    ),
+)
+def lower_partitioned_conv(op: ops.PartitionedConv, ctx: LowerContext) -> Any:
+    sizes = ctx.input_shape(0).sizes()
+    taps = ctx.input_shape(1).sizes()[0]
+    rows = math.prod(sizes[:-1])
+
+    def build(g: Graph, ins: list[int]) -> int:
+        x = g.reshape(ins[0], [rows, 1, sizes[-1]])
+        weight = g.reshape(g.reverse(ins[1], 0), [1, 1, taps])
+        y = g.conv(x, weight, stride=[1], padding=[taps - 1], dilation=[1])
+        return g.reshape(y, [*sizes[:-1], sizes[-1] + taps - 1])
+
+    return decomposed(ctx, build)
+
+
+def dft_matrix(n: int, inverse: bool, scale: float) -> np.ndarray:
+    """`W [2N, 2N]` with `[re, im] @ W` the (scaled) DFT in the real-block layout."""
+    k = np.arange(n)
+    angle = 2 * np.pi * (np.outer(k, k) % n) / n
+    cos, sin = np.cos(angle), np.sin(angle) * (-1.0 if inverse else 1.0)
+    return np.block([[cos, -sin], [sin, cos]]) * scale
+
+
+@lowering(
+    notes=(
+        f"the real-block layout as one `linear` with the [2N, 2N] DFT matrix (cosines and signed sines,"
+        f" the norm's scale folded in; computed in float64 at conversion) for N <= {FFT_MAX_N}; larger N"
+        " and the C64 interleaved form are refused by name."
+    ),
+)
+def lower_fft(op: ops.Fft, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = ctx.input_shape(0).sizes()
+    n = sizes[-1] // 2
+    if n > FFT_MAX_N:
+        raise ctx.fail(ShapeError, f"Fft of N = {n} points: the DFT form takes N <= {FFT_MAX_N}", "x")
+    weight = dft_matrix(n, op.inverse, op.norm.scale(n, op.inverse))
+    x = ctx.var(0)
+    if len(sizes) > 3 or len(sizes) == 1:
+        x = mb.reshape(x=x, shape=np.asarray([-1, 2 * n], np.int32), name=ctx.name("rows"))
+    y = mb.linear(x=x, weight=weight.T.astype(ctx.float_dtype), name=ctx.name("dft"))
+    if len(sizes) > 3 or len(sizes) == 1:
+        y = mb.reshape(x=y, shape=np.asarray(sizes, np.int32), name=ctx.name())
+    return y

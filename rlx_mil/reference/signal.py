@@ -1,0 +1,77 @@
+"""Reference kernels of Histogram, SplineActivation, Im2Col, PartitionedConv and Fft."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlx_mil.ir.ops.signal import Fft, Histogram, Im2Col, PartitionedConv, SplineActivation, im2col_out
+from rlx_mil.ir.shape import Shape
+from rlx_mil.reference.registry import finish, float_operands, reference_kernel
+
+
+def histogram_bins(op: Histogram, x: np.ndarray) -> np.ndarray:
+    """Bucket of each in-range value: `floor((x - min) / (max - min) * bins)` in float32,
+    `x == max` in the last bucket; out-of-range values and NaN are left out."""
+    v = np.asarray(x, np.float32).reshape(-1)
+    lo, hi = np.float32(op.min), np.float32(op.max)
+    kept = v[(v >= lo) & (v <= hi)]
+    with np.errstate(invalid="ignore"):
+        at = np.floor((kept - lo) / (hi - lo) * np.float32(op.bins)).astype(np.int64)
+    return np.minimum(at, op.bins - 1)
+
+
+@reference_kernel(Histogram)
+def _histogram(op: Histogram, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    return finish(np.bincount(histogram_bins(op, inputs[0]), minlength=op.bins).astype(np.float32), out)
+
+
+def spline_basis_centers(op: SplineActivation) -> tuple[np.ndarray, np.float32]:
+    """The float32 RBF centers and 1/h: centers `grid_min + g (grid_max - grid_min) / (G - 1)`."""
+    g = op.num_basis
+    span = np.float32(op.grid_max) - np.float32(op.grid_min)
+    step = span / np.float32(max(g - 1, 1))
+    centers = np.float32(op.grid_min) + np.arange(g, dtype=np.float32) * step
+    return centers.astype(np.float32), np.float32(g - 1) / span
+
+
+@reference_kernel(SplineActivation)
+def _spline_activation(op: SplineActivation, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x, coeff = float_operands(*inputs)
+    centers, inv_h = spline_basis_centers(op)
+    z = (x[..., None] - centers) * inv_h
+    with np.errstate(over="ignore", under="ignore"):
+        return finish(np.sum(coeff * np.exp(-(z * z)), axis=-1), out)
+
+
+@reference_kernel(Im2Col)
+def _im2col(op: Im2Col, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x = np.asarray(inputs[0])
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = op.kernel_size, op.stride, op.padding, op.dilation
+    ho, wo = im2col_out(op, h, w)
+    padded = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    cols = np.empty((n, ho, wo, c, kh, kw), x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            cols[..., i, j] = padded[:, :, i * dh: i * dh + sh * (ho - 1) + 1: sh,
+                                     j * dw: j * dw + sw * (wo - 1) + 1: sw].transpose(0, 2, 3, 1)
+    return finish(cols.reshape(n * ho * wo, c * kh * kw), out)
+
+
+@reference_kernel(PartitionedConv)
+def _partitioned_conv(op: PartitionedConv, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x, ir = float_operands(*inputs)
+    rows = x.reshape(-1, x.shape[-1])
+    y = np.stack([np.convolve(row, ir) for row in rows]) if rows.shape[0] else np.zeros((0, x.shape[-1] + ir.size - 1))
+    return finish(y.reshape((*x.shape[:-1], x.shape[-1] + ir.size - 1)), out)
+
+
+@reference_kernel(Fft)
+def _fft(op: Fft, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    x = np.asarray(inputs[0]).astype(np.float64)
+    n = x.shape[-1] // 2
+    z = x[..., :n] + 1j * x[..., n:]
+    y = (np.fft.ifft(z, axis=-1) * n if op.inverse else np.fft.fft(z, axis=-1)) * op.norm.scale(n, op.inverse)
+    return finish(np.concatenate([y.real, y.imag], axis=-1), out)

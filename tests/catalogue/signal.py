@@ -1,0 +1,26 @@
+"""Catalogue cases of the signal family."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlx_mil.ir.graph import Graph
+
+
+def _signal() -> Graph:
+    g = Graph("signal")
+    x = g.input("x", [2, 3, 5, 6])
+    g.set_outputs([
+        g.histogram(x, 8, -2.0, 2.0, name="hist"),
+        g.spline_activation(g.input("h", [4, 3]), g.param("coeff", [3, 5]), 5, -2.0, 2.0, name="kan"),
+        g.im2col(x, [3, 2], stride=[2, 1], padding=[1, 0], dilation=[1, 2], name="cols"),
+        g.partitioned_conv(g.input("sig", [2, 12]), g.param("ir", [5]), 4, name="conv"),
+        g.fft(g.input("spec", [3, 16]), name="fft"),
+        g.fft(g.input("spec2", [2, 1, 12]), inverse=True, norm="Forward", name="ifft"),
+    ])
+    return g
+
+
+CASES: dict[str, Callable[[], Graph]] = {
+    "signal": _signal,
+}

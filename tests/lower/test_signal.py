@@ -1,0 +1,115 @@
+"""Signal ops: the reference against NumPy's own histogram, loops and a DFT sum written from
+upstream's definitions; each lowering through the executor on shapes hypothesis picks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlx_mil import milexec, reference
+from rlx_mil.errors import AttributeValueError, DTypeError, ShapeError
+from rlx_mil.ir.graph import Graph
+from rlx_mil.testing import Tolerance, compare
+
+from .conftest import convert_and_cleanup
+
+
+def _run(g: Graph, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray] | None = None) -> None:
+    want = reference.evaluate(g, feeds, params or {})
+    got = milexec.run(convert_and_cleanup(g, params or {}, target="iOS18", precision="fp32"), feeds)
+    for name, value in want.items():
+        ok, _, detail = compare(got[name], value, Tolerance(1e-5, 1e-5))
+        assert ok, f"{name}: {detail}"
+
+
+@settings(max_examples=8, deadline=None)
+@given(bins=st.integers(1, 12), lo=st.floats(-3, 0), width=st.floats(0.5, 4), seed=st.integers(0, 2**16))
+def test_histogram_counts_like_numpy(bins: int, lo: float, width: float, seed: int) -> None:
+    x = np.random.default_rng(seed).standard_normal((3, 7)).astype(np.float32)
+    x[0, 0], x[0, 1] = np.float32(lo), np.float32(lo + width)  # both edges are counted
+    x[1, 0] = np.nan
+    g = Graph("h")
+    h = g.histogram(g.input("x", [3, 7]), bins, lo, lo + width, name="h")
+    g.set_outputs([h])
+    node = g.node(h).op
+    want, _ = np.histogram(x[np.isfinite(x)], bins=bins, range=(node.min, node.max))
+    np.testing.assert_array_equal(reference.evaluate(g, {"x": x})["h"], want)
+    _run(g, {"x": x})
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.integers(1, 24), inverse=st.booleans(), norm=st.sampled_from(["Backward", "Forward", "Ortho"]),
+       seed=st.integers(0, 2**16))
+def test_fft_is_the_dft_sum(n: int, inverse: bool, norm: str, seed: int) -> None:
+    x = np.random.default_rng(seed).standard_normal((2, 2 * n)).astype(np.float32)
+    g = Graph("f")
+    g.set_outputs([g.fft(g.input("x", [2, 2 * n]), inverse, norm, name="y")])
+    z = x[:, :n].astype(np.float64) + 1j * x[:, n:]
+    sign = 1 if inverse else -1
+    dft = np.array([[np.exp(sign * 2j * np.pi * j * k / n) for j in range(n)] for k in range(n)])
+    scale = {"Backward": 1.0, "Forward": 1 / n if inverse else 1.0, "Ortho": 1 / np.sqrt(n)}[norm]
+    want = (z @ dft.T) * scale
+    got = reference.evaluate(g, {"x": x})["y"]
+    np.testing.assert_allclose(got, np.concatenate([want.real, want.imag], axis=1), rtol=1e-5, atol=1e-5)
+    _run(g, {"x": x})
+
+
+@settings(max_examples=6, deadline=None)
+@given(c=st.integers(1, 3), h=st.integers(3, 7), w=st.integers(3, 7), k=st.integers(1, 3), s=st.integers(1, 2),
+       p=st.integers(0, 1), d=st.integers(1, 2), seed=st.integers(0, 2**16))
+def test_im2col_times_a_weight_is_the_convolution(c: int, h: int, w: int, k: int, s: int, p: int, d: int,
+                                                  seed: int) -> None:
+    if d * (k - 1) + 1 > min(h, w) + 2 * p:
+        return
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, c, h, w)).astype(np.float32)
+    weight = rng.standard_normal((4, c, k, k)).astype(np.float32)
+    g = Graph("i2c")
+    xi = g.input("x", [2, c, h, w])
+    cols = g.im2col(xi, k, s, p, d, name="cols")
+    conv = g.conv(xi, g.param("w", [4, c, k, k]), stride=s, padding=p, dilation=d, name="conv")
+    g.set_outputs([cols, conv])
+    out = reference.evaluate(g, {"x": x}, {"w": weight})
+    ho, wo = out["conv"].shape[2:]
+    product = (out["cols"] @ weight.reshape(4, -1).T).reshape(2, ho, wo, 4).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(product, out["conv"], rtol=1e-4, atol=1e-4)
+    _run(g, {"x": x}, {"w": weight})
+
+
+def test_partitioned_conv_and_spline_follow_their_definitions() -> None:
+    rng = np.random.default_rng(5)
+    sig, ir = rng.standard_normal((2, 9)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    x, coeff = rng.standard_normal((3, 2)).astype(np.float32), rng.standard_normal((2, 4)).astype(np.float32)
+    g = Graph("pc")
+    g.set_outputs([g.partitioned_conv(g.input("sig", [2, 9]), g.input("ir", [4]), 8, name="y"),
+                   g.spline_activation(g.input("x", [3, 2]), g.input("coeff", [2, 4]), 4, -1.0, 2.0, name="kan")])
+    feeds = {"sig": sig, "ir": ir, "x": x, "coeff": coeff}
+    out = reference.evaluate(g, feeds)
+    full = np.zeros((2, 12))
+    for i in range(9):
+        for j in range(4):
+            full[:, i + j] += sig[:, i] * ir[j]
+    np.testing.assert_allclose(out["y"], full, rtol=1e-5, atol=1e-5)
+    centers = np.array([-1.0, 0.0, 1.0, 2.0])  # grid_min + g (grid_max - grid_min) / (G - 1); inv_h = 1
+    kan = np.einsum("ncg,cg->nc", np.exp(-((x[..., None] - centers) ** 2)), coeff)
+    np.testing.assert_allclose(out["kan"], kan, rtol=1e-5, atol=1e-6)
+    _run(g, feeds)  # run-time response and coefficients
+
+
+def test_bad_signal_attributes_are_typed_errors() -> None:
+    g = Graph("bad")
+    x = g.input("x", [2, 6])
+    with pytest.raises(AttributeValueError, match="min < max"):
+        g.histogram(x, 4, 1.0, 1.0)
+    with pytest.raises(ShapeError, match="2N"):
+        g.fft(g.input("odd", [2, 5]))
+    with pytest.raises(DTypeError, match="C64"):
+        g.fft(g.input("c", [2, 4], "C64"))
+    with pytest.raises(ShapeError, match="coeff"):
+        g.spline_activation(x, g.input("k", [5, 3]), 3, 0.0, 1.0)
+    big = Graph("big")
+    big.set_outputs([big.fft(big.input("x", [1, 2 * 1025]), name="y")])
+    with pytest.raises(ShapeError, match="N <= 1024"):
+        convert_and_cleanup(big, {}, target="iOS18")
