@@ -148,7 +148,9 @@ def run_stateful(args: argparse.Namespace) -> int:
         chunk_bytes=chunk_bytes, **convert_kwargs(args),
     )
     if chunk_bytes is not None:
-        return report_chunked(args, args.model, result, time.perf_counter() - start, loader=from_gguf)
+        seconds = time.perf_counter() - start
+        quality = gguf_quality(args, result.metadata(), printed=False)
+        return report_chunked(args, args.model, result, seconds, loader=from_gguf, quality=quality)
     info = package_info(args.output)
     print(f"wrote {args.output} (functions {', '.join(info.functions)}; {info.weight_bytes} bytes of weights)"
           f" in {time.perf_counter() - start:.1f} s")
@@ -161,7 +163,7 @@ def run_stateful(args: argparse.Namespace) -> int:
     return 0
 
 
-def gguf_quality(args: argparse.Namespace, metadata: Any) -> Any:
+def gguf_quality(args: argparse.Namespace, metadata: Any, printed: bool = True) -> Any:
     """The quality check of a package whose weights were encoded anew (--requantize, --deploy
     ane's default, --compress) against the float model the file's own codes decode to; printed,
     written to --report, warned about. None when the file's codes were kept (they are the model)."""
@@ -170,6 +172,7 @@ def gguf_quality(args: argparse.Namespace, metadata: Any) -> Any:
     quality = None
     if requantize_spec(args) is not None or getattr(args, "compress", None):
         quality = measure_stateful(args.model, metadata, gguf_loader(args), args, gguf=True)
-    print_summary(quality)
+    if printed:
+        print_summary(quality)
     write_report(args, metadata, quality)
     return quality

@@ -431,14 +431,18 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any], max_
         description=description_overrides(args), progress=Progress(enabled=not (args.quiet or running_under_ci())),
         **convert_options,
     )
-    if chunk_bytes is not None:
-        return report_chunked(args, args.model_dir, result, time.perf_counter() - start)
-    info = package_info(args.output)
-    names = ", ".join(info.functions)
-    print(f"wrote {args.output} (functions {names}; {info.weight_bytes} bytes of weights) in {time.perf_counter() - start:.1f} s")
     from rlx_mil.cli.quality import measure_stateful, print_summary, verify_quality, write_report
     from rlx_mil.models.pretrained import from_pretrained
 
+    if chunk_bytes is not None:
+        seconds = time.perf_counter() - start
+        metadata = result.metadata()
+        quality = measure_stateful(args.model_dir, metadata, from_pretrained, args)
+        write_report(args, metadata, quality)
+        return report_chunked(args, args.model_dir, result, seconds, quality=quality)
+    info = package_info(args.output)
+    names = ", ".join(info.functions)
+    print(f"wrote {args.output} (functions {names}; {info.weight_bytes} bytes of weights) in {time.perf_counter() - start:.1f} s")
     quality = measure_stateful(args.model_dir, info.metadata, from_pretrained, args)
     print_summary(quality)
     write_report(args, info.metadata, quality)
@@ -460,13 +464,19 @@ def check_stateful_output(args: argparse.Namespace) -> str | None:
     return chunk_bytes
 
 
-def report_chunked(args: argparse.Namespace, model: Any, chunked: Any, seconds: float, loader: Any = None) -> int:
-    """What a stateful conversion prints for a chunked set; `--verify` runs the whole set."""
+def report_chunked(args: argparse.Namespace, model: Any, chunked: Any, seconds: float, loader: Any = None,
+                   quality: Any = None) -> int:
+    """What a stateful conversion prints for a chunked set (and its quality check's line);
+    `--verify` runs the whole set, then judges `quality`."""
+    from rlx_mil.cli.quality import print_summary, verify_quality
+
     sizes = ", ".join(human_bytes(c.weight_bytes) for c in chunked.chunks)
     print(f"wrote {args.output} ({len(chunked.chunks)} chunks, weights {sizes}; functions"
           f" {', '.join(chunked.functions)}) in {seconds:.1f} s")
+    print_summary(quality)
     if args.verify:
-        return verify_stateful_command(model, args.output, args.precision, chunked.metadata(), loader=loader)
+        return (verify_stateful_command(model, args.output, args.precision, chunked.metadata(), loader=loader)
+                or verify_quality(args, quality))
     return 0
 
 

@@ -55,3 +55,15 @@ def test_a_broken_package_warns_and_fails_verify_unless_allowed(
     code = _convert(checkpoint, tmp_path / "m2.mlpackage", "lut2-tensor", "--verify", "--allow-quality-loss")
     assert code == 0
     assert "accepted (--allow-quality-loss)" in capsys.readouterr().out
+
+
+def test_a_chunked_set_is_checked_once_for_the_whole_model(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "r.json"
+    code = _convert(checkpoint, tmp_path / "set", "lut2-tensor", "--chunk-bytes", "40KB", "--verify", "--report", str(report))
+    out, err = capsys.readouterr()
+    assert code == 1, out + err
+    assert "chunks" in out and out.count("quality vs the float checkpoint") == 2  # the line, and verify's
+    body = json.loads(report.read_text())
+    assert not body["quality"]["ok"] and len(body["compression"]["weights"]) > 2
