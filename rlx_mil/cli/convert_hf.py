@@ -374,7 +374,24 @@ def choose_stateful(args: argparse.Namespace, decoder: bool) -> bool:
             f"the stateful package builds its own decode graphs (one per prefill bucket and decode, sized by"
             f" --max-context); drop {', '.join(graph_flags)}, or add --graph-only for one graph"
         )
+    _check_stateful_target(args)
     return True
+
+
+def _check_stateful_target(args: argparse.Namespace) -> None:
+    """A stateful package keeps its KV cache in Core ML states (iOS18 on): an older --target
+    (with any --deploy form) cannot hold it; refused before anything is read, naming both."""
+    from rlx_mil.lowering.target import Target
+
+    target = Target.parse(args.target)
+    if target >= Target.IOS18:
+        return
+    deploy = getattr(args, "deploy", "plain")
+    given = f"--target {target.label}" + (f" with --deploy {deploy}" if deploy != "plain" else "")
+    raise InvalidOptionError(
+        f"{given}: the stateful package keeps its KV cache in Core ML states, which exist from iOS18 on; use"
+        " --target iOS18 (or later), or --graph-only for one stateless graph"
+    )
 
 
 def decoder_positions(model: Path, gguf: bool = False) -> tuple[bool, int | None]:

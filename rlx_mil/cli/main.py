@@ -288,7 +288,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     if args.context is not None and not args.estimate:
         raise RlxMilError("--context goes with --estimate")
-    if args.package.suffix == ".json" or args.package.is_file():
+    if args.package.suffix == ".json" or (args.package.is_file() and args.package.suffix != ".mlmodel"):
         if args.estimate:
             raise RlxMilError("--estimate reads a .mlpackage or a chunked set's folder, not a graph JSON")
         from rlx_mil.cli.graph_info import graph_info
@@ -444,6 +444,15 @@ def entry() -> int:
     return main()
 
 
+def _failed(args: argparse.Namespace, where: str, line: str) -> None:
+    """The failure's line on stderr; with --json, also a JSON object on stdout, so that what
+    a --json command prints is JSON whatever the outcome."""
+    print(f"{where}: {line}", file=sys.stderr)
+    if getattr(args, "json", False):
+        kind, _, message = line.partition(": ")
+        print(json.dumps({"error": message or kind, "command": args.command}), flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; every failure ends in one `rlx-mil CMD: error: ...` line on stderr.
 
@@ -476,24 +485,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.flush()  # a reader that went away is seen here, not at the interpreter's exit
             return code
     except RlxMilError as err:
-        print(f"{where}: error: {_error_lines(err)}", file=sys.stderr)
+        _failed(args, where, f"error: {_error_lines(err)}")
     except BrokenPipeError:
         # The reader went away (`rlx-mil preflight PKG | head -1`): not an error. Later writes
         # (and the interpreter's final flush) go nowhere instead of raising again.
         _silence_stdout()
         return EXIT_OK
     except OSError as err:
-        print(f"{where}: error: {_os_error_line(err)}", file=sys.stderr)
+        _failed(args, where, f"error: {_os_error_line(err)}")
     except MemoryError:
-        print(f"{where}: error: out of memory", file=sys.stderr)
+        _failed(args, where, "error: out of memory")
     except KeyboardInterrupt:
-        print(f"{where}: interrupted", file=sys.stderr)
+        _failed(args, where, "interrupted")
         return EXIT_INTERRUPTED
     except Exception as err:  # a bug: say so in one line, the traceback on request
         if os.environ.get("RLX_MIL_TRACEBACK"):
             traceback.print_exc()
-        print(f"{where}: internal error (please report it; RLX_MIL_TRACEBACK=1 shows where):"
-              f" {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
+        _failed(args, where, f"internal error (please report it; RLX_MIL_TRACEBACK=1 shows where):"
+                f" {type(err).__name__}: {_one_line(err)}")
         return EXIT_INTERNAL
     return EXIT_ERROR
 

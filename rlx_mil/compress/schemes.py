@@ -360,8 +360,9 @@ class CompressionConfig:
             raise InvalidOptionError(f"auto compression takes {'/'.join(map(str, AUTO_BUDGETS))} bits, got {self.auto!r}")
         if self.budget is not None and not (isinstance(self.budget, (int, float)) and 0 < self.budget <= 1):
             raise InvalidOptionError(f"compression budget is a size fraction in (0, 1], got {self.budget!r}")
-        if self.max_error is not None and not (isinstance(self.max_error, (int, float)) and self.max_error > 0):
-            raise InvalidOptionError(f"max_error is a positive relative error, got {self.max_error!r}")
+        if self.max_error is not None and not (isinstance(self.max_error, (int, float)) and 0 < self.max_error <= 1):
+            # a weight's relative error ||W - Wq|| / ||W|| is 1 when it is zeroed: past 1, no limit is set
+            raise InvalidOptionError(f"max_error is a relative error in (0, 1], got {self.max_error!r}")
         if (self.budget is not None or self.max_error is not None) and self.auto is None:
             raise InvalidOptionError("budget / max_error choose an automatic mix: use them with autoN (e.g. auto4)")
 

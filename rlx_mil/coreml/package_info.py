@@ -159,10 +159,45 @@ def open_model(model_or_path: Any) -> tuple[Any, Path | None]:
             model = open_model(path, skip_model_load=True)
         except Exception as err:
             raise RlxMilError(f"{path}: not a readable Core ML package ({type(err).__name__}: {err})") from None
+        check_weight_files(path, model)
     else:
         model = model_or_path
         path = Path(model.package_path) if getattr(model, "package_path", None) else None
     return model, path
+
+
+def check_weight_files(path: Path, model: Any) -> None:
+    """Refuse a package whose program names weight blobs its weights folder does not hold (a
+    file missing, or an offset past the file's end): read anyway, its weights would be
+    reported as 0 bytes and its program could not run."""
+    spec = model.get_spec()
+    if spec.WhichOneof("Type") != "mlProgram":
+        return
+    furthest: dict[str, int] = {}
+    for func in spec.mlProgram.functions.values():
+        for block in func.block_specializations.values():
+            _blob_offsets(block, furthest)
+    weights = Path(getattr(model, "weights_dir", None) or path / "Data" / "com.apple.CoreML" / "weights")
+    for name, offset in sorted(furthest.items()):
+        file = weights / name.split("/")[-1]
+        try:
+            size = file.stat().st_size if file.is_file() else None
+        except OSError:
+            size = None
+        if size is None:
+            raise RlxMilError(f"{path}: its program reads weights from {name}, which the package does not hold ({file})")
+        if offset >= size:
+            raise RlxMilError(f"{path}: its program reads {name} at byte {offset}, past the file's end ({size} bytes)")
+
+
+def _blob_offsets(block: Any, furthest: dict[str, int]) -> None:
+    for op in block.operations:
+        for value in op.attributes.values():
+            if value.WhichOneof("value") == "blobFileValue":
+                blob = value.blobFileValue
+                furthest[blob.fileName] = max(furthest.get(blob.fileName, -1), int(blob.offset))
+        for inner in op.blocks:
+            _blob_offsets(inner, furthest)
 
 
 def package_info(model_or_path: Any) -> PackageInfo:

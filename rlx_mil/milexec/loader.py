@@ -102,9 +102,13 @@ def _open_model(path: str | os.PathLike[str]) -> Any:
     try:
         from rlx_mil.coreml.manifest import open_model
 
-        return open_model(path, skip_model_load=True)
+        model = open_model(path, skip_model_load=True)
     except Exception as exc:
         raise MilExecError(f"cannot open {path} as a Core ML model: {exc}") from exc
+    from rlx_mil.coreml.package_info import check_weight_files
+
+    check_weight_files(Path(path), model)
+    return model
 
 
 def _program_from_model(model: Any, where: Any, packed_4bit: bool = False) -> Any:

@@ -109,7 +109,7 @@ def test_calibration_measures_the_output_error_and_warns_naming_the_top_weights(
                            roundtrip=False)
 
 
-@pytest.mark.parametrize("spec", ["int4;budget=0.3", "auto5", "auto4;budget=1.5", "auto4;max_error=-1", "auto4;budget=x"])
+@pytest.mark.parametrize("spec", ["int4;budget=0.3", "auto5", "auto4;budget=1.5", "auto4;max_error=-1", "auto4;max_error=1.5", "auto4;max_error=inf", "auto4;budget=x"])
 def test_bad_auto_specs_are_option_errors(spec: str) -> None:
     with pytest.raises(InvalidOptionError):
         parse_compress(spec)

@@ -53,9 +53,9 @@ def test_gpu_form_needs_ios18_and_fused_attention() -> None:
     graph = _small_graph()
     with pytest.raises(InvalidOptionError, match=r"deploy='gpu'.*target is iOS17"):
         rlx_mil.lower(graph, _params(graph), deploy="gpu", target="iOS17")
-    with pytest.raises(InvalidOptionError, match="attention='decomposed' contradicts"):
+    with pytest.raises(InvalidOptionError, match=r"attention='decomposed' \(--attention\) contradicts"):
         rlx_mil.lower(graph, _params(graph), deploy="gpu", attention="decomposed")
-    with pytest.raises(InvalidOptionError, match=r"deploy='ane'.*attention='fused' contradicts"):
+    with pytest.raises(InvalidOptionError, match=r"deploy='ane'.*attention='fused' \(--attention\) contradicts"):
         rlx_mil.lower(graph, _params(graph), deploy="ane", attention="fused")
 
 

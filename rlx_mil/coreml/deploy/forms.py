@@ -62,14 +62,17 @@ def lowering_attention(form: DeployForm, attention: str, target: Target) -> str:
     if form is DeployForm.GPU:
         if target < Target.IOS18:
             raise InvalidOptionError(
-                f"deploy='gpu' is the iOS18 recipe (fused scaled_dot_product_attention, states); target is {target.label}"
+                f"deploy='gpu' (--deploy gpu) is the iOS18 recipe (fused scaled_dot_product_attention, states);"
+                f" target is {target.label} (--target): use iOS18 or later, or another deploy form"
             )
         if attention == "decomposed":
-            raise InvalidOptionError("deploy='gpu' fuses attention; attention='decomposed' contradicts it")
+            raise InvalidOptionError("deploy='gpu' (--deploy gpu) fuses attention; attention='decomposed' (--attention)"
+                                     " contradicts it")
     if form is DeployForm.ANE:
         if attention == "fused":
             raise InvalidOptionError(
-                "deploy='ane' decomposes attention (one softmax per head, rank-4 tensors); attention='fused' contradicts it"
+                "deploy='ane' (--deploy ane) decomposes attention (one softmax per head, rank-4 tensors);"
+                " attention='fused' (--attention) contradicts it"
             )
         return "decomposed"
     return attention
