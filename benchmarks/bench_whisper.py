@@ -180,8 +180,8 @@ def main() -> int:
     hf = hf_folder(ct2, work / "whisper-base")
 
     print("== conversion (child processes, fp16 WhisperKit folder)")
-    ct2_s, ct2_rss, _ = timed_convert(ct2, work / "out_ct2")
-    hf_s, hf_rss, _ = timed_convert(hf, work / "out_hf")
+    ct2_s, ct2_rss, ct2_out = timed_convert(ct2, work / "out_ct2")
+    hf_s, hf_rss, hf_out = timed_convert(hf, work / "out_hf")
     weights = sum(f.stat().st_size for f in hf.glob("*.safetensors"))
     print(f"  CT2 layout: {ct2_s:.1f} s, peak RSS {ct2_rss:.0f} MiB")
     print(f"  HF layout:  {hf_s:.1f} s, peak RSS {hf_rss:.0f} MiB ({hf_s / ct2_s:.2f}x the CT2 time;"
@@ -202,6 +202,12 @@ def main() -> int:
     prompt = vocab.prompt("en", "transcribe", False)
     tokens = greedy(reference, encoded, prompt, args.tokens, vocab)
     print(f"== audio: {what}; fp32 encoder {encode_cpu:.1f} s CPU; greedy text: {vocab.text(tokens[len(prompt):])!r}")
+
+    from_ct2, from_hf = PackagedWhisper(ct2_out), PackagedWhisper(hf_out)
+    same_mel = from_ct2.log_mel(audio)
+    same = np.array_equal(same_mel, from_hf.log_mel(audio)) and np.array_equal(from_ct2.encode(same_mel), from_hf.encode(same_mel))
+    same = same and np.array_equal(from_ct2.decoder(encoded).step(tokens[:8]), from_hf.decoder(encoded).step(tokens[:8]))
+    print(f"== CT2 and HF layouts' fp16 packages give identical outputs (mel, encoder, 8 decoder steps): {same}")
 
     if args.transformers_python:
         data = work / "inputs.npz"

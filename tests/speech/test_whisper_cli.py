@@ -22,12 +22,14 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_convert_hf_writes_and_verifies_the_whisperkit_folder(checkpoint: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path), "--cache-len", "4", "--verify", "-q"]) == 0
+    assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path), "--cache-len", "4", "--verify", "-q",
+                 "--stateful"]) == 0
     out = capsys.readouterr().out
     folder = tmp_path / "openai_whisper-tiny"
     assert sorted(p.name for p in folder.iterdir()) == [
-        "AudioEncoder.mlpackage", "MelSpectrogram.mlpackage", "TextDecoder.mlpackage", "config.json",
-        "generation_config.json"]
+        "AudioEncoder.mlpackage", "MelSpectrogram.mlpackage", "TextDecoder.mlpackage", "TextDecoderStateful.mlpackage",
+        "config.json", "generation_config.json"]
+    assert "TextDecoderStateful: 4 tokens against the reference decoder" in out and "argmax agrees: ok" in out
     for role, output in (("MelSpectrogram", "melspectrogram_features"), ("AudioEncoder", "encoder_output_embeds"),
                          ("TextDecoder", "logits")):
         assert f"{role}:   check {output}:" in out and f"wrote {folder}" in out
