@@ -10,6 +10,13 @@ ratios to the targets: stateful time <= 2x the plain prefill conversion's, state
 <= 1.3x the fp16 weight bytes. The machine's `uptime` is printed before and after each run.
 
     flock /tmp/rlx_bigmem.lock python benchmarks/stateful_convert_bench.py [--work DIR] [--model llama1b]
+
+`--checkpoint DIR` converts that checkpoint folder instead (e.g. SmolLM2-135M from
+`real_checkpoints.py`); `--compress SPEC` also converts the stateful package compressed (issue
+31: a multifunction conversion compresses each weight once, so it should cost about the
+uncompressed one plus one compression) and prints its ratios to the uncompressed stateful
+conversion; `--code DIR` runs the conversions with the rlx_mil of another checkout (an older
+commit, for a before/after in the same run).
 """
 
 from __future__ import annotations
@@ -33,17 +40,21 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
+#: The rlx_mil checkout the conversions run (--code).
+CODE = HERE.parent
+
+
 def run_convert(checkpoint: Path, output: Path, extra: list[str]) -> dict[str, Any]:
     """One `rlx-mil convert-hf` in a fresh process: wall s, CPU s, peak RSS bytes."""
     shutil.rmtree(output, ignore_errors=True)
     peak = output.with_suffix(".peak")
     command = [sys.executable, str(HERE / "peak_rss.py"), str(peak), "rlx_mil.cli", "convert-hf", str(checkpoint),
                "-o", str(output), "-q", *extra]
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "RLX_BENCH_WITHOUT_TORCH": "1", "TQDM_DISABLE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(CODE), "RLX_BENCH_WITHOUT_TORCH": "1", "TQDM_DISABLE": "1"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = uptime()
     start = time.perf_counter()
-    subprocess.run(command, cwd=HERE.parent, env=env, check=True)
+    subprocess.run(command, cwd=CODE, env=env, check=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -58,7 +69,12 @@ def main() -> int:
     parser.add_argument("--model", choices=["qwen3_0.6b", "llama1b"], default="qwen3_0.6b")
     parser.add_argument("--max-context", type=int, default=2048)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--checkpoint", type=Path, help="convert this checkpoint folder instead of a random one")
+    parser.add_argument("--compress", metavar="SPEC", help="also the stateful conversion compressed with SPEC")
+    parser.add_argument("--code", type=Path, help="run the conversions with the rlx_mil checkout in DIR")
     args = parser.parse_args()
+    global CODE
+    CODE = (args.code or CODE).resolve()
     sys.path.insert(0, str(HERE.parent))
     sys.path.insert(0, str(HERE))
     from rlx_mil.models.random_checkpoint import QWEN3_0_6B, write_random_checkpoint
@@ -66,7 +82,7 @@ def main() -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="rlx_mil_stateful_bench_"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        checkpoint = work / args.model
+        checkpoint = args.checkpoint or work / args.model
         if not (checkpoint / "config.json").is_file():
             if args.model == "llama1b":
                 from bench_models import LLAMA_1B_CONFIG
@@ -75,8 +91,10 @@ def main() -> int:
                 config = dict(QWEN3_0_6B)
             write_random_checkpoint(checkpoint, config, dtype="bfloat16", shards=2, seed=0)
         plain = run_convert(checkpoint, work / "plain.mlpackage", ["--variant", "prefill", "--seq-len", "128"])
-        stateful = run_convert(checkpoint, work / "stateful.mlpackage",
-                               ["--stateful", "--max-context", str(args.max_context), "--prefill", "64,512"])
+        stateful_flags = ["--stateful", "--max-context", str(args.max_context), "--prefill", "64,512"]
+        stateful = run_convert(checkpoint, work / "stateful.mlpackage", stateful_flags)
+        compressed = (run_convert(checkpoint, work / "compressed.mlpackage", [*stateful_flags, "--compress", args.compress])
+                      if args.compress else None)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -95,6 +113,14 @@ def main() -> int:
           f" ({'met' if rows['time_ratio'] <= 2 else 'not met'} on wall time)")
     print(f"target peak RSS <= 1.3x fp16 weights: {rows['rss_over_fp16_weights']:.2f}x"
           f" ({'met' if rows['rss_over_fp16_weights'] <= 1.3 else 'not met'})")
+    if compressed is not None:
+        rows["stateful_compressed"] = compressed
+        print(f"| stateful compressed ({args.compress}) | {compressed['wall_s']:.1f} s | {compressed['cpu_s']:.1f} s"
+              f" | {compressed['peak_rss_bytes'] / mib:,.0f} MiB | {compressed['peak_rss_bytes'] / fp16:.2f}x"
+              f" | {_load(compressed['uptime_before'])} -> {_load(compressed['uptime_after'])} |")
+        print(f"compressed / uncompressed stateful: CPU {compressed['cpu_s'] / stateful['cpu_s']:.2f}x, wall"
+              f" {compressed['wall_s'] / stateful['wall_s']:.2f}x, peak RSS"
+              f" {compressed['peak_rss_bytes'] / stateful['peak_rss_bytes']:.2f}x (code: {CODE})")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

@@ -43,6 +43,27 @@ def user_text(args: argparse.Namespace) -> str | None:
         raise InvalidOptionError(f"--compress-calibration: cannot read {str(path)!r} ({err})") from None
 
 
+def user_ids(args: argparse.Namespace) -> tuple[list[int], str] | None:
+    """The token ids of a --compress-calibration .npz (its `input_ids`, first row), else None."""
+    path = getattr(args, "compress_calibration", None)
+    if path is None or Path(path).suffix.lower() != ".npz":
+        return None
+    import numpy as np
+
+    from rlx_mil.compress.builtin_text import CHECK_TOKENS
+    from rlx_mil.weights import open_arrays
+
+    with open_arrays(path, "calibration file") as archive:
+        if "input_ids" not in archive:
+            raise InvalidOptionError(f"--compress-calibration {str(path)!r} has no 'input_ids' for the quality check")
+        ids = np.asarray(archive["input_ids"])
+    if ids.dtype.kind not in "iu" or ids.size < 2:
+        raise InvalidOptionError(f"--compress-calibration {str(path)!r}: 'input_ids' must hold 2 or more integer token ids")
+    first = ids.reshape(-1) if ids.ndim <= 1 else ids.reshape(-1, ids.shape[-1])[0]
+    row = [int(i) for i in first[:CHECK_TOKENS]]
+    return row, f"{len(row)} token ids of --compress-calibration"
+
+
 def check_inputs_of(model_dir: Path, args: argparse.Namespace, length: int) -> tuple[dict[str, np.ndarray], str] | None:
     """Inputs for the stateless conversion's quality check: the --compress-calibration text,
     else the built-in held-out text, tokenized by the checkpoint's tokenizer into `length`
@@ -79,7 +100,9 @@ def measure_stateful(source: Any, metadata: Mapping[str, str], loader: Any, args
     if report is None or not report.weights:
         return None
     text = user_text(args)
-    found = gguf_check_text_ids(source, text) if gguf else check_text_ids(source, text)
+    found = user_ids(args)
+    if found is None:
+        found = gguf_check_text_ids(source, text) if gguf else check_text_ids(source, text)
     graph_text = found is not None
     if found is None:
         vocab = _vocab(source, loader)

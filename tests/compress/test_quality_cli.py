@@ -67,3 +67,18 @@ def test_a_chunked_set_is_checked_once_for_the_whole_model(
     assert "chunks" in out and out.count("quality vs the float checkpoint") == 2  # the line, and verify's
     body = json.loads(report.read_text())
     assert not body["quality"]["ok"] and len(body["compression"]["weights"]) > 2
+
+
+def test_the_users_token_ids_are_what_the_check_runs_on(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import numpy as np
+
+    ids = tmp_path / "ids.npz"
+    np.savez(ids, input_ids=np.arange(3, 43, dtype=np.int32)[None, :])
+    assert _convert(checkpoint, tmp_path / "m.mlpackage", "int8", "--compress-calibration", str(ids)) == 0
+    out = capsys.readouterr().out
+    assert "on 40 token ids of --compress-calibration" in out
+    np.savez(ids, input_ids=np.zeros((1, 4), np.float32))
+    assert _convert(checkpoint, tmp_path / "m2.mlpackage", "int8", "--compress-calibration", str(ids)) == 1
+    assert "must hold 2 or more integer token ids" in capsys.readouterr().err
