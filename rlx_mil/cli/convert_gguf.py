@@ -38,12 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--deploy", default="plain", choices=DEPLOY_FORMS,
                    help="shape the package for a device (docs/deploying.md): plain (default) and gpu keep the file's"
-                   " codes (per-block, the GPU's form); ane re-quantizes every quantized tensor to grouped-channel LUT4"
-                   " (the Neural Engine's form; lossy, see --requantize)")
+                   " codes (per-block, the GPU's form); ane re-quantizes every quantized tensor to the Neural Engine's per-channel"
+                   " forms: 5-8-bit types to int8, 4-bit and fewer to lut4-scaled (lossy, see --requantize)")
     p.add_argument("--requantize", metavar="SPEC",
                    help="re-quantize the file's quantized tensors instead of keeping their codes: one scheme for all"
                    " (lut4) or TYPE=SCHEME pairs (Q6_K=lut6,Q5_K=lut6); lossy, the report gives the error"
-                   f" (default: {ANE_SCHEME} with --deploy ane, else none)")
+                   " (default with --deploy ane: 5-8-bit types int8, the rest lut4-scaled; else none)")
     p.add_argument("--save-graph", type=Path, metavar="GRAPH_JSON", help="also write the RLX graph as JSON")
     p.add_argument("--verify", action="store_true",
                    help="run the package through the NumPy MIL executor and compare with the reference on the"
@@ -57,11 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 #: `rlx_mil.models.gguf.requantize.ANE_SCHEME` (tests/test_cli.py checks that they agree).
-ANE_SCHEME = "lut4"
+ANE_SCHEME = ("Q8_0=int8,Q6_K=int8,Q5_0=int8,Q5_1=int8,Q5_K=int8,"
+              "Q4_0=lut4-scaled,Q4_1=lut4-scaled,Q4_K=lut4-scaled,IQ4_NL=lut4-scaled,IQ4_XS=lut4-scaled,"
+              "Q3_K=lut4-scaled,Q2_K=lut4-scaled")
 
 
 def requantize_spec(args: argparse.Namespace) -> str | None:
-    """What `from_gguf(requantize=...)` gets: --requantize, else LUT4 for --deploy ane."""
+    """What `from_gguf(requantize=...)` gets: --requantize, else `ANE_SCHEME` for --deploy ane."""
     if args.requantize is not None:
         return str(args.requantize)
     return ANE_SCHEME if args.deploy == "ane" else None

@@ -24,7 +24,9 @@ The report says, per weight, which candidate it became, its estimated error and 
 
 from __future__ import annotations
 
+import math
 import re
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +38,7 @@ from rlx_mil.compress.fit import fit_to_shape
 from rlx_mil.compress.linear import LinearCodes, quantize_linear, rows_view
 from rlx_mil.compress.palette import PaletteCodes, palettize
 from rlx_mil.compress.schemes import AUTO_BUDGETS, PER_GROUPED_CHANNEL, PaletteScheme, Scheme, parse_scheme
-from rlx_mil.errors import CompressionError
+from rlx_mil.errors import CompressionError, CompressionWarning
 from rlx_mil.lowering.target import Target
 
 #: Candidates per target width, cheapest first.
@@ -264,6 +266,13 @@ def plan_auto(
         contributions[name] = weights[name] * o.error**2
     widened = sum(1 for i in pick.values() if i)
     cap = "none" if budget is None and max_error is not None else f"{AUTO_BUDGETS[bits] if budget is None else budget:g}x"
+    over = ""
+    asked = None if budget is None and max_error is not None else (AUTO_BUDGETS[bits] if budget is None else budget)
+    if asked is not None and total_before and reached > asked + 5e-4:
+        # Even the narrowest candidate of every weight does not fit: say so, and what would.
+        over = (f"; the budget {asked:g}x cannot be met: the narrowest mix this target holds takes {reached:.3f}x,"
+                f" give a budget of at least {math.ceil(reached * 1000) / 1000:g}")
+        warnings.warn(CompressionWarning(f"auto{bits}: {over[2:]}"), stacklevel=3)
     basis = "activation-weighted" if importance else "weight-space"
     measured = ""
     if measure is not None:
@@ -271,5 +280,6 @@ def plan_auto(
         if sample is not None:
             measured += f" ({sum(1 for n in pick if n in sample)} of {len(pick)} weights measured, the rest by kind)"
     summary = (f"auto{bits}: {widened} of {len(pick)} weights widened, {reached:.3f}x the uncompressed weight bytes"
-               f" (budget {cap}" + (f", max_error {max_error:g}" if max_error is not None else "") + f"; {basis} errors{measured})")
+               f" (budget {cap}" + (f", max_error {max_error:g}" if max_error is not None else "") + f"; {basis} errors{measured})"
+               + over)
     return AutoPlan(schemes, notes, contributions, summary)

@@ -113,3 +113,22 @@ def test_calibration_measures_the_output_error_and_warns_naming_the_top_weights(
 def test_bad_auto_specs_are_option_errors(spec: str) -> None:
     with pytest.raises(InvalidOptionError):
         parse_compress(spec)
+
+
+def test_a_budget_below_the_narrowest_mix_says_so_and_what_would_do() -> None:
+    """Never a silent miss: the plan and a warning give the budget that the mix needs."""
+    import rlx_mil
+    from rlx_mil.compress import report_of
+
+    with pytest.warns(CompressionWarning, match=r"budget 0\.05x cannot be met: .* at least 0\.\d+") as caught:
+        model = rlx_mil.convert(GRAPH, PARAMS, compress="auto4;budget=0.05;check=off")
+    report = report_of(model)
+    assert report is not None and "the budget 0.05x cannot be met" in report.plan
+    needed = float(next(str(w.message) for w in caught if "cannot be met" in str(w.message)).rsplit("at least ", 1)[1])
+    kept = sum(int(np.prod(PARAMS[n].shape)) * 2 for n in report.kept if n in PARAMS and PARAMS[n].dtype.kind == "f")
+    reached = (report.bytes_after + kept) / (report.bytes_before + kept)
+    assert 0.05 < reached <= needed + 1e-3
+    with warnings.catch_warnings():  # the budget it names is met without a word
+        warnings.simplefilter("error", CompressionWarning)
+        again = report_of(rlx_mil.convert(GRAPH, PARAMS, compress=f"auto4;budget={needed};check=off"))
+    assert again is not None and "cannot be met" not in again.plan

@@ -28,7 +28,7 @@ FOUR_BIT: dict[DeployForm, str] = {DeployForm.PLAIN: "int4", DeployForm.GPU: "in
 #: the default size budget (a fraction of the fp16 weight bytes; module doc).
 AUTO4: dict[DeployForm, tuple[str, tuple[str, ...], float]] = {
     DeployForm.GPU: ("int4", ("int4", "uint4-float", "int8"), 0.36),
-    DeployForm.ANE: ("lut4", ("lut4", "lut6", "int8"), 0.40),
+    DeployForm.ANE: ("lut4", ("lut4", "lut4-scaled", "lut6", "lut6-scaled", "int8"), 0.40),
 }
 _FOUR_BIT = re.compile(r"^\s*4-?bit\s*$", re.IGNORECASE)
 

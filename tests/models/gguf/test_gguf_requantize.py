@@ -149,3 +149,28 @@ def test_the_output_check_runs_only_when_asked(tmp_path: Path) -> None:
     asked = report_of(rlx_mil.convert(graph, params, precision="fp32", compress="check=on"))
     assert asked is not None and asked.check_error is not None
     assert max(e["relative_l2"] for e in asked.check_error.values()) < 1e-3  # Q8_0 codes are the file's
+
+
+def test_the_neural_engine_default_holds_4_bit_types_in_scaled_tables(tmp_path: Path) -> None:
+    """`deploy="ane"`'s `ANE_SCHEME`: Q4_1 to one table on max-normalised rows with an fp16
+    scale per row, Q8_0 to int8 per output channel; the executor computes what the reference
+    computes with the decoded codes."""
+    from rlx_mil import milexec
+    from rlx_mil.models.gguf.requantize import ANE_SCHEME
+
+    path, held, cfg = _file(tmp_path, lambda n, s: "Q4_1" if "ffn" in n else "Q8_0")
+    graph, params, model, report = _converted(path, ANE_SCHEME)
+    schemes = {w.name: w.scheme for w in report.weights}
+    assert {s for n, s in schemes.items() if "mlp" in n} == {"gguf-Q4_1>lut4-tensor-scaled"}
+    assert {s for n, s in schemes.items() if "mlp" not in n} == {"gguf-Q8_0>int8-sym-channel"}
+    decoded = dequantized_params(params, model)
+    for w in report.weights:
+        got, want = np.asarray(decoded[w.name], np.float64), held[w.name]
+        if "mlp" in w.name:  # one 16-entry table, scaled per row
+            peak = np.max(np.abs(want), axis=1, keepdims=True)
+            assert np.unique(np.round(got / np.where(peak == 0, 1, peak), 3)).size <= 16 + 2
+        assert w.max_error == pytest.approx(float(np.max(np.abs(got - want))), rel=1e-5, abs=1e-6)
+    ids = np.random.default_rng(2).integers(0, cfg["vocab_size"], (1, SEQ)).astype(np.int32)
+    want_logits = reference.evaluate(graph, {"input_ids": ids}, decoded)["logits"]
+    got_logits = milexec.run(model, {"input_ids": ids})["logits"]
+    np.testing.assert_allclose(got_logits, want_logits, atol=1e-4 * np.abs(want_logits).max(), rtol=1e-4)
