@@ -48,10 +48,10 @@ class CT2File(Mapping[str, np.ndarray]):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        if not self.path.is_file():  # a FIFO or device would block or never end
+            raise WeightsFormatError(f"{self.path}: not a regular file")
         try:
             with open(self.path, "rb") as f:
-                if not os.path.isfile(self.path):
-                    raise WeightsFormatError(f"{self.path}: not a regular file")
                 size = os.fstat(f.fileno()).st_size
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         except OSError as err:

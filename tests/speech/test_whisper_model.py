@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rlx_mil import reference
 from rlx_mil.errors import CheckpointError, InvalidOptionError, UnsupportedConfigError, WeightsFormatError
@@ -210,3 +212,49 @@ def test_sinusoids_are_whispers_table() -> None:
     np.testing.assert_allclose(table[0], np.r_[np.zeros(32), np.ones(32)])
     inv = np.exp(-np.log(10000) / 31 * np.arange(32))
     np.testing.assert_allclose(table[7, :32], np.sin(7 * inv), rtol=1e-6)
+
+
+def _ct2_bytes() -> bytes:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.bin"
+        write_ct2(path, "WhisperSpec", 3, {"encoder/num_heads": np.array(2, np.int16),
+                                           "decoder/embeddings/weight": np.ones((3, 4), np.float16),
+                                           "decoder/layer_0/ffn/linear_0/weight": np.ones((2, 4), np.int8),
+                                           "decoder/layer_0/ffn/linear_0/weight_scale": np.ones(2, np.float32)},
+                  {"decoder/projection/weight": "decoder/embeddings/weight"})
+        return path.read_bytes()
+
+
+CT2_BYTES = _ct2_bytes()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, len(CT2_BYTES)), flips=st.lists(st.tuples(st.integers(0, len(CT2_BYTES) - 1),
+                                                                   st.integers(1, 255)), max_size=4))
+def test_hostile_ct2_bytes_read_or_fail_typed(tmp_path: Path, cut: int, flips: list[tuple[int, int]]) -> None:
+    """Any truncation or byte flip of a model.bin is read (all variables within the file) or is
+    a WeightsFormatError naming the file: never another exception, never a huge allocation."""
+    data = bytearray(CT2_BYTES[:cut])
+    for at, xor in flips:
+        if at < len(data):
+            data[at] ^= xor
+    path = tmp_path / f"m{cut}_{len(flips)}.bin"
+    path.write_bytes(bytes(data))
+    try:
+        file = CT2File(path)
+    except WeightsFormatError as err:
+        assert str(path) in str(err)
+        return
+    for name in file:
+        value = file[name]
+        assert value.nbytes <= len(data)
+
+
+def test_a_fifo_model_bin_is_refused_without_blocking(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "model.bin")
+    with pytest.raises(WeightsFormatError, match="not a regular file"):
+        CT2File(tmp_path / "model.bin")
