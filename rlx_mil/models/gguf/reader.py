@@ -205,6 +205,15 @@ class GGUFFile:
         except GGUFFormatError:
             raise
         except (ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError, TypeError) as err:
+            duplicate = str(err.args[0]) if isinstance(err, KeyError) and err.args else ""
+            if duplicate.startswith("Duplicate "):  # gguf's reader: "Duplicate NAME already in list at offset N"
+                name = duplicate[len("Duplicate "):].split(" already in list")[0]
+                raise GGUFFormatError(f"{self.path}: {name!r} appears twice (a metadata key or tensor name)") from None
+            if str(err).startswith("Found duplicated tensor with name "):
+                name = str(err)[len("Found duplicated tensor with name "):]
+                raise GGUFFormatError(f"{self.path}: tensor {name!r} appears twice", tensor=name) from None
+            if "alignment" in str(err):
+                raise GGUFFormatError(f"{self.path}: general.alignment must be a power of two ({err})") from None
             raise GGUFFormatError(f"{self.path}: not a readable GGUF file ({type(err).__name__}: {err}); truncated or corrupt") from None
         arrays: dict[int, _Array] = getattr(reader, "arrays", {})
         self._arrays: dict[str, _Array] = {}

@@ -125,6 +125,12 @@ def gguf_tokenizer(file: GGUFFile) -> tuple[Any, dict[str, Any], dict[str, Any]]
     model = file.value("tokenizer.ggml.model")
     tokens = [str(t) for t in _list(file, "tokenizer.ggml.tokens")]
     n = len(tokens)
+    embedding = file.tensors.get("token_embd.weight")
+    if embedding is not None and embedding.shape and embedding.shape[0] != n:
+        # llama.cpp's converter pads the list to the embedding's rows: ids past the list could
+        # not be decoded, ids past the rows not embedded
+        raise _refuse(file, "tokenizer.ggml.tokens", f"<{n} entries>",
+                      f"token_embd.weight has {embedding.shape[0]} rows, one per token of the vocabulary")
     types = [int(t) for t in file.value("tokenizer.ggml.token_type") or [NORMAL] * n]
     if len(types) != n:
         raise _refuse(file, "tokenizer.ggml.token_type", f"<{len(types)} entries>", f"expected {n}, one per token")
