@@ -54,14 +54,19 @@ def main() -> None:
         with torch.no_grad():
             out = model.generate(inputs.input_features, language=args.language, task="transcribe", do_sample=False,
                                  num_beams=1, **extra)
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
         ids = [int(t) for t in (out.sequences if hasattr(out, "sequences") else out)[0]]
-        language = next((id_to_language[t] for t in ids[:3] if t in id_to_language), None)
+        language = args.language
+        if language is None:  # generate's output may leave the prompt out: ask the model, as generate does
+            with torch.no_grad():
+                detected = model.detect_language(inputs.input_features[..., :3000])
+            language = id_to_language.get(int(detected.reshape(-1)[0]))
         begin = config.no_timestamps_token_id + 1
         text_ids = [t for t in ids if t < config.eos_token_id]
         sampled = [t for t in ids if t < config.eos_token_id or t >= begin]
         results[clip.stem] = {
             "tokens": sampled, "text": tokenizer.decode(text_ids, skip_special_tokens=True), "language": language,
-            "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu, "long_form": long_form,
+            "seconds": seconds, "cpu_seconds": cpu_seconds, "long_form": long_form,
         }
         print(f"transformers {clip.stem}: {results[clip.stem]['text']!r}", flush=True)
     args.output.write_text(json.dumps(results, indent=1))

@@ -29,11 +29,11 @@ from tests.speech.test_whisper_packages import whisper_log_mel
 
 pytestmark = pytest.mark.xdist_group("whisper-packages")
 
-CACHE = 24
+CACHE = 32
 #: The stateful text decoder (rlx_mil.speech.stateful) lands separately from the WhisperKit form.
 HAS_STATEFUL = importlib.util.find_spec("rlx_mil.speech.stateful") is not None
 CONFIG = {**TINY_WHISPER, "vocab_size": VOCAB, "decoder_start_token_id": SOT, "pad_token_id": EOT,
-          "bos_token_id": EOT, "eos_token_id": EOT, "max_target_positions": 48, "begin_suppress_tokens": [220, EOT]}
+          "bos_token_id": EOT, "eos_token_id": EOT, "max_target_positions": 64, "begin_suppress_tokens": [220, EOT]}
 
 
 class NumpyWhisper:
