@@ -426,7 +426,7 @@ def convert_functions(
     with conversion_temporaries(), pass_bars_hidden(), weights_shared_across_graphs(), shared_compression():
         passed = {}
         for i, (name, (graph, own)) in enumerate(specs.items(), 1):
-            stages.begin(f"converting function {name} ({i}/{len(specs)})")
+            stages.begin(f"converting function {name} ({i}/{len(specs)})", unit=" ops")
             with collecting_functions():
                 own_params = own.pop("params", params)  # a function reading its own subset of the weights
                 passed[name] = convert(graph, own_params, **{**options, **own})

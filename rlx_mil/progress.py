@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TextIO
@@ -25,6 +26,46 @@ def running_under_ci() -> bool:
     return any(os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no") for name in _CI_VARIABLES)
 
 
+#: The Progress whose stage is running (deep code reports to it through `tick` / `detail`).
+_ACTIVE: Progress | None = None
+#: Seconds between redraws of a running bar: its clock moves even while its count does not.
+REFRESH_SECONDS = 0.5
+
+
+def tick(unit: str, n: int = 1) -> None:
+    """Count `n` items of `unit` (" ops", " weights", ...) on the running stage, if it counts those."""
+    active = _ACTIVE
+    if active is not None and active._unit == unit:
+        active.advance(n)
+
+
+def expect(unit: str, total: int) -> None:
+    """Set the total of the running stage counting `unit`, when it has none yet (its ETA)."""
+    active = _ACTIVE
+    if active is not None and active._unit == unit and active._bar is not None and active._bar.total is None:
+        active._bar.total = total
+        active._bar.refresh()
+
+
+def complete(unit: str) -> None:
+    """The running stage counting `unit` has counted everything (its total was an estimate)."""
+    active = _ACTIVE
+    if active is not None and active._unit == unit and active._bar is not None and active._bar.total:
+        active._bar.n = active._bar.total
+        active._bar.refresh()
+
+
+def detail(text: str) -> None:
+    """Show `text` (what the running stage does now: a pass name) beside its bar."""
+    active = _ACTIVE
+    if active is not None and active._bar is not None:
+        now = time.perf_counter()
+        shown = now - active._detail_shown >= 0.05  # redraw now, at most 20 times a second
+        active._bar.set_postfix_str(text, refresh=shown)
+        if shown:
+            active._detail_shown = now
+
+
 class Progress:
     """Stage lines and bars on `stream`; a no-op when disabled."""
 
@@ -33,8 +74,11 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self._bar: Any = None
         self._stage: str | None = None
+        self._unit = ""
         self._started = 0.0
         self._min_seconds = 0.0
+        self._stop: threading.Event | None = None
+        self._detail_shown = 0.0
 
     @property
     def interactive(self) -> bool:
@@ -42,19 +86,36 @@ class Progress:
 
     def begin(self, stage: str, total: int | None = None, unit: str = "it", min_seconds: float = 0.0) -> None:
         """Start `stage` (ending the previous one with its line). A stage shorter than
-        `min_seconds` ends without a line."""
+        `min_seconds` ends without a line. On a terminal its bar shows the count of `unit`
+        (with a rate, and an ETA once the total is known) and a clock redrawn every
+        `REFRESH_SECONDS`."""
+        global _ACTIVE
         self.end()
         if not self.enabled:
             return
         self._stage = stage
+        self._unit = unit
         self._started = time.perf_counter()
         self._min_seconds = min_seconds
+        _ACTIVE = self
         if self.interactive:
             from tqdm import tqdm
 
             # disable=False explicitly: this bar is rlx_mil's own progress, which -q turns off.
+            # A stage that counts nothing shows its clock alone, not "0it [00:03, ?it/s]".
+            clock_only = {"bar_format": "{desc}: {elapsed}{postfix}"} if total is None and unit == "it" else {}
             self._bar = tqdm(total=total, desc=f"  {stage}", unit=unit, leave=False, file=self.stream,
-                             disable=False, dynamic_ncols=True)
+                             disable=False, dynamic_ncols=True, mininterval=0.1, **clock_only)
+            self._stop = threading.Event()
+            threading.Thread(target=self._redraw, args=(self._bar, self._stop), daemon=True).start()
+
+    @staticmethod
+    def _redraw(bar: Any, stop: threading.Event) -> None:
+        while not stop.wait(REFRESH_SECONDS):
+            try:
+                bar.refresh()
+            except Exception:  # the bar closed between the wait and the redraw
+                return
 
     def advance(self, n: int = 1) -> None:
         if self._bar is not None:
@@ -62,16 +123,23 @@ class Progress:
 
     def end(self, detail: str = "") -> None:
         """Finish the current stage: `  <stage>: <detail> (<seconds> s)`."""
+        global _ACTIVE
         if self._stage is None:
             return
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        if _ACTIVE is self:
+            _ACTIVE = None
         took = time.perf_counter() - self._started
         if took >= self._min_seconds:
             text = f"  {self._stage}: {detail} ({took:.1f} s)" if detail else f"  {self._stage} ({took:.1f} s)"
             print(text, file=self.stream, flush=True)
         self._stage = None
+        self._unit = ""
 
     def note(self, text: str) -> None:
         if self.enabled:

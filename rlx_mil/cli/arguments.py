@@ -70,3 +70,15 @@ def compute_units(args: argparse.Namespace) -> str:
         warnings.warn(f"--compute-units {given} has no effect here: the NumPy MIL executor runs the model"
                       " (Core ML runs only on macOS)", UserWarning, stacklevel=2)
     return str(given)
+
+
+def announce(args: argparse.Namespace, text: str) -> None:
+    """The command's first line on a terminal's stderr (within milliseconds of the start, before
+    the seconds its imports take); none with -q, under CI or when stderr is not a terminal (where
+    an error stays the one line written)."""
+    if getattr(args, "quiet", False) or not sys.stderr.isatty():
+        return
+    from rlx_mil.progress import running_under_ci
+
+    if not running_under_ci():
+        print(text, file=sys.stderr, flush=True)

@@ -89,6 +89,9 @@ def gguf_loader(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """The convert-gguf command."""
+    from rlx_mil.cli.arguments import announce
+
+    announce(args, f"converting {args.model} to {args.output}")
     from rlx_mil.cli.quality import check_report_path
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.llm.convert_hf import convert_checkpoint

@@ -216,6 +216,9 @@ def print_compression(metadata: Mapping[str, str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The convert-hf command."""
+    from rlx_mil.cli.arguments import announce
+
+    announce(args, f"converting {args.model_dir} to {args.output}")
     from rlx_mil.cli.convert_whisper import is_whisper_folder, run_whisper
     from rlx_mil.cli.quality import (
         check_report_path,

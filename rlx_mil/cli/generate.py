@@ -117,11 +117,11 @@ def run_generate(args: argparse.Namespace) -> int:
         raise RlxMilError("--system needs --chat")
     prompt = _read_prompt(args)
     assert prompt is not None
-    from rlx_mil.llm.generate import Session
     from rlx_mil.progress import Progress, running_under_ci
 
     progress = Progress(enabled=not (args.quiet or running_under_ci()))
     progress.begin(f"opening {args.package}")
+    from rlx_mil.llm.generate import Session
     session = Session(args.package, engine=args.engine, compute_units=compute_units(args))
     tokenizer = session.tokenizer  # fails early, before any output, on a package without one
     progress.end(f"engine {session.engine}")
@@ -260,11 +260,10 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 def run_chat(args: argparse.Namespace) -> int:
     """The chat command: read a message, stream the reply, until /exit, Ctrl-D or Ctrl-C."""
-    from rlx_mil.llm.generate import Session
-
     interactive = sys.stdin.isatty()
     if not args.quiet:
         print(f"opening {args.package} ...", file=sys.stderr, flush=True)
+    from rlx_mil.llm.generate import Session
     session = Session(args.package, engine=args.engine, compute_units=compute_units(args))
     tokenizer = session.tokenizer
     if not tokenizer.has_chat_template:

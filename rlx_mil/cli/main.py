@@ -362,7 +362,6 @@ def _progress(args: argparse.Namespace) -> Any:
 
 def _eval(args: argparse.Namespace) -> int:
     from rlx_mil.fileio import read_regular_file
-    from rlx_mil.llm.evaluate import evaluate_package
 
     data = read_regular_file(args.text, 1 << 30, RlxMilError, "text file")
     try:
@@ -370,6 +369,8 @@ def _eval(args: argparse.Namespace) -> int:
     except UnicodeDecodeError as err:
         raise RlxMilError(f"{args.text}: not UTF-8 text ({err})") from None
     progress = _progress(args)
+    progress.begin(f"opening {args.package}")
+    from rlx_mil.llm.evaluate import evaluate_package
 
     def start(total: int) -> Any:
         progress.begin("scoring", total=total, unit=" tokens")

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rlx_mil.errors import RlxMilError
+from rlx_mil.progress import detail
 
 #: coremltools releases the suite passed with: (major, minor) pairs. `pyproject.toml` bounds the
 #: dependency to the same range.
@@ -154,6 +155,7 @@ def passes_shown_on(progress: Any, after: str = "Core ML conversion") -> Iterato
         name = desc.replace("Running MIL ", "").replace(" pipeline", "") or "passes"
         progress.begin(f"Core ML passes ({name})", total=len(items), unit=" passes")
         for item in items:
+            detail(str(item).rsplit("::", 1)[-1])  # the pass running now
             yield item
             progress.advance()
         progress.end(f"{len(items)} passes")
@@ -166,8 +168,11 @@ def passes_shown_on(progress: Any, after: str = "Core ML conversion") -> Iterato
 _PASS_BARS = "coremltools.converters.mil.mil.passes.pass_pipeline:tqdm"
 
 
-def _no_bar(iterable: Any, *_: Any, **__: Any) -> Any:
-    return iterable
+def _no_bar(iterable: Any, *_: Any, **__: Any) -> Iterator[Any]:
+    # No bar of its own; the pass running shows beside the running stage's bar, if any.
+    for item in iterable:
+        detail(f"Core ML pass {str(item).rsplit('::', 1)[-1]}")
+        yield item
 
 
 @contextmanager

@@ -77,7 +77,7 @@ def convert_checkpoint(
         progress.advance()
         if len(seen) == total:
             progress.end(f"{total} tensors, {human_bytes(loaded[0])}")
-            progress.begin("building the MIL program")
+            progress.begin("building the MIL program", unit=" ops")
 
     progress.begin("loading coremltools")
     import coremltools  # noqa: F401  (its import takes seconds; shown as its own stage)

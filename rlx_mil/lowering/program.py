@@ -53,6 +53,7 @@ from rlx_mil.lowering.state.kv_cache import POSITION_INPUT, KVCachePlan
 from rlx_mil.lowering.state.kv_cache_lowering import KVCacheLowering
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.mil_walk import oversized_outputs
+from rlx_mil.progress import complete, expect, tick
 
 
 @dataclass
@@ -367,6 +368,7 @@ class NodeLowerer:
                 raise ConversionError(f"input %{node.id} {op.name!r} was not bound")
             if isinstance(op, (Param, Constant)) or (isinstance(op, Transpose) and self.value_key(node.id) is not None):
                 continue  # known values become consts only where a rule needs them as tensors
+            tick(" ops")  # the command line's bar for this stage, if one counts ops
             override = self.overrides.get(node.id)
             info = rule_for(op, self.target, node=node.id, name=node.name)
             ctx = self.context(node)
@@ -439,6 +441,7 @@ def lower_graph(
                 f"node %{node.id}: complex dtype {node.shape.dtype.value} is outside the supported subset"
             )
 
+    expect(" ops", sum(1 for n in graph if n.id in live and not isinstance(n.op, (Input, Param, Constant))))
     stateful = None if kv_cache is None else KVCacheLowering(kv_cache, graph, precision)
     dropped_inputs = set() if kv_cache is None else set(kv_cache.removed_input_names)
     in_names = [n for n in input_names(graph) if n not in dropped_inputs]
@@ -508,6 +511,7 @@ def lower_graph(
             for same in same_named[ir_name]:
                 lowerer.env[same.id] = var
         lowerer.run()
+        complete(" ops")  # (the estimate counted ops that rules fused into others)
         lowerer._last_read = None  # the program holds what it needs: drop the last raw tensor read
         if stateful is not None:
             stateful.write_recurrent(lowerer.published_states, lowerer.var_of, names.fresh)
