@@ -39,6 +39,7 @@ from rlx_mil.llm.chunk_plan import (
     planned_param_bytes,
     state_inputs,
 )
+from rlx_mil.llm.chunk_seal import manifest_digest, package_fingerprint, sealed
 from rlx_mil.progress import Progress
 from rlx_mil.units import human_bytes, parse_bytes
 
@@ -64,6 +65,8 @@ class ChunkEntry:
     #: Shapes of the passed and received values per function (function -> name -> shape).
     shapes: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     logits: bool = False
+    #: The package's fingerprint (`rlx_mil.llm.chunk_seal`); empty in sets written before seals.
+    fingerprint: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -169,6 +172,8 @@ def read_chunked_set(folder: str | os.PathLike[str]) -> ChunkedSet:
         raw = json.loads(raw_bytes.decode("utf-8"))
         if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
             raise _bad(root, f"format is not {MANIFEST_FORMAT!r}")
+        if raw.get("digest") is not None and raw["digest"] != manifest_digest(raw):
+            raise _bad(root, "edited after the set was written: its digest does not match its content")
         chunks: list[ChunkEntry] = []
         for i, c in enumerate(raw["chunks"]):
             entry = ChunkEntry(
@@ -177,12 +182,17 @@ def read_chunked_set(folder: str | os.PathLike[str]) -> ChunkedSet:
                 states={str(k): [int(d) for d in v] for k, v in c["states"].items()},
                 weight_bytes=int(c["weight_bytes"]), planned_bytes=int(c["planned_bytes"]),
                 shapes={str(f): {str(k): [int(d) for d in v] for k, v in m.items()} for f, m in c["shapes"].items()},
-                logits=bool(c["logits"]),
+                logits=bool(c["logits"]), fingerprint=str(c.get("fingerprint") or ""),
             )
             if Path(entry.package).name != entry.package or not entry.package.endswith(".mlpackage"):
                 raise _bad(root, f"chunk {i} names package {entry.package!r}, not a .mlpackage in the folder")
             if not (root / entry.package).is_dir():
                 raise RlxMilError(f"{root}: chunk {i} package {entry.package} is missing")
+            if entry.fingerprint and package_fingerprint(root / entry.package) != entry.fingerprint:
+                raise RlxMilError(
+                    f"{root}: chunk {i} ({entry.package}) is not the package this set was written with: swapped with"
+                    " another chunk, taken from another model, or edited; re-convert the set"
+                )
             for name, source in entry.receives.items():
                 if not 0 <= source < i or name not in chunks[source].passes:
                     raise _bad(root, f"chunk {i} receives {name!r} from chunk {source}, which does not pass it")
@@ -319,14 +329,14 @@ def convert_chunked(
                 package=package, layers=plan.layers(c), receives=dict(decode_piece.received),
                 passes=list(decode_piece.passed), states=dict(contract.states) if contract is not None else {},
                 weight_bytes=info.weight_bytes, planned_bytes=plan.planned_bytes[c], shapes=shapes,
-                logits=c == count - 1,
+                logits=c == count - 1, fingerprint=package_fingerprint(folder / package),
             ))
         if not contracts:
             raise ChunkingError("no chunk keeps a state: a chunked set is made of stateful decoder packages")
         lengths = {fn: _query_len(g) for fn, g in graphs.items()}
         chunked = ChunkedSet(out, stem, entries, lengths, "decode", _merged_contract(contracts, lengths, "decode"),
                              limit, 0 if prepare_first is not None else None)
-        (folder / MANIFEST).write_text(json.dumps(chunked.to_dict(), indent=2) + "\n", encoding="utf-8")
+        (folder / MANIFEST).write_text(json.dumps(sealed(chunked.to_dict()), indent=2) + "\n", encoding="utf-8")
         _move_into_place(folder, out, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -5,6 +5,7 @@ NumPy reference of the checkpoint), and their manifest, CLI and failure behaviou
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from rlx_mil.llm.chunk_plan import (
     planned_param_bytes,
     smallest_limit,
 )
+from rlx_mil.llm.chunk_seal import sealed
 from rlx_mil.llm.chunked import MANIFEST, read_chunked_set
 from rlx_mil.llm.estimate import estimate_decode
 from rlx_mil.llm.generate import Session
@@ -239,6 +241,8 @@ def test_a_damaged_manifest_is_a_typed_error(packages: tuple[Path, Path, str], t
         "missing key": json.dumps({k: v for k, v in good.items() if k != "functions"}),
     }
     for why, text in cases.items():
+        if why != "not JSON":  # sealed again, so each case meets its own check, not the digest's
+            text = json.dumps(sealed(json.loads(text)))
         manifest.write_text(text)
         with pytest.raises(RlxMilError, match=r"chunks\.json"):
             Session(copy, engine="milexec")
@@ -247,6 +251,46 @@ def test_a_damaged_manifest_is_a_typed_error(packages: tuple[Path, Path, str], t
     shutil.rmtree(copy / good["chunks"][1]["package"])
     with pytest.raises(RlxMilError, match=r"chunk 1 package .* is missing"):
         read_chunked_set(copy)
+
+
+def test_a_tampered_set_is_refused_when_opened_naming_the_chunk(packages: tuple[Path, Path, str], tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Chunks swapped, a chunk's weights from another model (other bytes, same size), the
+    manifest edited by hand or truncated: each is found when the set is opened (Session,
+    inspect, generate), naming the chunk, before anything runs."""
+    import shutil
+
+    from rlx_mil.errors import RlxMilError
+
+    _single, folder, _precision = packages
+    good = json.loads((folder / MANIFEST).read_text())
+    first, second = (good["chunks"][i]["package"] for i in (0, 1))
+
+    def tampered(name: str) -> Path:
+        copy = tmp_path / name
+        shutil.copytree(folder, copy)
+        return copy
+
+    swapped = tampered("swapped")
+    (swapped / first).rename(swapped / "tmp.mlpackage")
+    (swapped / second).rename(swapped / first)
+    (swapped / "tmp.mlpackage").rename(swapped / second)
+    other = tampered("other")
+    weights = next((other / second).rglob("weight.bin"))
+    weights.write_bytes(np.random.default_rng(0).bytes(weights.stat().st_size))
+    edited = tampered("edited")
+    (edited / MANIFEST).write_text(json.dumps({**good, "chunk_bytes": good["chunk_bytes"] * 2}))
+    truncated = tampered("truncated")
+    (truncated / MANIFEST).write_text((folder / MANIFEST).read_text()[:200])
+    for copy, message in ((swapped, rf"chunk 0 \({first}\) is not the package"), (other, rf"chunk 1 \({second}\) is not the package"),
+                          (edited, "edited after the set was written"), (truncated, "not a valid chunked-set manifest")):
+        with pytest.raises(RlxMilError, match=message):
+            Session(copy, engine="milexec")
+        for argv in (["inspect", str(copy)], ["generate", str(copy), "--prompt-ids", "1,2", "--engine", "milexec"]):
+            assert main(argv) == 1
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert len(lines) == 1 and re.search(message, lines[0]), lines
+    Session(folder, engine="milexec")  # the untouched set still opens
 
 
 def test_a_neural_engine_set_splits_the_head_and_matches_the_reference(tmp_path: Path) -> None:
