@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,8 +100,6 @@ def convert_whisper(
     DFT basis and filter bank, kept exact); the mel front end follows `precision` (its log is
     taken so that an fp16 program floors silence at -10 as Whisper does).
     `on_graph(role, graph, params, package)` is called after each package is saved (`--verify`)."""
-    from rlx_mil import api
-
     if precision not in ("fp16", "fp32"):
         raise InvalidOptionError(f"precision must be 'fp16' or 'fp32', got {precision!r}")
     progress = progress or Progress(enabled=False)
@@ -115,7 +114,38 @@ def convert_whisper(
     folder = Path(output_dir) / (name or folder_name(checkpoint.directory))
     if folder.exists() and not overwrite:
         raise InvalidOptionError(f"{folder} exists; pass --overwrite to replace it")
-    folder.mkdir(parents=True, exist_ok=True)
+    # Written into a staging folder beside the destination and renamed into place at the end:
+    # a failed or killed conversion leaves the old folder (or none), never a partial one.
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.rlx-staging-", dir=folder.parent))
+    try:
+        written = _write_packages(checkpoint, staging, folder, precision=precision, target=target, compress=compress,
+                                  deploy=deploy, cache_len=cache_len, stateful=stateful, progress=progress,
+                                  on_graph=on_graph)
+        write_folder_files(checkpoint, staging)
+        staging.chmod(0o777 & ~_umask())
+        if folder.exists():
+            shutil.rmtree(folder)
+        staging.rename(folder)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return WhisperPackages(folder, written, cache_len, precision)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_packages(checkpoint: WhisperCheckpoint, staging: Path, folder: Path, *, precision: str, target: str,
+                    compress: Any, deploy: str, cache_len: int, stateful: bool, progress: Progress,
+                    on_graph: Callable[[str, Graph, Mapping[str, Any], Path], None] | None) -> dict[str, Path]:
+    """Convert and save the packages into `staging`; returns their paths in `folder` (where
+    they will be once the staging folder is renamed)."""
+    from rlx_mil import api
+
     fp16_io = precision == "fp16"
     written: dict[str, Path] = {}
     for role, (graph, params) in graphs(checkpoint, cache_len, fp16_io).items():
@@ -124,22 +154,21 @@ def convert_whisper(
         model = api.convert(graph, params, precision=precision, target=target, deploy=deploy,
                             compress=None if role == MEL else compress, fp16_io=fp16_io, split_logits=False)
         _describe(model, role, checkpoint)
-        path = api.save(model, folder / f"{role}.mlpackage", overwrite=True)
+        path = api.save(model, staging / f"{role}.mlpackage", overwrite=True)
         del model
-        progress.end(str(path))
-        written[role] = path
+        progress.end(str(folder / path.name))
+        written[role] = folder / path.name
         if on_graph is not None:
             on_graph(role, graph, params, path)
     if stateful:
         from rlx_mil.speech.stateful import convert_stateful_decoder
 
         progress.begin(f"converting {STATEFUL_DECODER}")
-        written[STATEFUL_DECODER] = convert_stateful_decoder(
-            checkpoint, folder / f"{STATEFUL_DECODER}.mlpackage", precision=precision, compress=compress,
-            deploy=deploy, max_context=checkpoint.spec.max_target_positions // 2)
+        convert_stateful_decoder(checkpoint, staging / f"{STATEFUL_DECODER}.mlpackage", precision=precision,
+                                 compress=compress, deploy=deploy, max_context=checkpoint.spec.max_target_positions // 2)
+        written[STATEFUL_DECODER] = folder / f"{STATEFUL_DECODER}.mlpackage"
         progress.end(str(written[STATEFUL_DECODER]))
-    write_folder_files(checkpoint, folder)
-    return WhisperPackages(folder, written, cache_len, precision)
+    return written
 
 
 def _describe(model: Any, role: str, checkpoint: WhisperCheckpoint) -> None:

@@ -70,3 +70,36 @@ def test_whisper_folders_are_told_apart(checkpoint: Path, tmp_path: Path) -> Non
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert not is_whisper_folder(tmp_path)
     assert not is_whisper_folder(tmp_path / "missing")
+
+
+def test_a_failed_conversion_leaves_nothing_behind(checkpoint: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The packages are written into a staging folder renamed into place at the end: a
+    conversion failing after the first package leaves no folder and no staging folder."""
+    assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path), "--cache-len", "4", "--compress", "bogus"]) in (1, 2)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlx-mil convert-hf: error:")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_conversion_failing_midway_leaves_the_old_folder(checkpoint: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx_mil import api
+    from rlx_mil.errors import ConversionError
+    from rlx_mil.speech.packages import convert_whisper
+
+    old = tmp_path / "openai_whisper-tiny"
+    old.mkdir()
+    (old / "marker").write_text("old")
+    real = api.convert
+
+    def failing(graph: object, *args: object, **kwargs: object) -> object:
+        if getattr(graph, "name", "") == "AudioEncoder":
+            raise ConversionError("the encoder failed")
+        return real(graph, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(api, "convert", failing)
+    with pytest.raises(ConversionError):
+        convert_whisper(checkpoint, tmp_path, cache_len=4, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["openai_whisper-tiny"]
+    assert [p.name for p in old.iterdir()] == ["marker"]
