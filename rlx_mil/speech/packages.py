@@ -115,9 +115,11 @@ def convert_whisper(
     if folder.exists() and not overwrite:
         raise InvalidOptionError(f"{folder} exists; pass --overwrite to replace it")
     # Written into a staging folder beside the destination and renamed into place at the end:
-    # a failed or killed conversion leaves the old folder (or none), never a partial one.
+    # a failed or killed conversion leaves the old folder (or none), never a partial one; the
+    # staging folders of killed conversions (their process gone) are removed here.
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.rlx-staging-", dir=folder.parent))
+    _sweep_staging(folder)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.rlx-staging-{os.getpid()}-", dir=folder.parent))
     try:
         written = _write_packages(checkpoint, staging, folder, precision=precision, target=target, compress=compress,
                                   deploy=deploy, cache_len=cache_len, stateful=stateful, progress=progress,
@@ -131,6 +133,19 @@ def convert_whisper(
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return WhisperPackages(folder, written, cache_len, precision)
+
+
+def _sweep_staging(folder: Path) -> None:
+    for stale in folder.parent.glob(f".{folder.name}.rlx-staging-*"):
+        pid = stale.name.rsplit(".rlx-staging-", 1)[1].split("-", 1)[0]
+        if not pid.isdigit() or not stale.is_dir() or stale.is_symlink():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            continue
 
 
 def _umask() -> int:

@@ -103,3 +103,14 @@ def test_a_conversion_failing_midway_leaves_the_old_folder(checkpoint: Path, tmp
         convert_whisper(checkpoint, tmp_path, cache_len=4, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["openai_whisper-tiny"]
     assert [p.name for p in old.iterdir()] == ["marker"]
+
+
+def test_staging_folders_of_dead_processes_are_swept(tmp_path: Path) -> None:
+    from rlx_mil.speech.packages import _sweep_staging
+
+    dead = tmp_path / ".openai_whisper-tiny.rlx-staging-999999999-abc"
+    alive = tmp_path / f".openai_whisper-tiny.rlx-staging-{__import__('os').getpid()}-abc"
+    dead.mkdir()
+    alive.mkdir()
+    _sweep_staging(tmp_path / "openai_whisper-tiny")
+    assert not dead.exists() and alive.exists()
