@@ -13,7 +13,8 @@ transformers loads and rlx_mil converts, so both decode the very same numbers. T
 2. per form (fp32 and fp16; WhisperKit's TextDecoder, and with --stateful the stateful one):
    `rlx-mil convert-hf HF_DIR -o OUT --precision P [--stateful]` (a subprocess, timed) and
    `rlx_mil.speech.Transcriber(...).transcribe(clip)` with language detection, timed (wall and CPU
-   seconds, real-time factor = CPU seconds / audio seconds);
+   seconds, real-time factor = CPU seconds / audio seconds), and `rlx-mil transcribe FOLDER CLIP
+   --json` (a subprocess) on the first clip, which must say the same;
 3. transformers (`benchmarks/speech_reference.py`, in this interpreter or --reference-python):
    `generate(do_sample=False, num_beams=1)`, language detected, on the same samples.
 
@@ -142,7 +143,7 @@ def reference(python: str, hf: Path, clips: dict[str, Path], work: Path) -> dict
 
 def transcribe_all(folder: Path, clips: dict[str, Path], stateful: bool) -> dict[str, Any]:
     from rlx_mil.speech.audio import read_audio
-    from rlx_mil.speech.transcribe import Transcriber
+    from rlx_mil.speech.transcription import Transcriber
 
     start, cpu = time.perf_counter(), time.process_time()
     transcriber = Transcriber(folder, stateful=stateful)
@@ -159,6 +160,15 @@ def transcribe_all(folder: Path, clips: dict[str, Path], stateful: bool) -> dict
         }
         print(f"  rlx_mil {name}: {transcript.text!r}", flush=True)
     return results
+
+
+def cli_text(folder: Path, clip: Path, stateful: bool) -> str:
+    """What `rlx-mil transcribe FOLDER CLIP --json` says (a subprocess, as a user runs it)."""
+    command = [sys.executable, "-m", "rlx_mil.cli", "transcribe", str(folder), str(clip), "--json", "-q",
+               *(["--stateful"] if stateful else [])]
+    done = subprocess.run(command, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    text: str = json.loads(done.stdout)["text"]
+    return text
 
 
 def main() -> None:
@@ -188,6 +198,9 @@ def main() -> None:
         print(f"{label}: {folder} (converted in {seconds:.1f} s)", flush=True)
         ours = transcribe_all(folder, clips, stateful)
         ours["convert_seconds"] = seconds
+        first = next(iter(clips))
+        ours["cli_same_text"] = cli_text(folder, clips[first], stateful) == ours[first]["text"]
+        print(f"  rlx-mil transcribe {first}: {'the same text' if ours['cli_same_text'] else 'ANOTHER TEXT'}", flush=True)
         report["forms"][label] = ours
         for name in clips:
             mine, theirs = ours[name], peer[name]

@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rlx_mil.speech.audio import probe_audio
     from rlx_mil.speech.decoding import DecodingOptions
-    from rlx_mil.speech.transcribe import Transcriber, check_speech_folder
+    from rlx_mil.speech.transcription import Transcriber, check_speech_folder
 
     check_speech_folder(args.folder)
     for path in args.audio:  # every file's header, before the packages load

@@ -14,7 +14,7 @@ from rlx_mil.speech.audio import as_audio
 from rlx_mil.speech.decoding import DecodingOptions
 from rlx_mil.speech.segments import split_window
 from rlx_mil.speech.tokens import SpeechPackageError
-from rlx_mil.speech.transcribe import Transcriber, transcribe_audio
+from rlx_mil.speech.transcription import Transcriber, transcribe_audio
 from tests.speech.fake_whisper import (
     EOT,
     NO_TIMESTAMPS,

@@ -36,7 +36,7 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     timed = speaking([[TS, *ids(" hello there"), TS + 50]])
     plain = speaking([ids(" hello there")])
     script = lambda window, fed: (plain if NO_TIMESTAMPS in fed else timed)(window, fed)  # noqa: E731
-    monkeypatch.setattr("rlx_mil.speech.transcribe.open_model", lambda where, stateful=False: ScriptedWhisper(script))
+    monkeypatch.setattr("rlx_mil.speech.transcription.open_model", lambda where, stateful=False: ScriptedWhisper(script))
     return path
 
 
@@ -73,7 +73,7 @@ def test_timestamps_print_timed_lines(folder: Path, tmp_path: Path, capsys: pyte
 def test_stateful_is_passed_to_the_runner(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bool] = []
-    monkeypatch.setattr("rlx_mil.speech.transcribe.open_model",
+    monkeypatch.setattr("rlx_mil.speech.transcription.open_model",
                         lambda where, stateful=False: seen.append(stateful) or ScriptedWhisper(speaking([ids(" x")])))
     assert main(["transcribe", str(folder), str(speech(tmp_path)), "--stateful", "-q", "--language", "en"]) == 0
     assert seen == [True] and capsys.readouterr().out == "x\n"

@@ -22,7 +22,7 @@ from rlx_mil.speech.audio import read_audio
 from rlx_mil.speech.decoding import DecodingOptions
 from rlx_mil.speech.packages import convert_whisper
 from rlx_mil.speech.tokens import load_tokens
-from rlx_mil.speech.transcribe import transcribe_audio
+from rlx_mil.speech.transcription import transcribe_audio
 from tests.speech import whisper_numpy as forward
 from tests.speech.fake_whisper import EOT, SOT, TS, VOCAB, write_speech_folder
 from tests.speech.test_whisper_packages import whisper_log_mel
