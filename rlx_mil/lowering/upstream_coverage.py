@@ -67,10 +67,14 @@ REFUSED: dict[str, str] = {
         "a fixed-point I32 FFT whose per-stage shift / saturation (`FftQScale`) has no exact form in"
         " Core ML's int32 arithmetic; not lowered"
     ),
-    "TransformRegion": "a fused resize chain (expanded back into its ResizeNearest2x steps); not lowered yet",
-    "BatchElementwiseRegion": "one ElementwiseRegion chain over several batch planes; not lowered yet",
-    "Custom": "a user-registered op dispatched by name through upstream's op registry; not lowered yet",
-    "CustomFn": "a user sub-graph with optional AD bodies (its forward body inlined); not lowered yet",
+    "BatchElementwiseRegion": (
+        "one ElementwiseRegion chain over several batch planes: how the chain's inputs map onto the planes"
+        " is only in upstream's kernels (op.rs gives the output's batch size, not the element rule); not lowered"
+    ),
+    "Custom": (
+        "a user-registered op: its meaning lives in upstream's run-time op registry under its `name`, not in"
+        " the graph (attrs are an opaque blob), so rlx_mil cannot know what it computes; refused by name"
+    ),
     "FftButterflyStage": (
         "one gated radix-2 butterfly stage whose pair pattern per `stage` op.rs does not define; not lowered"
         " (Fft itself lowers)"

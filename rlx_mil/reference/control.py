@@ -10,7 +10,7 @@ import numpy as np
 from rlx_mil.errors import EvaluationError
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
-from rlx_mil.ir.ops import ElementwiseRegion, If, Scan, While
+from rlx_mil.ir.ops import ChainSource, CustomFn, ElementwiseRegion, If, Scan, TransformRegion, While
 from rlx_mil.ir.regions import expand_region
 from rlx_mil.ir.shape import Shape, Static
 from rlx_mil.reference import registry
@@ -26,6 +26,20 @@ def run_body(body: object, args: Sequence[np.ndarray]) -> list[np.ndarray]:
 def _as_shape(value: np.ndarray, like: np.ndarray) -> np.ndarray:
     """A body result holding the carried value's elements in the carried value's shape."""
     return value.reshape(like.shape) if value.shape != like.shape else value
+
+
+@reference_kernel(CustomFn)
+def _custom_fn(op: CustomFn, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    return finish(run_body(op.fwd_body, list(inputs))[0], out)
+
+
+@reference_kernel(TransformRegion)
+def _transform_region(op: TransformRegion, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    done: list[np.ndarray] = []
+    for operand in op.steps:
+        src = inputs[operand.index] if operand.source is ChainSource.INPUT else done[operand.index]
+        done.append(np.repeat(np.repeat(np.asarray(src), 2, axis=2), 2, axis=3))
+    return finish(done[-1], out)
 
 
 @reference_kernel(If)

@@ -38,6 +38,21 @@ def _control_flow() -> Graph:
     return g
 
 
+def _structure() -> Graph:
+    g = Graph("structure")
+    body = Graph("fwd")
+    a, b = body.input("a", [1, 2, 3, 4]), body.input("b", [1, 2, 3, 4])
+    body.set_outputs([body.mul(body.activation("Tanh", a), b)])
+    vjp = Graph("vjp")
+    vjp.set_outputs([vjp.input("d_output", [1, 2, 3, 4])])
+    x, y = g.input("x", [1, 2, 3, 4]), g.input("y", [1, 2, 3, 4])
+    fused = g.custom_fn(body, [x, y], vjp_body=vjp, name="custom")
+    resized = g.transform_region([("Input", 0), ("Step", 0), ("Input", 1)], [fused, x])
+    g.set_outputs([fused, g.transform_region([("Input", 0), ("Step", 0)], [fused], name="up4"), resized])
+    return g
+
+
 CASES: dict[str, Callable[[], Graph]] = {
     "control_flow": _control_flow,
+    "structure": _structure,
 }

@@ -587,9 +587,39 @@ NEWER_OP_STRATEGIES: dict[str, st.SearchStrategy[Op]] = {
     "KvAppend": st.builds(ops.KvAppend, USIZES, USIZES),
     "Roll": st.builds(ops.Roll, vectors(I64S), vectors(USIZES)),
 }
+U8S = st.integers(0, 255)
+SCALED_FORMATS = st.sampled_from(ops.ScaledFormat)
+SCALE_LAYOUTS = st.one_of(st.just(ops.ScaleLayout(ops.ScaleKind.PER_TENSOR)), st.builds(
+    ops.ScaleLayout, st.sampled_from([ops.ScaleKind.BLOCK_MX_E8M0, ops.ScaleKind.NVFP4]), U32S))
+#: The kinds upstream part 3 added (losses, codebook, scaled codes, signal, regions).
+PART3_OP_STRATEGIES: dict[str, st.SearchStrategy[Op]] = {
+    "ReluBackward": st.just(ops.ReluBackward()),
+    "ActivationBackward": st.builds(ops.ActivationBackward, ACTIVATIONS),
+    "CumsumBackward": st.builds(ops.CumsumBackward, I32S, BOOLS),
+    "GatherBackward": st.builds(ops.GatherBackward, I32S),
+    "RopeBackward": st.builds(ops.RopeBackward, USIZES, USIZES),
+    "SoftmaxCrossEntropy": st.just(ops.SoftmaxCrossEntropy()),
+    "SoftmaxCrossEntropyWithLogits": st.just(ops.SoftmaxCrossEntropyWithLogits()),
+    "FakeQuantizeLSQ": st.builds(ops.FakeQuantizeLSQ, U8S, st.none() | USIZES),
+    "SynthMatMul": st.builds(ops.SynthMatMul, st.builds(ops.SynthKind, U32S, U32S)),
+    "SynthReconstruct": st.builds(ops.SynthReconstruct, st.builds(ops.SynthKind, U32S, U32S)),
+    "FusedMatMulResidual": st.just(ops.FusedMatMulResidual()),
+    "ScaledDequantize": st.builds(ops.ScaledDequantize, SCALED_FORMATS, SCALE_LAYOUTS),
+    "ScaledMatMul": st.builds(ops.ScaledMatMul, SCALED_FORMATS, SCALED_FORMATS, SCALE_LAYOUTS, BOOLS),
+    "ScaledGroupedMatMul": st.builds(ops.ScaledGroupedMatMul, SCALED_FORMATS, SCALED_FORMATS, SCALE_LAYOUTS, BOOLS),
+    "DequantGroupedMatMulMlx": st.builds(ops.DequantGroupedMatMulMlx, SCHEMES),
+    "Histogram": st.builds(ops.Histogram, USIZES, F32S, F32S),
+    "SplineActivation": st.builds(ops.SplineActivation, U32S, F32S, F32S),
+    "Im2Col": st.builds(ops.Im2Col, vectors(USIZES), vectors(USIZES), vectors(USIZES), vectors(USIZES)),
+    "PartitionedConv": st.builds(ops.PartitionedConv, USIZES),
+    "Fft": st.builds(ops.Fft, BOOLS, st.sampled_from(ops.FftNorm)),
+    "TransformRegion": st.builds(ops.TransformRegion, vectors(st.builds(
+        ops.ChainOperand, st.sampled_from(ops.ChainSource), USIZES)), st.integers(1, 3)),
+}
+NEWER_OP_STRATEGIES.update(PART3_OP_STRATEGIES)
 OP_STRATEGIES.update(NEWER_OP_STRATEGIES)
 #: Ops holding sub-graphs; their round trip has its own test.
-SUBGRAPH_OPS = {"If", "While", "Scan"}
+SUBGRAPH_OPS = {"If", "While", "Scan", "CustomFn"}
 # Constant needs its shape first; see node_steps.
 ALL_OP_NAMES = sorted(set(OP_TYPES) - SUBGRAPH_OPS)
 
@@ -728,6 +758,7 @@ def test_json_op_table_matches_the_op_dataclasses() -> None:
     assert OP_FORMS["Attention"].form == "struct"
     assert {name for name, form in OP_FORMS.items() if form.form == "unit"} == {
         "MatMul", "Where", "StopGradient", "Fma", "ResizeNearest2x", "GatedResidual", "LogMel", "GroupedMatMul",
+        "ReluBackward", "SoftmaxCrossEntropy", "SoftmaxCrossEntropyWithLogits", "FusedMatMulResidual",
     }
     assert {name for name, form in OP_FORMS.items() if form.form == "newtype"} == {"Activation", "Binary", "Compare"}
 

@@ -172,8 +172,8 @@ def test_new_quant_schemes_parse_and_round_trip() -> None:
 
 
 def test_upstream_ops_without_ir_definitions_are_unsupported_not_parse_errors() -> None:
-    nodes = [_input(0, "x", [4]), _node(1, {"Histogram": {"bins": 4, "min": 0.0, "max": 1.0}}, [0], [4])]
-    with pytest.raises(UnsupportedOpFormatError, match=r"nodes\[1\]\.op: upstream op Histogram is not supported") as err:
+    nodes = [_input(0, "x", [4]), _node(1, {"WelchPeaks": {"k": 4, "n_segments": 1}}, [0], [4])]
+    with pytest.raises(UnsupportedOpFormatError, match=r"nodes\[1\]\.op: upstream op WelchPeaks is not supported") as err:
         graph_from_json(_text(nodes))
     assert isinstance(err.value, GraphFormatError) and isinstance(err.value, UnsupportedOpError)
 

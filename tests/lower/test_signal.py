@@ -113,3 +113,20 @@ def test_bad_signal_attributes_are_typed_errors() -> None:
     big.set_outputs([big.fft(big.input("x", [1, 2 * 1025]), name="y")])
     with pytest.raises(ShapeError, match="N <= 1024"):
         convert_and_cleanup(big, {}, target="iOS18")
+
+
+def test_custom_fn_and_transform_region_follow_their_bodies() -> None:
+    body = Graph("fwd")
+    a = body.input("a", [1, 1, 2, 2])
+    body.set_outputs([body.activation("Exp", a)])
+    g = Graph("s")
+    x = g.input("x", [1, 1, 2, 2])
+    y = g.transform_region([("Input", 0), ("Step", 0)], [g.custom_fn(body, [x])], name="y")
+    g.set_outputs([y])
+    v = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
+    got = reference.evaluate(g, {"x": v})["y"]
+    np.testing.assert_allclose(got, np.exp(v).repeat(4, axis=2).repeat(4, axis=3), rtol=1e-6)
+    with pytest.raises(ShapeError, match="fwd_body"):
+        g.custom_fn(body, [x, x])
+    with pytest.raises(AttributeValueError, match="steps"):
+        g.transform_region([("Step", 0)], [x])

@@ -51,10 +51,12 @@ from rlx_mil.ir.ops.control import (
     ChainOperand,
     ChainSource,
     ChainStep,
+    CustomFn,
     ElementwiseRegion,
     If,
     RegionPrologue,
     Scan,
+    TransformRegion,
     While,
 )
 from rlx_mil.ir.ops.conv import (
@@ -265,6 +267,7 @@ __all__ = [
     "CumProd",
     "Cumsum",
     "CumsumBackward",
+    "CustomFn",
     "DequantGroupedMatMul",
     "DequantGroupedMatMulMlx",
     "DequantMatMul",
@@ -368,6 +371,7 @@ __all__ = [
     "SynthReconstruct",
     "Tile",
     "TopK",
+    "TransformRegion",
     "Transpose",
     "Trilu",
     "Where",

@@ -41,7 +41,7 @@ from rlx_mil.ir.serde.codecs import (
     struct_form,
     tagged,
 )
-from rlx_mil.ir.serde.versions import newest_only
+from rlx_mil.ir.serde.versions import NEWEST, newest_only
 from rlx_mil.ir.shape import DimLike, Shape, Static
 from rlx_mil.ir.shape_checks import (
     conflict,
@@ -291,6 +291,71 @@ def _elementwise_region(op: ElementwiseRegion, ins: Sequence[Shape], declared: S
 # -------------------------------------------------------------------------------- builder
 
 
+@dataclass(frozen=True)
+class CustomFn(Op):
+    """A user sub-graph: the value is `fwd_body(inputs)` (its first output); `vjp_body` and
+    `jvp_body` are differentiation rules, carried but not evaluated (newest upstream only)."""
+
+    type_name: ClassVar[str] = "CustomFn"
+    fwd_body: GraphValue
+    vjp_body: GraphValue | None
+    jvp_body: GraphValue | None
+    num_inputs: int
+
+    def arity(self) -> int | None:
+        return self.num_inputs if isinstance(self.num_inputs, int) and self.num_inputs >= 0 else None
+
+
+@dataclass(frozen=True)
+class TransformRegion(Op):
+    """A fused chain of resampling steps (each `ResizeNearest2x` of a region input or an earlier
+    step's result); the value is the last step's (newest upstream only)."""
+
+    type_name: ClassVar[str] = "TransformRegion"
+    steps: tuple[ChainOperand, ...]
+    num_inputs: int
+
+    def arity(self) -> int | None:
+        return self.num_inputs if isinstance(self.num_inputs, int) and self.num_inputs >= 1 else None
+
+
+@shape_rule(CustomFn)
+def _custom_fn(op: CustomFn, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    if op.num_inputs != len(ins):
+        raise AttributeValueError(f"num_inputs is {op.num_inputs} but the node has {len(ins)} inputs")
+    body = _check_body(op.fwd_body, "fwd_body", ins)
+    for role in ("vjp_body", "jvp_body"):
+        value = getattr(op, role)
+        if value is not None and not isinstance(value, GraphValue):
+            raise AttributeValueError(f"{role} must be a graph or null, got {type(value).__name__}")
+    return _output_shape(body)
+
+
+def transform_shapes(op: TransformRegion, ins: Sequence[Shape]) -> list[Shape]:
+    """The shape after each step (NCHW, H and W doubled)."""
+    if not op.steps:
+        raise AttributeValueError("TransformRegion needs at least one step")
+    done: list[Shape] = []
+    for i, operand in enumerate(op.steps):
+        if not isinstance(operand, ChainOperand):
+            raise AttributeValueError(f"steps[{i}] must be a ResizeNearest2x of a ChainOperand, got {operand!r}")
+        limit = len(ins) if operand.source is ChainSource.INPUT else i
+        if not 0 <= operand.index < limit:
+            raise AttributeValueError(f"steps[{i}] reads {operand.source.value}({operand.index}), outside [0, {limit})")
+        src = ins[operand.index] if operand.source is ChainSource.INPUT else done[operand.index]
+        if src.rank != 4:
+            raise ShapeError(f"steps[{i}] resizes {src}; ResizeNearest2x takes NCHW tensors")
+        n, c, h, w = src.dims
+        grow = [Static(d.size * 2) if isinstance(d, Static) else d for d in (h, w)]
+        done.append(Shape((n, c, *grow), src.dtype))
+    return done
+
+
+@shape_rule(TransformRegion)
+def _transform_region(op: TransformRegion, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    return transform_shapes(op, ins)[-1]
+
+
 class ControlBuilder(BuilderBase):
     """Builder methods of this family (composed into `Graph`)."""
 
@@ -309,6 +374,17 @@ class ControlBuilder(BuilderBase):
         """Fold `body` over the rows of `xs` starting from `init`."""
         op = Scan(body, length, save_trajectory, len(bcast), len(xs), 0)
         return self.add_node(op, [init, *bcast, *xs], name=name)
+
+    def custom_fn(self, fwd_body: GraphValue, inputs: Sequence[int], vjp_body: GraphValue | None = None,
+                  jvp_body: GraphValue | None = None, *, name: str | None = None) -> int:
+        """`fwd_body(*inputs)` (its first output); the AD bodies are carried along."""
+        return self.add_node(CustomFn(fwd_body, vjp_body, jvp_body, len(inputs)), list(inputs), name=name)
+
+    def transform_region(self, steps: Sequence[tuple[str, int]], inputs: Sequence[int], *,
+                         name: str | None = None) -> int:
+        """Nearest 2x resizes: each step `("Input", i)` or `("Step", j)`; the last step's value."""
+        chain = tuple(ChainOperand(ChainSource(src), idx) for src, idx in steps)
+        return self.add_node(TransformRegion(chain, len(inputs)), list(inputs), name=name)
 
     def elementwise_region(
         self, inputs: Sequence[int], chain: Sequence[ChainStep], shape: Sequence[DimLike], dtype: DType | str = "f32",
@@ -335,6 +411,19 @@ class ChainOperandCodec(Codec):
 
 
 _OPERAND = ChainOperandCodec()
+
+
+class TransformStepCodec(Codec):
+    """`{"ResizeNearest2x": {"Input": i}}` (upstream's only TransformStep)."""
+
+    def decode(self, value: object, path: str) -> ChainOperand:
+        tag, content = tagged(value, path, "a TransformStep")
+        if tag != "ResizeNearest2x" or content is MISSING:
+            fail(path, f'expected {{"ResizeNearest2x": operand}}, got {describe(value)}')
+        return _OPERAND.decode(content, f"{path}.ResizeNearest2x")
+
+    def encode(self, value: object, path: str) -> object:
+        return {"ResizeNearest2x": _OPERAND.encode(value, f"{path}.ResizeNearest2x")}
 _ATTR_CODECS: dict[str, Codec] = {
     "Activation": EnumCodec(ActivationKind, "Activation"), "Cast": DTYPE,
     "Binary": EnumCodec(BinaryOp, "BinaryOp"), "Compare": EnumCodec(CmpOp, "CmpOp"),
@@ -375,5 +464,8 @@ JSON_FORMS = (
     struct_form(If, ("then_branch", SUBGRAPH), ("else_branch", SUBGRAPH)),
     struct_form(While, ("cond", SUBGRAPH), ("body", SUBGRAPH), ("max_iterations", OptionCodec(USIZE))),
     struct_form(Scan, ("body", SUBGRAPH), ("length", U32), ("save_trajectory", BOOL), ("num_bcast", U32), ("num_xs", U32), ("num_checkpoints", U32)),
+    struct_form(CustomFn, ("fwd_body", SUBGRAPH), ("vjp_body", OptionCodec(SUBGRAPH)), ("jvp_body", OptionCodec(SUBGRAPH)),
+                ("num_inputs", U32), since=NEWEST),
+    struct_form(TransformRegion, ("steps", VecCodec(TransformStepCodec())), ("num_inputs", U32), since=NEWEST),
     struct_form(ElementwiseRegion, ("chain", VecCodec(ChainStepCodec())), ("num_inputs", USIZE), ("scalar_input_mask", U32), ("input_modulus", USIZE_VEC), ("prologue", EnumCodec(RegionPrologue, "RegionPrologue")), ("prologue_input", USIZE), newest_fields=(("prologue", RegionPrologue.NONE), ("prologue_input", 0))),
 )

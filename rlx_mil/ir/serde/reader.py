@@ -323,6 +323,8 @@ def _decode_op(value: object, path: str, shape: Shape, state: _DecodeState) -> O
             raw = None
         if isinstance(codec, SubGraphCodec):
             kwargs[field_name] = _decode_subgraph(raw, field_path, state)
+        elif isinstance(codec, OptionCodec) and isinstance(codec.inner, SubGraphCodec):
+            kwargs[field_name] = None if raw is None else _decode_subgraph(raw, field_path, state)
         else:
             kwargs[field_name] = codec.decode(raw, field_path)
     return _construct(form.op_type, kwargs, op_path)

@@ -114,7 +114,11 @@ def _encode_op(op: Op, shape: Shape, path: str, version: str) -> object:
             continue
         value = getattr(op, field_name)
         field_path = f"{op_path}.{field_name}"
-        if isinstance(codec, SubGraphCodec):
+        is_graph = isinstance(codec, SubGraphCodec) or (
+            isinstance(codec, OptionCodec) and isinstance(codec.inner, SubGraphCodec))
+        if is_graph and value is None:
+            body[field_name] = None
+        elif is_graph:
             try:
                 body[field_name] = _graph_document(value.name, value.nodes, value.outputs, version)
             except GraphFormatError as err:

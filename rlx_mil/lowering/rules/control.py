@@ -194,3 +194,23 @@ def lower_elementwise_region(op: ops.ElementwiseRegion, ctx: LowerContext) -> An
     except GraphError as err:
         raise ctx.fail(ShapeError, f"the region does not expand: {err.detail}") from None
     return ctx.lower_body(expanded, ctx.vars(), "region")[0]
+
+
+@lowering(notes="`fwd_body` lowered inline on the inputs (its first output); vjp_body / jvp_body are not read.")
+def lower_custom_fn(op: ops.CustomFn, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    out = ctx.lower_body(_body(ctx, op.fwd_body, "fwd_body"), ctx.vars(), "fwd")[0]
+    return mb.identity(x=out, name=ctx.name())
+
+
+@lowering(notes="one `upsample_nearest_neighbor` (2 x 2) per step, on the region input or earlier step it names.")
+def lower_transform_region(op: ops.TransformRegion, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    done: list[Any] = []
+    for i, operand in enumerate(op.steps):
+        src = ctx.var(operand.index) if operand.source is ops.ChainSource.INPUT else done[operand.index]
+        done.append(mb.upsample_nearest_neighbor(x=src, scale_factor_height=2, scale_factor_width=2,
+                                                 name=ctx.name(f"step{i}")))
+    return done[-1]
