@@ -250,6 +250,21 @@ def while_(result_types: Sequence[Any], inits: Sequence[Any]) -> tuple[list[Any]
     return _result_list(results, len(result_types)), before, after
 
 
+def scatter_along_axis(data: Any, indices: Any, updates: Any, axis: int, mode: str) -> Any:
+    """Core AI's scatter_along_axis (`mode`: update, add, sub, mul, div, max, min)."""
+    from coreai._compiler.ir import Attribute
+
+    return ops.ScatterAlongAxisOp(data.type, data, indices, updates, constant(np.asarray(axis, np.int32)),
+                                  scatter_mode=Attribute.parse(f"#coreai.scatter_mode<{mode}>")).result
+
+
+def maxpool2d(x: Any, result_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+              ceil_mode: bool) -> Any:
+    return ops.maxpool2d(tensor_type(result_shape, np.float32 if dtype_name(x) == "f32" else np.float16), x,
+                         np.asarray(kernel, np.uint32), np.asarray(stride, np.uint32), np.ones(2, np.uint32),
+                         np.bool_(ceil_mode))
+
+
 # -- metadata ----------------------------------------------------------------------------------
 _METADATA_FILE = "rlx_mil_metadata.json"
 

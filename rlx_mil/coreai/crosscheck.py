@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.coreai.engine import CoreAIProgram
+from rlx_mil.milexec.executor import PrecisionModel
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,13 @@ def difference(step: int, name: str, got: np.ndarray, want: np.ndarray) -> Diffe
 
 def crosscheck(source: Any, calls: Sequence[tuple[str | None, Mapping[str, Any]]], *,
                states: Mapping[str, np.ndarray] | None = None,
-               program: CoreAIProgram | None = None) -> CrossCheckReport:
+               program: CoreAIProgram | None = None, precision_model: PrecisionModel = "declared"
+               ) -> CrossCheckReport:
     """Run each `(function name, feeds)` of `calls` through milexec and through Core AI, in
     order, each engine carrying its own states (starting from `states`, zeros by default), and
-    compare every output of every call and every state after the last."""
+    compare every output of every call and every state after the last. `precision_model` is
+    milexec's: "declared" rounds where the program declares fp16 (an fp32 LLM package's fp16
+    KV cache: Core AI rounds at the same explicit casts); "float32" never rounds."""
     from rlx_mil import milexec
 
     names = sorted({name for name, _ in calls if name is not None}) or None
@@ -77,7 +81,7 @@ def crosscheck(source: Any, calls: Sequence[tuple[str | None, Mapping[str, Any]]
         report = CrossCheckReport()
         for step, (function_name, feeds) in enumerate(calls):
             want = milexec.run(source, feeds, function_name=function_name, states=exec_states,
-                               precision_model="float32")
+                               precision_model=precision_model)
             got = core_ai.run(feeds, function_name=function_name, states=core_states)
             for name, value in want.items():
                 report.outputs.append(difference(step, name, got[name], value) if name in got else

@@ -62,7 +62,7 @@ def test_asset_generates_the_packages_tokens(converted: dict[str | None, tuple[P
                                              capsys: pytest.CaptureFixture[str]) -> None:
     asset, package = converted[compress]
     prompt = [3, 17, 5, 9, 11, 2]
-    want = Session(package, engine="milexec", precision_model="float32").generate(prompt, 8)
+    want = Session(package, engine="milexec").generate(prompt, 8)
     assert Session(asset).generate(prompt, 8) == want
     capsys.readouterr()
     assert main(["generate", str(package), "--chat", "--prompt", QUESTION, "-n", "8", "-q", "--engine", "milexec"]) == 0

@@ -52,7 +52,7 @@ def test_prefill_and_decode_match_milexec_output_by_output_and_state_by_state(pa
 
 def test_session_on_core_ai_generates_milexec_tokens(package: Path) -> None:
     prompt = [1, 7, 3, 9, 2]
-    want = Session(package, engine="milexec", precision_model="float32").generate(prompt, 6)
+    want = Session(package, engine="milexec").generate(prompt, 6)
     session = Session(package, engine="coreai")
     assert session.generate(prompt, 6) == want
     session.reset()
@@ -66,7 +66,7 @@ def test_cli_run_engine_coreai(tmp_path: Path, package: Path, capsys: pytest.Cap
     assert main(["run", str(package), "--function", f"prefill_{BUCKET}", "--inputs", str(tmp_path / "in.npz"),
                  "--engine", "coreai", "-o", str(out)]) == 0
     assert "coreai" in capsys.readouterr().out
-    want = milexec.run(package, feeds, function_name=f"prefill_{BUCKET}", precision_model="float32")
+    want = milexec.run(package, feeds, function_name=f"prefill_{BUCKET}")
     with np.load(out) as got:
         np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
 

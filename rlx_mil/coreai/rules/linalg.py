@@ -42,13 +42,15 @@ def matmul(ctx: RuleContext) -> Any:
 
 @rule("linear")
 def linear(ctx: RuleContext) -> Any:
+    """x @ W^T + b computed as (W @ x^T)^T: only activations are transposed, so the weight
+    stays the one constant (a tied embedding is stored once, as in the package)."""
     x = ctx.v("x")
-    if ctx.is_const("weight"):
-        weight_t = ctx.constant(np.asarray(ctx.const("weight")).T.astype(ctx.out_dtype()))
-    else:
-        weight_t = _swap_last(ctx, ctx.v("weight"))
-    product, _ = _matmul(ctx, x, weight_t)
-    product = ctx.reshape(product, ctx.out_shape())
+    weight = ctx.v("weight")
+    x_shape = adapter.shape_of(x)
+    rows = int(np.prod(x_shape[:-1], dtype=np.int64)) if len(x_shape) > 1 else 1
+    flat = ctx.reshape(x, [rows, x_shape[-1]])
+    product = ctx.ops.broadcasting_batch_matmul(weight, ctx.ops.transpose(flat, np.asarray([1, 0], np.uint32)))
+    product = ctx.reshape(ctx.ops.transpose(product, np.asarray([1, 0], np.uint32)), ctx.out_shape())
     if ctx.has("bias") and not (ctx.is_const("bias") and not np.any(ctx.const("bias"))):
         product = ctx.ops.broadcasting_add(product, ctx.v("bias"))
     return product

@@ -44,8 +44,10 @@ def slice_by_index(ctx: RuleContext) -> Any:
     x = ctx.v("x")
     shape = ctx.in_shape("x")
     rank = len(shape)
-    if any(d < 0 for d in shape) or not ctx.is_const("begin") or not ctx.is_const("end"):
-        raise ctx.fail("only static slices are supported (a dynamic begin/end or input shape)")
+    if any(d < 0 for d in shape):
+        raise ctx.fail("a slice of a dynamic shape is not supported")
+    if not ctx.is_const("begin") or not ctx.is_const("end"):
+        return _runtime_slice(ctx, x, shape)
     begin = ctx.ints("begin")
     end = ctx.ints("end")
     stride = ctx.ints("stride", [1] * rank)
@@ -68,6 +70,40 @@ def slice_by_index(ctx: RuleContext) -> Any:
         stops.append(stop)
         steps.append(step)
     return ctx.reshape(static_slice(ctx, x, starts, stops, steps), ctx.out_shape())
+
+
+def _runtime_slice(ctx: RuleContext, x: Any, shape: tuple[int, ...]) -> Any:
+    """slice_by_index with a runtime begin (a loop counter): the slice's extent is static (the
+    declared output shape), so end = begin + extent."""
+    rank = len(shape)
+    stride = ctx.ints("stride", [1] * rank)
+    if any(s != 1 for s in stride):
+        raise ctx.fail("a runtime begin needs unit strides")
+    begin_mask = [bool(b) for b in (ctx.param("begin_mask") or [False] * rank)]
+    squeeze_mask = [bool(b) for b in (ctx.param("squeeze_mask") or [False] * rank)]
+    end_mask = [bool(b) for b in (ctx.param("end_mask") or [False] * rank)]
+    begin = ctx.cast(ctx.v("begin"), np.int32)
+    dims = ctx.constant(np.asarray(shape, np.int32))
+    negative = ctx.ops.broadcasting_greater(ctx.constant(np.int32(0)), begin)
+    begin = ctx.ops.broadcasting_where(negative, ctx.ops.broadcasting_add(begin, dims), begin)
+    if any(begin_mask):
+        begin = ctx.ops.broadcasting_mul(begin, ctx.constant(np.asarray([0 if m else 1 for m in begin_mask], np.int32)))
+    out = list(ctx.out_shape())
+    if all(d >= 0 for d in out):
+        extent = [1 if squeeze_mask[a] else out.pop(0) for a in range(rank)]
+        end = ctx.ops.broadcasting_add(begin, ctx.constant(np.asarray(extent, np.int32)))
+    else:  # the extent is known at run time only: MIL's end (masked axes to the dim, squeezed ones + 1)
+        end = ctx.cast(ctx.v("end"), np.int32)
+        negative = ctx.ops.broadcasting_greater(ctx.constant(np.int32(0)), end)
+        end = ctx.ops.broadcasting_where(negative, ctx.ops.broadcasting_add(end, dims), end)
+        plus_one = ctx.ops.broadcasting_add(begin, ctx.constant(np.int32(1)))
+        end = ctx.ops.broadcasting_where(ctx.constant(np.asarray(squeeze_mask)), plus_one, end)
+        end = ctx.ops.broadcasting_where(ctx.constant(np.asarray(end_mask)), dims, end)
+    sliced = ctx.ops.slice_(x, begin, end, np.ones(rank, np.int32))
+    squeezed = [a for a in range(rank) if squeeze_mask[a]]
+    if all(d >= 0 for d in ctx.out_shape()):
+        return ctx.reshape(sliced, ctx.out_shape())
+    return ctx.ops.shrink_dims(sliced, np.asarray(squeezed, np.int32)) if squeezed else sliced
 
 
 @rule("slice_by_size")
@@ -196,7 +232,7 @@ def band_part(ctx: RuleContext) -> Any:
     return ctx.ops.broadcasting_where(ctx.constant(keep), x, ctx.scalar(0, x))
 
 
-def _wrap_indices(ctx: RuleContext, indices: Any, dim: int) -> Any:
+def wrap_indices(ctx: RuleContext, indices: Any, dim: int) -> Any:
     indices = ctx.cast(indices, np.int32)
     negative = ctx.ops.broadcasting_greater(ctx.constant(np.int32(0)), indices)
     return ctx.ops.broadcasting_where(negative, ctx.ops.broadcasting_add(indices, ctx.constant(np.int32(dim))), indices)
@@ -209,7 +245,7 @@ def gather(ctx: RuleContext) -> Any:
     x = ctx.v("x")
     shape = ctx.in_shape("x")
     axis = int(ctx.param("axis", 0)) % len(shape)
-    indices = _wrap_indices(ctx, ctx.v("indices"), shape[axis])
+    indices = wrap_indices(ctx, ctx.v("indices"), shape[axis])
     index_shape = ctx.in_shape("indices")
     perm = [axis, *[a for a in range(len(shape)) if a != axis]]
     moved = x if axis == 0 else ctx.ops.transpose(x, np.asarray(perm, np.uint32))
@@ -226,15 +262,19 @@ def gather(ctx: RuleContext) -> Any:
 def gather_along_axis(ctx: RuleContext) -> Any:
     shape = ctx.in_shape("x")
     axis = int(ctx.param("axis", 0)) % len(shape)
-    indices = _wrap_indices(ctx, ctx.v("indices"), shape[axis])
+    indices = wrap_indices(ctx, ctx.v("indices"), shape[axis])
     return ctx.ops.gather_along_axis(ctx.v("x"), indices, np.int32(axis))
 
 
 @rule("gather_nd")
 def gather_nd(ctx: RuleContext) -> Any:
-    if int(ctx.param("batch_dims", 0)) != 0:
-        raise ctx.fail("batch_dims > 0 is not supported")
-    return ctx.ops.gather_nd(ctx.v("x"), ctx.cast(ctx.v("indices"), np.int32))
+    from rlx_mil.coreai.rules.scatter import batch_gather_nd
+
+    indices = ctx.cast(ctx.v("indices"), np.int32)
+    batch_dims = int(ctx.param("batch_dims", 0))
+    if batch_dims:
+        return batch_gather_nd(ctx, ctx.v("x"), indices, batch_dims)
+    return ctx.ops.gather_nd(ctx.v("x"), indices)
 
 
 @rule("one_hot")
