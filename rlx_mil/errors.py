@@ -244,3 +244,8 @@ class CoreAIUnavailableError(RlxMilError, ImportError):
 class CoreAITranslationError(RlxMilError):
     """A MIL program holds something the Core AI translator cannot express (the op, input or
     form is named)."""
+
+
+class HubError(RlxMilError):
+    """A Hugging Face Hub id that cannot be had: no such repository or file, no network and no
+    cached copy, or offline mode (`HF_HUB_OFFLINE`) without one."""

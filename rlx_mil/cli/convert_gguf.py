@@ -32,7 +32,8 @@ from rlx_mil.units import human_bytes
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The convert-gguf flags (besides the shared --target/--precision/--compress flags)."""
-    p.add_argument("model", type=Path, help="a GGUF file (llama, qwen2, qwen3, gemma2, gemma3 or phi3 architecture)")
+    p.add_argument("model", type=Path, help="a GGUF file (llama, qwen2, qwen3, gemma2, gemma3 or phi3 architecture),"
+                   " or REPO:FILE.gguf of a Hugging Face Hub repository, downloaded into the Hub's cache")
     add_decoder_arguments(p)
     from rlx_mil.cli.arguments import DEPLOY_FORMS
 
@@ -92,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
     from rlx_mil.cli.arguments import announce
 
     announce(args, f"converting {args.model} to {args.output}")
+    from rlx_mil.cli.convert_hf import _refuse_existing_output
+    from rlx_mil.cli.hub import resolve_gguf
+
+    _refuse_existing_output(args)  # before any download
+    resolve_gguf(args, "model")
     from rlx_mil.cli.quality import check_report_path
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.llm.convert_hf import convert_checkpoint

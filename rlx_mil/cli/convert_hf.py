@@ -36,7 +36,8 @@ def check_output(path: Path, overwrite: bool) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The convert-hf flags (besides the shared --target/--precision/... conversion flags)."""
-    p.add_argument("model_dir", type=Path, help="checkpoint folder: config.json + model.safetensors (or shards)")
+    p.add_argument("model_dir", type=Path, help="checkpoint folder (config.json + model.safetensors or shards), or a"
+                   " Hugging Face Hub id such as Qwen/Qwen3-0.6B[@REVISION], downloaded into the Hub's cache")
     add_decoder_arguments(p)
     p.add_argument("--pooling", default="auto", choices=["auto", "mean", "cls", "none"],
                    help="encoders: sentence embedding pooling (auto: the sentence-transformers config, else"
@@ -220,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
 
     announce(args, f"converting {args.model_dir} to {args.output}")
     from rlx_mil.cli.convert_whisper import is_whisper_folder, run_whisper
+    from rlx_mil.cli.hub import resolve_checkpoint
     from rlx_mil.cli.quality import (
         check_report_path,
         print_summary,
@@ -231,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
     from rlx_mil.llm.convert_hf import convert_checkpoint
     from rlx_mil.models.verify import example_inputs, verify_package
 
+    _refuse_existing_output(args)  # before any download
+    resolve_checkpoint(args, "model_dir")
     if is_whisper_folder(args.model_dir):
         return run_whisper(args, convert_kwargs(args))
     decoder, positions = decoder_positions(args.model_dir)
@@ -273,6 +277,13 @@ def run(args: argparse.Namespace) -> int:
             return 1
         return verify_quality(args, quality)
     return 0
+
+
+def _refuse_existing_output(args: argparse.Namespace) -> None:
+    """An existing output without --overwrite is refused before anything is read or downloaded."""
+    output = Path(args.output)
+    if (output.exists() or output.is_symlink()) and not args.overwrite:
+        raise InvalidOptionError(f"{output} exists; pass --overwrite to replace it")
 
 
 def _takes_tokens(graph: Graph) -> bool:
