@@ -1,6 +1,6 @@
 """Scatters: MIL scatter / scatter_along_axis as Core AI's scatter_along_axis (its modes are
-MIL's), scatter_nd as Core AI's scatter_nd with a combiner for the mode; gather_nd with batch
-dims as a gather_nd over indices that carry the batch coordinates."""
+MIL's); scatter_nd over the flattened data, through scatter_along_axis (Core AI's scatter_nd
+takes no combining mode)."""
 
 from __future__ import annotations
 
@@ -65,15 +65,3 @@ def scatter_nd(ctx: RuleContext) -> Any:
     flat = adapter.scatter_along_axis(ctx.reshape(data, [total]), ctx.reshape(flat_positions, [count * inner]),
                                       ctx.reshape(updates, [count * inner]), 0, _mode(ctx))
     return ctx.reshape(flat, shape)
-
-
-def batch_gather_nd(ctx: RuleContext, x: Any, indices: Any, batch_dims: int) -> Any:
-    """gather_nd whose first `batch_dims` axes are batch axes: the batch coordinates are
-    prepended to every index tuple."""
-    index_shape = adapter.shape_of(indices)
-    coords = []
-    for b in range(batch_dims):
-        grid = np.arange(index_shape[b], dtype=np.int32).reshape([-1 if a == b else 1 for a in range(len(index_shape) - 1)])
-        full = np.broadcast_to(grid, index_shape[:-1])[..., None]
-        coords.append(ctx.constant(np.ascontiguousarray(full)))
-    return ctx.ops.gather_nd(x, ctx.ops.concat(len(index_shape) - 1, [*coords, indices]))

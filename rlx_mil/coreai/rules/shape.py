@@ -268,8 +268,6 @@ def gather_along_axis(ctx: RuleContext) -> Any:
 
 @rule("gather_nd")
 def gather_nd(ctx: RuleContext) -> Any:
-    from rlx_mil.coreai.rules.scatter import batch_gather_nd
-
     indices = ctx.cast(ctx.v("indices"), np.int32)
     batch_dims = int(ctx.param("batch_dims", 0))
     if batch_dims:
@@ -345,3 +343,15 @@ def slice_update(ctx: RuleContext) -> Any:
         piece.append(1 if squeeze_mask[axis] else update_shape.pop(0) if update_shape else 1)
     end = ctx.ops.broadcasting_add(begin, ctx.constant(np.asarray(piece, np.int32)))
     return ctx.ops.slice_update(x, begin, end, np.ones(rank, np.int32), ctx.reshape(update, piece))
+
+
+def batch_gather_nd(ctx: RuleContext, x: Any, indices: Any, batch_dims: int) -> Any:
+    """gather_nd whose first `batch_dims` axes are batch axes: the batch coordinates are
+    prepended to every index tuple."""
+    index_shape = adapter.shape_of(indices)
+    coords = []
+    for b in range(batch_dims):
+        grid = np.arange(index_shape[b], dtype=np.int32).reshape([-1 if a == b else 1 for a in range(len(index_shape) - 1)])
+        full = np.broadcast_to(grid, index_shape[:-1])[..., None]
+        coords.append(ctx.constant(np.ascontiguousarray(full)))
+    return ctx.ops.gather_nd(x, ctx.ops.concat(len(index_shape) - 1, [*coords, indices]))
