@@ -302,3 +302,100 @@ def test_a_full_disk_under_the_spec_file_is_one_typed_line(checkpoint: Path, tmp
     assert len(err) == 1 and "No space left on device" in err[0], err
     assert not unraisable, [u.exc_value for u in unraisable]
     assert sorted(os.listdir(scratch_dir())) == before and not out.exists()
+
+
+# ---------------------------------------------------------------- interrupts and concurrency
+_INTERRUPT_IN_SAVE = """\
+import os, signal, sys
+import rlx_mil.coreml.saving as saving
+from rlx_mil.cli import main
+
+synced = saving.fsync_tree
+
+def fsync_then_interrupt(root):
+    # The package is staged beside the destination, the model's copy is in the scratch folder:
+    # the user presses Ctrl-C now.
+    synced(root)
+    os.kill(os.getpid(), signal.SIGINT)
+
+saving.fsync_tree = fsync_then_interrupt
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_in_the_middle_of_saving_exits_130_leaving_nothing(checkpoint: Path, tmp_path: Path) -> None:
+    tmpdir, out = tmp_path / "tmp", tmp_path / "out" / "llm.mlpackage"
+    tmpdir.mkdir()
+    out.parent.mkdir()
+    done = subprocess.run([sys.executable, "-c", _INTERRUPT_IN_SAVE, *_stateful_argv(checkpoint, out)[3:]],
+                          env=_env(tmpdir), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines() == ["rlx-mil convert-hf: interrupted"], done.stderr
+    assert list(out.parent.iterdir()) == [] and list(tmpdir.iterdir()) == []
+
+
+def test_ctrl_c_wrapped_by_the_code_it_hit_is_still_an_interrupt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Python 3.11 wraps what a class's __set_name__ raises in a RuntimeError: a Ctrl-C landing
+    while a module defines a dataclass is still exit 130 and one line, not an internal error."""
+    import rlx_mil.coreml.package_info
+
+    def interrupted(path: object) -> None:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as err:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance 'rules'") from err
+
+    monkeypatch.setattr(rlx_mil.coreml.package_info, "package_info", interrupted)
+    assert main(["inspect", str(tmp_path), "--json"]) == 130
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == ["rlx-mil inspect: interrupted"]
+    assert json.loads(out) == {"error": "interrupted", "command": "inspect"}
+
+
+def test_two_conversions_to_one_destination_leave_one_valid_package(tmp_path: Path) -> None:
+    tmpdir, out = tmp_path / "tmp", tmp_path / "out" / "m.mlpackage"
+    tmpdir.mkdir()
+    out.parent.mkdir()
+    _tiny_graph().to_json_file(tmp_path / "g.json")
+    argv = [sys.executable, "-m", "rlx_mil.cli", "convert", str(tmp_path / "g.json"), "-o", str(out), "-q"]
+    for extra in ([], ["--overwrite"]):
+        runs = [subprocess.Popen([*argv, *extra], env=_env(tmpdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for _ in range(2)]
+        results = [(run.wait(timeout=300), run.communicate()[1]) for run in runs]
+        codes = sorted(code for code, _ in results)
+        assert codes == ([0, 0] if extra else [0, 1]), results
+        if not extra:
+            assert any("exists" in err and err.count("\n") == 1 for _, err in results), results
+        assert [p.name for p in out.parent.iterdir()] == ["m.mlpackage"] and list(tmpdir.iterdir()) == []
+        assert main(["inspect", str(out), "--json"]) == 0
+
+
+_PARENT_GONE_IN_SAVE = """\
+import shutil, sys
+import rlx_mil.coreml.saving as saving
+from rlx_mil.cli import main
+
+synced = saving.fsync_tree
+
+def fsync_then_remove_the_parent(root):
+    synced(root)
+    shutil.rmtree(sys.argv[1])
+
+saving.fsync_tree = fsync_then_remove_the_parent
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_destination_whose_parent_disappears_fails_cleanly(tmp_path: Path) -> None:
+    tmpdir, parent = tmp_path / "tmp", tmp_path / "parent"
+    tmpdir.mkdir()
+    parent.mkdir()
+    _tiny_graph().to_json_file(tmp_path / "g.json")
+    argv = ["convert", str(tmp_path / "g.json"), "-o", str(parent / "m.mlpackage"), "-q"]
+    done = subprocess.run([sys.executable, "-c", _PARENT_GONE_IN_SAVE, str(parent), *argv], env=_env(tmpdir),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlx-mil convert: error: cannot save to"), lines
+    assert not parent.exists() and list(tmpdir.iterdir()) == []

@@ -445,6 +445,18 @@ def entry() -> int:
     return main()
 
 
+def _interrupted(err: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is among `err`'s causes."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _failed(args: argparse.Namespace, where: str, line: str) -> None:
     """The failure's line on stderr; with --json, also a JSON object on stdout, so that what
     a --json command prints is JSON whatever the outcome."""
@@ -500,6 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _failed(args, where, "interrupted")
         return EXIT_INTERRUPTED
     except Exception as err:  # a bug: say so in one line, the traceback on request
+        if _interrupted(err):  # Ctrl-C inside code that wraps what it catches (a class's __set_name__...)
+            _failed(args, where, "interrupted")
+            return EXIT_INTERRUPTED
         if os.environ.get("RLX_MIL_TRACEBACK"):
             traceback.print_exc()
         _failed(args, where, f"internal error (please report it; RLX_MIL_TRACEBACK=1 shows where):"
