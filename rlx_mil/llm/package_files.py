@@ -136,7 +136,12 @@ def add_text_files(model: Any, model_dir: str | os.PathLike[str]) -> list[str]:
 
 
 def package_text_folder(package: str | os.PathLike[str]) -> Path | None:
-    """The folder of the package's `rlx_mil/tokenizer` item, or None when it has none."""
+    """The folder of the package's `rlx_mil/tokenizer` item, or None when it has none; a typed
+    error when there is no package at `package`."""
+    from rlx_mil.errors import MissingFileError
+
+    if not Path(package).is_dir():
+        raise MissingFileError(f"no model package at {package}")
     return item_folder(package, ITEM_NAME)
 
 

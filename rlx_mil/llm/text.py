@@ -104,6 +104,8 @@ class TextTokenizer:
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         from tokenizers import Tokenizer
 
+        if not isinstance(folder, (str, os.PathLike)):  # e.g. package_text_folder's None: no tokenizer item
+            raise TokenizerError(f"TextTokenizer takes a folder holding tokenizer.json, got {folder!r}")
         self.folder = Path(folder)
         path = self.folder / "tokenizer.json"
         if not path.is_file():

@@ -1,0 +1,82 @@
+"""The code blocks of README.md and docs/*.md (benchmarks/doc_blocks.py): each carries a marker;
+the `run` ones run as written, twice, from a clean folder; every `rlx-mil` command in any
+block names a real subcommand and real options."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from doc_blocks import Block, blocks, run_twice
+
+ALL = blocks()
+RUN = [b for b in ALL if b.kind == "run"]
+
+
+def test_every_block_is_marked() -> None:
+    unmarked = [b.where for b in ALL if not b.kind]
+    assert not unmarked, f"code blocks without a <!-- doc-test: run|long|needs ... --> marker: {unmarked}"
+    assert all(b.note for b in ALL if b.kind == "needs"), "a needs marker says what the block needs"
+    assert len(RUN) >= 4
+
+
+@pytest.mark.parametrize("block", RUN, ids=[b.where for b in RUN])
+def test_the_block_runs_twice_as_written(block: Block) -> None:
+    problem = run_twice(block)
+    assert problem is None, problem
+
+
+def _command_lines(code: str) -> list[list[str]]:
+    joined = re.sub(r"\\\n", " ", code)
+    found = []
+    for line in joined.splitlines():
+        line = line.split("#", 1)[0] if not line.lstrip().startswith("rlx-mil") else re.sub(r"\s#\s.*$", "", line)
+        for part in re.split(r"&&|\|", line):
+            words = part.split()
+            if words and words[0] == "rlx-mil":
+                found.append(words[1:])
+    return found
+
+
+def test_every_rlx_mil_command_names_real_options() -> None:
+    from rlx_mil.cli.main import _parser, _subparser
+
+    parser = _parser()
+    commands = {c for c in parser._subparsers._group_actions[0].choices} if parser._subparsers else set()
+    problems = []
+    checked = 0
+    for block in ALL:
+        for words in _command_lines(block.code):
+            if not words or words[0].startswith("-"):
+                continue
+            command = words[0]
+            if command not in commands:
+                problems.append(f"{block.where}: no subcommand {command!r}")
+                continue
+            known = set(_subparser(parser, command)._option_string_actions)
+            for word in words[1:]:
+                for flag in re.findall(r"(?:^|[\[|])(--?[A-Za-z][\w-]*)", word):
+                    if flag.startswith("--") and flag.removeprefix("--no-") != flag and f"--{flag[5:]}" in known:
+                        continue
+                    if flag not in known:
+                        problems.append(f"{block.where}: rlx-mil {command} has no option {flag}")
+            checked += 1
+    assert not problems, "\n".join(problems)
+    assert checked >= 30
+
+
+def test_a_missing_package_or_tokenizer_item_is_a_typed_error(tmp_path: Path) -> None:
+    """docs/models.md's `TextTokenizer(package_text_folder(PACKAGE))` with no such package, or one
+    without a tokenizer item: typed errors, not pathlib's TypeError."""
+    from rlx_mil.errors import MissingFileError, RlxMilError
+    from rlx_mil.llm.package_files import package_text_folder
+    from rlx_mil.llm.text import TextTokenizer
+
+    with pytest.raises(MissingFileError, match="no model package at"):
+        package_text_folder(tmp_path / "minilm.mlpackage")
+    with pytest.raises(RlxMilError, match=r"takes a folder holding tokenizer\.json, got None"):
+        TextTokenizer(None)  # type: ignore[arg-type]
