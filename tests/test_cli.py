@@ -110,6 +110,10 @@ def test_demo_builds_converts_and_checks(tmp_path: Path, capsys: pytest.CaptureF
                  "--seq", "16"]) == 0
     printed = capsys.readouterr().out
     assert out.is_dir()
+    # the command's own name, and no path of the temporary checkpoint it deletes
+    first = printed.splitlines()[0]
+    assert first.startswith("rlx-mil demo: random llama checkpoint") and "a temporary folder" in first
+    assert "rlx_mil_demo_" not in printed
     assert "scaled_dot_product_attention" in printed or "softmax" in printed
     line = next(ln for ln in printed.splitlines() if "check logits" in ln)
     relative = float(line.split("relative ")[1].split(")")[0])

@@ -102,8 +102,10 @@ def run_demo(args: argparse.Namespace) -> int:
         image = _is_image_encoder(config)
         # Qwen3.5 nests the decoder's config, SigLIP its vision tower's
         text = config.get("vision_config" if image else "text_config", config)
-        print(f"rlx_mil demo: random {args.family} checkpoint ({text['num_hidden_layers']} layers, hidden "
-              f"{text['hidden_size']}, {text['num_attention_heads']} heads) written to {folder} "
+        # A temporary checkpoint is deleted when the demo ends: name where it went only when kept.
+        where = f"written to {folder}" if keep else "written (a temporary folder; --checkpoint DIR keeps it)"
+        print(f"rlx-mil demo: random {args.family} checkpoint ({text['num_hidden_layers']} layers, hidden "
+              f"{text['hidden_size']}, {text['num_attention_heads']} heads) {where} "
               f"in {time.perf_counter() - t0:.2f} s")
         t1 = time.perf_counter()
         graph, params, path = convert_checkpoint(
