@@ -131,7 +131,9 @@ def _parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="perplexity of a text under a stateful LLM package, optionally against a reference")
     ev.add_argument("package", type=Path)
-    ev.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text file to score")
+    ev.add_argument("--text", type=Path, metavar="FILE",
+                    help="UTF-8 text file to score (default: rlx_mil's built-in held-out English passage, a few"
+                    " hundred tokens)")
     ev.add_argument("--reference", type=Path, metavar="MODEL_DIR_OR_PACKAGE",
                     help="a Hugging Face checkpoint folder (NumPy reference, float32) or another package: also"
                     " report the mean KL divergence, top-1 agreement and perplexity ratio")
@@ -363,11 +365,16 @@ def _progress(args: argparse.Namespace) -> Any:
 def _eval(args: argparse.Namespace) -> int:
     from rlx_mil.fileio import read_regular_file
 
-    data = read_regular_file(args.text, 1 << 30, RlxMilError, "text file")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise RlxMilError(f"{args.text}: not UTF-8 text ({err})") from None
+    if args.text is None:
+        from rlx_mil.compress.builtin_text import builtin_text
+
+        text = builtin_text("heldout")
+    else:
+        data = read_regular_file(args.text, 1 << 30, RlxMilError, "text file")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise RlxMilError(f"{args.text}: not UTF-8 text ({err})") from None
     progress = _progress(args)
     progress.begin(f"opening {args.package}")
     from rlx_mil.llm.evaluate import evaluate_package

@@ -148,3 +148,17 @@ def test_ctrl_c_prints_the_stats_line(package: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err.strip().splitlines()
     # (the 4th token was picked, and counted, when the interrupt came)
     assert err[-2].startswith("chat: 4 tokens generated") and err[-1] == "rlx-mil chat: interrupted"
+
+
+def test_eval_without_a_text_scores_the_built_in_passage(package: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from rlx_mil.compress.builtin_text import builtin_text
+
+    assert main(["eval", str(package), "--engine", "milexec", "--json", "-q", "--max-tokens", "40"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tokens"] == 40 and result["scored"] == 39 and result["perplexity"] > 1, result
+    (Path(package).parent / "heldout.txt").write_text(builtin_text("heldout"))
+    assert main(["eval", str(package), "--engine", "milexec", "--json", "-q", "--max-tokens", "40",
+                 "--text", str(Path(package).parent / "heldout.txt")]) == 0
+    assert json.loads(capsys.readouterr().out) == result  # the same text, the same numbers
