@@ -492,6 +492,14 @@ class Session:
         when the cache is full."""
         tokenizer = self.tokenizer
         prompt_ids = tokenizer.prompt_ids(prompt, chat=chat, system=system)
+        past = [t for t in prompt_ids if t >= self.vocab]
+        if past:
+            # a tokenizer.json with more tokens (or added tokens) than the model embeds
+            raise GenerationError(
+                f"{tokenizer.folder}: the tokenizer encodes the prompt to token id {past[0]}"
+                f" ({tokenizer.decode([past[0]], skip_special_tokens=False)!r}), past the model's vocabulary of"
+                f" {self.vocab}: the tokenizer does not belong to this model"
+            )
         check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
         self.reset()
         ids = self.stream(

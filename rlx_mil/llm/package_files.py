@@ -126,6 +126,7 @@ def add_text_files(model: Any, model_dir: str | os.PathLike[str]) -> list[str]:
     package = getattr(model, "package_path", None)
     if not files or not package:
         return []
+    check_tokenizer(model_dir)
     with tempfile.TemporaryDirectory(prefix="rlx_mil_text_", dir=scratch_dir()) as work:
         staged = Path(work) / ITEM_NAME
         staged.mkdir()
@@ -133,6 +134,36 @@ def add_text_files(model: Any, model_dir: str | os.PathLike[str]) -> list[str]:
             shutil.copyfile(path, staged / path.name)
         add_item(package, staged, ITEM_NAME, ITEM_DESCRIPTION)
     return [p.name for p in files]
+
+
+def check_tokenizer(model_dir: str | os.PathLike[str]) -> None:
+    """Before a package carries the checkpoint's tokenizer: it must load (a malformed,
+    truncated or wrong-schema tokenizer.json is a TokenizerError naming it), and a vocabulary
+    larger than the model's `vocab_size` is warned of (prompts holding those tokens are
+    refused when generating)."""
+    import warnings
+
+    from rlx_mil.llm.text import TextTokenizer
+
+    folder = Path(model_dir)
+    if not (folder / "tokenizer.json").is_file():
+        return
+    tokenizer = TextTokenizer(folder)
+    config = _optional(folder / "config.json")
+    text = config.get("text_config")
+    vocab = (text if isinstance(text, dict) and "vocab_size" in text else config).get("vocab_size")
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and tokenizer.id_limit > vocab:
+        warnings.warn(
+            f"{folder / 'tokenizer.json'}: token ids up to {tokenizer.id_limit - 1} (added tokens included), past the"
+            f" model's vocab_size {vocab}: prompts holding those tokens cannot be fed to it",
+            UserWarning, stacklevel=2,
+        )
+
+
+def _optional(path: Path) -> dict[str, Any]:
+    from rlx_mil.llm.text import read_json_file
+
+    return read_json_file(path, path.name) if path.is_file() else {}
 
 
 def package_text_folder(package: str | os.PathLike[str]) -> Path | None:

@@ -172,6 +172,11 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
+    @property
+    def id_limit(self) -> int:
+        """One past the largest token id the tokenizer can produce (added tokens included)."""
+        return 1 + max(self._tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
+
     def token_id(self, token: str) -> int | None:
         found = self._tokenizer.token_to_id(token)
         return None if found is None else int(found)

@@ -315,3 +315,36 @@ def test_text_needs_a_tokenizer_and_a_template(package: Path, tmp_path: Path, ca
     with pytest.raises(TokenizerError, match="no chat template"):
         session.generate_text("hi", 2, chat=True)
     assert isinstance(session.generate_text("hi", 2), str)
+
+
+def test_a_tokenizer_larger_than_the_model_is_warned_of_and_its_extra_tokens_refused(
+    package: Path, checkpoint: Path, tmp_path: Path,
+) -> None:
+    """A tokenizer.json whose added tokens lie past the model's vocab_size: converting warns,
+    naming the file and the counts; a prompt holding such a token is a GenerationError naming
+    the id (the embedding lookup would read past the table)."""
+    import json
+    import shutil
+
+    from rlx_mil.errors import RlxMilError
+    from rlx_mil.llm.package_files import check_tokenizer
+    from rlx_mil.llm.text import TextTokenizer
+
+    folder = tmp_path / "bigger"
+    shutil.copytree(checkpoint, folder)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    data["added_tokens"].append({"id": vocab + 5, "content": "<|beyond|>", "single_word": False, "lstrip": False,
+                                 "rstrip": False, "normalized": False, "special": True})
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    beyond = TextTokenizer(folder).token_id("<|beyond|>")
+    assert beyond is not None and beyond >= vocab
+    with pytest.warns(UserWarning, match=rf"tokenizer\.json: token ids up to {beyond} .* past the model's vocab_size {vocab}"):
+        check_tokenizer(folder)
+    session = Session(package, engine="milexec")
+    session.tokenizer = TextTokenizer(folder)
+    with pytest.raises(RlxMilError, match=rf"token id {beyond} \('<\|beyond\|>'\), past the model's vocabulary of {vocab}"):
+        list(session.stream_text("hello <|beyond|>", 2))
+    (folder / "tokenizer.json").write_text(json.dumps(data)[:100])
+    with pytest.raises(RlxMilError, match=r"tokenizer\.json: not a readable tokenizer"):
+        check_tokenizer(folder)
