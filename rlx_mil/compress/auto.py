@@ -253,6 +253,12 @@ def plan_auto(
         options[name] = options_for(read(), bits, target, store, (importance or {}).get(name), candidates)
     layers = layer_count(list(storages))
     weights = {n: sensitivity(n, roles.get(n, "weight"), layers) for n in options}
+    for n in options:
+        if roles.get(n) == "lm_head":
+            # Measured on trained decoders (SmolLM2, Whisper base): 4-bit codes on the LM head /
+            # tied embedding cost more than 4-bit codes on every other weight together, so
+            # without measured sensitivities it counts as much as all of them.
+            weights[n] = max(weights[n], float(len(options)))
     if measure is not None:
         weights = measured_weights(options, weights, measure, sample)
     pick, why, reached = choose(options, weights, fixed_bytes, total_before, bits, budget, max_error)
