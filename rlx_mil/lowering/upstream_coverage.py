@@ -75,10 +75,6 @@ REFUSED: dict[str, str] = {
         "a user-registered op: its meaning lives in upstream's run-time op registry under its `name`, not in"
         " the graph (attrs are an opaque blob), so rlx_mil cannot know what it computes; refused by name"
     ),
-    "FftButterflyStage": (
-        "one gated radix-2 butterfly stage whose pair pattern per `stage` op.rs does not define; not lowered"
-        " (Fft itself lowers)"
-    ),
     "WelchPeaks": (
         "top-k Welch PSD peaks: the PSD scaling, one-sidedness and tie order are only in upstream's CPU code;"
         " not lowered"

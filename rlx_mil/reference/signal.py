@@ -6,7 +6,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlx_mil.ir.ops.signal import Fft, Histogram, Im2Col, PartitionedConv, SplineActivation, im2col_out
+from rlx_mil.ir.ops.signal import (
+    Fft,
+    FftButterflyStage,
+    Histogram,
+    Im2Col,
+    PartitionedConv,
+    SplineActivation,
+    im2col_out,
+)
 from rlx_mil.ir.shape import Shape
 from rlx_mil.reference.registry import finish, float_operands, reference_kernel
 
@@ -75,3 +83,23 @@ def _fft(op: Fft, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
     z = x[..., :n] + 1j * x[..., n:]
     y = (np.fft.ifft(z, axis=-1) * n if op.inverse else np.fft.fft(z, axis=-1)) * op.norm.scale(n, op.inverse)
     return finish(np.concatenate([y.real, y.imag], axis=-1), out)
+
+
+@reference_kernel(FftButterflyStage)
+def _fft_butterfly_stage(op: FftButterflyStage, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    state = np.asarray(inputs[0], np.float32)
+    gate, rev, tw_re, tw_im = (np.asarray(v, np.float32) for v in inputs[1:])
+    stride = 1 << op.stage
+    groups = op.n_fft // (2 * stride)
+    z = state.reshape(state.shape[0], groups, 2, stride, 2)
+    a, b = z[:, :, 0], z[:, :, 1]  # [B, groups, stride, 2]
+    w_re, w_im = (t.reshape(1, groups, stride) for t in (tw_re, tw_im))
+    bw_re = b[..., 0] * w_re - b[..., 1] * w_im
+    bw_im = b[..., 0] * w_im + b[..., 1] * w_re
+    top = np.stack([a[..., 0] + bw_re, a[..., 1] + bw_im], axis=-1)
+    bot = np.stack([a[..., 0] - bw_re, a[..., 1] - bw_im], axis=-1)
+    swap = (rev.reshape(1, groups, stride, 1) >= 0.5)
+    first, second = np.where(swap, bot, top), np.where(swap, top, bot)
+    active = gate.reshape(1, groups, stride, 1) != 0
+    result = np.stack([np.where(active, first, a), np.where(active, second, b)], axis=2)
+    return finish(result.reshape(state.shape), out)

@@ -54,7 +54,8 @@ def _mish(v: np.ndarray) -> np.ndarray:
 
 
 #: d/dx act(x) for each Activation kind (upstream's closed forms; docs/upstream-ops-3.md lists
-#: the conventions at kinks: Relu and Abs take 0 at 0, Round passes the gradient straight through).
+#: the conventions at kinks: Relu and Abs take 0 at 0, Round passes the gradient straight through,
+#: Sqrt and Rsqrt give 0 where sqrt(x) is not > 0).
 DERIVATIVES: dict[ActivationKind, Callable[[np.ndarray], np.ndarray]] = {
     ActivationKind.GELU: _gelu_exact,
     ActivationKind.GELU_APPROX: _gelu_tanh,
@@ -64,8 +65,8 @@ DERIVATIVES: dict[ActivationKind, Callable[[np.ndarray], np.ndarray]] = {
     ActivationKind.TANH: lambda v: 1 - np.tanh(v) ** 2,
     ActivationKind.EXP: np.exp,
     ActivationKind.LOG: lambda v: 1 / v,
-    ActivationKind.SQRT: lambda v: 0.5 / np.sqrt(v),
-    ActivationKind.RSQRT: lambda v: -0.5 / (v * np.sqrt(v)),
+    ActivationKind.SQRT: lambda v: np.where(np.sqrt(v) > 0, 0.5 / np.sqrt(v), 0),
+    ActivationKind.RSQRT: lambda v: np.where(np.sqrt(v) > 0, -0.5 / (v * np.sqrt(v)), 0),
     ActivationKind.NEG: lambda v: np.full_like(v, -1),
     ActivationKind.ABS: np.sign,
     ActivationKind.ROUND: np.ones_like,
@@ -101,11 +102,19 @@ def _relu_backward(op: ReluBackward, inputs: Sequence[np.ndarray], out: Shape) -
     return finish(np.where(x > 0, dy, np.zeros_like(dy)), out)
 
 
+#: Kinds whose gradient upstream selects to exactly 0 off a mask (whatever dy holds there).
+MASKED = {ActivationKind.RELU: lambda v: v > 0, ActivationKind.SQRT: lambda v: np.sqrt(v) > 0,
+          ActivationKind.RSQRT: lambda v: np.sqrt(v) > 0}
+
+
 @reference_kernel(ActivationBackward)
 def _activation_backward(op: ActivationBackward, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
     x, dy = float_operands(*inputs)
     with np.errstate(all="ignore"):
-        return finish(activation_derivative(op.kind, x) * dy, out)
+        grad = activation_derivative(op.kind, x) * dy
+        if op.kind in MASKED:
+            grad = np.where(MASKED[op.kind](x), grad, 0)
+        return finish(grad, out)
 
 
 def suffix_sum(dy: np.ndarray, axis: int, exclusive: bool) -> np.ndarray:

@@ -17,6 +17,9 @@ def _signal() -> Graph:
         g.partitioned_conv(g.input("sig", [2, 12]), g.param("ir", [5]), 4, name="conv"),
         g.fft(g.input("spec", [3, 16]), name="fft"),
         g.fft(g.input("spec2", [2, 1, 12]), inverse=True, norm="Forward", name="ifft"),
+        g.fft_butterfly_stage(g.input("state", [2, 16]), g.constant([1.0, 0.0, 1.0, 1.0]),
+                              g.constant([0.0, 0.0, 1.0, 0.0]), g.input("tw_re", [4]), g.input("tw_im", [4]), 1, 8,
+                              name="butterfly"),
     ])
     return g
 

@@ -613,6 +613,7 @@ PART3_OP_STRATEGIES: dict[str, st.SearchStrategy[Op]] = {
     "Im2Col": st.builds(ops.Im2Col, vectors(USIZES), vectors(USIZES), vectors(USIZES), vectors(USIZES)),
     "PartitionedConv": st.builds(ops.PartitionedConv, USIZES),
     "Fft": st.builds(ops.Fft, BOOLS, st.sampled_from(ops.FftNorm)),
+    "FftButterflyStage": st.builds(ops.FftButterflyStage, U32S, U32S),
     "TransformRegion": st.builds(ops.TransformRegion, vectors(st.builds(
         ops.ChainOperand, st.sampled_from(ops.ChainSource), USIZES)), st.integers(1, 3)),
 }

@@ -130,3 +130,24 @@ def test_custom_fn_and_transform_region_follow_their_bodies() -> None:
         g.custom_fn(body, [x, x])
     with pytest.raises(AttributeValueError, match="steps"):
         g.transform_region([("Step", 0)], [x])
+
+
+def test_butterfly_stages_compose_to_the_dft() -> None:
+    n, bits = 8, 3
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(n) + 1j * rng.standard_normal(n)
+    order = [int(f"{i:03b}"[::-1], 2) for i in range(n)]
+    state = np.stack([x[order].real, x[order].imag], -1).reshape(1, 2 * n).astype(np.float32)
+    g = Graph("stages")
+    cur = g.input("s", [1, 2 * n])
+    for stage in range(bits):
+        stride = 1 << stage
+        w = np.exp(-2j * np.pi * np.tile(np.arange(stride), n // (2 * stride)) / (2 * stride))
+        cur = g.fft_butterfly_stage(cur, g.constant(np.ones(n // 2, np.float32)), g.constant(np.zeros(n // 2, np.float32)),
+                                    g.constant(w.real.astype(np.float32)), g.constant(w.imag.astype(np.float32)), stage, n)
+    g.set_outputs([cur])
+    out = next(iter(reference.evaluate(g, {"s": state}).values())).reshape(n, 2)
+    np.testing.assert_allclose(out[:, 0] + 1j * out[:, 1], np.fft.fft(x), atol=1e-5)
+    _run(g, {"s": state})
+    with pytest.raises(AttributeValueError, match="stage"):
+        g.fft_butterfly_stage(cur, *(g.input(f"t{i}", [4]) for i in range(4)), 3, 8)

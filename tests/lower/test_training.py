@@ -105,3 +105,17 @@ def test_hostile_attributes_and_values_are_typed_errors() -> None:
     g.set_outputs([labels])
     with pytest.raises(EvaluationError, match="out of range"):
         reference.evaluate(g, {"x": np.zeros((2, 3), np.float32), "labels": np.array([0, 3], np.float32)})
+
+
+def test_relu_sqrt_rsqrt_gradients_are_exactly_zero_off_their_domain() -> None:
+    g = Graph("masked")
+    x, dy = g.input("x", [4]), g.input("dy", [4])
+    g.set_outputs([g.activation_backward(x, dy, kind, name=kind) for kind in ("Relu", "Sqrt", "Rsqrt")])
+    feeds = {"x": np.array([-1.0, 0.0, 4.0, np.nan], np.float32), "dy": np.array([np.inf, 2.0, 2.0, 1.0], np.float32)}
+    want = reference.evaluate(g, feeds)
+    np.testing.assert_array_equal(want["Relu"], [0, 0, 2, 0])
+    np.testing.assert_array_equal(want["Sqrt"], [0, 0, 0.5, 0])
+    np.testing.assert_array_equal(want["Rsqrt"], [0, 0, -0.125, 0])
+    got = milexec.run(rlx_mil.convert(g, {}, target="iOS18", precision="fp32"), feeds)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)

@@ -200,7 +200,15 @@ from rlx_mil.ir.ops.shape import (
     Transpose,
     Trilu,
 )
-from rlx_mil.ir.ops.signal import Fft, FftNorm, Histogram, Im2Col, PartitionedConv, SplineActivation
+from rlx_mil.ir.ops.signal import (
+    Fft,
+    FftButterflyStage,
+    FftNorm,
+    Histogram,
+    Im2Col,
+    PartitionedConv,
+    SplineActivation,
+)
 from rlx_mil.ir.ops.training import (
     ActivationBackward,
     CumsumBackward,
@@ -279,6 +287,7 @@ __all__ = [
     "FakeQuantize",
     "FakeQuantizeLSQ",
     "Fft",
+    "FftButterflyStage",
     "FftNorm",
     "Fma",
     "FusedAttentionBlock",

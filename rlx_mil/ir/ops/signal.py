@@ -14,7 +14,7 @@ from rlx_mil.errors import AttributeValueError, DTypeError, ShapeError
 from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
-from rlx_mil.ir.op_base import BinaryArityOp, UnaryOp, collect_ops, fix_f32
+from rlx_mil.ir.op_base import BinaryArityOp, Op, UnaryOp, collect_ops, fix_f32
 from rlx_mil.ir.serde.codecs import BOOL, F32, U32, USIZE, USIZE_VEC, EnumCodec, struct_form
 from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Dim, Shape, Static
@@ -98,6 +98,24 @@ class Fft(UnaryOp):
     type_name: ClassVar[str] = "Fft"
     inverse: bool
     norm: FftNorm
+
+
+@dataclass(frozen=True)
+class FftButterflyStage(Op):
+    """One radix-2 stage on interleaved complex `state [batch, n_fft * 2]` (or `[batch, n_fft, 2]`):
+    with `stride = 2^stage`, butterfly `f = group * stride + j` pairs element
+    `a = group * 2 * stride + j` with `b = a + stride`; where `gate[f] != 0` it writes
+    `(a + w b, a - w b)` (swapped where `rev[f] >= 0.5`, `w = tw_re[f] + i tw_im[f]`), else copies."""
+
+    type_name: ClassVar[str] = "FftButterflyStage"
+    stage: int
+    n_fft: int
+
+    def arity(self) -> int | None:
+        return 5
+
+    def roles(self, count: int) -> tuple[str, ...] | None:
+        return ("state", "gate", "rev", "tw_re", "tw_im")
 
 
 # -------------------------------------------------------------------------------- shape rules
@@ -195,6 +213,25 @@ def _fft(op: Fft, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
     return x
 
 
+@shape_rule(FftButterflyStage)
+def _fft_butterfly_stage(op: FftButterflyStage, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    state = ins[0]
+    n = op.n_fft
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2 or n & (n - 1):
+        raise AttributeValueError(f"n_fft must be a power of two >= 2, got {n!r}")
+    if not isinstance(op.stage, int) or isinstance(op.stage, bool) or not 0 <= op.stage or 2 << op.stage > n:
+        raise AttributeValueError(f"stage must satisfy 2^(stage+1) <= n_fft = {n}, got {op.stage!r}")
+    if state.dtype is not DType.F32:
+        raise DTypeError(f"state must be F32, got {state.dtype.value}", operand="state")
+    shapes = ((Static(n * 2),), (Static(n), Static(2)))
+    if state.rank not in (2, 3) or any(conflict(a, b) for a, b in zip(state.dims[1:], shapes[state.rank - 2], strict=True)):
+        raise ShapeError(f"state {state} must be [batch, {2 * n}] or [batch, {n}, 2]", operand="state")
+    for shape, role in zip(ins[1:], ("gate", "rev", "tw_re", "tw_im"), strict=True):
+        if shape.rank != 1 or conflict(shape.dims[0], Static(n // 2)) or not shape.dtype.is_float:
+            raise ShapeError(f"{role} {shape} must be float [n_fft / 2 = {n // 2}]", operand=role)
+    return state
+
+
 # -------------------------------------------------------------------------------- builder
 
 
@@ -224,6 +261,11 @@ class SignalBuilder(BuilderBase):
         """The full linear convolution of `x` (last axis) with `ir`."""
         return self.add_node(PartitionedConv(block), [x, ir], name=name)
 
+    def fft_butterfly_stage(self, state: int, gate: int, rev: int, tw_re: int, tw_im: int, stage: int, n_fft: int,
+                            *, name: str | None = None) -> int:
+        """One gated radix-2 butterfly stage of interleaved complex `state`."""
+        return self.add_node(FftButterflyStage(stage, n_fft), [state, gate, rev, tw_re, tw_im], name=name)
+
     def fft(self, x: int, inverse: bool = False, norm: FftNorm | str = FftNorm.BACKWARD, *,
             name: str | None = None) -> int:
         """DFT of the real-block `[.., 2N]` `x` along its last axis."""
@@ -241,4 +283,5 @@ JSON_FORMS = (
                 ("dilation", USIZE_VEC), since=NEWEST),
     struct_form(PartitionedConv, ("block", USIZE), since=NEWEST),
     struct_form(Fft, ("inverse", BOOL), ("norm", EnumCodec(FftNorm, "FftNorm")), since=NEWEST),
+    struct_form(FftButterflyStage, ("stage", U32), ("n_fft", U32), since=NEWEST),
 )

@@ -154,3 +154,49 @@ def lower_fft(op: ops.Fft, ctx: LowerContext) -> Any:
     if len(sizes) > 3 or len(sizes) == 1:
         y = mb.reshape(x=y, shape=np.asarray(sizes, np.int32), name=ctx.name())
     return y
+
+
+@lowering(
+    notes=(
+        "`reshape` to [B, groups, 2, stride, 2], `slice_by_index` of the pair halves and re/im lanes,"
+        " the complex product with the twiddles (`mul`, `sub`, `add`), `select` by rev >= 0.5 and"
+        " gate != 0, `concat` and `reshape` back (gate/rev/twiddles read as [groups, stride])."
+    ),
+)
+def lower_fft_butterfly_stage(op: ops.FftButterflyStage, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    sizes = ctx.input_shape(0).sizes()
+    batch, stride = sizes[0], 1 << op.stage
+    groups = op.n_fft // (2 * stride)
+    z = mb.reshape(x=ctx.var(0), shape=np.asarray([batch, groups, 2, stride, 2], np.int32), name=ctx.name("pairs"))
+
+    def part(half: int, lane: int, tag: str) -> Any:
+        piece = mb.slice_by_index(x=z, begin=np.asarray([0, 0, half, 0, lane], np.int32),
+                                  end=np.asarray([batch, groups, half + 1, stride, lane + 1], np.int32),
+                                  name=ctx.name(tag))
+        return mb.reshape(x=piece, shape=np.asarray([batch, groups, stride], np.int32), name=ctx.name(f"{tag}_r"))
+
+    def table(i: int, tag: str) -> Any:
+        return mb.reshape(x=ctx.var(i), shape=np.asarray([1, groups, stride], np.int32), name=ctx.name(tag))
+
+    a_re, a_im, b_re, b_im = part(0, 0, "a_re"), part(0, 1, "a_im"), part(1, 0, "b_re"), part(1, 1, "b_im")
+    gate, rev, w_re, w_im = table(1, "gate"), table(2, "rev"), table(3, "w_re"), table(4, "w_im")
+    bw_re = mb.sub(x=mb.mul(x=b_re, y=w_re, name=ctx.name("rr")), y=mb.mul(x=b_im, y=w_im, name=ctx.name("ii")),
+                   name=ctx.name("bw_re"))
+    bw_im = mb.add(x=mb.mul(x=b_re, y=w_im, name=ctx.name("ri")), y=mb.mul(x=b_im, y=w_re, name=ctx.name("ir")),
+                   name=ctx.name("bw_im"))
+    swap = mb.greater_equal(x=rev, y=ctx.scalar(0.5), name=ctx.name("swap"))
+    active = mb.not_equal(x=gate, y=ctx.scalar(0.0), name=ctx.name("active"))
+    lanes = []
+    for lane, (a, bw, b) in enumerate(((a_re, bw_re, b_re), (a_im, bw_im, b_im))):
+        top = mb.add(x=a, y=bw, name=ctx.name(f"top{lane}"))
+        bot = mb.sub(x=a, y=bw, name=ctx.name(f"bot{lane}"))
+        first = mb.select(cond=active, a=mb.select(cond=swap, a=bot, b=top, name=ctx.name(f"f{lane}")), b=a,
+                          name=ctx.name(f"first{lane}"))
+        second = mb.select(cond=active, a=mb.select(cond=swap, a=top, b=bot, name=ctx.name(f"s{lane}")), b=b,
+                           name=ctx.name(f"second{lane}"))
+        lanes.append((first, second))
+    halves = [mb.stack(values=[lanes[0][h], lanes[1][h]], axis=3, name=ctx.name(f"half{h}")) for h in (0, 1)]
+    stacked = mb.stack(values=halves, axis=2, name=ctx.name("stacked"))  # [B, groups, 2, stride, 2]
+    return mb.reshape(x=stacked, shape=np.asarray(sizes, np.int32), name=ctx.name())

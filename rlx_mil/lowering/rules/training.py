@@ -153,13 +153,21 @@ def _derivative(ctx: LowerContext, kind: ActivationKind, x: Any) -> Any:
     notes=(
         "act'(x) * dy with upstream's closed forms composed of MIL ops (erf/exp for Gelu, tanh"
         " polynomial for GeluApprox, sigmoid for Silu/Softplus/LogSigmoid, select for the piecewise"
-        " Relu/Elu/HardSwish/HardSigmoid); Round passes dy straight through, Floor/Ceil/Sign give 0."
+        " Relu/Elu/HardSwish/HardSigmoid); Round passes dy straight through, Floor/Ceil/Sign give 0;"
+        " Relu, Sqrt and Rsqrt `select` exactly 0 where x (sqrt(x)) is not > 0, as upstream's kernels."
     ),
 )
 def lower_activation_backward(op: ops.ActivationBackward, ctx: LowerContext) -> Any:
     from coremltools.converters.mil import Builder as mb
 
-    return mb.mul(x=_derivative(ctx, op.kind, ctx.var(0)), y=ctx.var(1), name=ctx.name())
+    x = ctx.var(0)
+    grad = mb.mul(x=_derivative(ctx, op.kind, x), y=ctx.var(1), name=ctx.name("grad"))
+    if op.kind not in (ActivationKind.RELU, ActivationKind.SQRT, ActivationKind.RSQRT):
+        return mb.identity(x=grad, name=ctx.name())
+    # Upstream selects exactly 0 off the mask, whatever dy holds there.
+    probe = x if op.kind is ActivationKind.RELU else mb.sqrt(x=x, name=ctx.name("root"))
+    keep = mb.greater(x=probe, y=ctx.scalar(0.0), name=ctx.name("keep"))
+    return mb.select(cond=keep, a=grad, b=ctx.scalar(0.0), name=ctx.name())
 
 
 @lowering(notes="`cumsum` with reverse=True along the axis (exclusive when the forward was).")
