@@ -207,10 +207,10 @@ def read_chunked_set(folder: str | os.PathLike[str]) -> ChunkedSet:
             default_function=str(raw["default_function"]), contract=contract, chunk_bytes=int(raw["chunk_bytes"]),
             text_chunk=None if text is None else int(text["chunk"]),
         )
+    except PackageMetadataError as err:  # (an RlxMilError that does not name the folder)
+        raise _bad(root, str(err)) from None
     except RlxMilError:
         raise
-    except PackageMetadataError as err:
-        raise _bad(root, str(err)) from None
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
         raise _bad(root, f"{type(err).__name__}: {err}") from None
 

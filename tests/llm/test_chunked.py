@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlx_mil.cli import main
 from rlx_mil.coreml.package_info import package_info
@@ -328,3 +330,41 @@ def test_a_finished_set_replaces_the_old_one_in_one_step(tmp_path: Path, monkeyp
     chunked_module._move_into_place(staging / "set", out, staging)
     assert sorted(p.name for p in out.iterdir()) == [MANIFEST]
     assert (staging / saving.COMPLETE_FILE).exists()
+
+
+_ODD = st.sampled_from([None, -1, 0, 2**70, 1.5, True, "x", "../x.mlpackage", [], {}, [1, "a"], {"a": -1}, "\x00"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(path=st.lists(st.integers(0, 40), min_size=1, max_size=5), value=_ODD, reseal=st.booleans())
+def test_fuzzed_manifests_are_typed_errors_or_the_same_set(packages: tuple[Path, Path, str],
+                                                           tmp_path_factory: pytest.TempPathFactory,
+                                                           path: list[int], value: object, reseal: bool) -> None:
+    """Any node of the manifest replaced (and the digest recomputed, or not): reading the set
+    is a typed error naming chunks.json (or a chunk), or gives a set that still opens."""
+    import shutil
+
+    from rlx_mil.errors import RlxMilError
+
+    _single, folder, _precision = packages
+    copy = tmp_path_factory.mktemp("fuzz") / "set"
+    shutil.copytree(folder, copy)
+    good = json.loads((folder / MANIFEST).read_text())
+
+    def replace(node: object, steps: list[int]) -> object:
+        if not steps or not isinstance(node, (dict, list)) or not node:
+            return value
+        if isinstance(node, dict):
+            key = sorted(node)[steps[0] % len(node)]
+            return {**node, key: replace(node[key], steps[1:])}
+        at = steps[0] % len(node)
+        return [*node[:at], replace(node[at], steps[1:]), *node[at + 1:]]
+
+    mangled = replace(good, path)
+    if reseal and isinstance(mangled, dict):
+        mangled = sealed(mangled)
+    (copy / MANIFEST).write_text(json.dumps(mangled))
+    try:
+        read_chunked_set(copy)
+    except RlxMilError as err:
+        assert str(copy) in str(err), err
