@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llm.text_fixtures import write_bpe_tokenizer
 
+from llm.text_fixtures import write_bpe_tokenizer
 from rlx_mil.llm.text import TextTokenizer, TokenizerError
 
 ODD_VALUES = st.sampled_from([None, 5, -1, "x", [], {}, 2**70, 1.5, True, [1, "a"], {"type": "Nope"}, "\x00", 10**9,
