@@ -177,6 +177,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/work/cache/rlx_mil_bench/speech"))
     parser.add_argument("--precisions", default="fp32,fp16")
     parser.add_argument("--stateful", action="store_true", help="also the stateful text decoder")
+    parser.add_argument("--no-plain", action="store_true", help="with --stateful: only the stateful decoder")
     parser.add_argument("--clips", help="comma-separated clip names (default: all)")
     parser.add_argument("--reference-python", default=sys.executable,
                         help="an interpreter with PyTorch and transformers (default: this one)")
@@ -190,8 +191,9 @@ def main() -> None:
     print(f"checkpoint: {hf}", flush=True)
     peer = reference(args.reference_python, hf, clips, args.work)
     report: dict[str, Any] = {"transformers": peer, "forms": {}}
-    forms = [(p, False) for p in args.precisions.split(",")] + [(p, True) for p in args.precisions.split(",")
-                                                                 if args.stateful]
+    precisions = args.precisions.split(",")
+    forms = [(p, False) for p in precisions if not (args.no_plain and args.stateful)]
+    forms += [(p, True) for p in precisions if args.stateful]
     for precision, stateful in forms:
         label = f"{precision}{' stateful' if stateful else ''}"
         folder, seconds = convert(hf, args.work / "packages", precision, stateful)
