@@ -56,7 +56,7 @@ HARVARD = [
 ]
 CLIPS: dict[str, tuple[str, str]] = {
     "en_11s": ("en-us", " ".join(HARVARD[0:5])),
-    "en_5s": ("en-us", " ".join(HARVARD[5:7])),
+    "en_5s": ("en-us", " ".join(HARVARD[4:6])),
     "en_3s": ("en-us", "The quick brown fox jumps over the lazy dog."),
     "de_4s": ("de", "Guten Morgen. Wie geht es Ihnen heute? Das Wetter ist sehr schön."),
     "en_38s": ("en-us", " ".join(HARVARD)),
@@ -84,9 +84,10 @@ def make_clips(folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
     for name, (voice, text) in CLIPS.items():
-        path = folder / f"{name}.wav"
-        if not path.exists():
+        path, said = folder / f"{name}.wav", folder / f"{name}.txt"
+        if not path.exists() or not said.exists() or said.read_text() != f"{voice}: {text}":
             subprocess.run(["espeak-ng", "-v", voice, "-w", str(path), text], check=True)
+            said.write_text(f"{voice}: {text}")
         out[name] = path
     return out
 
