@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rlx_mil.cli.arguments import compute_units, float_at_least, fraction, int_at_least
+from rlx_mil.cli.arguments import announce, compute_units, float_at_least, fraction, int_at_least
 from rlx_mil.errors import RlxMilError
 
 #: -n when not given: the reply ends at the tokenizer's stop token, or after this many tokens.
@@ -119,6 +119,7 @@ def run_generate(args: argparse.Namespace) -> int:
     assert prompt is not None
     from rlx_mil.progress import Progress, running_under_ci
 
+    announce(args, f"opening {args.package} ...")
     progress = Progress(enabled=not (args.quiet or running_under_ci()))
     progress.begin(f"opening {args.package}")
     from rlx_mil.llm.generate import Session

@@ -286,6 +286,9 @@ def _convert_hf(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from rlx_mil.cli.arguments import announce
+
+    announce(args, f"reading {args.package} ...")
     from rlx_mil.coreml.package_info import package_info
 
     if args.context is not None and not args.estimate:
@@ -363,6 +366,9 @@ def _progress(args: argparse.Namespace) -> Any:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from rlx_mil.cli.arguments import announce
+
+    announce(args, f"opening {args.package} ...")
     from rlx_mil.fileio import read_regular_file
 
     if args.text is None:

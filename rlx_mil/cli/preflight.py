@@ -69,6 +69,9 @@ def report_text(package: Path, device: str, findings: list[Any], verbose: bool =
 
 def run(args: argparse.Namespace) -> int:
     """Print the report; exit 0 when no rule is broken (notes only), 1 when one is."""
+    from rlx_mil.cli.arguments import announce
+
+    announce(args, f"checking {args.package} against the {_DEVICE_NAMES[args.device]}'s rules ...")
     from rlx_mil.coreml.preflight import findings_json, is_finding, preflight
 
     findings = preflight(args.package, device=args.device)
