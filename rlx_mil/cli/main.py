@@ -304,6 +304,12 @@ def _inspect(args: argparse.Namespace) -> int:
 
     from rlx_mil.llm.chunked import is_chunked_set, read_chunked_set
 
+    if args.package.suffix == ".aimodel" and not args.estimate:
+        from rlx_mil.coreai.asset import asset_summary, summary_text
+
+        asset = asset_summary(args.package)
+        print(json.dumps(asset, indent=2) if args.json else summary_text(asset))
+        return EXIT_OK
     if args.estimate:
         from rlx_mil.llm.estimate import estimate_decode
 

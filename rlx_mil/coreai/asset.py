@@ -218,3 +218,41 @@ class AssetProgram:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def asset_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What `rlx-mil inspect` shows of an rlx_mil Core AI asset (read from its files; the
+    runtime is not loaded)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise RlxMilError(f"{root}: no such Core AI asset")
+    entries, default = _read_entries(root)
+    metadata = adapter.read_metadata(root)
+
+    def tensors(table: Mapping[str, tuple[tuple[int, ...], np.dtype]]) -> list[dict[str, Any]]:
+        return [{"name": k, "shape": list(shape), "dtype": np.dtype(dtype).name} for k, (shape, dtype) in table.items()]
+
+    program = root / "main.mlirb"
+    return {
+        "path": str(root),
+        "format": "Core AI asset (.aimodel)",
+        "default_function": default,
+        "functions": {name: {"inputs": tensors(e.inputs), "outputs": e.outputs, "states": tensors(e.states)}
+                      for name, e in entries.items()},
+        "program_bytes": program.stat().st_size if program.is_file() else 0,
+        "asset_bytes": sum(f.stat().st_size for f in root.rglob("*") if f.is_file()),
+        "metadata_keys": sorted(metadata),
+        "text_files": sorted(p.name for p in (root / TEXT_FOLDER).iterdir()) if (root / TEXT_FOLDER).is_dir() else [],
+    }
+
+
+def summary_text(summary: Mapping[str, Any]) -> str:
+    lines = [f"{summary['path']}: {summary['format']}, program {summary['program_bytes']} bytes"
+             f" (asset {summary['asset_bytes']} bytes)"]
+    for name, info in summary["functions"].items():
+        inputs = ", ".join(f"{t['name']} {t['dtype']}{t['shape']}" for t in info["inputs"])
+        states = ", ".join(f"{t['name']} {t['dtype']}{t['shape']}" for t in info["states"])
+        lines.append(f"  {name}: inputs {inputs}; outputs {', '.join(info['outputs'])}" + (f"; states {states}" if states else ""))
+    if summary["text_files"]:
+        lines.append(f"  text files: {', '.join(summary['text_files'])}")
+    return "\n".join(lines)

@@ -40,7 +40,9 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, tupl
         _convert(checkpoint, package, *extra)
         asset = folder / f"{compress or 'plain'}.aimodel"
         if compress is None:
-            _convert(checkpoint, asset)
+            # --verify: the package against the reference, then the asset (Apple's runtime)
+            # against the package; a difference is exit code 1.
+            _convert(checkpoint, asset, "--verify")
             assert not list(folder.glob(".rlx_mil_convert_*"))  # the staging package is gone
         else:
             save_aimodel(package, asset)
@@ -110,3 +112,14 @@ def test_prefill_and_decode_share_one_weight_copy(tmp_path: Path) -> None:
     with AssetProgram(asset) as program:
         got = program.run({"x": x}, function_name="prefill")["y"]
     np.testing.assert_allclose(got, x @ params["w"], rtol=1e-5, atol=1e-4)
+
+
+def test_inspect_shows_the_assets_entry_points(converted: dict[str | None, tuple[Path, Path]],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    asset, _ = converted[None]
+    capsys.readouterr()
+    assert main(["inspect", str(asset), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary["functions"]) == {"decode", "prefill_8"}
+    assert {s["name"] for s in summary["functions"]["decode"]["states"]} == {"key_cache", "value_cache"}
+    assert summary["program_bytes"] > 0 and "tokenizer.json" in summary["text_files"]
