@@ -43,7 +43,7 @@ def _graph(indices: np.ndarray, entries: int, d: int, m: int) -> Graph:
     return g
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(entries=st.sampled_from([2, 3, 5, 16, 29, 64, 100, 256]), d=st.integers(1, 5), n=st.integers(1, 6),
        blocks=st.integers(1, 4), seed=st.integers(0, 2**16))
 def test_vector_palettization_matches_the_loop_at_every_index_width(

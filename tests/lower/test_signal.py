@@ -24,7 +24,7 @@ def _run(g: Graph, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray] |
         assert ok, f"{name}: {detail}"
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(bins=st.integers(1, 12), lo=st.floats(-3, 0), width=st.floats(0.5, 4), seed=st.integers(0, 2**16))
 def test_histogram_counts_like_numpy(bins: int, lo: float, width: float, seed: int) -> None:
     x = np.random.default_rng(seed).standard_normal((3, 7)).astype(np.float32)
@@ -39,7 +39,7 @@ def test_histogram_counts_like_numpy(bins: int, lo: float, width: float, seed: i
     _run(g, {"x": x})
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(n=st.integers(1, 24), inverse=st.booleans(), norm=st.sampled_from(["Backward", "Forward", "Ortho"]),
        seed=st.integers(0, 2**16))
 def test_fft_is_the_dft_sum(n: int, inverse: bool, norm: str, seed: int) -> None:
@@ -56,7 +56,7 @@ def test_fft_is_the_dft_sum(n: int, inverse: bool, norm: str, seed: int) -> None
     _run(g, {"x": x})
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(c=st.integers(1, 3), h=st.integers(3, 7), w=st.integers(3, 7), k=st.integers(1, 3), s=st.integers(1, 2),
        p=st.integers(0, 1), d=st.integers(1, 2), seed=st.integers(0, 2**16))
 def test_im2col_times_a_weight_is_the_convolution(c: int, h: int, w: int, k: int, s: int, p: int, d: int,
