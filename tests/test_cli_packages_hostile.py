@@ -168,3 +168,21 @@ def test_stateful_packages_below_ios18_are_refused_up_front(
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and all(name in lines[0] for name in names) and "iOS18" in lines[0], lines
     assert not (tmp_path / "x.mlpackage").exists()
+
+
+@pytest.mark.parametrize("where", ["config.json", "sub/report.json", "out"])
+def test_a_report_path_inside_the_input_or_output_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             where: str) -> None:
+    """--report onto the checkpoint's config.json replaced it with the report: a report path
+    that is, or lies inside, the command's input or output is refused before any work."""
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+    checkpoint = write_random_checkpoint(tmp_path / "ck", TINY_CONFIGS["llama"], seed=1)
+    (checkpoint / "sub").mkdir()
+    before = (checkpoint / "config.json").read_bytes()
+    out = tmp_path / "m.mlpackage"
+    report = out if where == "out" else checkpoint / where
+    assert main(["convert-hf", str(checkpoint), "-o", str(out), "--compress", "int8", "--report", str(report), "-q"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "it is, or lies inside, the command's" in lines[0], lines
+    assert (checkpoint / "config.json").read_bytes() == before and not out.exists()

@@ -155,13 +155,29 @@ def write_report(args: argparse.Namespace, metadata: Mapping[str, str], check: Q
 
 
 def check_report_path(args: argparse.Namespace) -> None:
-    """Refuse a --report path that cannot be written (a folder, a missing folder) before any
-    work; an existing file is replaced."""
+    """Refuse a --report path that cannot be written (a folder, a missing folder, a device or
+    FIFO) before any work, and one that is, or lies inside, the command's own input or output
+    (a checkpoint's config.json would be replaced by the report); another existing file is
+    replaced."""
     path = getattr(args, "report", None)
-    if path is not None:
-        from rlx_mil.fileio import check_output_path
+    if path is None:
+        return
+    from rlx_mil.errors import InvalidOptionError
+    from rlx_mil.fileio import check_output_path
 
-        check_output_path(Path(path), overwrite=True, what="report")
+    dest = Path(path)
+    check_output_path(dest, overwrite=True, what="report")
+    if dest.exists() and not dest.is_file():
+        raise InvalidOptionError(f"--report {dest}: not a regular file (a device or FIFO); give a file path")
+    where = dest.resolve()
+    for option, given in (("input", getattr(args, "model_dir", None) or getattr(args, "model", None)
+                           or getattr(args, "graph", None)), ("-o", getattr(args, "output", None))):
+        if given is None:
+            continue
+        own = Path(given).resolve()
+        if where == own or own in where.parents:
+            raise InvalidOptionError(f"--report {dest}: it is, or lies inside, the command's {option} {given};"
+                                     " the report would replace its files")
 
 
 def verify_quality(args: argparse.Namespace, check: QualityCheck | None) -> int:
