@@ -423,7 +423,7 @@ def convert_functions(
     from rlx_mil.compress.shared import shared_compression
 
     # shared_compression: each weight is compressed (and the quality checked) once, not once per function.
-    with conversion_temporaries(), pass_bars_hidden(), weights_shared_across_graphs(), shared_compression():
+    with conversion_temporaries(), pass_bars_hidden(), weights_shared_across_graphs(), shared_compression() as shared:
         passed = {}
         for i, (name, (graph, own)) in enumerate(specs.items(), 1):
             stages.begin(f"converting function {name} ({i}/{len(specs)})", unit=" ops")
@@ -437,6 +437,8 @@ def convert_functions(
             model = join_programs(passed, default_function, Target.parse(options.get("target", "iOS18")).ct_target)
         del passed
         release_when_collected(model)
+        if shared.codes:  # what a later quality check decodes instead of encoding every weight again
+            model.rlx_mil_codes = shared.codes_by_name()
         stages.end()
     if path is not None:
         stages.begin("writing the package")

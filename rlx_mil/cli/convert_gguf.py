@@ -166,7 +166,7 @@ def run_stateful(args: argparse.Namespace) -> int:
     print(f"wrote {args.output} (functions {', '.join(info.functions)}; {info.weight_bytes} bytes of weights)"
           f" in {time.perf_counter() - start:.1f} s")
     print_compression(info.metadata)
-    quality = gguf_quality(args, info.metadata)
+    quality = gguf_quality(args, info.metadata, model=result)
     if args.verify:
         from rlx_mil.cli.quality import verify_quality
 
@@ -174,7 +174,7 @@ def run_stateful(args: argparse.Namespace) -> int:
     return 0
 
 
-def gguf_quality(args: argparse.Namespace, metadata: Any, printed: bool = True) -> Any:
+def gguf_quality(args: argparse.Namespace, metadata: Any, printed: bool = True, model: Any = None) -> Any:
     """The quality check of a package whose weights were encoded anew (--requantize, --deploy
     ane's default, --compress) against the float model the file's own codes decode to; printed,
     written to --report, warned about. None when the file's codes were kept (they are the model)."""
@@ -182,7 +182,7 @@ def gguf_quality(args: argparse.Namespace, metadata: Any, printed: bool = True) 
 
     quality = None
     if requantize_spec(args) is not None or getattr(args, "compress", None):
-        quality = measure_stateful(args.model, metadata, gguf_loader(args), args, gguf=True)
+        quality = measure_stateful(args.model, metadata, gguf_loader(args), args, gguf=True, model=model)
     if printed:
         print_summary(quality)
     write_report(args, metadata, quality)

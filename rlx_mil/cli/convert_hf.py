@@ -474,7 +474,7 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any], max_
     info = package_info(args.output)
     names = ", ".join(info.functions)
     print(f"wrote {args.output} (functions {names}; {info.weight_bytes} bytes of weights) in {time.perf_counter() - start:.1f} s")
-    quality = measure_stateful(args.model_dir, info.metadata, from_pretrained, args)
+    quality = measure_stateful(args.model_dir, info.metadata, from_pretrained, args, model=result)
     print_summary(quality)
     write_report(args, info.metadata, quality)
     if args.verify:

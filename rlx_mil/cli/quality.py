@@ -83,7 +83,7 @@ def check_inputs_of(model_dir: Path, args: argparse.Namespace, length: int) -> t
 
 
 def measure_stateful(source: Any, metadata: Mapping[str, str], loader: Any, args: argparse.Namespace, *,
-                     gguf: bool = False) -> QualityCheck | None:
+                     gguf: bool = False, model: Any = None) -> QualityCheck | None:
     """The quality check of a stateful (or GGUF) package, with its warning: the package's
     compression against the original model on text. None when nothing was compressed (the
     caller asks only when something was encoded anew: a GGUF file's kept codes are the model)."""
@@ -109,7 +109,9 @@ def measure_stateful(source: Any, metadata: Mapping[str, str], loader: Any, args
         found = generated_ids(vocab)
     ids, label = found
     compared = "the float model the GGUF codes decode to" if gguf else "the float checkpoint"
-    check = measure_decoder_quality(source, report, ids, label, loader=loader, compared_with=compared, text=graph_text)
+    codes = getattr(model, "rlx_mil_codes", None)  # the conversion's own codes: decoded, not encoded again
+    check = measure_decoder_quality(source, report, ids, label, loader=loader, compared_with=compared, text=graph_text,
+                                    codes=codes)
     return check_and_warn(check)
 
 

@@ -554,17 +554,18 @@ class DequantizedParams(Mapping[str, np.ndarray]):
 
     def __getitem__(self, name: str) -> np.ndarray:
         entry = self._entries.get(name)
+        held = self._codes.get(name) if entry is not None else None
+        if entry is not None and held is not None:  # the conversion's own codes: decoded, not encoded again
+            back = held.dequantize()
+            shape_of = getattr(self._params, "shape_of", None)  # a GGUF file's: without decoding the tensor
+            shape = tuple(shape_of(name)) if shape_of is not None else np.shape(self._params[name])
+            return (back.reshape(back.shape[-2:]).T if entry.layout == "kn" else back).reshape(shape)
         source = self._prequantized.get(name)
         if entry is not None and source is not None and entry.scheme == source.label:
             return source.encode(store_dtype(self._precision), CodeWriter, self._target).dequantize()
         value = self._params[name]
         if entry is None:
             return np.asarray(value) if not isinstance(value, np.ndarray) else value
-        held = self._codes.get(name)
-        if held is not None:  # the conversion's own codes: decoded, not encoded again
-            back = held.dequantize()
-            shape = np.shape(value)
-            return (back.reshape(back.shape[-2:]).T if entry.layout == "kn" else back).reshape(shape)
         scheme = parse_scheme(entry.scheme)
         assert scheme is not None
         arr = np.asarray(value)

@@ -28,6 +28,11 @@ class SharedCompression:
     #: Keep what the keys name by identity alive while the session lasts.
     held: list[Any] = field(default_factory=list)
 
+    def codes_by_name(self) -> dict[str, Any]:
+        """Weight name -> its codes (the arrays the programs hold), for
+        `rlx_mil.compress.dequantized_params(..., codes=...)`."""
+        return {key[1]: codes for key, (codes, _) in self.codes.items()}  # type: ignore[index]
+
 
 _SESSION: ContextVar[SharedCompression | None] = ContextVar("rlx_mil_shared_compression", default=None)
 

@@ -72,11 +72,13 @@ def measure_decoder_quality(
     loader: Loader,
     compared_with: str = "the float checkpoint",
     text: bool = True,
+    codes: Any = None,
 ) -> QualityCheck:
     """The compressed weights (`compression`: the package's `CompressionReport`) against the
     original ones, teacher-forced over `ids` in the NumPy reference. `loader(source, "prefill",
     seq_len=...)` gives the plain graph and the original weights (a GGUF file's params read as
-    the float its codes decode to, whatever they were re-quantized to)."""
+    the float its codes decode to, whatever they were re-quantized to). `codes` (the
+    conversion's, by weight name) are decoded instead of encoding the weights again."""
     from rlx_mil.compress import dequantized_params
     from rlx_mil.compress.report import worst_weights
     from rlx_mil.reference import evaluate
@@ -86,7 +88,7 @@ def measure_decoder_quality(
     feeds = {"input_ids": np.asarray([list(ids)], np.int32)}
     graph, params = loader(source, "prefill", seq_len=len(ids))
     want = np.asarray(evaluate(graph, feeds, params)["logits"], np.float32)
-    got = np.asarray(evaluate(graph, feeds, dequantized_params(params, compression))["logits"], np.float32)
+    got = np.asarray(evaluate(graph, feeds, dequantized_params(params, compression, codes))["logits"], np.float32)
     return judge_outputs({"logits": want}, {"logits": got}, feeds, compared_with=compared_with, inputs_label=inputs_label,
                          worst=worst_weights(compression), text=text)
 

@@ -42,3 +42,23 @@ def test_every_function_holds_the_codes_encoded_once(tmp_path: Path, monkeypatch
     conversion = encoded if spec == "int4" else encoded[-len(names):]
     assert sorted(conversion) == sorted(names), "a weight was encoded once per function"
     assert len(planned) == (1 if spec == "auto4" else 0)
+
+
+def test_the_model_carries_its_codes_and_they_decode_as_encoding_again(tmp_path: Path) -> None:
+    from rlx_mil.compress import dequantized_params
+    from rlx_mil.models.pretrained import from_pretrained
+
+    folder = write_random_checkpoint(tmp_path / "llama", TINY_CONFIGS["llama"], seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = convert_llm_checkpoint(folder, None, max_context=16, prefill=[4], precision="fp32",
+                                       compress="lut4;min_size=0;check=off")
+    report = report_of(model.user_defined_metadata)
+    assert report is not None
+    codes = model.rlx_mil_codes
+    assert set(codes) == {w.name for w in report.weights}
+    _, params = from_pretrained(folder, "prefill", seq_len=4)
+    held, again = dequantized_params(params, report, codes), dequantized_params(params, report)
+    for w in report.weights:
+        np.testing.assert_array_equal(held[w.name], again[w.name])
+        assert held[w.name].shape == np.shape(params[w.name])
