@@ -233,9 +233,12 @@ def run(args: argparse.Namespace) -> int:
     from rlx_mil.llm.convert_hf import convert_checkpoint
     from rlx_mil.models.verify import example_inputs, verify_package
 
+    # a Whisper folder's -o is the folder the openai_whisper-<variant> folder goes into: it may exist
+    if is_whisper_folder(Path(args.model_dir)):
+        return run_whisper(args, convert_kwargs(args))
     _refuse_existing_output(args)  # before any download
     resolve_checkpoint(args, "model_dir")
-    if is_whisper_folder(args.model_dir):
+    if is_whisper_folder(Path(args.model_dir)):
         return run_whisper(args, convert_kwargs(args))
     decoder, positions = decoder_positions(args.model_dir)
     stateful = choose_stateful(args, decoder)

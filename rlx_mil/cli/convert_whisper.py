@@ -114,8 +114,6 @@ def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
     )
     stateful_ok = True
     if args.verify and args.stateful:
-        from rlx_mil.speech.stateful import verify_stateful
-
         # the cache state is fp16 whatever the precision; compressed weights are reported, not judged
         error, agree = verify_stateful(args.model_dir, written.folder, convert["precision"])
         stateful_ok = bool(convert.get("compress")) or (agree and error <= STATEFUL_TOLERANCE)
@@ -128,3 +126,41 @@ def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
         print(f"  {role}: {info.num_ops} ops, {human_bytes(info.package_bytes)}")
     print(f"wrote {written.folder} ({human_bytes(total)}) in {time.perf_counter() - start:.1f} s")
     return 0 if stateful_ok and all(c.ok for c in checks) else 1
+
+
+def verify_stateful(checkpoint_dir: Path, folder: Path, precision: str, steps: int = 4, seed: int = 0) -> tuple[float, bool]:
+    """`--verify` of the stateful decoder: `steps` tokens through it (the executor) against the
+    reference semantics of WhisperKit's one-token decoder graph, fed the same tokens and a
+    random encoder output. Returns (max |logit error| relative to the largest logit, whether
+    every step's argmax agrees, near-ties within twice that error counted as agreeing)."""
+    from rlx_mil import reference
+    from rlx_mil.models.whisper import build_text_decoder
+    from rlx_mil.models.whisper_checkpoint import ParamsOf, open_whisper
+    from rlx_mil.speech.packages import feeds_for_step
+    from rlx_mil.speech.runner import PackagedWhisper
+
+    checkpoint = open_whisper(checkpoint_dir)
+    spec = checkpoint.spec
+    rng = np.random.default_rng(seed)
+    encoded = rng.standard_normal((spec.n_audio_ctx, spec.d_model)).astype(np.float32)
+    tokens = [spec.decoder_start_token_id, *rng.integers(0, spec.vocab_size, steps - 1).tolist()]
+    got = PackagedWhisper(folder, stateful=True).decoder(encoded).step(tokens)
+    graph, names = build_text_decoder(spec, steps)
+    params = ParamsOf(checkpoint.params, names)
+    keys = np.zeros((1, spec.kv_width, 1, steps), np.float32)
+    values = keys.copy()
+    channels_first = np.ascontiguousarray(encoded.T.reshape(1, spec.d_model, 1, spec.n_audio_ctx))
+    want = []
+    for i, token in enumerate(tokens):
+        out = reference.evaluate(graph, feeds_for_step(spec.kv_width, spec.d_model, steps, token, i, keys, values,
+                                                       channels_first), params)
+        keys[..., i] = out["key_cache_updates"][..., 0]
+        values[..., i] = out["value_cache_updates"][..., 0]
+        want.append(out["logits"].reshape(-1))
+    expected = np.stack(want)
+    gap = float(np.abs(got - expected).max())
+    error = gap / max(float(np.abs(expected).max()), 1e-6)
+    # a step agrees when the package's pick is the reference's, or within twice the logit error
+    # of the reference's best (a near-tie that the fp16 cache may decide either way)
+    picked = expected[np.arange(len(tokens)), got.argmax(-1)]
+    return error, bool(np.all(picked >= expected.max(-1) - 2 * gap))
