@@ -209,3 +209,26 @@ def test_the_check_runs_by_default_only_while_the_weights_are_small(monkeypatch:
         checked = report_of(rlx_mil.convert(GRAPH, PARAMS, precision="fp32", compress="lut2"))
     assert checked is not None and checked.check_error == forced.check_error
     assert "check=on" in parse_compress("lut2;check=on").describe().split(";")
+
+
+def _encoder() -> tuple[Graph, dict[str, np.ndarray]]:
+    g = Graph("enc")
+    x = g.input("x", [1, 16, 128])
+    h = g.matmul(x, g.param("w1", [128, 128]))
+    g.set_outputs([g.matmul(h, g.param("w2", [128, 64]))])
+    rng = np.random.default_rng(5)
+    return g, {"w1": rng.standard_normal((128, 128)).astype(np.float32) / 11,
+               "w2": rng.standard_normal((128, 64)).astype(np.float32) / 11}
+
+
+def test_an_encoder_output_is_judged_by_cosine_and_psnr() -> None:
+    graph, params = _encoder()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompressionWarning)
+        good = report_of(rlx_mil.convert(graph, params, precision="fp32", compress="int8;min_size=0"))
+    assert good is not None and good.quality is not None and good.quality["decoder"] is None
+    (out,) = good.quality["outputs"]
+    assert out["cosine"] > 0.999 and out["psnr"] > 35
+    with pytest.warns(CompressionWarning, match=r"cosine 0\.\d+ < 0\.95"):
+        bad = report_of(rlx_mil.convert(graph, params, precision="fp32", compress="lut1-tensor;min_size=0"))
+    assert bad is not None and bad.quality is not None and not bad.quality["ok"]
