@@ -56,8 +56,17 @@ def constexpr_blockwise_shift_scale(ctx: RuleContext) -> Any:
         offset1 = np.zeros(scale.shape, data_dtype)
         offset2 = (-scale * np.asarray(offset, np.float32)).astype(scale.dtype)
     kind = sub_byte_kind(ctx.var("data"))
-    offset1_value = adapter.packed_constant(offset1, kind) if kind is not None else adapter.constant(offset1)
-    return ctx.ops.blockwise_shift_scale(data, adapter.constant(scale), offset1_value, adapter.constant(offset2))
+    offset1_value = _zeros_like(ctx, offset1, kind) if not offset1.any() else \
+        adapter.packed_constant(offset1, kind) if kind is not None else adapter.constant(offset1)
+    offset2_value = _zeros_like(ctx, offset2) if not offset2.any() else adapter.constant(offset2)
+    return ctx.ops.blockwise_shift_scale(data, adapter.constant(scale), offset1_value, offset2_value)
+
+
+def _zeros_like(ctx: RuleContext, array: np.ndarray, kind: str | None = None) -> Any:
+    """Zeros of `array`'s shape and dtype, stored as one scalar (not an array the size of the
+    scales: for an embedding that was 3.5 MB of zeros in the asset)."""
+    zero = adapter.packed_constant(np.zeros((), array.dtype), kind) if kind else adapter.constant(np.zeros((), array.dtype))
+    return ctx.ops.broadcast_to(zero, np.asarray(array.shape, np.uint32))
 
 
 @rule("constexpr_affine_dequantize")
