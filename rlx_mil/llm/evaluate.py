@@ -183,11 +183,29 @@ def evaluate_package(
     if reference is not None:
         ref = Path(reference)
         if (ref / "config.json").is_file():
+            ref_vocab = _checkpoint_vocab(ref)
             ref_rows = checkpoint_logits(ref)
         else:
             ref_session = Session(ref, engine=engine, compute_units=compute_units)
+            ref_vocab = ref_session.vocab
             window = min(window, ref_session.max_context)
             ref_rows = session_logits(ref_session)
+        if ref_vocab is not None and ref_vocab != session.vocab:  # before any window is scored
+            raise RlxMilError(f"{ref}: the reference's vocabulary ({ref_vocab}) differs from the package's"
+                              f" ({session.vocab}): it is not a checkpoint or package of this model")
     total = sum(len(p) - 1 for p in windows(ids, window))
     tick = progress(total) if progress is not None else None
     return evaluate_text(session_logits(session, tick), ids, window, ref_rows, None if reference is None else str(reference))
+
+
+def _checkpoint_vocab(folder: Path) -> int | None:
+    """The vocabulary size a checkpoint folder's config.json declares (None when unreadable:
+    the reference's own loading then says why)."""
+    from rlx_mil.models.families import model_spec
+    from rlx_mil.models.hf_config import read_config
+
+    try:
+        vocab = getattr(model_spec(read_config(folder)), "vocab_size", None)
+    except RlxMilError:
+        return None
+    return vocab if isinstance(vocab, int) else None

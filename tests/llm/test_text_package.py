@@ -348,3 +348,33 @@ def test_a_tokenizer_larger_than_the_model_is_warned_of_and_its_extra_tokens_ref
     (folder / "tokenizer.json").write_text(json.dumps(data)[:100])
     with pytest.raises(RlxMilError, match=r"tokenizer\.json: not a readable tokenizer"):
         check_tokenizer(folder)
+
+
+def test_eval_of_hostile_texts_and_references_is_one_error_line(package: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Empty, binary, missing, folder and FIFO texts, a text of one token, --max-tokens 0, and a
+    --reference that is not this model's: one `rlx-mil eval: error:` line each, before scoring."""
+    import os
+
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "binary.txt").write_bytes(bytes(range(128, 256)) * 40)
+    (tmp_path / "one.txt").write_text("a")
+    (tmp_path / "ok.txt").write_text("The capital of France is Paris. " * 3)
+    os.mkfifo(tmp_path / "fifo.txt")
+    other = write_random_checkpoint(tmp_path / "other", {**TINY_CONFIGS["llama"], "vocab_size": 90}, seed=2)
+    cases = [
+        (["--text", str(tmp_path / "empty.txt")], "the text has 0 token(s)"),
+        (["--text", str(tmp_path / "binary.txt")], "not UTF-8 text"),
+        (["--text", str(tmp_path / "missing.txt")], "no such text file"),
+        (["--text", str(tmp_path)], "a directory"),
+        (["--text", str(tmp_path / "fifo.txt")], "a FIFO"),
+        (["--text", str(tmp_path / "one.txt")], "the text has 1 token(s)"),
+        (["--text", str(tmp_path / "ok.txt"), "--reference", str(other)], "vocabulary"),
+        (["--text", str(tmp_path / "ok.txt"), "--reference", str(tmp_path / "nothing")], "nothing"),
+    ]
+    for flags, message in cases:
+        assert main(["eval", str(package), "--engine", "milexec", "-q", *flags]) == 1, flags
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("rlx-mil eval: error: ") and message in lines[0], (flags, lines)
