@@ -335,7 +335,7 @@ def test_a_finished_set_replaces_the_old_one_in_one_step(tmp_path: Path, monkeyp
 _ODD = st.sampled_from([None, -1, 0, 2**70, 1.5, True, "x", "../x.mlpackage", [], {}, [1, "a"], {"a": -1}, "\x00"])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(path=st.lists(st.integers(0, 40), min_size=1, max_size=5), value=_ODD, reseal=st.booleans())
 def test_fuzzed_manifests_are_typed_errors_or_the_same_set(packages: tuple[Path, Path, str],
                                                            tmp_path_factory: pytest.TempPathFactory,

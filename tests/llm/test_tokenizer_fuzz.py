@@ -38,7 +38,7 @@ def _replace(node: Any, path: list[int], value: Any) -> Any:
     return [*node[:at], _replace(node[at], path[1:], value), *node[at + 1:]]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.lists(st.integers(0, 50), max_size=5), value=ODD_VALUES, cut=st.one_of(st.none(), st.floats(0, 1)))
 def test_mangled_tokenizer_json_is_typed_or_works(base: Path, tmp_path_factory: pytest.TempPathFactory,
                                                   path: list[int], value: Any, cut: float | None) -> None:

@@ -122,7 +122,7 @@ def test_the_base_file_loads(tmp_path: Path) -> None:
     assert params["model.embed_tokens.weight"].shape == (VOCAB, HIDDEN)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.sampled_from(sorted(BASE)), value=WRONG_VALUES)
 def test_any_key_of_the_wrong_type(tmp_path_factory: pytest.TempPathFactory, key: str, value: tuple[Any, str]) -> None:
     path = tmp_path_factory.mktemp("wrong") / "m.gguf"
@@ -133,7 +133,7 @@ def test_any_key_of_the_wrong_type(tmp_path_factory: pytest.TempPathFactory, key
     _loads_or_typed(path)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(at=st.integers(0, 2000), value=st.sampled_from([0, 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1]),
        width=st.sampled_from([4, 8]))
 def test_counts_and_lengths_that_lie(tmp_path_factory: pytest.TempPathFactory, at: int, value: int, width: int) -> None:
