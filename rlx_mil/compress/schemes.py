@@ -13,7 +13,7 @@ Text form (the CLI's ``--compress`` and ``convert(compress="...")``)::
            int4-block64, uint4-float (= uint4 codes, float offset, block 32: llama.cpp's Q4_1 grid),
            lut4 (= lut4-group16: a table per 16 output channels), lut4-tensor, lut4-group4, lut6,
            lut4-scaled (one table on rows divided by their largest |w|, an fp16 scale per row),
-           4bit (the deployment form's 4-bit default: int4 per block; lut4 with deploy="ane")
+           4bit (the deployment form's 4-bit default: int4 per block; lut4-scaled with deploy="ane")
     CONFIG                      items separated by ';'
       SCHEME                    the default for every eligible weight
       embeddings=SCHEME         tables read by Gather (token embeddings)
@@ -263,7 +263,7 @@ PRESETS: dict[str, str] = {
     "uint8": "uint8-asym-channel",
     "int4": "int4-sym-block32",
     # The 4-bit default: per-block int4 here; the Neural Engine form (`deploy="ane"`) reads it as
-    # lut4 before parsing (`rlx_mil.coreml.deploy.compression`).
+    # lut4-scaled before parsing (`rlx_mil.coreml.deploy.compression`).
     "4bit": "int4-sym-block32",
     "uint4": "uint4-asym-block32",
     "lut2": "lut2",

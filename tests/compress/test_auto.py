@@ -133,17 +133,3 @@ def test_a_budget_below_the_narrowest_mix_says_so_and_what_would_do() -> None:
         again = report_of(rlx_mil.convert(GRAPH, PARAMS, compress=f"auto4;budget={needed};check=off"))
     assert again is not None and "cannot be met" not in again.plan
 
-
-def test_without_measurements_the_lm_head_is_widened_first() -> None:
-    """Role factors: the head counts as much as every other weight together (trained decoders
-    lose more to a 4-bit head than to 4 bits everywhere else), so a budget that holds one
-    8-bit head spends it there before widening the layers."""
-    import rlx_mil
-    from rlx_mil.compress import report_of
-
-    report = report_of(rlx_mil.convert(GRAPH, PARAMS, compress="auto4;budget=0.36;check=off", deploy="ane"))
-    assert report is not None
-    schemes = {w.name: w.scheme for w in report.weights}
-    heads = [n for n in schemes if n.startswith("head")]
-    assert heads and all(schemes[n] == "int8-sym-channel" for n in heads), schemes
-    assert any(s.startswith("lut4") for n, s in schemes.items() if n not in heads), schemes

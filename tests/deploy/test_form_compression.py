@@ -1,5 +1,6 @@
-"""The 4-bit default of each deployment form (`rlx_mil.coreml.deploy.compression`): grouped-channel
-LUT4 on the Neural Engine, per-block int4 on the GPU (and in the plain form)."""
+"""The 4-bit default of each deployment form (`rlx_mil.coreml.deploy.compression`): a LUT4 on
+max-normalised rows with a per-channel scale on the Neural Engine, per-block int4 on the GPU (and
+in the plain form)."""
 
 from __future__ import annotations
 
@@ -24,17 +25,17 @@ def _graph() -> tuple[Graph, dict[str, np.ndarray]]:
 
 
 def test_four_bit_text_per_form() -> None:
-    assert four_bit_text("4bit", DeployForm.ANE) == "lut4"
-    assert four_bit_text("4-bit;lm_head=4bit;embeddings=int8", DeployForm.ANE) == "lut4;lm_head=lut4;embeddings=int8"
+    assert four_bit_text("4bit", DeployForm.ANE) == "lut4-scaled"
+    assert four_bit_text("4-bit;lm_head=4bit;embeddings=int8", DeployForm.ANE) == "lut4-scaled;lm_head=lut4-scaled;embeddings=int8"
     assert four_bit_text("4bit;re:proj=4BIT", DeployForm.GPU) == "int4;re:proj=int4"
     assert four_bit_text("lut4-group8;int4", DeployForm.ANE) == "lut4-group8;int4"  # explicit schemes stay
     assert form_compression({"default": "4bit", "rules": [("up*", "4bit")]}, DeployForm.ANE) == parse_compress(
-        {"default": "lut4", "rules": [("up*", "lut4")]})
+        {"default": "lut4-scaled", "rules": [("up*", "lut4-scaled")]})
     assert form_compression(None, DeployForm.ANE) is None and form_compression("int8", DeployForm.PLAIN) == "int8"
 
 
 @pytest.mark.parametrize("deploy, op, scheme", [
-    ("ane", "constexpr_lut_to_dense", "lut4-group16"),
+    ("ane", "constexpr_lut_to_dense", "lut4-tensor-scaled"),
     ("gpu", "constexpr_blockwise_shift_scale", "int4-sym-block32"),
     ("plain", "constexpr_blockwise_shift_scale", "int4-sym-block32"),
 ])
@@ -45,9 +46,9 @@ def test_four_bit_is_the_forms_default(deploy: str, op: str, scheme: str) -> Non
     assert report is not None and {w.scheme for w in report.weights} == {scheme}
     ops = [o.op_type for o in model._mil_program.functions["main"].operations]
     assert ops.count(op) == 2
-    if deploy == "ane":  # one LUT per 16 output channels: [N / 16, 1, (1, 1,) 16, 1] (conv weights: rank 4)
+    if deploy == "ane":  # iOS18 holds the scaled table per output channel: [N, 1, (1, 1,) 16, 1]
         luts = [o.inputs["lut"].shape for o in model._mil_program.functions["main"].operations if o.op_type == op]
-        assert sorted((s[0], s[1], *s[-2:]) for s in luts) == [(4, 1, 16, 1), (8, 1, 16, 1)]
+        assert sorted((s[0], s[1], *s[-2:]) for s in luts) == [(64, 1, 16, 1), (128, 1, 16, 1)]
     preflight = [f.rule for f in rlx_mil.preflight(model, device="ane")]
     assert ("ane-per-block-int" in preflight) == (deploy != "ane")
 
