@@ -197,9 +197,14 @@ class GGUFFile:
         if size < 24:
             raise GGUFFormatError(f"{self.path}: {size} bytes is too short for a GGUF header (truncated?)")
         with open(self.path, "rb") as f:
-            magic = f.read(4)
+            magic, version_bytes = f.read(4), f.read(4)
         if magic != b"GGUF":
             raise GGUFFormatError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+        version = int.from_bytes(version_bytes, "little")
+        if version & 0xFFFF == 0:  # a big-endian file, as gguf's reader detects it
+            version = int.from_bytes(version_bytes, "big")
+        if version not in (2, 3):
+            raise GGUFFormatError(f"{self.path}: GGUF version {version}; rlx_mil reads GGUF versions 2 and 3")
         try:
             reader = _validated_reader(self.path, size)
         except GGUFFormatError:
