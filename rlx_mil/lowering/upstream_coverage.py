@@ -79,11 +79,6 @@ REFUSED: dict[str, str] = {
         "top-k Welch PSD peaks: the PSD scaling, one-sidedness and tie order are only in upstream's CPU code;"
         " not lowered"
     ),
-    "ComplexNormSq": (
-        "|z|^2 of C64 values: rlx_mil's IR subset and Core ML have no complex dtype (Fft takes the real-block"
-        " layout instead); not lowered"
-    ),
-    "Conjugate": "conjugate of C64 values: no complex dtype in rlx_mil's IR subset or Core ML; not lowered",
 }
 
 

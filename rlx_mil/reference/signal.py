@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from rlx_mil.ir.ops.signal import (
+    ComplexNormSq,
+    Conjugate,
     Fft,
     FftButterflyStage,
     Histogram,
@@ -103,3 +105,17 @@ def _fft_butterfly_stage(op: FftButterflyStage, inputs: Sequence[np.ndarray], ou
     active = gate.reshape(1, groups, stride, 1) != 0
     result = np.stack([np.where(active, first, a), np.where(active, second, b)], axis=2)
     return finish(result.reshape(state.shape), out)
+
+
+@reference_kernel(ComplexNormSq)
+def _complex_norm_sq(op: ComplexNormSq, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    z = np.asarray(inputs[0], np.float32)
+    pairs = z.reshape((*z.shape[:-1], z.shape[-1] // 2, 2))
+    return finish(pairs[..., 0] * pairs[..., 0] + pairs[..., 1] * pairs[..., 1], out)
+
+
+@reference_kernel(Conjugate)
+def _conjugate(op: Conjugate, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    z = np.array(inputs[0], np.float32)
+    z[..., 1::2] = -z[..., 1::2]
+    return finish(z, out)

@@ -20,6 +20,8 @@ def _signal() -> Graph:
         g.fft_butterfly_stage(g.input("state", [2, 16]), g.constant([1.0, 0.0, 1.0, 1.0]),
                               g.constant([0.0, 0.0, 1.0, 0.0]), g.input("tw_re", [4]), g.input("tw_im", [4]), 1, 8,
                               name="butterfly"),
+        g.complex_norm_sq(g.input("z", [2, 3, 8]), name="norm_sq"),
+        g.conjugate(g.input("zc", [3, 10]), name="conj"),
     ])
     return g
 

@@ -614,6 +614,8 @@ PART3_OP_STRATEGIES: dict[str, st.SearchStrategy[Op]] = {
     "PartitionedConv": st.builds(ops.PartitionedConv, USIZES),
     "Fft": st.builds(ops.Fft, BOOLS, st.sampled_from(ops.FftNorm)),
     "FftButterflyStage": st.builds(ops.FftButterflyStage, U32S, U32S),
+    "ComplexNormSq": st.just(ops.ComplexNormSq()),
+    "Conjugate": st.just(ops.Conjugate()),
     "TransformRegion": st.builds(ops.TransformRegion, vectors(st.builds(
         ops.ChainOperand, st.sampled_from(ops.ChainSource), USIZES)), st.integers(1, 3)),
 }
@@ -760,6 +762,7 @@ def test_json_op_table_matches_the_op_dataclasses() -> None:
     assert {name for name, form in OP_FORMS.items() if form.form == "unit"} == {
         "MatMul", "Where", "StopGradient", "Fma", "ResizeNearest2x", "GatedResidual", "LogMel", "GroupedMatMul",
         "ReluBackward", "SoftmaxCrossEntropy", "SoftmaxCrossEntropyWithLogits", "FusedMatMulResidual",
+        "ComplexNormSq", "Conjugate",
     }
     assert {name for name, form in OP_FORMS.items() if form.form == "newtype"} == {"Activation", "Binary", "Compare"}
 

@@ -151,3 +151,26 @@ def test_butterfly_stages_compose_to_the_dft() -> None:
     _run(g, {"s": state})
     with pytest.raises(AttributeValueError, match="stage"):
         g.fft_butterfly_stage(cur, *(g.input(f"t{i}", [4]) for i in range(4)), 3, 8)
+
+
+@settings(max_examples=5, deadline=None)
+@given(lead=st.lists(st.integers(1, 3), max_size=2), n=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_complex_norm_sq_and_conjugate_on_interleaved_pairs(lead: list[int], n: int, seed: int) -> None:
+    z = np.random.default_rng(seed).standard_normal((*lead, 2 * n)).astype(np.float32)
+    g = Graph("c")
+    x = g.input("z", [*lead, 2 * n])
+    g.set_outputs([g.complex_norm_sq(x, name="norm"), g.conjugate(x, name="conj")])
+    complex_z = z[..., 0::2].astype(np.complex64) + 1j * z[..., 1::2]
+    got = reference.evaluate(g, {"z": z})
+    np.testing.assert_allclose(got["norm"], np.abs(complex_z) ** 2, rtol=1e-6, atol=1e-6)
+    conj = np.conj(complex_z)
+    np.testing.assert_array_equal(got["conj"], np.stack([conj.real, conj.imag], axis=-1).reshape(z.shape))
+    _run(g, {"z": z})
+
+
+def test_interleaved_complex_needs_even_f32_last_axis() -> None:
+    g = Graph("c")
+    with pytest.raises(ShapeError):
+        g.complex_norm_sq(g.input("z", [2, 5]))
+    with pytest.raises(DTypeError):
+        g.conjugate(g.input("z16", [2, 4], dtype="F16"))

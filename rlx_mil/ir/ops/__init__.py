@@ -201,6 +201,8 @@ from rlx_mil.ir.ops.shape import (
     Trilu,
 )
 from rlx_mil.ir.ops.signal import (
+    ComplexNormSq,
+    Conjugate,
     Fft,
     FftButterflyStage,
     FftNorm,
@@ -265,7 +267,9 @@ __all__ = [
     "Clamp",
     "CmpOp",
     "Compare",
+    "ComplexNormSq",
     "Concat",
+    "Conjugate",
     "Constant",
     "Conv",
     "Conv3d",

@@ -15,7 +15,7 @@ from rlx_mil.ir.builder import BuilderBase
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.infer import shape_rule
 from rlx_mil.ir.op_base import BinaryArityOp, Op, UnaryOp, collect_ops, fix_f32
-from rlx_mil.ir.serde.codecs import BOOL, F32, U32, USIZE, USIZE_VEC, EnumCodec, struct_form
+from rlx_mil.ir.serde.codecs import BOOL, F32, U32, USIZE, USIZE_VEC, EnumCodec, struct_form, unit_form
 from rlx_mil.ir.serde.versions import NEWEST
 from rlx_mil.ir.shape import Dim, Shape, Static
 from rlx_mil.ir.shape_checks import conflict, require_float, require_rank
@@ -118,7 +118,46 @@ class FftButterflyStage(Op):
         return ("state", "gate", "rev", "tw_re", "tw_im")
 
 
+@dataclass(frozen=True)
+class ComplexNormSq(UnaryOp):
+    """`|z|^2 = re^2 + im^2` of C64 values held as interleaved F32 pairs: `[.., 2n]` -> `[.., n]`
+    (upstream's Core ML promotion of a C64 `[.., n]`)."""
+
+    type_name: ClassVar[str] = "ComplexNormSq"
+
+
+@dataclass(frozen=True)
+class Conjugate(UnaryOp):
+    """The complex conjugate of interleaved F32 pairs `[.., 2n]`: each odd (imaginary) lane negated."""
+
+    type_name: ClassVar[str] = "Conjugate"
+
+
 # -------------------------------------------------------------------------------- shape rules
+
+
+def _interleaved(op: Op, x: Shape) -> int:
+    """n of an interleaved `[.., 2n]` F32 operand (C64 `[.., n]` promoted as upstream's Core ML does)."""
+    if x.dtype is not DType.F32:
+        raise DTypeError(f"{op.type_name} takes C64 as interleaved F32 pairs [.., 2n]; got {x.dtype.value}",
+                         operand="x")
+    require_rank(x, "x", minimum=1)
+    last: Dim = x.dims[-1]
+    if not isinstance(last, Static) or last.size < 2 or last.size % 2:
+        raise ShapeError(f"the last dim of x {x} must be 2n (re, im pairs)", operand="x")
+    return last.size // 2
+
+
+@shape_rule(ComplexNormSq)
+def _complex_norm_sq(op: ComplexNormSq, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    n = _interleaved(op, ins[0])
+    return Shape((*ins[0].dims[:-1], Static(n)), DType.F32)
+
+
+@shape_rule(Conjugate)
+def _conjugate(op: Conjugate, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    _interleaved(op, ins[0])
+    return ins[0]
 
 
 @shape_rule(Histogram)
@@ -271,6 +310,14 @@ class SignalBuilder(BuilderBase):
         """DFT of the real-block `[.., 2N]` `x` along its last axis."""
         return self.add_node(Fft(inverse, norm if isinstance(norm, FftNorm) else FftNorm(norm)), [x], name=name)
 
+    def complex_norm_sq(self, z: int, *, name: str | None = None) -> int:
+        """`re^2 + im^2` of interleaved complex `z [.., 2n]`: `[.., n]`."""
+        return self.add_node(ComplexNormSq(), [z], name=name)
+
+    def conjugate(self, z: int, *, name: str | None = None) -> int:
+        """The conjugate of interleaved complex `z [.., 2n]`."""
+        return self.add_node(Conjugate(), [z], name=name)
+
 
 #: The ops of this family.
 OPS = collect_ops(globals())
@@ -284,4 +331,6 @@ JSON_FORMS = (
     struct_form(PartitionedConv, ("block", USIZE), since=NEWEST),
     struct_form(Fft, ("inverse", BOOL), ("norm", EnumCodec(FftNorm, "FftNorm")), since=NEWEST),
     struct_form(FftButterflyStage, ("stage", U32), ("n_fft", U32), since=NEWEST),
+    unit_form(ComplexNormSq, since=NEWEST),
+    unit_form(Conjugate, since=NEWEST),
 )

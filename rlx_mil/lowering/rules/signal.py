@@ -200,3 +200,41 @@ def lower_fft_butterfly_stage(op: ops.FftButterflyStage, ctx: LowerContext) -> A
     halves = [mb.stack(values=[lanes[0][h], lanes[1][h]], axis=3, name=ctx.name(f"half{h}")) for h in (0, 1)]
     stacked = mb.stack(values=halves, axis=2, name=ctx.name("stacked"))  # [B, groups, 2, stride, 2]
     return mb.reshape(x=stacked, shape=np.asarray(sizes, np.int32), name=ctx.name())
+
+
+def _static_pairs(ctx: LowerContext) -> tuple[list[int], Any]:
+    """The interleaved operand's sizes and its `[.., n, 2]` view."""
+    from coremltools.converters.mil import Builder as mb
+
+    shape = ctx.input_shape(0)
+    if not shape.is_static:
+        raise ctx.fail(ShapeError, f"interleaved complex x {shape} must be static", "x")
+    sizes = list(shape.sizes())
+    view = [*sizes[:-1], sizes[-1] // 2, 2]
+    return sizes, mb.reshape(x=ctx.var(0), shape=np.asarray(view, np.int32), name=ctx.name("pairs"))
+
+
+@lowering(
+    notes=(
+        "C64 as interleaved F32 pairs [.., 2n] (upstream's Core ML promotion): `reshape` to [.., n, 2],"
+        " `mul` by itself, `reduce_sum` over the pair axis (re^2 + im^2)."
+    ),
+)
+def lower_complex_norm_sq(op: ops.ComplexNormSq, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    _, pairs = _static_pairs(ctx)
+    squares = mb.mul(x=pairs, y=pairs, name=ctx.name("squares"))
+    return mb.reduce_sum(x=squares, axes=[-1], keep_dims=False, name=ctx.name())
+
+
+@lowering(
+    notes="C64 as interleaved F32 pairs [.., 2n]: `reshape` to [.., n, 2], `mul` by the const [1, -1], `reshape` back.",
+)
+def lower_conjugate(op: ops.Conjugate, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    sizes, pairs = _static_pairs(ctx)
+    signs = ctx.const(np.asarray([1.0, -1.0], np.float32), "signs")
+    flipped = mb.mul(x=pairs, y=signs, name=ctx.name("flipped"))
+    return mb.reshape(x=flipped, shape=np.asarray(sizes, np.int32), name=ctx.name())
