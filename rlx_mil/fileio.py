@@ -226,6 +226,12 @@ def check_output_path(dest: Path, *, overwrite: bool, what: str = "output file",
         raise IsADirectoryPathError(f"{dest}: a directory, not a {what}")
     if not dest.parent.is_dir():
         raise NotADirectoryPathError(f"{dest}: the folder {dest.parent} does not exist")
+    if dest.exists():
+        mode = dest.stat().st_mode
+        if not stat.S_ISREG(mode):
+            # The file is written beside it and renamed into place: a device or FIFO there
+            # (`--report /dev/null` as root) would be replaced, not written to.
+            raise SpecialFileError(f"{dest}: {_kind(mode)}, not a file; give a file path for the {what}")
     if (dest.exists() or dest.is_symlink()) and not overwrite:
         same = [p for p in inputs if p.exists() and dest.exists() and os.path.samefile(p, dest)]
         own = f" (it is the command's own input {same[0]})" if same else ""
