@@ -21,8 +21,8 @@ VARIANTS = ("prefill", "decode")
 def check_output(output: Path, overwrite: bool) -> None:
     """Refuse a bad output path before any work, after sweeping the staging folders of
     killed saves to it (a conversion that then fails must not leave them behind)."""
-    if output.suffix != ".mlpackage":
-        raise InvalidOptionError(f"the output is a .mlpackage folder, got {str(output)!r}")
+    if output.suffix not in (".mlpackage", ".aimodel"):
+        raise InvalidOptionError(f"the output is a .mlpackage folder (or a Core AI .aimodel asset), got {str(output)!r}")
     sweep_killed_saves(output)
     if output.exists() and not overwrite:
         raise InvalidOptionError(f"{output} exists; pass --overwrite to replace it")

@@ -120,9 +120,30 @@ def convert_llm_checkpoint(
     (prepare or prepare_package)(model, model_dir, description)
     if output is not None:
         stages.begin("writing the package")
-        save(model, Path(output), overwrite=overwrite)
+        if Path(output).suffix == ".aimodel":
+            _save_asset(model, Path(output), overwrite)
+        else:
+            save(model, Path(output), overwrite=overwrite)
         stages.end(str(output))
     return model
+
+
+def _save_asset(model: Any, output: Path, overwrite: bool) -> None:
+    """A Core AI asset of the package: the package (with its tokenizer files) is written to a
+    staging folder beside `output`, translated, and removed."""
+    import shutil
+    import tempfile
+
+    from rlx_mil.api import save
+    from rlx_mil.coreai.asset import save_aimodel
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".rlx_mil_convert_", dir=output.parent))
+    try:
+        package = save(model, staging / (output.stem + ".mlpackage"))
+        save_aimodel(package, output, overwrite=overwrite)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def reference_logits(

@@ -123,3 +123,14 @@ def test_inspect_shows_the_assets_entry_points(converted: dict[str | None, tuple
     assert set(summary["functions"]) == {"decode", "prefill_8"}
     assert {s["name"] for s in summary["functions"]["decode"]["states"]} == {"key_cache", "value_cache"}
     assert summary["program_bytes"] > 0 and "tokenizer.json" in summary["text_files"]
+
+
+def test_checkpoint_api_writes_an_asset(converted: dict[str | None, tuple[Path, Path]], tmp_path: Path) -> None:
+    from rlx_mil.llm.package import convert_llm_checkpoint
+
+    _, package = converted[None]
+    asset = tmp_path / "api.aimodel"
+    convert_llm_checkpoint(package.parent / "tiny-chat", asset, max_context=32, prefill=[8], precision="fp32")
+    assert (asset / "rlx_mil_text" / "tokenizer.json").is_file() and not list(tmp_path.glob(".rlx_mil_convert_*"))
+    prompt = [3, 17, 5, 9]
+    assert Session(asset).generate(prompt, 6) == Session(package, engine="milexec").generate(prompt, 6)
