@@ -75,10 +75,6 @@ REFUSED: dict[str, str] = {
         "a user-registered op: its meaning lives in upstream's run-time op registry under its `name`, not in"
         " the graph (attrs are an opaque blob), so rlx_mil cannot know what it computes; refused by name"
     ),
-    "WelchPeaks": (
-        "top-k Welch PSD peaks: the PSD scaling, one-sidedness and tie order are only in upstream's CPU code;"
-        " not lowered"
-    ),
 }
 
 

@@ -15,6 +15,7 @@ from rlx_mil.ir.ops.signal import (
     Im2Col,
     PartitionedConv,
     SplineActivation,
+    WelchPeaks,
     im2col_out,
 )
 from rlx_mil.ir.shape import Shape
@@ -119,3 +120,32 @@ def _conjugate(op: Conjugate, inputs: Sequence[np.ndarray], out: Shape) -> np.nd
     z = np.array(inputs[0], np.float32)
     z[..., 1::2] = -z[..., 1::2]
     return finish(z, out)
+
+
+def welch_psd(op: WelchPeaks, spectrum: np.ndarray) -> np.ndarray:
+    """`[batch, n_fft / 2 + 1]` one-sided power averaged over segments, summed in float32 in
+    upstream's order (segment by segment, `scale * 2 * |X|^2` inside, `scale * |X|^2` at the ends)."""
+    x = np.asarray(spectrum, np.float32)
+    n_fft = x.shape[1] // 2
+    n_bins = n_fft // 2 + 1
+    segs = x.reshape(-1, op.n_segments, 2 * n_fft)
+    inv = np.float32(1.0 / op.n_segments)
+    weight = np.full(n_bins, inv * np.float32(2.0), np.float32)
+    weight[0] = inv
+    weight[n_bins - 1] = inv if n_bins > 1 else weight[n_bins - 1]
+    psd = np.zeros((segs.shape[0], n_bins), np.float32)
+    for s in range(op.n_segments):
+        re, im = segs[:, s, :n_bins], segs[:, s, n_fft:n_fft + n_bins]
+        psd = psd + weight * (re * re + im * im)
+    return psd
+
+
+@reference_kernel(WelchPeaks)
+def _welch_peaks(op: WelchPeaks, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    psd = welch_psd(op, inputs[0])
+    taken = min(op.k, psd.shape[1])
+    order = np.argsort(-psd, axis=1, kind="stable")[:, :taken]
+    peaks = np.zeros((psd.shape[0], op.k, 2), np.float32)
+    peaks[:, :taken, 0] = order
+    peaks[:, :taken, 1] = np.take_along_axis(psd, order, axis=1)
+    return finish(peaks.reshape(psd.shape[0], 2 * op.k), out)

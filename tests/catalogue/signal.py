@@ -22,6 +22,7 @@ def _signal() -> Graph:
                               name="butterfly"),
         g.complex_norm_sq(g.input("z", [2, 3, 8]), name="norm_sq"),
         g.conjugate(g.input("zc", [3, 10]), name="conj"),
+        g.welch_peaks(g.input("segs", [4, 16]), 3, 2, name="peaks"),
     ])
     return g
 

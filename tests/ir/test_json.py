@@ -616,6 +616,7 @@ PART3_OP_STRATEGIES: dict[str, st.SearchStrategy[Op]] = {
     "FftButterflyStage": st.builds(ops.FftButterflyStage, U32S, U32S),
     "ComplexNormSq": st.just(ops.ComplexNormSq()),
     "Conjugate": st.just(ops.Conjugate()),
+    "WelchPeaks": st.builds(ops.WelchPeaks, USIZES, USIZES),
     "TransformRegion": st.builds(ops.TransformRegion, vectors(st.builds(
         ops.ChainOperand, st.sampled_from(ops.ChainSource), USIZES)), st.integers(1, 3)),
 }

@@ -174,3 +174,50 @@ def test_interleaved_complex_needs_even_f32_last_axis() -> None:
         g.complex_norm_sq(g.input("z", [2, 5]))
     with pytest.raises(DTypeError):
         g.conjugate(g.input("z16", [2, 4], dtype="F16"))
+
+
+def _welch_loops(spectrum: np.ndarray, n_segments: int, k: int) -> np.ndarray:
+    """upstream's accumulate / insertion top-k, written as loops."""
+    n_fft = spectrum.shape[1] // 2
+    n_bins = n_fft // 2 + 1
+    out = np.zeros((spectrum.shape[0] // n_segments, 2 * k), np.float32)
+    for b in range(out.shape[0]):
+        psd = [np.float32(0.0)] * n_bins
+        for s in range(n_segments):
+            row = spectrum[b * n_segments + s]
+            for i in range(n_bins):
+                w = np.float32(1.0 / n_segments) * (np.float32(2.0) if 0 < i < n_bins - 1 else np.float32(1.0))
+                psd[i] = np.float32(psd[i] + w * (row[i] * row[i] + row[n_fft + i] * row[n_fft + i]))
+        top = sorted(range(n_bins), key=lambda i: (-psd[i], i))[:k]
+        for slot, i in enumerate(top):
+            out[b, 2 * slot], out[b, 2 * slot + 1] = i, psd[i]
+    return out
+
+
+@settings(max_examples=5, deadline=None)
+@given(batch=st.integers(1, 3), segments=st.integers(1, 3), n_fft=st.sampled_from([2, 5, 8, 16]),
+       k=st.integers(1, 12), ties=st.booleans(), seed=st.integers(0, 2**16))
+def test_welch_peaks_rank_the_psd_like_upstream(batch: int, segments: int, n_fft: int, k: int, ties: bool,
+                                                seed: int) -> None:
+    spectrum = np.random.default_rng(seed).standard_normal((batch * segments, 2 * n_fft)).astype(np.float32)
+    if ties:  # integer powers with power-of-two weights sum exactly: many equal bins, the lower one first
+        segments = min(segments, 2)
+        spectrum = np.round(np.random.default_rng(seed).standard_normal((batch * segments, 2 * n_fft))).astype(np.float32)
+    g = Graph("w")
+    g.set_outputs([g.welch_peaks(g.input("spec", [batch * segments, 2 * n_fft]), k, segments, name="peaks")])
+    want = _welch_loops(spectrum, segments, k)
+    got = reference.evaluate(g, {"spec": spectrum})["peaks"]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    if not ties:  # equal powers summed in another order could swap near-ties in the program
+        _run(g, {"spec": spectrum})
+    else:
+        out = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), {"spec": spectrum})["peaks"]
+        np.testing.assert_array_equal(out, want)
+
+
+def test_welch_peaks_needs_whole_segments() -> None:
+    g = Graph("w")
+    with pytest.raises(ShapeError):
+        g.welch_peaks(g.input("spec", [5, 8]), 2, 2)
+    with pytest.raises(AttributeValueError):
+        g.welch_peaks(g.input("spec2", [4, 8]), 0, 2)

@@ -210,6 +210,7 @@ from rlx_mil.ir.ops.signal import (
     Im2Col,
     PartitionedConv,
     SplineActivation,
+    WelchPeaks,
 )
 from rlx_mil.ir.ops.training import (
     ActivationBackward,
@@ -387,6 +388,7 @@ __all__ = [
     "TransformRegion",
     "Transpose",
     "Trilu",
+    "WelchPeaks",
     "Where",
     "While",
     "f32",

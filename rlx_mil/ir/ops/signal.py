@@ -133,6 +133,18 @@ class Conjugate(UnaryOp):
     type_name: ClassVar[str] = "Conjugate"
 
 
+@dataclass(frozen=True)
+class WelchPeaks(UnaryOp):
+    """Top-`k` bins of the Welch PSD of block-layout segment spectra `[batch * n_segments, 2 * n_fft]`:
+    the one-sided power (`|X|^2`, doubled except at DC and Nyquist) averaged over each row's
+    `n_segments` segments; `[batch, 2k]` interleaved `(bin, power)`, power descending, ties to the
+    lower bin, slots past `n_fft / 2 + 1` bins left 0 (upstream's `welch_peaks_block_f32`)."""
+
+    type_name: ClassVar[str] = "WelchPeaks"
+    k: int
+    n_segments: int
+
+
 # -------------------------------------------------------------------------------- shape rules
 
 
@@ -271,6 +283,22 @@ def _fft_butterfly_stage(op: FftButterflyStage, ins: Sequence[Shape], declared: 
     return state
 
 
+@shape_rule(WelchPeaks)
+def _welch_peaks(op: WelchPeaks, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    x = ins[0]
+    for name in ("k", "n_segments"):
+        value = getattr(op, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise AttributeValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if x.dtype is not DType.F32:
+        raise DTypeError(f"WelchPeaks takes an F32 spectrum, got {x.dtype.value}", operand="spectrum")
+    require_rank(x, "spectrum", exact=(2,))
+    if not x.is_static or x.sizes()[1] % 2 or x.sizes()[0] % op.n_segments:
+        raise ShapeError(f"spectrum {x} must be static [batch * n_segments ({op.n_segments}), 2 * n_fft]",
+                         operand="spectrum")
+    return Shape((Static(x.sizes()[0] // op.n_segments), Static(2 * op.k)), DType.F32)
+
+
 # -------------------------------------------------------------------------------- builder
 
 
@@ -318,6 +346,10 @@ class SignalBuilder(BuilderBase):
         """The conjugate of interleaved complex `z [.., 2n]`."""
         return self.add_node(Conjugate(), [z], name=name)
 
+    def welch_peaks(self, spectrum: int, k: int, n_segments: int, *, name: str | None = None) -> int:
+        """`[batch, 2k]` (bin, power) top-k of the Welch PSD of `[batch * n_segments, 2 * n_fft]` spectra."""
+        return self.add_node(WelchPeaks(k, n_segments), [spectrum], name=name)
+
 
 #: The ops of this family.
 OPS = collect_ops(globals())
@@ -333,4 +365,5 @@ JSON_FORMS = (
     struct_form(FftButterflyStage, ("stage", U32), ("n_fft", U32), since=NEWEST),
     unit_form(ComplexNormSq, since=NEWEST),
     unit_form(Conjugate, since=NEWEST),
+    struct_form(WelchPeaks, ("k", USIZE), ("n_segments", USIZE), since=NEWEST),
 )

@@ -238,3 +238,59 @@ def lower_conjugate(op: ops.Conjugate, ctx: LowerContext) -> Any:
     signs = ctx.const(np.asarray([1.0, -1.0], np.float32), "signs")
     flipped = mb.mul(x=pairs, y=signs, name=ctx.name("flipped"))
     return mb.reshape(x=flipped, shape=np.asarray(sizes, np.int32), name=ctx.name())
+
+
+#: Most one-sided bins WelchPeaks ranks: its pairwise comparison is [batch, bins, bins].
+WELCH_MAX_BINS = 1025
+
+
+@lowering(
+    notes=(
+        "the PSD: `reshape` to [B, S, 2N], `mul` by itself, `slice_by_index` of the re/im halves' first"
+        " N/2+1 bins, `add`, `mul` by the one-sided weights / S, `reduce_sum` over S; the top-k as ranks:"
+        " rank_i = #(p_j > p_i) + #(j < i, p_j == p_i) (`greater`, `equal`, a triangular const,"
+        " `logical_or`, `cast`, `reduce_sum`), slot r takes the bin whose rank is r (`equal` with"
+        " arange(k), `mul`, `reduce_sum`), `stack` (bin, power) and `reshape` to [B, 2k]. Ties go to the"
+        " lower bin as upstream's insertion; N/2+1 <= 1025 bins (larger is refused by name)."
+    ),
+)
+def lower_welch_peaks(op: ops.WelchPeaks, ctx: LowerContext) -> Any:
+    from coremltools.converters.mil import Builder as mb
+
+    rows, width = ctx.input_shape(0).sizes()
+    n_fft, batch = width // 2, rows // op.n_segments
+    bins = n_fft // 2 + 1
+    if bins > WELCH_MAX_BINS:
+        raise ctx.fail(ShapeError, f"WelchPeaks of n_fft = {n_fft}: the rank form takes at most"
+                                   f" {WELCH_MAX_BINS} one-sided bins", "spectrum")
+    segs = mb.reshape(x=ctx.var(0), shape=np.asarray([batch, op.n_segments, width], np.int32), name=ctx.name("segs"))
+    squares = mb.mul(x=segs, y=segs, name=ctx.name("squares"))
+
+    def half(start: int, tag: str) -> Any:
+        return mb.slice_by_index(x=squares, begin=np.asarray([0, 0, start], np.int32),
+                                 end=np.asarray([batch, op.n_segments, start + bins], np.int32), name=ctx.name(tag))
+
+    power = mb.add(x=half(0, "re2"), y=half(n_fft, "im2"), name=ctx.name("power"))
+    weight = np.full(bins, 2.0 / op.n_segments, np.float64)
+    weight[0] = weight[-1] = 1.0 / op.n_segments
+    weighted = mb.mul(x=power, y=weight.astype(ctx.float_dtype), name=ctx.name("weighted"))
+    psd = mb.reduce_sum(x=weighted, axes=[1], keep_dims=False, name=ctx.name("psd"))  # [B, bins]
+    p_i = mb.expand_dims(x=psd, axes=[2], name=ctx.name("p_i"))
+    p_j = mb.expand_dims(x=psd, axes=[1], name=ctx.name("p_j"))
+    earlier = np.tril(np.ones((bins, bins), bool), k=-1)  # [i, j]: j < i
+    ahead = mb.logical_or(
+        x=mb.greater(x=p_j, y=p_i, name=ctx.name("greater")),
+        y=mb.logical_and(x=mb.equal(x=p_j, y=p_i, name=ctx.name("tie")), y=earlier, name=ctx.name("tie_before")),
+        name=ctx.name("ahead"))
+    rank = mb.reduce_sum(x=mb.cast(x=ahead, dtype="int32", name=ctx.name("ahead_int")), axes=[2], keep_dims=True,
+                         name=ctx.name("rank"))  # [B, bins, 1]
+    slots = np.arange(op.k, dtype=np.int32).reshape(1, 1, -1)
+    pick = mb.cast(x=mb.equal(x=rank, y=slots, name=ctx.name("is_slot")), dtype=ctx.mil_float,
+                   name=ctx.name("pick"))  # [B, bins, k]
+    ids = np.arange(bins, dtype=np.float64).reshape(1, -1, 1).astype(ctx.float_dtype)
+    peak_bins = mb.reduce_sum(x=mb.mul(x=pick, y=ids, name=ctx.name("bin_terms")), axes=[1], keep_dims=False,
+                              name=ctx.name("bins"))
+    peak_power = mb.reduce_sum(x=mb.mul(x=pick, y=p_i, name=ctx.name("power_terms")), axes=[1], keep_dims=False,
+                               name=ctx.name("powers"))
+    pairs = mb.stack(values=[peak_bins, peak_power], axis=2, name=ctx.name("pairs"))
+    return mb.reshape(x=pairs, shape=np.asarray([batch, 2 * op.k], np.int32), name=ctx.name())
