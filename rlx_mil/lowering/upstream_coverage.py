@@ -68,12 +68,18 @@ REFUSED: dict[str, str] = {
         " Core ML's int32 arithmetic; not lowered"
     ),
     "BatchElementwiseRegion": (
-        "one ElementwiseRegion chain over several batch planes: how the chain's inputs map onto the planes"
-        " is only in upstream's kernels (op.rs gives the output's batch size, not the element rule); not lowered"
+        "upstream's fusion pass builds it from N single-input ElementwiseRegions over Narrow slices of one"
+        " tensor whose results are Concat-ed (inputs = the slices, output = the concat's shape); op.rs and"
+        " the kernels fix neither the concat axis nor how chain inputs past Input(0) bind to the planes"
+        " (the kernels read per-plane offsets packed at fusion time), so a graph's value is not pinned"
+        " down by the node alone; not lowered"
     ),
     "Custom": (
         "a user-registered op: its meaning lives in upstream's run-time op registry under its `name`, not in"
-        " the graph (attrs are an opaque blob), so rlx_mil cannot know what it computes; refused by name"
+        " the graph (attrs are an opaque blob). The only names upstream's Core ML backend registers itself"
+        " are the `collective.*` ops (all_reduce, all_gather, reduce_scatter, broadcast, send/recv, ..),"
+        " host-side transport over a process group whose size and rank are not in the graph, which one"
+        " Core ML program cannot drive; every name is refused by name"
     ),
 }
 
