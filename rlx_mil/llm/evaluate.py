@@ -81,12 +81,21 @@ def windows(ids: Sequence[int], size: int) -> list[list[int]]:
     return [p for p in parts if len(p) >= 2]
 
 
-def session_logits(session: Any, progress: Callable[[], None] | None = None) -> LogitSource:
-    """Teacher-forced next-token logits of a `Session`: one decode call per token, from an
-    empty cache at the start of every window."""
+def session_logits(
+    session: Any, progress: Callable[[], None] | None = None, *, chunked: bool = True
+) -> LogitSource:
+    """Teacher-forced next-token logits of a `Session`, from an empty cache at the start of
+    every window: whole buckets per call where the package returns every position's logits
+    (`chunked`), else one decode call per token."""
 
     def rows(window: Sequence[int]) -> Iterator[np.ndarray]:
         session.reset()
+        if chunked and any(f.query_len > 1 and f.rows == f.query_len for f in session.functions):
+            for row in session.feed_rows(window[:-1]):
+                yield row
+                if progress is not None:
+                    progress()
+            return
         for token in window[:-1]:
             yield session.feed([token])
             if progress is not None:

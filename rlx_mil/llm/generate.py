@@ -55,16 +55,19 @@ class FunctionInfo:
     inputs: frozenset[str]
     logits: str
     vocab: int
+    #: logits rows a call returns: 1 (the last position's), or query_len (every position's).
+    rows: int = 1
 
 
-def _logits_output(outputs: Any, pieces: dict[str, OutputPieces]) -> tuple[str, int]:
-    """(name, vocabulary size) of a function's logits output: `logits` (whole, or in pieces),
-    else the first output."""
+def _logits_output(outputs: Any, pieces: dict[str, OutputPieces]) -> tuple[str, int, int]:
+    """(name, vocabulary size, rows) of a function's logits output: `logits` (whole, or in
+    pieces, taken as one row), else the first output; rows is the second-to-last dimension."""
     if "logits" in pieces:
-        return "logits", pieces["logits"].width
+        return "logits", pieces["logits"].width, 1
     names = [o.name for o in outputs]
     logits = "logits" if "logits" in names else names[0]
-    return logits, int(list(next(o for o in outputs if o.name == logits).type.multiArrayType.shape)[-1])
+    shape = [int(d) for d in next(o for o in outputs if o.name == logits).type.multiArrayType.shape]
+    return logits, shape[-1], shape[-2] if len(shape) >= 2 else 1
 
 
 def _query_lengths(contract: LLMContract, spec: Any) -> dict[str | None, int]:
@@ -194,9 +197,9 @@ class Session:
             for name, query_len in lengths.items():
                 inputs, outputs = _features(spec, name)
                 pieces = self._pieces[name] = split.of(name)
-                logits, vocab = _logits_output(outputs, pieces)
+                logits, vocab, rows = _logits_output(outputs, pieces)
                 names = self._chunks.inputs(name) if self._chunks is not None else frozenset(i.name for i in inputs)
-                self.functions.append(FunctionInfo(name, query_len, names, logits, vocab))
+                self.functions.append(FunctionInfo(name, query_len, names, logits, vocab, rows))
                 self._io_names[name] = io_tables.get(name) if name is not None else read_io_names(meta)
         except PackageMetadataError as err:
             raise GenerationError(f"{path}: its LLM metadata is malformed ({err}); re-convert the package") from None
@@ -306,6 +309,7 @@ class Session:
         return feeds
 
     def _call(self, fn: FunctionInfo, tokens: Sequence[int]) -> np.ndarray:
+        """Logits after the last token `[vocab]`; `self._rows` keeps every row returned."""
         feeds = self._feeds(fn, tokens)
         if self._chunks is not None:
             out = self._chunks.run(fn.name, feeds)
@@ -325,7 +329,30 @@ class Session:
             key = (self._io_names.get(fn.name) or {}).get("outputs", {}).get(key, key)
         out = assemble(out, self._pieces.get(fn.name, {}))
         logits = np.asarray(out[key], dtype=np.float32)
-        return logits.reshape(-1, logits.shape[-1])[-1]
+        self._rows = logits.reshape(-1, logits.shape[-1])
+        return self._rows[-1]
+
+    def feed_rows(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Write `token_ids` into the cache; return the logits after each of them `[n, vocab]`.
+        Buckets whose functions return every position's logits (`all_logits` packages) take a
+        chunk per call; every other token goes through the decode function, one call each."""
+        tokens = [self._token(t) for t in _token_list(token_ids, "token_ids")]
+        if not tokens:
+            raise GenerationError("feed_rows needs at least one token id")
+        if self._position + len(tokens) > self.max_context:
+            raise GenerationError(
+                f"the cache holds {self.max_context} tokens: {self._position} are in it and {len(tokens)} more"
+                " do not fit (reset() the session, or convert with a larger max_context)"
+            )
+        whole = [f for f in self.functions if f.query_len == 1 or f.rows == f.query_len]
+        rows: list[np.ndarray] = []
+        at = 0
+        while at < len(tokens):
+            fn = next(f for f in whole if f.query_len <= len(tokens) - at)
+            self._call(fn, tokens[at:at + fn.query_len])
+            rows.append(self._rows)
+            at += fn.query_len
+        return np.concatenate(rows)
 
     def feed(self, token_ids: Sequence[int]) -> np.ndarray:
         """Write `token_ids` into the cache; return the logits `[vocab]` after the last one."""

@@ -55,6 +55,7 @@ def convert_llm_checkpoint(
     prepare: Any = None,
     progress: Progress | None = None,
     chunk_bytes: int | str | None = None,
+    all_logits: bool = False,
     **convert_options: Any,
 ) -> Any:
     """Build decode (and `prefill_<n>`) graphs from the checkpoint and convert them into one
@@ -67,7 +68,9 @@ def convert_llm_checkpoint(
     `progress` reports each stage (reading, each function's conversion, joining, writing).
     `chunk_bytes` (an int or a size such as "1GB" or "1GiB") writes a chunked set instead: the
     folder `output` holds consecutive packages cut at layer boundaries, each weight file under
-    that size, and a manifest (`rlx_mil.llm.chunked`); the `ChunkedSet` is returned."""
+    that size, and a manifest (`rlx_mil.llm.chunked`); the `ChunkedSet` is returned.
+    `all_logits` keeps every position's logits in the prefill functions (`[1, n, vocab]`, not
+    the last position's only), so `rlx-mil eval` scores a bucket of tokens per call."""
     from rlx_mil.api import convert_functions, save
     from rlx_mil.llm.package_files import prepare_package
     from rlx_mil.models.pretrained import from_pretrained
@@ -94,7 +97,8 @@ def convert_llm_checkpoint(
 
     def graph(new_tokens: int) -> Any:
         return (loader or from_pretrained)(
-            model_dir, "decode", seq_len=new_tokens, cache_len=1, max_positions=max_context, last_logits=True,
+            model_dir, "decode", seq_len=new_tokens, cache_len=1, max_positions=max_context,
+            last_logits=not (all_logits and new_tokens > 1),
             attention_mask=attention_mask and new_tokens == 1,
         )
 
