@@ -75,11 +75,11 @@ REFUSED: dict[str, str] = {
         " down by the node alone; not lowered"
     ),
     "Custom": (
-        "a user-registered op: its meaning lives in upstream's run-time op registry under its `name`, not in"
-        " the graph (attrs are an opaque blob). The only names upstream's Core ML backend registers itself"
-        " are the `collective.*` ops (all_reduce, all_gather, reduce_scatter, broadcast, send/recv, ..),"
-        " host-side transport over a process group whose size and rank are not in the graph, which one"
-        " Core ML program cannot drive; every name is refused by name"
+        "a user-registered op whose meaning lives in upstream's run-time op registry under its `name` (attrs"
+        " are an opaque blob). The one name upstream's Core ML backend lowers itself, `onnx.ScatterND` with"
+        " 3 inputs, is read as ScatterNd (reduction = attrs[0..4] as a little-endian i32: 0 none, 1 add,"
+        " 2 mul, 3 max, 4 min) and lowers as ScatterNd; its own `collective.*` names are host transport over"
+        " a process group not in the graph; every other name is refused by name"
     ),
 }
 

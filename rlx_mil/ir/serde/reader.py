@@ -41,6 +41,7 @@ from rlx_mil.ir.serde.codecs import (
     required,
     tagged,
 )
+from rlx_mil.ir.serde.custom import decode_custom
 from rlx_mil.ir.serde.forms import OP_FORMS, UNSUPPORTED_UPSTREAM_OPS, needs_newest
 from rlx_mil.ir.serde.payloads import ExtractedPayloads, extract_payloads
 from rlx_mil.ir.serde.versions import NEWEST, V0_2_2
@@ -274,6 +275,9 @@ def _decode_constant(content: object, path: str, shape: Shape, state: _DecodeSta
 def _decode_op(value: object, path: str, shape: Shape, state: _DecodeState) -> Op:
     tag, content = tagged(value, path, "an op")
     form = OP_FORMS.get(tag)
+    if form is None and tag == "Custom":
+        state.newest_syntax = True
+        return decode_custom(content, f"{path}.Custom")
     if form is None:
         if tag in UNSUPPORTED_UPSTREAM_OPS:
             raise UnsupportedOpFormatError(

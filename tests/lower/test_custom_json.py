@@ -1,0 +1,65 @@
+"""Upstream's `Custom` ops: `onnx.ScatterND` is read as ScatterNd (reduction from its attrs
+bytes, as upstream's Core ML backend reads them); other names are refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlx_mil import milexec, reference
+from rlx_mil.errors import GraphFormatError, UnsupportedOpFormatError
+from rlx_mil.ir import ops
+from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.json_io import graph_from_json, graph_to_json
+
+from .conftest import convert_and_cleanup
+
+
+def _custom_json(custom: dict[str, object]) -> str:
+    g = Graph("c")
+    g.set_outputs([g.scatter_nd(g.input("data", [4, 3]), g.input("idx", [2, 1], dtype="I32"),
+                                g.input("upd", [2, 3]), name="out")])
+    doc = json.loads(graph_to_json(g))
+    for node in doc["nodes"]:
+        if isinstance(node["op"], dict) and "ScatterNd" in node["op"]:
+            node["op"] = {"Custom": custom}
+    return json.dumps(doc)
+
+
+@settings(max_examples=5, deadline=None)
+@given(code=st.integers(0, 4), short=st.booleans(), seed=st.integers(0, 2**16))
+def test_onnx_scatter_nd_custom_reads_as_scatter_nd(code: int, short: bool, seed: int) -> None:
+    attrs = [] if short else [*code.to_bytes(4, "little"), 9, 9]
+    g = graph_from_json(_custom_json({"name": "onnx.ScatterND", "num_inputs": 3, "attrs": attrs}))
+    (op,) = [n.op for n in g.nodes if isinstance(n.op, ops.ScatterNd)]
+    want = ops.ScatterNdReduction.NONE if short else list(ops.ScatterNdReduction)[code]
+    assert op.reduction is want
+    rng = np.random.default_rng(seed)
+    feeds = {"data": rng.standard_normal((4, 3)).astype(np.float32), "idx": np.asarray([[3], [1]], np.int32),
+             "upd": rng.standard_normal((2, 3)).astype(np.float32)}
+    expected = feeds["data"].copy()
+    for row, at in zip(feeds["upd"], (3, 1), strict=True):
+        expected[at] = {0: row, 1: expected[at] + row, 2: expected[at] * row, 3: np.maximum(expected[at], row),
+                        4: np.minimum(expected[at], row)}[0 if short else code]
+    np.testing.assert_allclose(reference.evaluate(g, feeds)["out"], expected, rtol=1e-6)
+    got = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), feeds)["out"]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("custom", [
+    {"name": "collective.all_reduce", "num_inputs": 1, "attrs": []},
+    {"name": "onnx.ScatterND", "num_inputs": 2, "attrs": []},
+    {"name": "onnx.ScatterND", "num_inputs": 3, "attrs": [5, 0, 0, 0]},
+])
+def test_other_custom_ops_are_refused_by_name(custom: dict[str, object]) -> None:
+    with pytest.raises(UnsupportedOpFormatError, match=r"Custom|reduction"):
+        graph_from_json(_custom_json(custom))
+
+
+def test_custom_attrs_must_be_bytes() -> None:
+    with pytest.raises(GraphFormatError, match="attrs"):
+        graph_from_json(_custom_json({"name": "onnx.ScatterND", "num_inputs": 3, "attrs": [300]}))
