@@ -1,6 +1,7 @@
-"""The code blocks of README.md and docs/*.md (benchmarks/doc_blocks.py): each carries a marker;
-the `run` ones run as written, twice, from a clean folder; every `rlx-mil` command in any
-block names a real subcommand and real options."""
+"""The code blocks of README.md and docs/*.md (benchmarks/doc_blocks.py): each carries a marker
+of the script's vocabulary; the `run` ones run as written, twice, from a clean folder (the `long`
+ones, with their stand-ins, in the script); every `rlx-mil` command in any block names a real
+subcommand and real options."""
 
 from __future__ import annotations
 
@@ -11,17 +12,47 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from doc_blocks import Block, blocks, run_twice
+from doc_blocks import STAND_INS, Block, blocks, run_twice
 
 ALL = blocks()
 RUN = [b for b in ALL if b.kind == "run"]
 
 
 def test_every_block_is_marked() -> None:
-    unmarked = [b.where for b in ALL if not b.kind]
-    assert not unmarked, f"code blocks without a <!-- doc-test: run|long|needs ... --> marker: {unmarked}"
-    assert all(b.note for b in ALL if b.kind == "needs"), "a needs marker says what the block needs"
+    problems = [p for b in ALL for p in b.marker_problems()]
+    assert not problems, "\n".join(problems)
     assert len(RUN) >= 4
+    standing_in = [b for b in ALL if b.stand_ins]
+    assert len(standing_in) >= 10
+    assert {kind for b in standing_in for kind in b.stand_ins.values()} == set(STAND_INS)
+
+
+@pytest.mark.parametrize("marker, problem", [
+    ("<!-- doc-test: needs -->", "says what the block needs"),
+    ("<!-- doc-test: run now -->", "a run marker takes no text"),
+    ("<!-- doc-test: long, stands-in: qwen-folder=Qwen3-0.6B -->", "no stand-in kind 'qwen-folder'"),
+    ("<!-- doc-test: long, stands-in: gguf -->", "is not KIND=NAME"),
+    ("<!-- doc-test: long, with: gguf=x.gguf -->", "takes only ', stands-in: KIND=NAME"),
+    ("<!-- a comment -->", "no <!-- doc-test"),
+])
+def test_a_marker_outside_the_vocabulary_is_named(tmp_path: Path, marker: str, problem: str) -> None:
+    import doc_blocks
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(f"# x\n\n{marker}\n```sh\necho hi\n```\n")
+    old = doc_blocks.ROOT
+    doc_blocks.ROOT = tmp_path
+    try:
+        (block,) = doc_blocks.blocks()
+    finally:
+        doc_blocks.ROOT = old
+    assert any(problem in p for p in block.marker_problems()), block.marker_problems()
+
+
+def test_a_stands_in_marker_names_each_stand_in() -> None:
+    block = Block("docs/x.md", 3, "sh", "true\n", "long", ", stands-in: gguf=model.Q4_K_M.gguf, llm-package=llm.mlpackage")
+    assert block.stand_ins == {"model.Q4_K_M.gguf": "gguf", "llm.mlpackage": "llm-package"}
+    assert block.marker_problems() == []
 
 
 @pytest.mark.parametrize("block", RUN, ids=[b.where for b in RUN])
