@@ -156,7 +156,7 @@ def run_stateful(args: argparse.Namespace) -> int:
         args.model, args.output, max_context=max_context,
         prefill=prefill_option(args, max_context), overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked", attention_mask=args.attention_mask, description=description_overrides(args),
         loader=from_gguf, prepare=prepare_gguf_package, progress=Progress(enabled=not (args.quiet or running_under_ci())),
-        chunk_bytes=chunk_bytes, **convert_kwargs(args),
+        chunk_bytes=chunk_bytes, all_logits=getattr(args, "all_logits", False), **convert_kwargs(args),
     )
     if chunk_bytes is not None:
         seconds = time.perf_counter() - start

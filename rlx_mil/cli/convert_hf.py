@@ -320,6 +320,9 @@ def add_stateful_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill", metavar="N,N,...",
                    help=f"stateful: prefill bucket lengths, e.g. 64,512 (default {DEFAULT_PREFILL}; 'none' for"
                         " decode only, which reads prompts token by token)")
+    p.add_argument("--all-logits", action="store_true",
+                   help="stateful: prefill buckets return every position's logits, so `rlx-mil eval` scores a"
+                        " bucket of tokens per call (bigger prefill outputs; generation is unchanged)")
     p.add_argument("--cache-layout", choices=["stacked", "per_layer"],
                    help="stateful: two stacked states (default) or one state per layer's K and V")
     p.add_argument("--chunk-bytes", metavar="SIZE",
@@ -349,7 +352,8 @@ def prefill_option(args: argparse.Namespace, max_context: int) -> str:
 def _stateful_flags(args: argparse.Namespace) -> list[str]:
     return [flag for flag, value in (("--prefill", args.prefill), ("--max-context", args.max_context),
                                      ("--cache-layout", args.cache_layout),
-                                     ("--chunk-bytes", getattr(args, "chunk_bytes", None))) if value is not None]
+                                     ("--chunk-bytes", getattr(args, "chunk_bytes", None)),
+                                     ("--all-logits", getattr(args, "all_logits", False) or None)) if value is not None]
 
 
 def _graph_flags(args: argparse.Namespace) -> list[str]:
@@ -461,7 +465,7 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any], max_
     result = convert_llm_checkpoint(
         args.model_dir, args.output, max_context=max_context,
         prefill=prefill_option(args, max_context), overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked",
-        attention_mask=args.attention_mask, chunk_bytes=chunk_bytes,
+        attention_mask=args.attention_mask, chunk_bytes=chunk_bytes, all_logits=getattr(args, "all_logits", False),
         description=description_overrides(args), progress=Progress(enabled=not (args.quiet or running_under_ci())),
         **convert_options,
     )

@@ -75,3 +75,17 @@ def test_feed_rows_rejects_overflow(packages: tuple[Path, Path]) -> None:
         session.feed_rows(_ids(MAX_CONTEXT + 1))
     with pytest.raises(GenerationError, match="at least one"):
         session.feed_rows([])
+
+
+def test_cli_all_logits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlx_mil.cli import main
+
+    checkpoint = tiny_checkpoint(tmp_path, seed=7)
+    out = tmp_path / "cli.mlpackage"
+    assert main(["convert-hf", str(checkpoint), "-o", str(out), "--max-context", str(MAX_CONTEXT),
+                 "--prefill", str(BUCKET), "--all-logits", "--precision", "fp32", "--quiet"]) == 0
+    session = Session(out, engine="milexec")
+    assert {f.name: f.rows for f in session.functions} == {f"prefill_{BUCKET}": BUCKET, "decode": 1}
+    assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path / "g.mlpackage"), "--graph-only",
+                 "--all-logits"]) == 1
+    assert "--all-logits shapes the stateful package" in capsys.readouterr().err
