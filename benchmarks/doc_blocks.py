@@ -39,6 +39,12 @@ STAND_INS = {
     "gguf": "a tiny Llama-style GGUF file (Q8_0 weights, context 8192) with a BPE tokenizer in its metadata",
     "llm-package": "the stateful prefill + decode package of decoder-folder (max context 128, prefill 8)",
     "graph-package": "a stateless one-graph package of decoder-folder (prefill, seq 8)",
+    "rlx-graph": "an RLX graph JSON file: y = gelu(x [1, 16, 64] @ w [64, 64]), README's 'Using it' block",
+    "graph-params": "the weight w of rlx-graph, as .npz or .safetensors after the NAME's suffix",
+    "encoder-package": "a tiny BERT package [2, 128] with a WordPiece tokenizer (MiniLM's context of 512)",
+    "dinov2-folder": "a tiny random DINOv2 checkpoint (patch 14, image 518, as dinov2-small)",
+    "siglip-folder": "a tiny random SigLIP checkpoint (patch 16, image 224)",
+    "siglip2-folder": "a tiny random SigLIP2 checkpoint (patch 16, 256 patches, as the naflex models)",
 }
 
 
@@ -170,8 +176,68 @@ def lay_down(kind: str, path: Path) -> None:
             shape = ["--max-context", "128", "--prefill", "8"] if kind == "llm-package" else ["--graph-only", "--seq-len", "8"]
             command = [sys.executable, "-m", "rlx_mil.cli", "convert-hf", str(checkpoint), "-o", str(path), *shape, "-q"]
             subprocess.run(command, check=True, env=_shim(Path(tmp)), capture_output=True)
+    elif kind in ("rlx-graph", "graph-params"):
+        _graph_files(kind, path)
+    elif kind == "encoder-package":
+        _encoder_package(path)
+    elif kind in ("dinov2-folder", "siglip-folder", "siglip2-folder"):
+        _vision_folder(kind.removesuffix("-folder"), path)
     else:
         raise ValueError(f"no stand-in kind {kind!r}")
+
+
+def _graph_files(kind: str, path: Path) -> None:
+    import numpy as np
+
+    from rlx_mil import Graph
+
+    if kind == "rlx-graph":
+        g = Graph("block")
+        x = g.input("x", [1, 16, 64])
+        w = g.param("w", [64, 64])
+        g.set_outputs([g.gelu(g.matmul(x, w), name="y")])
+        path.write_text(g.to_json(indent=1))
+        return
+    params = {"w": (np.random.default_rng(0).standard_normal((64, 64)) / 8).astype(np.float32)}
+    if path.suffix == ".npz":
+        np.savez(path, w=params["w"])
+    else:
+        from safetensors.numpy import save_file
+
+        save_file(params, str(path))
+
+
+def _encoder_package(path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from llm.text_fixtures import write_wordpiece_tokenizer
+    from tokenizers import Tokenizer
+
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="rlx_mil_doc_ckpt_") as tmp:
+        checkpoint = Path(tmp) / "tiny-bert"
+        write_wordpiece_tokenizer(checkpoint)
+        vocab = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).get_vocab_size()
+        write_random_checkpoint(checkpoint, {**TINY_CONFIGS["bert"], "vocab_size": vocab, "max_position_embeddings": 512})
+        command = [sys.executable, "-m", "rlx_mil.cli", "convert-hf", str(checkpoint), "-o", str(path),
+                   "--seq-len", "128", "--batch-size", "2", "-q"]
+        subprocess.run(command, check=True, env=_shim(Path(tmp)), capture_output=True)
+
+
+def _vision_folder(family: str, path: Path) -> None:
+    import copy
+
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+    config = copy.deepcopy(TINY_CONFIGS[family])
+    vision = config.get("vision_config", config)
+    if family == "dinov2":
+        vision.update(patch_size=14, image_size=518)
+    elif family == "siglip":
+        vision.update(patch_size=16, image_size=224)
+    else:
+        vision.update(patch_size=16, num_patches=256)
+    write_random_checkpoint(path, config, seed=0)
 
 
 def run_twice(block: Block, timeout: float = 600) -> str | None:
