@@ -137,7 +137,9 @@ def compress_option(args: argparse.Namespace) -> Any:
     assert config is not None
     if calibration is not None:
         config = dataclasses.replace(config, calibration=calibration_inputs(calibration, args))
-    return dataclasses.replace(config, **quality_check_option(args))
+    from rlx_mil.cli.quality import quality_targets
+
+    return dataclasses.replace(config, **quality_check_option(args), **quality_targets(args))
 
 
 def quality_check_option(args: argparse.Namespace) -> dict[str, Any]:

@@ -30,6 +30,47 @@ def add_quality_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-quality-loss", action="store_true",
                    help="--verify passes a compressed package whose quality against the original model is below the"
                    " documented thresholds (docs/compression.md)")
+    p.add_argument("--max-kl", metavar="KL",
+                   help="with compression: the quality target's mean KL against the original model (nats, > 0):"
+                   " the quality check warns, and --verify fails, above it (default 0.1)")
+    p.add_argument("--min-top1", metavar="SHARE",
+                   help="with compression: the quality target's teacher-forced top-1 agreement with the original"
+                   " model, in (0, 1]: the check warns, and --verify fails, below it (default 0.8)")
+
+
+def quality_targets(args: argparse.Namespace) -> dict[str, Any]:
+    """--max-kl / --min-top1, validated (an `InvalidOptionError` naming the option): the
+    `CompressionConfig` fields they set."""
+    from rlx_mil.compress.quality import check_target
+
+    out: dict[str, Any] = {}
+    for option, key in (("--max-kl", "max_kl"), ("--min-top1", "min_top1")):
+        value = getattr(args, key, None)
+        if value is not None:
+            out[key] = check_target(option, value)
+    return out
+
+
+def thresholds_of(args: argparse.Namespace) -> Any:
+    """The quality check's thresholds for this command: the documented ones, with the user's target."""
+    from rlx_mil.compress.quality import DEFAULT_THRESHOLDS
+
+    targets = quality_targets(args)
+    return DEFAULT_THRESHOLDS.with_targets(targets.get("max_kl"), targets.get("min_top1"))
+
+
+def warn_unused_targets(args: argparse.Namespace, compressed: bool) -> None:
+    """One warning when --allow-quality-loss / --max-kl / --min-top1 were given to a conversion
+    that compressed nothing: there is no quality check for them to act on."""
+    given = [flag for flag, key in (("--allow-quality-loss", "allow_quality_loss"), ("--max-kl", "max_kl"),
+                                    ("--min-top1", "min_top1")) if getattr(args, key, None) not in (None, False)]
+    if given and not compressed:
+        import warnings
+
+        from rlx_mil.errors import CompressionWarning
+
+        warnings.warn(CompressionWarning(f"{', '.join(given)}: no effect, this conversion compressed no weight"
+                                         " (give --compress)"), stacklevel=2)
 
 
 def user_text(args: argparse.Namespace) -> str | None:
@@ -111,7 +152,7 @@ def measure_stateful(source: Any, metadata: Mapping[str, str], loader: Any, args
     compared = "the float model the GGUF codes decode to" if gguf else "the float checkpoint"
     codes = getattr(model, "rlx_mil_codes", None)  # the conversion's own codes: decoded, not encoded again
     check = measure_decoder_quality(source, report, ids, label, loader=loader, compared_with=compared, text=graph_text,
-                                    codes=codes)
+                                    codes=codes, thresholds=thresholds_of(args))
     return check_and_warn(check)
 
 
@@ -137,16 +178,20 @@ def print_summary(check: QualityCheck | None) -> None:
 
 
 def write_report(args: argparse.Namespace, metadata: Mapping[str, str], check: QualityCheck | None) -> None:
-    """--report FILE: the compression report (every weight) and the quality check as JSON."""
-    path = getattr(args, "report", None)
-    if path is None:
-        return
+    """--report FILE: the compression report (every weight, with the scheme it got and why) and
+    the quality check as JSON. Called once after every conversion: it also warns when the
+    quality options had nothing compressed to act on."""
     from dataclasses import asdict
 
     from rlx_mil.compress import report_of
-    from rlx_mil.fileio import atomic_output_file
 
     report = report_of(dict(metadata))
+    warn_unused_targets(args, report is not None and bool(report.weights))
+    path = getattr(args, "report", None)
+    if path is None:
+        return
+    from rlx_mil.fileio import atomic_output_file
+
     compression = None if report is None else asdict(report)
     if compression is not None:
         compression.pop("quality", None)
@@ -160,7 +205,8 @@ def check_report_path(args: argparse.Namespace) -> None:
     """Refuse a --report path that cannot be written (a folder, a missing folder, a device or
     FIFO) before any work, and one that is, or lies inside, the command's own input or output
     (a checkpoint's config.json would be replaced by the report); another existing file is
-    replaced."""
+    replaced. Also refuses a bad --max-kl / --min-top1 (before any work, like the path)."""
+    quality_targets(args)
     path = getattr(args, "report", None)
     if path is None:
         return

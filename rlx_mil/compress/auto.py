@@ -262,6 +262,9 @@ def plan_auto(
     if measure is not None:
         weights = measured_weights(options, weights, measure, sample)
     pick, why, reached = choose(options, weights, fixed_bytes, total_before, bits, budget, max_error)
+    for n in pick:
+        if roles.get(n) == "lm_head":
+            why[n] = f"head: the most sensitive weight; {why[n]}"
     schemes, notes, contributions = {}, {}, {}
     for name, i in pick.items():
         o = options[name][i]

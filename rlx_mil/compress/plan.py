@@ -171,6 +171,8 @@ class WeightCompressor:
         self.sizes = {n.op.name: n.shape.sizes() for n in graph if isinstance(n.op, Param)}
         self.schemes: dict[str, Scheme | PrequantizedScheme] = {}
         self.kept: dict[str, str] = {}
+        #: Why a compressed weight got its scheme when it is not the config's default (the report's note).
+        self.reasons: dict[str, str] = {}
         unmatched_rules(config, self.roles, graph.name)
         defaults = []  # weights that take the config's default scheme (what autoN may change)
         for name, role in self.roles.items():
@@ -179,6 +181,7 @@ class WeightCompressor:
                 self.kept[name] = why
             else:
                 self.schemes[name] = scheme
+                self.reasons[name] = why
                 if why == "" and scheme is config.role_scheme(role) and scheme is config.default:
                     defaults.append(name)
         self.notes: dict[str, str] = {}
@@ -210,7 +213,7 @@ class WeightCompressor:
     def _choose(self, name: str, role: str) -> tuple[Scheme | PrequantizedScheme | None, str]:
         source = self.config.prequantized.get(name)
         if source is not None:
-            return PrequantizedScheme(source.label), ""
+            return PrequantizedScheme(source.label), "the source file's own codes, kept exactly (its quantization grid)"
         for rule in self.config.rules:
             if rule.matches(name):
                 return rule.scheme, f"rule {rule.label}"
@@ -220,7 +223,10 @@ class WeightCompressor:
         if count < self.config.min_size:
             return None, f"below min_size {self.config.min_size}"
         scheme = self.config.role_scheme("weight" if role == "weight" else role)
-        return scheme, "config" if scheme is None else ""
+        if scheme is None:
+            return None, "config"
+        own = role in ("embedding", "lm_head") and scheme is not self.config.default
+        return scheme, f"{role}: the config's {role} scheme" if own else ""
 
     def _plan_auto(self, names: list[str]) -> None:
         if self.params is None:
@@ -352,10 +358,10 @@ class WeightCompressor:
                 raise CompressionError(f"weight {name!r}: {scheme.label} codes are rows of the stored weight, used here transposed")
             codes: LinearCodes | PaletteCodes | LutScaleCodes = self.config.prequantized[name].encode(
                 store_dtype(self.precision), self.store.writer, self.target)
-        note = ""
+        note = self.reasons.get(name, "")
         if not isinstance(scheme, PrequantizedScheme):
             scheme, fitted = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
-            note = "; ".join(filter(None, [self.notes.get(name, ""), fitted]))
+            note = "; ".join(filter(None, [self.notes.get(name, "") or note, fitted]))
             check_target(scheme, self.target, name)
             codes = encode(storage, scheme, self.precision, name, self.store.writer)
         after = lut_scale_bytes(codes) if isinstance(codes, LutScaleCodes) else compressed_bytes(codes, self.target)
@@ -469,7 +475,7 @@ class WeightCompressor:
         errors = output_errors(got, want)
         compared = "the source file's decoded weights" if self.config.prequantized else "the uncompressed weights"
         check = judge_outputs(want, got, inputs, compared_with=compared, inputs_label=where, worst=worst_weights(report),
-                              text="generated" not in where)
+                              text="generated" not in where, thresholds=self.config.thresholds)
         report.quality = check.to_dict()
         warn_below_threshold(check, stacklevel=5)
         return errors

@@ -51,6 +51,32 @@ class QualityThresholds:
     max_mean_kl: float = 0.1
     min_cosine: float = 0.95
 
+    def with_targets(self, max_kl: float | None = None, min_top1: float | None = None) -> QualityThresholds:
+        """These thresholds with the user's quality target (`--max-kl` / `--min-top1`) in place
+        of the documented ones, each validated (`check_target`)."""
+        kl = self.max_mean_kl if max_kl is None else check_target("max_kl", max_kl)
+        top1 = self.min_top1 if min_top1 is None else check_target("min_top1", min_top1)
+        return QualityThresholds(min_top1=top1, max_mean_kl=kl, min_cosine=self.min_cosine)
+
+
+def check_target(option: str, value: Any) -> float:
+    """A quality target as a float: ``max_kl`` a finite mean KL > 0 (nats), ``min_top1`` a share
+    in (0, 1]. Anything else (text, NaN, a negative number, a bool) is an `InvalidOptionError`
+    naming `option`."""
+    from rlx_mil.errors import InvalidOptionError
+
+    wants = "a finite mean KL > 0 (nats)" if option.endswith("kl") else "a top-1 agreement share in (0, 1]"
+    if isinstance(value, bool):
+        raise InvalidOptionError(f"{option} is {wants}, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InvalidOptionError(f"{option} is {wants}, got {value!r}") from None
+    ok = math.isfinite(number) and number > 0 and (option.endswith("kl") or number <= 1)
+    if not ok:
+        raise InvalidOptionError(f"{option} is {wants}, got {value!r}")
+    return number
+
 
 DEFAULT_THRESHOLDS = QualityThresholds()
 

@@ -21,6 +21,7 @@ Text form (the CLI's ``--compress`` and ``convert(compress="...")``)::
       min_size=N                weights with fewer elements stay in float (default 2048)
       auto4 (auto3, auto6, auto8) a per-weight mix chosen from error statistics (rlx_mil.compress.auto)
       budget=F, max_error=E     with autoN: size fraction of fp16 / largest estimated weight error
+      max_kl=K, min_top1=T      the quality target: the quality check's thresholds for this conversion
       check=off                 skip the output check on generated inputs (done when no calibration is given
                                 and the weights as float32 fit in CHECK_AUTO_LIMIT; check=on: whatever the size)
       glob:PATTERN=SCHEME       weights whose name matches the glob (first matching rule wins)
@@ -39,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlx_mil.compress.quality import DEFAULT_THRESHOLDS, QualityThresholds, check_target
 from rlx_mil.errors import InvalidOptionError
 
 PER_TENSOR = "per_tensor"
@@ -332,6 +334,10 @@ class CompressionConfig:
     #: per width, `AUTO_BUDGETS`) and the largest estimated relative error of one weight.
     budget: float | None = None
     max_error: float | None = None
+    #: The user's quality target: the quality check's thresholds for this conversion (its
+    #: warning and `--verify` verdict) in place of the documented ones.
+    max_kl: float | None = None
+    min_top1: float | None = None
     #: Calibration inputs (input name -> array) for activation-aware choices and a measured
     #: output error.
     calibration: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
@@ -363,8 +369,16 @@ class CompressionConfig:
         if self.max_error is not None and not (isinstance(self.max_error, (int, float)) and 0 < self.max_error <= 1):
             # a weight's relative error ||W - Wq|| / ||W|| is 1 when it is zeroed: past 1, no limit is set
             raise InvalidOptionError(f"max_error is a relative error in (0, 1], got {self.max_error!r}")
+        for option in ("max_kl", "min_top1"):
+            if getattr(self, option) is not None:
+                object.__setattr__(self, option, check_target(option, getattr(self, option)))
         if (self.budget is not None or self.max_error is not None) and self.auto is None:
             raise InvalidOptionError("budget / max_error choose an automatic mix: use them with autoN (e.g. auto4)")
+
+    @property
+    def thresholds(self) -> QualityThresholds:
+        """The quality check's thresholds: the documented ones, with the user's target."""
+        return DEFAULT_THRESHOLDS.with_targets(self.max_kl, self.min_top1)
 
     def role_scheme(self, role: str) -> Scheme | None:
         chosen = {"embedding": self.embeddings, "lm_head": self.lm_head}.get(role, self.default)
@@ -376,6 +390,9 @@ class CompressionConfig:
             parts.append(f"budget={self.budget:g}")
         if self.max_error is not None:
             parts.append(f"max_error={self.max_error:g}")
+        for option in ("max_kl", "min_top1"):
+            if getattr(self, option) is not None:
+                parts.append(f"{option}={getattr(self, option):g}")
         if self.check is not None:
             parts.append("check=on" if self.check else "check=off")
         if self.embeddings is not SAME_AS_DEFAULT:
@@ -444,7 +461,8 @@ def _parse_text(text: str) -> CompressionConfig:
         if not item:
             continue
         if item.startswith(("re:", "glob:")) or ("=" in item and item.split("=", 1)[0].strip().lower().replace("-", "_")
-                                                 not in ("default", "embeddings", "lm_head", "min_size", "budget", "max_error", "check")):
+                                                 not in ("default", "embeddings", "lm_head", "min_size", "budget", "max_error", "max_kl", "min_top1",
+                                                            "check")):
             if "=" not in item:
                 raise InvalidOptionError(f"compression rule {item!r} needs PATTERN=SCHEME")
             pattern, scheme = item.rsplit("=", 1)
@@ -459,6 +477,8 @@ def _parse_text(text: str) -> CompressionConfig:
                 fields[key] = _int_option(value, "min_size")
             elif key in ("budget", "max_error"):
                 fields[key] = _float_option(value, key)
+            elif key in ("max_kl", "min_top1"):
+                fields[key] = check_target(key, value)
             elif key == "check":
                 fields[key] = _switch(value, key)
             else:
@@ -491,7 +511,7 @@ def parse_compress(spec: Any) -> CompressionConfig | None:
         return _parse_text(spec)
     if isinstance(spec, Mapping):
         unknown = set(spec) - {"default", "embeddings", "lm_head", "min_size", "rules", "budget", "max_error", "calibration",
-                               "check"}
+                               "check", "max_kl", "min_top1"}
         if unknown:
             raise InvalidOptionError(f"compress mapping: unknown keys {sorted(map(str, unknown))}")
         kwargs: dict[str, Any] = {}
@@ -503,7 +523,7 @@ def parse_compress(spec: Any) -> CompressionConfig | None:
                     kwargs[key] = parse_scheme(AUTO_START.get(kwargs["auto"], "int8"))
                 else:
                     kwargs[key] = _scheme_value(spec[key], key)
-        for key in ("min_size", "budget", "max_error", "calibration"):
+        for key in ("min_size", "budget", "max_error", "calibration", "max_kl", "min_top1"):
             if key in spec:
                 kwargs[key] = spec[key]
         if "check" in spec:

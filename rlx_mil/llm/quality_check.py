@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.compress.builtin_text import CHECK_TOKENS, builtin_text
+from rlx_mil.compress.quality import DEFAULT_THRESHOLDS, QualityThresholds
 from rlx_mil.compress.quality_check import QualityCheck, judge_outputs, warn_below_threshold
 from rlx_mil.errors import RlxMilError
 
@@ -73,6 +74,7 @@ def measure_decoder_quality(
     compared_with: str = "the float checkpoint",
     text: bool = True,
     codes: Any = None,
+    thresholds: QualityThresholds = DEFAULT_THRESHOLDS,
 ) -> QualityCheck:
     """The compressed weights (`compression`: the package's `CompressionReport`) against the
     original ones, teacher-forced over `ids` in the NumPy reference. `loader(source, "prefill",
@@ -90,7 +92,7 @@ def measure_decoder_quality(
     want = np.asarray(evaluate(graph, feeds, params)["logits"], np.float32)
     got = np.asarray(evaluate(graph, feeds, dequantized_params(params, compression, codes))["logits"], np.float32)
     return judge_outputs({"logits": want}, {"logits": got}, feeds, compared_with=compared_with, inputs_label=inputs_label,
-                         worst=worst_weights(compression), text=text)
+                         worst=worst_weights(compression), text=text, thresholds=thresholds)
 
 
 def check_and_warn(check: QualityCheck) -> QualityCheck:
