@@ -41,6 +41,7 @@ STAND_INS = {
     "graph-package": "a stateless one-graph package of decoder-folder (prefill, seq 8)",
     "rlx-graph": "an RLX graph JSON file: y = gelu(x [1, 16, 64] @ w [64, 64]), README's 'Using it' block",
     "graph-params": "the weight w of rlx-graph, as .npz or .safetensors after the NAME's suffix",
+    "graph-inputs": "an input x of rlx-graph, as .npz",
     "encoder-package": "a tiny BERT package [2, 128] with a WordPiece tokenizer (MiniLM's context of 512)",
     "dinov2-folder": "a tiny random DINOv2 checkpoint (patch 14, image 518, as dinov2-small)",
     "siglip-folder": "a tiny random SigLIP checkpoint (patch 16, image 224)",
@@ -176,7 +177,7 @@ def lay_down(kind: str, path: Path) -> None:
             shape = ["--max-context", "128", "--prefill", "8"] if kind == "llm-package" else ["--graph-only", "--seq-len", "8"]
             command = [sys.executable, "-m", "rlx_mil.cli", "convert-hf", str(checkpoint), "-o", str(path), *shape, "-q"]
             subprocess.run(command, check=True, env=_shim(Path(tmp)), capture_output=True)
-    elif kind in ("rlx-graph", "graph-params"):
+    elif kind in ("rlx-graph", "graph-params", "graph-inputs"):
         _graph_files(kind, path)
     elif kind == "encoder-package":
         _encoder_package(path)
@@ -197,6 +198,9 @@ def _graph_files(kind: str, path: Path) -> None:
         w = g.param("w", [64, 64])
         g.set_outputs([g.gelu(g.matmul(x, w), name="y")])
         path.write_text(g.to_json(indent=1))
+        return
+    if kind == "graph-inputs":
+        np.savez(path, x=np.random.default_rng(1).standard_normal((1, 16, 64)).astype(np.float32))
         return
     params = {"w": (np.random.default_rng(0).standard_normal((64, 64)) / 8).astype(np.float32)}
     if path.suffix == ".npz":
