@@ -292,7 +292,6 @@ def test_metadata_comes_from_headers(single: Path) -> None:
     [
         ({"model_type": "gpt2"}, "model_type"),
         ({"rope_scaling": {"rope_type": "mrope", "factor": 4.0}}, "rope_scaling.rope_type"),
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "mrope_section": [2, 2]}}, "rope_parameters.mrope_section"),
         ({"use_qk_clip": True}, "use_qk_clip"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "low_freq_factor"),  # incomplete llama3 block
         ({"hidden_act": "relu"}, "hidden_act"),
@@ -312,6 +311,18 @@ def test_unimplemented_config_values_are_typed_errors(edit: dict[str, object], f
         from_pretrained(folder)
     assert info.value.field == field
     assert field in str(info.value)
+
+
+def test_keys_a_rope_type_does_not_use_warn_and_load(single: Path, tmp_path: Path) -> None:
+    """`mrope_section` under a yarn block is not a yarn key: transformers logs it as unused and
+    loads the model, so the checkpoint loads with a warning naming the key (it was refused)."""
+    from rlx_mil.errors import IgnoredConfigKeyWarning
+
+    folder = copy_of(single, tmp_path)
+    edit = {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "mrope_section": [2, 2]}}
+    (folder / "config.json").write_text(json.dumps({**CFG, **edit}))
+    with pytest.warns(IgnoredConfigKeyWarning, match=r"\['mrope_section'\]"):
+        from_pretrained(folder, seq_len=4)
 
 
 def test_bad_build_options(single: Path) -> None:

@@ -124,11 +124,22 @@ def slice_by_size(ctx: RuleContext) -> Any:
 
 @rule("concat")
 def concat(ctx: RuleContext) -> Any:
-    if ctx.param("interleave", False):
-        raise ctx.fail("interleave=True is not supported")
     values = ctx.vs("values")
-    axis = int(ctx.param("axis")) % len(ctx.out_shape())
-    return values[0] if len(values) == 1 else ctx.ops.concat(axis, values)
+    out = ctx.out_shape()
+    axis = int(ctx.param("axis")) % len(out)
+    if len(values) == 1:
+        return values[0]
+    if ctx.param("interleave", False):
+        # out[.., i*n + j, ..] = values[j][.., i, ..]: give each value a unit axis after `axis`,
+        # join there, and fold the two axes back into one.
+        if any(d < 0 for d in out):
+            raise ctx.fail("interleave=True needs a static shape")
+        pieces = []
+        for v in values:
+            shape = list(adapter.shape_of(v))
+            pieces.append(ctx.reshape(v, [*shape[: axis + 1], 1, *shape[axis + 1:]]))
+        return ctx.reshape(ctx.ops.concat(axis + 1, pieces), out)
+    return ctx.ops.concat(axis, values)
 
 
 @rule("split")
