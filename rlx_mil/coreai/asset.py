@@ -68,7 +68,9 @@ def save_aimodel(source: Any, output: str | os.PathLike[str], *, precision: str 
         text = _text_folder(path)
         if text is not None:
             shutil.copytree(text, built / TEXT_FOLDER)
-        if out.exists():
+        if out.exists() or out.is_symlink():
+            if not overwrite:  # another save wrote it between our check and now
+                raise ExistingFileError(f"{out} exists (pass overwrite=True / --overwrite to replace it)")
             shutil.rmtree(out)
         os.replace(built, out)
     finally:

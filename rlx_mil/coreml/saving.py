@@ -240,6 +240,21 @@ def check_destination(dest: Path, overwrite: bool) -> None:
         raise ExistingFileError(f"{dest} exists; pass overwrite=True (--overwrite) to replace it")
 
 
+def _install(staged: Path, dest: Path, staging: Path, exists: bool) -> None:
+    """Move the finished package `staged` to `dest`, swapping out an existing one atomically
+    where the file system can (else by two renames, undone if the second fails)."""
+    if exists and dest.is_dir() and not dest.is_symlink() and exchange(staged, dest):
+        return  # the old package is now at `staged`, deleted with the staging folder
+    if exists:
+        os.replace(dest, staging / STAGED_OLD)
+    try:
+        os.replace(staged, dest)
+    except OSError:
+        if exists:
+            os.replace(staging / STAGED_OLD, dest)
+        raise
+
+
 def save_package(model: Any, dest: Path, *, overwrite: bool) -> Path:
     """Write `model` (an MLModel) to `dest` as described in the module doc."""
     where = f"cannot save to {dest}"
@@ -275,17 +290,17 @@ def save_package(model: Any, dest: Path, *, overwrite: bool) -> Path:
         fsync_tree(staged)
         (staging / COMPLETE_FILE).write_bytes(b"")
         _fsync_path(staging)
-        if exists and dest.is_dir() and not dest.is_symlink() and exchange(staged, dest):
-            pass  # the old package is now at `staged`, deleted with the staging folder
-        else:
-            if exists:
-                os.replace(dest, staging / STAGED_OLD)
-            try:
-                os.replace(staged, dest)
-            except OSError:
-                if exists:
-                    os.replace(staging / STAGED_OLD, dest)
+        try:
+            _install(staged, dest, staging, exists)
+        except OSError as err:
+            # Another save to `dest` finished between our check and our rename.
+            if exists or not (dest.exists() or dest.is_symlink()):
                 raise
+            if not overwrite:
+                raise ExistingFileError(
+                    f"{dest} exists (another save wrote it meanwhile); pass overwrite=True (--overwrite)"
+                    " to replace it") from err
+            _install(staged, dest, staging, True)
         _fsync_path(dest.parent)
     except RlxMilError:
         raise

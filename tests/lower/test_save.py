@@ -309,3 +309,32 @@ def test_large_consts_are_handed_over_to_the_weight_file(precision: str) -> None
     got = rlx_mil.milexec.run(model.package_path, {"x": xs})["y"]
     tol = 5e-2 if precision == "fp16" else 1e-3
     np.testing.assert_allclose(got, xs @ w + b, rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_save_that_lands_first_meanwhile_is_refused_or_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  overwrite: bool) -> None:
+    """Two saves to one new destination: the second to rename finds the first's package.
+    Without overwrite it is an ExistingFileError naming the path (the first package stays
+    whole); with overwrite it replaces it. Either way no staging folder is left."""
+    dest = tmp_path / "m.mlpackage"
+    first, second = _model(1), _model(2)
+    real_fsync_tree = saving.fsync_tree
+
+    def other_save_lands(root: Path) -> None:
+        real_fsync_tree(root)
+        monkeypatch.setattr(saving, "fsync_tree", real_fsync_tree)
+        rlx_mil.save(first, dest)
+
+    monkeypatch.setattr(saving, "fsync_tree", other_save_lands)
+    if overwrite:
+        rlx_mil.save(second, dest, overwrite=True)
+        expected = _model(2)
+    else:
+        with pytest.raises(ExistingFileError, match=r"m\.mlpackage exists"):
+            rlx_mil.save(second, dest)
+        expected = _model(1)
+    reference = tmp_path / "ref" / "m.mlpackage"
+    rlx_mil.save(expected, reference)
+    assert _weight_file(dest).read_bytes() == _weight_file(reference).read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.mlpackage", "ref"]
