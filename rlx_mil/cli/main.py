@@ -138,6 +138,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="a Hugging Face checkpoint folder (NumPy reference, float32) or another package: also"
                     " report the mean KL divergence, top-1 agreement and perplexity ratio")
     ev.add_argument("--max-tokens", type=int, metavar="N", help="score only the first N tokens of the text")
+    ev.add_argument("--audio", type=Path, nargs="+", metavar="FILE",
+                    help="for a speech package folder: WAV/FLAC files whose first 30 s are judged against --reference"
+                    " (the Whisper checkpoint): encoder cosine / PSNR, and KL, top-1 and perplexity ratio teacher-forced"
+                    " over the reference's greedy transcript (docs/speech.md)")
+    ev.add_argument("--language", help="with --audio: the spoken language (default: the reference detects it)")
     ev.add_argument("--json", action="store_true", help="print JSON instead of text")
     ev.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     load_flags(ev)
@@ -375,6 +380,10 @@ def _eval(args: argparse.Namespace) -> int:
     from rlx_mil.cli.arguments import announce
 
     announce(args, f"opening {args.package} ...")
+    if args.audio is not None or args.language is not None or (args.package / "AudioEncoder.mlpackage").is_dir():
+        from rlx_mil.cli.speech_eval import run_speech_eval
+
+        return run_speech_eval(args, _progress(args))
     from rlx_mil.fileio import read_regular_file
 
     if args.text is None:

@@ -1,0 +1,261 @@
+"""Quality of a speech package folder against the checkpoint it came from (`rlx-mil eval FOLDER
+--audio FILES --reference CHECKPOINT`).
+
+The reference is the uncompressed checkpoint run by the NumPy reference interpreter in float32
+(`ReferenceWhisper`: the same three graphs the conversion lowers, evaluated on the checkpoint's
+own weights). For each audio file, its first 30 s window goes through both models end to end:
+
+* the package's log-mel front end, encoder and text decoder (the executor), against the
+  reference's; the encoder outputs are compared by cosine and PSNR (`compress.quality`);
+* the reference decodes the window greedily (Whisper's rules, `speech.decoding`); both
+  decoders are then teacher-forced over that transcript (the prompt, the sampled tokens and the
+  end of text), each attending to its own encoder's output, and every position that predicts a
+  transcript token is judged as a decoder is at conversion: top-1 agreement, top-1 where the
+  reference's top-2 gap is at least 0.5 logit, mean KL(reference || package) and the perplexity
+  ratio on the transcript's tokens.
+
+The positions of all files are judged together, the encoder outputs too (one cosine over all
+of them); the per-file numbers are in the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.compress.quality import OutputQuality, decoder_quality, output_quality
+from rlx_mil.compress.quality_check import QualityCheck
+from rlx_mil.errors import InvalidOptionError
+from rlx_mil.speech.model import N_AUDIO_CTX, N_FRAMES, N_SAMPLES
+from rlx_mil.speech.packages import DECODER, ENCODER, MEL, feeds_for_step
+
+#: What the reference is, as the report says it.
+REFERENCE_LABEL = "the checkpoint (NumPy reference, float32)"
+
+
+class ReferenceWhisper:
+    """A Whisper checkpoint (Hugging Face or CTranslate2 folder) as a `WhisperModel`: its three
+    WhisperKit graphs evaluated by the NumPy reference interpreter in float32, each weight read
+    and widened to float32 once."""
+
+    def __init__(self, checkpoint_dir: str | os.PathLike[str], cache_len: int | None = None) -> None:
+        from rlx_mil.models.whisper_checkpoint import open_whisper
+        from rlx_mil.speech.packages import graphs
+
+        checkpoint = open_whisper(checkpoint_dir)
+        spec = checkpoint.spec
+        self.n_mels, self.vocab_size, self.n_text_ctx = spec.num_mel_bins, spec.vocab_size, spec.max_target_positions
+        self.d_model, self.kv_width = spec.d_model, spec.kv_width
+        self.cache_len = int(cache_len if cache_len is not None else spec.max_target_positions // 2)
+        built = graphs(checkpoint, self.cache_len, fp16_io=False)
+        self._graphs = {role: graph for role, (graph, _) in built.items()}
+        self._params = {role: _float32(params) for role, (_, params) in built.items()}
+
+    def log_mel(self, audio: np.ndarray) -> np.ndarray:
+        out = self._run(MEL, {"audio": np.asarray(audio, np.float32).reshape(N_SAMPLES)})
+        return np.asarray(out["melspectrogram_features"], np.float32).reshape(self.n_mels, N_FRAMES)
+
+    def encode(self, mel: np.ndarray) -> np.ndarray:
+        features = np.asarray(mel, np.float32).reshape(1, self.n_mels, 1, N_FRAMES)
+        out = self._run(ENCODER, {"melspectrogram_features": features})
+        return np.asarray(out["encoder_output_embeds"], np.float32).reshape(self.d_model, N_AUDIO_CTX).T.copy()
+
+    def decoder(self, encoded: np.ndarray) -> ReferenceSession:
+        return ReferenceSession(self, encoded)
+
+    def _run(self, role: str, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from rlx_mil.reference import evaluate
+
+        return evaluate(self._graphs[role], feeds, self._params[role])
+
+
+class ReferenceSession:
+    """One utterance through the reference TextDecoder: the caches held here, one token a call."""
+
+    def __init__(self, model: ReferenceWhisper, encoded: np.ndarray) -> None:
+        self.model = model
+        self.keys = np.zeros((1, model.kv_width, 1, model.cache_len), np.float32)
+        self.values = np.zeros_like(self.keys)
+        self.encoded = np.ascontiguousarray(np.asarray(encoded, np.float32).T.reshape(1, model.d_model, 1, N_AUDIO_CTX))
+        self.position = 0
+
+    def step(self, tokens: Sequence[int]) -> np.ndarray:
+        rows = []
+        for token in tokens:
+            if self.position >= self.model.cache_len:
+                raise InvalidOptionError(f"the reference decoder holds {self.model.cache_len} tokens; this utterance needs more")
+            p = self.position
+            out = self.model._run(DECODER, feeds_for_step(self.model.kv_width, self.model.d_model, self.model.cache_len,
+                                                          int(token), p, self.keys, self.values, self.encoded))
+            self.keys[..., p] = out["key_cache_updates"][..., 0]
+            self.values[..., p] = out["value_cache_updates"][..., 0]
+            rows.append(np.asarray(out["logits"], np.float32).reshape(-1))
+            self.position += 1
+        return np.stack(rows) if rows else np.zeros((0, self.model.vocab_size), np.float32)
+
+
+class _Recording:
+    """A decoder session that keeps every row of logits it returns (the reference's greedy
+    pass: its rows are the teacher-forced reference logits, computed once)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.rows: list[np.ndarray] = []
+
+    def step(self, tokens: Sequence[int]) -> np.ndarray:
+        out = np.asarray(self.session.step(tokens), np.float32)
+        self.rows.extend(out)
+        return out
+
+
+class _RecordingModel:
+    def __init__(self, model: ReferenceWhisper) -> None:
+        self.model = model
+        self.n_mels, self.vocab_size, self.n_text_ctx = model.n_mels, model.vocab_size, model.n_text_ctx
+        self.cache_len = model.cache_len
+        self.session: _Recording | None = None
+
+    def log_mel(self, audio: np.ndarray) -> np.ndarray:
+        return self.model.log_mel(audio)
+
+    def encode(self, mel: np.ndarray) -> np.ndarray:
+        return self.model.encode(mel)
+
+    def decoder(self, encoded: np.ndarray) -> _Recording:
+        self.session = _Recording(self.model.decoder(encoded))
+        return self.session
+
+
+@dataclass
+class SpeechEvalFile:
+    """One audio file's window: its reference transcript and the numbers on it alone."""
+
+    audio: str
+    transcript: str
+    positions: int
+    encoder: dict[str, Any]
+    decoder: dict[str, Any]
+
+
+@dataclass
+class SpeechEvalResult:
+    """What `evaluate_speech` measured: the check over all files, and each file's numbers."""
+
+    check: QualityCheck
+    files: list[SpeechEvalFile] = field(default_factory=list)
+
+    def to_text(self) -> str:
+        lines = [f"{f.audio}: {f.positions} positions of the reference's greedy transcript {f.transcript!r}"
+                 for f in self.files]
+        lines.append(self.check.summary())
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps({"quality": self.check.to_dict(), "files": [vars(f) for f in self.files]}, indent=2)
+
+
+def _float32(params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    return {name: np.asarray(params[name], np.float32) for name in params}
+
+
+def evaluate_speech(
+    folder: str | os.PathLike[str],
+    audio: Sequence[str | os.PathLike[str]],
+    reference: str | os.PathLike[str],
+    *,
+    language: str | None = None,
+    max_tokens: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> SpeechEvalResult:
+    """`rlx-mil eval FOLDER --audio FILES --reference CHECKPOINT` from Python (see the module
+    doc). `language` None: the reference detects it (multilingual checkpoints); `max_tokens`
+    bounds each greedy transcript; `progress(what)` hears each stage."""
+    from rlx_mil.speech.audio import as_audio, window
+    from rlx_mil.speech.decoding import DecodingOptions, decode_window
+    from rlx_mil.speech.tokens import load_tokens
+    from rlx_mil.speech.transcription import check_speech_folder, open_model
+
+    if not audio:
+        raise InvalidOptionError("eval of a speech folder needs at least one audio file (--audio FILE ...)")
+    root = check_speech_folder(folder)
+    ref_dir = Path(reference)
+    if not ref_dir.is_dir():
+        raise InvalidOptionError(f"--reference {ref_dir}: not a folder (the Whisper checkpoint the package came from:"
+                                 " a Hugging Face or CTranslate2 folder)")
+    tokens = load_tokens(root)
+    options = DecodingOptions(language=language, max_tokens=max_tokens)
+    options.check(tokens)
+    clips = [as_audio(path) for path in audio]  # every file read (and refused) before any model runs
+    say = progress or (lambda _: None)
+    say(f"opening {root}")
+    package = open_model(root)
+    say(f"reading the reference {ref_dir}")
+    ref = ReferenceWhisper(ref_dir, cache_len=getattr(package, "cache_len", None))
+    if ref.vocab_size != package.vocab_size or ref.n_mels != package.n_mels:
+        raise InvalidOptionError(f"--reference {ref_dir}: vocabulary {ref.vocab_size} / {ref.n_mels} mels, the package's"
+                                 f" {package.vocab_size} / {package.n_mels}: not the checkpoint it came from")
+    recorder = _RecordingModel(ref)
+    want_rows: list[np.ndarray] = []
+    got_rows: list[np.ndarray] = []
+    targets: list[int] = []
+    want_enc: list[np.ndarray] = []
+    got_enc: list[np.ndarray] = []
+    files = []
+    for clip in clips:
+        samples = window(clip, 0)
+        say(f"{clip.name}: the reference's front end and encoder")
+        ref_encoded = ref.encode(ref.log_mel(samples))
+        say(f"{clip.name}: the package's front end and encoder")
+        encoded = package.encode(package.log_mel(samples))
+        say(f"{clip.name}: the reference's greedy transcript")
+        decoded = decode_window(recorder, ref_encoded, tokens, options)
+        assert recorder.session is not None
+        fed = decoded.prompt + decoded.tokens
+        wanted = decoded.tokens + ([tokens.eot] if decoded.ended else [])
+        rows = np.stack(recorder.session.rows)
+        if not decoded.ended:  # the last sampled token was never fed: its row is not there
+            fed = fed[:-1]
+        first = len(decoded.prompt) - 1  # the row after the prompt predicts the first sampled token
+        ref_rows = rows[first:len(fed)]
+        say(f"{clip.name}: the package's decoder over {len(wanted)} tokens")
+        pkg_rows = np.asarray(package.decoder(encoded).step(fed), np.float32)[first:, :ref.vocab_size]
+        ref_rows = ref_rows[:, :ref.vocab_size]
+        file_decoder = decoder_quality(ref_rows, pkg_rows, wanted)
+        file_encoder = output_quality("encoder_output", ref_encoded, encoded)
+        files.append(SpeechEvalFile(clip.name, tokens.text(decoded.tokens), len(wanted), file_encoder.to_dict(),
+                                    file_decoder.to_dict()))
+        want_rows.append(ref_rows)
+        got_rows.append(pkg_rows)
+        targets += wanted
+        want_enc.append(ref_encoded)
+        got_enc.append(encoded)
+    encoder: OutputQuality = output_quality("encoder_output", np.concatenate(want_enc), np.concatenate(got_enc))
+    check = QualityCheck(
+        compared_with=REFERENCE_LABEL,
+        inputs=f"{len(clips)} audio file(s), the first 30 s of each; {len(targets)} positions of the reference's"
+               " greedy transcripts, each model on its own encoder output",
+        decoder=decoder_quality(np.concatenate(want_rows), np.concatenate(got_rows), targets),
+        outputs=[encoder],
+    )
+    return SpeechEvalResult(check, files)
+
+
+def speech_folder_in(path: str | os.PathLike[str]) -> Path:
+    """The WhisperKit folder at `path`, or the one folder inside it that holds the packages
+    (`convert-hf WHISPER -o OUT_DIR` writes `OUT_DIR/openai_whisper-<variant>/`)."""
+    root = Path(path)
+    if (root / f"{ENCODER}.mlpackage").is_dir() or not root.is_dir():
+        return root
+    inside = [p for p in sorted(root.iterdir()) if (p / f"{ENCODER}.mlpackage").is_dir()]
+    if len(inside) == 1:
+        return inside[0]
+    if inside:
+        raise InvalidOptionError(f"{root} holds {len(inside)} speech package folders ({', '.join(p.name for p in inside)});"
+                                 " name one")
+    return root
