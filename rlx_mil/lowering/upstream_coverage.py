@@ -67,13 +67,6 @@ REFUSED: dict[str, str] = {
         "a fixed-point I32 FFT whose per-stage shift / saturation (`FftQScale`) has no exact form in"
         " Core ML's int32 arithmetic; not lowered"
     ),
-    "BatchElementwiseRegion": (
-        "upstream's fusion pass builds it from N single-input ElementwiseRegions over Narrow slices of one"
-        " tensor whose results are Concat-ed (inputs = the slices, output = the concat's shape); op.rs and"
-        " the kernels fix neither the concat axis nor how chain inputs past Input(0) bind to the planes"
-        " (the kernels read per-plane offsets packed at fusion time), so a graph's value is not pinned"
-        " down by the node alone; not lowered"
-    ),
     "Custom": (
         "a user-registered op whose meaning lives in upstream's run-time op registry under its `name` (attrs"
         " are an opaque blob). The one name upstream's Core ML backend lowers itself, `onnx.ScatterND` with"

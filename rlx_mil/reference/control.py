@@ -10,8 +10,17 @@ import numpy as np
 from rlx_mil.errors import EvaluationError
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
-from rlx_mil.ir.ops import ChainSource, CustomFn, ElementwiseRegion, If, Scan, TransformRegion, While
-from rlx_mil.ir.regions import expand_region
+from rlx_mil.ir.ops import (
+    BatchElementwiseRegion,
+    ChainSource,
+    CustomFn,
+    ElementwiseRegion,
+    If,
+    Scan,
+    TransformRegion,
+    While,
+)
+from rlx_mil.ir.regions import expand_batch_region, expand_region
 from rlx_mil.ir.shape import Shape, Static
 from rlx_mil.reference import registry
 from rlx_mil.reference.registry import finish, reference_kernel
@@ -89,10 +98,19 @@ _DTYPES = {np.dtype(d.numpy): d for d in reversed(list(DType)) if d not in (DTyp
 
 @reference_kernel(ElementwiseRegion)
 def _elementwise_region(op: ElementwiseRegion, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    return finish(run_body(expand_region(op, _input_shapes(inputs), out), list(inputs))[0], out)
+
+
+@reference_kernel(BatchElementwiseRegion)
+def _batch_elementwise_region(op: BatchElementwiseRegion, inputs: Sequence[np.ndarray], out: Shape) -> np.ndarray:
+    return finish(run_body(expand_batch_region(op, _input_shapes(inputs), out), list(inputs))[0], out)
+
+
+def _input_shapes(inputs: Sequence[np.ndarray]) -> list[Shape]:
     shapes = []
     for i, value in enumerate(inputs):
         dtype = _DTYPES.get(np.asarray(value).dtype)
         if dtype is None:
             raise EvaluationError(f"region input {i} has the NumPy type {np.asarray(value).dtype}, no IR dtype")
         shapes.append(Shape(tuple(Static(d) for d in np.shape(value)), dtype))
-    return finish(run_body(expand_region(op, shapes, out), list(inputs))[0], out)
+    return shapes

@@ -48,7 +48,13 @@ def _structure() -> Graph:
     x, y = g.input("x", [1, 2, 3, 4]), g.input("y", [1, 2, 3, 4])
     fused = g.custom_fn(body, [x, y], vjp_body=vjp, name="custom")
     resized = g.transform_region([("Input", 0), ("Step", 0), ("Input", 1)], [fused, x])
-    g.set_outputs([fused, g.transform_region([("Input", 0), ("Step", 0)], [fused], name="up4"), resized])
+    planes = [g.narrow(resized, 2, 0, 2), g.narrow(resized, 2, 2, 2)]
+    chain = [
+        ChainStep("Activation", ActivationKind.SIGMOID, (ChainOperand(ChainSource.INPUT, 0),)),
+        ChainStep("Binary", BinaryOp.MUL, (ChainOperand(ChainSource.STEP, 0), ChainOperand(ChainSource.INPUT, 0))),
+    ]
+    batched = g.batch_elementwise_region(planes, chain, resize_prologue=True, name="batched")
+    g.set_outputs([fused, g.transform_region([("Input", 0), ("Step", 0)], [fused], name="up4"), resized, batched])
     return g
 
 

@@ -581,6 +581,10 @@ NEWER_OP_STRATEGIES: dict[str, st.SearchStrategy[Op]] = {
         ops.ElementwiseRegion, vectors(CHAIN_STEPS), st.integers(1, 3), U32S, vectors(USIZES),
         st.sampled_from(ops.RegionPrologue), USIZES,
     ),
+    "BatchElementwiseRegion": st.builds(
+        ops.BatchElementwiseRegion, vectors(CHAIN_STEPS), st.integers(1, 3), U32S, vectors(USIZES),
+        st.sampled_from(ops.RegionPrologue), U32S,
+    ),
     "RngNormal": st.builds(ops.RngNormal, F32S, F32S, U64S, st.none() | F32S),
     "RngUniform": st.builds(ops.RngUniform, F32S, F32S, U64S, st.none() | F32S),
     "Sample": st.builds(ops.Sample, USIZES, F32S, F32S, U64S),

@@ -172,9 +172,9 @@ def test_new_quant_schemes_parse_and_round_trip() -> None:
 
 
 def test_upstream_ops_without_ir_definitions_are_unsupported_not_parse_errors() -> None:
-    nodes = [_input(0, "x", [4]), _node(1, {"BatchElementwiseRegion": {"n": 2}}, [0], [4])]
+    nodes = [_input(0, "x", [4]), _node(1, {"Cholesky": {"n": 2}}, [0], [4])]
     with pytest.raises(UnsupportedOpFormatError,
-                       match=r"nodes\[1\]\.op: upstream op BatchElementwiseRegion is not supported") as err:
+                       match=r"nodes\[1\]\.op: upstream op Cholesky is not supported") as err:
         graph_from_json(_text(nodes))
     assert isinstance(err.value, GraphFormatError) and isinstance(err.value, UnsupportedOpError)
 

@@ -9,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlx_mil import milexec, reference
-from rlx_mil.errors import AttributeValueError, DTypeError, ShapeError
+from rlx_mil.errors import AttributeValueError, DTypeError, JsonVersionError, ShapeError
 from rlx_mil.ir.graph import Graph
+from rlx_mil.ir.json_io import V0_2_2, graph_from_json
+from rlx_mil.ir.ops import ActivationKind, BinaryOp, ChainOperand, ChainSource, ChainStep, CmpOp
 from rlx_mil.testing import Tolerance, compare
 
 from .conftest import convert_and_cleanup
@@ -130,6 +132,52 @@ def test_custom_fn_and_transform_region_follow_their_bodies() -> None:
         g.custom_fn(body, [x, x])
     with pytest.raises(AttributeValueError, match="steps"):
         g.transform_region([("Step", 0)], [x])
+
+
+_BATCH_CHAINS = {
+    "relu": ([("Activation", ActivationKind.RELU, [("Input", 0)])], lambda v: np.maximum(v, 0)),
+    "x_sigmoid_x": ([("Activation", ActivationKind.SIGMOID, [("Input", 0)]), ("Binary", BinaryOp.MUL, [("Step", 0), ("Input", 0)])],
+                    lambda v: v / (1 + np.exp(-v)) * v),
+    "where_neg": ([("Compare", CmpOp.GT, [("Input", 0), ("Input", 0)]), ("Activation", ActivationKind.NEG, [("Input", 0)]),
+                   ("Where", None, [("Step", 0), ("Input", 0), ("Step", 1)])], lambda v: -v),
+}
+
+
+@settings(max_examples=4, deadline=None)
+@given(planes=st.integers(1, 3), rows=st.integers(1, 2), h=st.integers(1, 3), prologue=st.booleans(),
+       chain=st.sampled_from(sorted(_BATCH_CHAINS)), seed=st.integers(0, 2**16))
+def test_batch_elementwise_region_is_the_chain_per_plane_concatenated(planes: int, rows: int, h: int, prologue: bool,
+                                                                      chain: str, seed: int) -> None:
+    """Upstream's DecomposeFusionRegions: each plane (an axis-0 slice) through the chain as its
+    Input(0), after the nearest-2x prologue, the results concatenated on axis 0 in input order."""
+    steps, numpy_chain = _BATCH_CHAINS[chain]
+    x = np.random.default_rng(seed).standard_normal((planes * rows, 2, h, 3)).astype(np.float32)
+    g = Graph("batch")
+    src = g.input("x", list(x.shape))
+    slices = [g.narrow(src, 0, (planes - 1 - i) * rows, rows) for i in range(planes)]  # planes in reverse
+    chain_steps = [ChainStep(kind, attr, tuple(ChainOperand(ChainSource(s), i) for s, i in operands))
+                   for kind, attr, operands in steps]
+    g.set_outputs([g.batch_elementwise_region(slices, chain_steps, resize_prologue=prologue, name="y")])
+    reversed_planes = np.concatenate([x[(planes - 1 - i) * rows:(planes - i) * rows] for i in range(planes)])
+    resized = reversed_planes.repeat(2, 2).repeat(2, 3) if prologue else reversed_planes
+    got = reference.evaluate(g, {"x": x})["y"]
+    np.testing.assert_allclose(got, numpy_chain(resized), rtol=1e-6, atol=1e-7)
+    _run(g, {"x": x})
+    text = g.to_json()
+    assert graph_from_json(text).to_json() == text and '"num_batch_inputs":' in text
+    with pytest.raises(JsonVersionError, match="BatchElementwiseRegion"):
+        g.to_json(version=V0_2_2)  # a newest-only op
+
+
+def test_batch_elementwise_region_refuses_what_upstream_never_builds() -> None:
+    g = Graph("b")
+    a, b = g.input("a", [1, 4]), g.input("b", [2, 4])
+    two_inputs = [ChainStep("Binary", BinaryOp.ADD, (ChainOperand(ChainSource.INPUT, 0), ChainOperand(ChainSource.INPUT, 1)))]
+    with pytest.raises(AttributeValueError, match=r"Input\(1\)"):
+        g.batch_elementwise_region([a, a], two_inputs)
+    relu = [ChainStep("Activation", ActivationKind.RELU, (ChainOperand(ChainSource.INPUT, 0),))]
+    with pytest.raises(ShapeError, match="planes must agree"):
+        g.batch_elementwise_region([a, b], relu)
 
 
 def test_butterfly_stages_compose_to_the_dft() -> None:

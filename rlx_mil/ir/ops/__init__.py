@@ -48,6 +48,7 @@ from rlx_mil.ir.ops.audio import (
 )
 from rlx_mil.ir.ops.codebook import SynthKind, SynthMatMul, SynthReconstruct
 from rlx_mil.ir.ops.control import (
+    BatchElementwiseRegion,
     ChainOperand,
     ChainSource,
     ChainStep,
@@ -287,6 +288,7 @@ __all__ = [
     "DequantMoEWeights",
     "Dequantize",
     "DotGeneral",
+    "BatchElementwiseRegion",
     "ElementwiseRegion",
     "Expand",
     "FakeQuantize",

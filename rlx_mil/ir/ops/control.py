@@ -201,6 +201,25 @@ class ElementwiseRegion(Op):
         return self.num_inputs if isinstance(self.num_inputs, int) and self.num_inputs >= 1 else None
 
 
+@dataclass(frozen=True)
+class BatchElementwiseRegion(Op):
+    """One chain over `num_batch_inputs` planes (upstream's horizontal fusion of N single-input
+    ElementwiseRegions on axis-0 slices of one tensor whose results were concatenated): each
+    plane is the chain's `Input(0)`; the value is the planes' results concatenated on axis 0."""
+
+    type_name: ClassVar[str] = "BatchElementwiseRegion"
+    chain: tuple[ChainStep, ...]
+    num_batch_inputs: int
+    scalar_input_mask: int
+    input_modulus: tuple[int, ...]
+    prologue: RegionPrologue = RegionPrologue.NONE
+    prologue_input: int = 0
+
+    def arity(self) -> int | None:
+        n = self.num_batch_inputs
+        return n if isinstance(n, int) and n >= 1 else None
+
+
 _STEP_OPERANDS = {"Activation": 1, "Cast": 1, "Binary": 2, "Compare": 2, "Where": 3}
 _STEP_ATTRS: dict[str, type | None] = {
     "Activation": ActivationKind, "Cast": DType, "Binary": BinaryOp, "Compare": CmpOp, "Where": None,
@@ -267,9 +286,37 @@ def _elementwise_region(op: ElementwiseRegion, ins: Sequence[Shape], declared: S
     n = require_int(op.num_inputs, "num_inputs", minimum=1)
     if n > 16:
         raise AttributeValueError(f"a region takes at most 16 inputs, got {n}")
-    if not op.chain or len(op.chain) > 32:
-        raise AttributeValueError(f"a region chain holds 1 to 32 steps, got {len(op.chain)}")
-    for k, step in enumerate(op.chain):
+    _check_chain(op.chain, n)
+    if op.prologue is RegionPrologue.RESIZE_NEAREST_2X and not 0 <= op.prologue_input < n:
+        raise AttributeValueError(f"prologue_input {op.prologue_input} is not a region input")
+    if declared is None:
+        raise ShapeError("a region's output shape is its declared shape: pass shape=")
+    return None
+
+
+@shape_rule(BatchElementwiseRegion)
+def _batch_elementwise_region(op: BatchElementwiseRegion, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
+    n = require_int(op.num_batch_inputs, "num_batch_inputs", minimum=1)
+    _check_chain(op.chain, 1)
+    if op.prologue_input != 0:
+        raise AttributeValueError(f"prologue_input {op.prologue_input} is not 0: each plane has one input")
+    for i, shape in enumerate(ins[1:], start=1):
+        if shape != ins[0]:
+            raise ShapeError(f"plane {i} is {shape} but plane 0 is {ins[0]}; the planes must agree", operand=f"inputs[{i}]")
+    if declared is None:
+        raise ShapeError("a region's output shape is its declared shape: pass shape=")
+    require_rank(declared, "the declared shape", minimum=1)
+    first = declared.dims[0]
+    if isinstance(first, Static) and first.size % n:
+        raise ShapeError(f"the declared {declared} does not split into {n} planes along axis 0")
+    return None
+
+
+def _check_chain(chain: Sequence[ChainStep], n: int) -> None:
+    """Each step a known kind with its attribute, reading inputs below `n` or earlier steps."""
+    if not chain or len(chain) > 32:
+        raise AttributeValueError(f"a region chain holds 1 to 32 steps, got {len(chain)}")
+    for k, step in enumerate(chain):
         if not isinstance(step, ChainStep) or step.kind not in _STEP_OPERANDS:
             raise AttributeValueError(f"chain[{k}] is not an Activation, Cast, Binary, Compare or Where step")
         attr_type = _STEP_ATTRS[step.kind]
@@ -281,11 +328,6 @@ def _elementwise_region(op: ElementwiseRegion, ins: Sequence[Shape], declared: S
             limit = n if operand.source is ChainSource.INPUT else k
             if not 0 <= operand.index < limit:
                 raise AttributeValueError(f"chain[{k}] reads {operand.source.value}({operand.index}), which does not exist")
-    if op.prologue is RegionPrologue.RESIZE_NEAREST_2X and not 0 <= op.prologue_input < n:
-        raise AttributeValueError(f"prologue_input {op.prologue_input} is not a region input")
-    if declared is None:
-        raise ShapeError("a region's output shape is its declared shape: pass shape=")
-    return None
 
 
 # -------------------------------------------------------------------------------- builder
@@ -395,6 +437,25 @@ class ControlBuilder(BuilderBase):
         op = ElementwiseRegion(tuple(chain), len(inputs), 0, (0,) * 16)
         return self.add_node(op, list(inputs), declared, name=name)
 
+    def batch_elementwise_region(
+        self, planes: Sequence[int], chain: Sequence[ChainStep], resize_prologue: bool = False,
+        dtype: DType | str | None = None, *, name: str | None = None,
+    ) -> int:
+        """`chain` on each plane (its `Input(0)`, nearest-2x resized first with `resize_prologue`),
+        the results concatenated on axis 0; the result type is the planes' unless `dtype` says."""
+        op_name = "BatchElementwiseRegion"
+        if not planes or not self._is_node_id(planes[0]) or not self._nodes[planes[0]].shape.is_static:
+            raise self._fail(ShapeError, "the planes must be existing nodes of static shape", op_name, name)
+        plane = self._nodes[planes[0]].shape
+        dims = list(plane.sizes())
+        if resize_prologue:
+            dims[2:] = [d * 2 for d in dims[2:]]
+        dims[0] *= len(planes)
+        declared = self._shape_arg(dims, dtype or plane.dtype, op_name, name)
+        prologue = RegionPrologue.RESIZE_NEAREST_2X if resize_prologue else RegionPrologue.NONE
+        op = BatchElementwiseRegion(tuple(chain), len(planes), 0, (0,) * 16, prologue, 0)
+        return self.add_node(op, list(planes), declared, name=name)
+
 
 class ChainOperandCodec(Codec):
     def decode(self, value: object, path: str) -> ChainOperand:
@@ -468,4 +529,5 @@ JSON_FORMS = (
                 ("num_inputs", U32), since=NEWEST),
     struct_form(TransformRegion, ("steps", VecCodec(TransformStepCodec())), ("num_inputs", U32), since=NEWEST),
     struct_form(ElementwiseRegion, ("chain", VecCodec(ChainStepCodec())), ("num_inputs", USIZE), ("scalar_input_mask", U32), ("input_modulus", USIZE_VEC), ("prologue", EnumCodec(RegionPrologue, "RegionPrologue")), ("prologue_input", USIZE), newest_fields=(("prologue", RegionPrologue.NONE), ("prologue_input", 0))),
+    struct_form(BatchElementwiseRegion, ("chain", VecCodec(ChainStepCodec())), ("num_batch_inputs", U32), ("scalar_input_mask", U32), ("input_modulus", USIZE_VEC), ("prologue", EnumCodec(RegionPrologue, "RegionPrologue")), ("prologue_input", U32), since=NEWEST),
 )

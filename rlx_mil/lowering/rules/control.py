@@ -15,7 +15,7 @@ from rlx_mil.ir import ops
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops.control import body_inputs
-from rlx_mil.ir.regions import expand_region
+from rlx_mil.ir.regions import expand_batch_region, expand_region
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
 from rlx_mil.lowering.rules.elementwise import to_bool
@@ -194,6 +194,22 @@ def lower_elementwise_region(op: ops.ElementwiseRegion, ctx: LowerContext) -> An
     except GraphError as err:
         raise ctx.fail(ShapeError, f"the region does not expand: {err.detail}") from None
     return ctx.lower_body(expanded, ctx.vars(), "region")[0]
+
+
+@lowering(
+    notes=(
+        "Expanded as upstream's DecomposeFusionRegions does: the chain on each plane alone (its"
+        " Input(0), after a ResizeNearest2x prologue), each step lowered by its own rule, the planes'"
+        " results joined by one `concat` on axis 0; input_modulus / scalar_input_mask are not read."
+    ),
+)
+def lower_batch_elementwise_region(op: ops.BatchElementwiseRegion, ctx: LowerContext) -> Any:
+    shapes = [ctx.input_shape(i) for i in range(ctx.num_inputs)]
+    try:
+        expanded = expand_batch_region(op, shapes, ctx.out_shape)
+    except GraphError as err:
+        raise ctx.fail(ShapeError, f"the region does not expand: {err.detail}") from None
+    return ctx.lower_body(expanded, ctx.vars(), "batch_region")[0]
 
 
 @lowering(notes="`fwd_body` lowered inline on the inputs (its first output); vjp_body / jvp_body are not read.")
