@@ -30,7 +30,7 @@ def _mlx_experts() -> Graph:
     g = Graph("mlx_experts")
     x, ids = g.input("x", [3, 64]), g.input("experts", [3])
     outs = []
-    for bits in (4, 3):
+    for bits in (4, 3, 5):
         words = g.param(f"w{bits}", [2 * 5 * 64 * bits // 8], "u8")
         outs.append(g.dequant_grouped_matmul_mlx(x, words, g.param(f"s{bits}", [2, 5, 2]), g.param(f"b{bits}", [2, 5, 2]),
                                                  ids, bits, 32, name=f"y{bits}"))

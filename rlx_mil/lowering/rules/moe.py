@@ -191,20 +191,36 @@ def _mlx_weight(ctx: LowerContext, codes: np.ndarray, scales: np.ndarray, biases
         data = codes_kn.astype(types.np_uint4_dtype if bits == 4 else np.uint8)
         return mb.constexpr_blockwise_shift_scale(data=data, scale=s.astype(ctx.float_dtype),
                                                   offset=(-b / s).astype(ctx.float_dtype), name=ctx.name("experts"))
-    lut_bits = next(w for w in ((1, 2, 3, 4, 6, 8) if ctx.target >= Target.IOS18 else (1, 2, 4, 6, 8)) if w >= bits)
-    table = np.arange(2**lut_bits, dtype=np.float32).astype(ctx.float_dtype)
+    widths = (1, 2, 3, 4, 6, 8) if ctx.target >= Target.IOS18 else (1, 2, 4, 6, 8)
     grouped = codes_kn.reshape(experts, groups, block, n)
-    if ctx.target >= Target.IOS18:
-        dtype = np.uint8 if lut_bits == 8 else getattr(types, f"np_uint{lut_bits}_dtype")
-        values = mb.constexpr_lut_to_dense(indices=grouped.astype(dtype), lut=table.reshape(1, 1, 1, 1, -1, 1),
-                                           name=ctx.name("codes"))
+    if bits in widths:
+        values = _code_table(ctx, grouped, bits, 1, "codes")
     else:
-        stream = ((grouped.reshape(-1, 1) >> np.arange(lut_bits)) & 1).astype(np.uint8)
-        values = mb.constexpr_lut_to_dense(lut=table, indices=np.packbits(stream.reshape(-1), bitorder="little"),
-                                           shape=np.asarray(grouped.shape, np.uint32), name=ctx.name("codes"))
+        # No table width of `bits` (5 bits; 3 before iOS18): the code is low + high * 2^low with
+        # both parts at table widths (4 + 1, 2 + 1), two exact tables summed, so the package
+        # holds `bits` bits per code rather than the next width up.
+        low = max(w for w in widths if w < bits and bits - w in widths)
+        values = mb.add(x=_code_table(ctx, grouped & ((1 << low) - 1), low, 1, "codes_low"),
+                        y=_code_table(ctx, grouped >> low, bits - low, 1 << low, "codes_high"), name=ctx.name("codes"))
     w = mb.mul(x=values, y=s[:, :, None].astype(ctx.float_dtype), name=ctx.name("times_scale"))
     w = mb.add(x=w, y=b[:, :, None].astype(ctx.float_dtype), name=ctx.name("plus_bias"))
     return mb.reshape(x=w, shape=np.asarray([experts, k, n], np.int32), name=ctx.name("experts"))
+
+
+def _code_table(ctx: LowerContext, codes: np.ndarray, bits: int, step: int, suffix: str) -> Any:
+    """`codes * step` held as `bits`-bit indices into the table `[0, step, 2 step, ..]` (an exact
+    `constexpr_lut_to_dense`; iOS18's sub-byte index types, or iOS16's packed bit stream)."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    table = (np.arange(2**bits, dtype=np.float32) * step).astype(ctx.float_dtype)
+    if ctx.target >= Target.IOS18:
+        dtype = np.uint8 if bits == 8 else getattr(types, f"np_uint{bits}_dtype")
+        return mb.constexpr_lut_to_dense(indices=codes.astype(dtype), lut=table.reshape(*(1,) * codes.ndim, -1, 1),
+                                         name=ctx.name(suffix))
+    stream = ((codes.reshape(-1, 1) >> np.arange(bits)) & 1).astype(np.uint8)
+    return mb.constexpr_lut_to_dense(lut=table, indices=np.packbits(stream.reshape(-1), bitorder="little"),
+                                     shape=np.asarray(codes.shape, np.uint32), name=ctx.name(suffix))
 
 
 @lowering(
@@ -212,8 +228,8 @@ def _mlx_weight(ctx: LowerContext, codes: np.ndarray, scales: np.ndarray, biases
         "MLX-affine words, scales and biases known at conversion (run-time ones are refused): 4/8-bit"
         " on iOS18 one `constexpr_blockwise_shift_scale` ([E,K,N] codes, per-group scale, float offset"
         " -bias/scale); other widths (and 4/8-bit with a zero scale) the codes as an identity-table"
-        " `constexpr_lut_to_dense` (2/3/6/8-bit indices, 5 bits held at 6) times the group scale plus"
-        " bias at run time; iOS15 decoded. Expert ids clamped into [0, E-1] (`clip`, `floor`), then"
+        " `constexpr_lut_to_dense` (2/3/6/8-bit indices; 5 bits as a 4-bit and a 1-bit table summed,"
+        " 3 bits before iOS18 as 2 + 1) times the group scale plus bias at run time; iOS15 decoded. Expert ids clamped into [0, E-1] (`clip`, `floor`), then"
         " as GroupedMatMul."
     ),
 )
