@@ -13,6 +13,8 @@ from collections.abc import Callable
 # (tests/test_cli_startup.py checks that they agree).
 TARGETS = ("iOS15", "iOS16", "iOS17", "iOS18", "iOS26")
 DEPLOY_FORMS = ("plain", "gpu", "ane")
+#: rlx_mil.llm.evaluate.DEFAULT_EVAL_TOKENS: what `eval` scores without --max-tokens.
+DEFAULT_EVAL_TOKENS = 512
 
 
 def _number(text: str, kind: type) -> float:
@@ -34,6 +36,16 @@ def int_at_least(low: int) -> Callable[[str], int]:
 
     parse.__name__ = "int"  # argparse names the type in its message
     return parse
+
+
+def token_limit(text: str) -> int | str:
+    """`eval --max-tokens`: an integer >= 2, or `all`."""
+    if text.strip().lower() == "all":
+        return "all"
+    return int_at_least(2)(text)
+
+
+token_limit.__name__ = "int"
 
 
 def float_at_least(low: float, strictly: bool = False) -> Callable[[str], float]:

@@ -112,18 +112,23 @@ def run_demo(args: argparse.Namespace) -> int:
             folder, args.output, build={} if image else {"seq_len": args.seq}, progress=progress, overwrite=True,
             convert={"target": args.target, "precision": args.precision, "attention": args.attention},
         )
-        print(f"  graph:   {len(graph)} IR nodes; converted and saved in {time.perf_counter() - t1:.2f} s "
-              f"[{args.target}, {args.precision}]")
-        print(package_info(path).to_text())
-        if args.verify:
-            vocab = int(text.get("vocab_size", 1))
-            t2 = time.perf_counter()
-            checks = verify_package(graph, params, path, example_inputs(graph, vocab, seed=1), args.precision)
-            print(f"  executor ran the saved package in {time.perf_counter() - t2:.2f} s")
-            for check in checks:
-                print(check.to_text())
-            if not all(c.ok for c in checks):
-                return 1
+        try:
+            print(f"  graph:   {len(graph)} IR nodes; converted and saved in {time.perf_counter() - t1:.2f} s "
+                  f"[{args.target}, {args.precision}]")
+            print(package_info(path).to_text())
+            if args.verify:
+                vocab = int(text.get("vocab_size", 1))
+                t2 = time.perf_counter()
+                checks = verify_package(graph, params, path, example_inputs(graph, vocab, seed=1), args.precision)
+                print(f"  executor ran the saved package in {time.perf_counter() - t2:.2f} s")
+                for check in checks:
+                    print(check.to_text())
+                if not all(c.ok for c in checks):
+                    return 1
+        except KeyboardInterrupt:
+            # Ctrl-C before the demo has shown the package checked: it is not left behind.
+            shutil.rmtree(path, ignore_errors=True)
+            raise
     finally:
         if not keep:
             shutil.rmtree(folder.parent, ignore_errors=True)

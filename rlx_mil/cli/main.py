@@ -15,7 +15,7 @@ from typing import Any
 
 from rlx_mil.cli import aimodel_output
 from rlx_mil.cli.aimodel_output import add_format_argument
-from rlx_mil.cli.arguments import DEPLOY_FORMS, TARGETS, compute_units
+from rlx_mil.cli.arguments import DEFAULT_EVAL_TOKENS, DEPLOY_FORMS, TARGETS, compute_units, token_limit
 from rlx_mil.errors import RlxMilError
 
 # Nothing heavy is imported at module level: `--help`, `--version` and usage errors answer
@@ -137,7 +137,9 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--reference", type=Path, metavar="MODEL_DIR_OR_PACKAGE",
                     help="a Hugging Face checkpoint folder (NumPy reference, float32) or another package: also"
                     " report the mean KL divergence, top-1 agreement and perplexity ratio")
-    ev.add_argument("--max-tokens", type=int, metavar="N", help="score only the first N tokens of the text")
+    ev.add_argument("--max-tokens", type=token_limit, default=None, metavar="N",
+                    help="score only the first N tokens of the text, 'all' for every token (default"
+                    f" {DEFAULT_EVAL_TOKENS}, with a warning when the text has more)")
     ev.add_argument("--audio", type=Path, nargs="+", metavar="FILE",
                     help="for a speech package folder: WAV/FLAC files whose first 30 s are judged against --reference"
                     " (the Whisper checkpoint): encoder cosine / PSNR, and KL, top-1 and perplexity ratio teacher-forced"
@@ -383,19 +385,17 @@ def _eval(args: argparse.Namespace) -> int:
     if args.audio is not None or args.language is not None or (args.package / "AudioEncoder.mlpackage").is_dir():
         from rlx_mil.cli.speech_eval import run_speech_eval
 
+        if args.max_tokens == "all":  # a transcript's own limit, n_text_ctx // 2
+            args.max_tokens = None
         return run_speech_eval(args, _progress(args))
-    from rlx_mil.fileio import read_regular_file
-
+    text: str | Path
     if args.text is None:
         from rlx_mil.compress.builtin_text import builtin_text
 
         text = builtin_text("heldout")
     else:
-        data = read_regular_file(args.text, 1 << 30, RlxMilError, "text file")
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise RlxMilError(f"{args.text}: not UTF-8 text ({err})") from None
+        text = args.text
+    limit = {None: DEFAULT_EVAL_TOKENS, "all": None}.get(args.max_tokens, args.max_tokens)
     progress = _progress(args)
     progress.begin(f"opening {args.package}")
     from rlx_mil.llm.evaluate import evaluate_package
@@ -405,8 +405,8 @@ def _eval(args: argparse.Namespace) -> int:
         return progress.advance
 
     result = evaluate_package(
-        args.package, text, reference=args.reference, max_tokens=args.max_tokens, engine=args.engine,
-        compute_units=compute_units(args), progress=start,
+        args.package, text, reference=args.reference, max_tokens=limit, engine=args.engine,
+        compute_units=compute_units(args), progress=start, warn_cut=args.max_tokens is None,
     )
     progress.end(f"{result.scored} tokens")
     print(result.to_json() if args.json else result.to_text())

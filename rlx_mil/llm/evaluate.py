@@ -11,13 +11,21 @@ reference interpreter in float32) sees the same windows; per scored position `KL
 package)` of the next-token distributions is averaged, top-1 agreement is the fraction of
 positions where both pick the same most likely token, and the ratio is package perplexity /
 reference perplexity (1.0: no loss).
+
+With a token limit only as much of the text is read and encoded as the first tokens need: a
+prefix of the text, encoded, keeps its first `max_tokens` ids once it yields `PREFIX_MARGIN`
+more than that (the ids near the cut, which may change with what follows, are never kept); a
+prefix that yields fewer grows fourfold, up to the whole text. A megabyte on one line is then
+as quick to start scoring as a paragraph.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +34,14 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.errors import InvalidOptionError, RlxMilError
+
+#: Tokens `rlx-mil eval` scores when --max-tokens is not given (a warning says so when the text
+#: has more): minutes on the NumPy executor for a 135M model, not hours for a long file.
+DEFAULT_EVAL_TOKENS = 512
+#: Ids past the limit an encoded prefix must yield before its first `max_tokens` are kept.
+PREFIX_MARGIN = 64
+#: Largest text file read as a whole (a bounded prefix is read under a token limit).
+MAX_TEXT_BYTES = 1 << 30
 
 #: (window ids) -> an iterator of next-token logits rows, one per predicted position.
 LogitSource = Callable[[Sequence[int]], Iterator[np.ndarray]]
@@ -46,6 +62,8 @@ class EvalResult:
     perplexity_ratio: float | None = None
     mean_kl: float | None = None
     top1_agreement: float | None = None
+    #: Whether the text had more tokens than were scored (a token limit cut it).
+    truncated: bool = False
 
     def to_text(self) -> str:
         lines = [
@@ -167,26 +185,32 @@ def evaluate_text(
 
 def evaluate_package(
     package: str | os.PathLike[str],
-    text: str,
+    text: str | Path,
     *,
     reference: str | os.PathLike[str] | None = None,
     max_tokens: int | None = None,
     engine: str = "auto",
     compute_units: str = "ALL",
     progress: Callable[[int], Callable[[], None]] | None = None,
+    warn_cut: bool = False,
 ) -> EvalResult:
-    """`rlx-mil eval` from Python: perplexity of `text` under the package (its own tokenizer),
-    with `reference` (a package or a Hugging Face checkpoint folder) the comparison too. Only
-    the first `max_tokens` tokens are used when given. `progress(total)` returns the callback
-    called once per scored token."""
+    """`rlx-mil eval` from Python: perplexity of `text` (a string, or a `Path` to a UTF-8 text
+    file) under the package (its own tokenizer), with `reference` (a package or a Hugging Face
+    checkpoint folder) the comparison too. Only the first `max_tokens` tokens are used when
+    given (and only the part of the text they need is read and encoded); `warn_cut` warns
+    before scoring when that leaves tokens out. `progress(total)` returns the callback called
+    once per scored token."""
     from rlx_mil.llm.generate import Session
 
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2):
         raise InvalidOptionError(f"max_tokens must be an int >= 2, got {max_tokens!r}")
+    read = _file_prefix(text) if isinstance(text, Path) else _string_prefix(text)
     session = Session(package, engine=engine, compute_units=compute_units)
-    ids = session.tokenizer.encode(text)
-    if max_tokens is not None:
-        ids = ids[:max_tokens]
+    ids, cut = encode_limited(session.tokenizer.encode, read, max_tokens)
+    if cut and warn_cut:
+        warnings.warn(f"scoring the first {max_tokens} tokens of {'the text' if isinstance(text, str) else text};"
+                      " it has more (--max-tokens N scores N, --max-tokens all the whole text)", UserWarning,
+                      stacklevel=2)
     window = session.max_context
     ref_rows: LogitSource | None = None
     if reference is not None:
@@ -204,7 +228,64 @@ def evaluate_package(
                               f" ({session.vocab}): it is not a checkpoint or package of this model")
     total = sum(len(p) - 1 for p in windows(ids, window))
     tick = progress(total) if progress is not None else None
-    return evaluate_text(session_logits(session, tick), ids, window, ref_rows, None if reference is None else str(reference))
+    result = evaluate_text(session_logits(session, tick), ids, window, ref_rows,
+                           None if reference is None else str(reference))
+    result.truncated = cut
+    return result
+
+
+#: (characters or bytes wanted, None for all) -> (that much of the text, whether it is all of it).
+TextPrefix = Callable[[int | None], tuple[str, bool]]
+
+
+def encode_limited(encode: Callable[[str], list[int]], read: TextPrefix,
+                   max_tokens: int | None) -> tuple[list[int], bool]:
+    """The first `max_tokens` ids of the encoded text (all without a limit) and whether the text
+    has more, reading and encoding growing prefixes (see the module docstring)."""
+    if max_tokens is None:
+        return list(encode(read(None)[0])), False
+    size = 16 * max_tokens + 4096
+    while True:
+        part, whole = read(size)
+        ids = list(encode(part))
+        if whole:
+            return ids[:max_tokens], len(ids) > max_tokens
+        if len(ids) >= max_tokens + PREFIX_MARGIN:
+            return ids[:max_tokens], True
+        size *= 4
+
+
+def _string_prefix(text: str) -> TextPrefix:
+    if not isinstance(text, str):
+        raise InvalidOptionError(f"the text must be a str or a Path, got {type(text).__name__}")
+    return lambda size: (text, True) if size is None or size >= len(text) else (text[:size], False)
+
+
+def _file_prefix(path: Path) -> TextPrefix:
+    """Prefixes of a UTF-8 text file: its first `size` bytes (a character cut at the end is
+    left out), all of it (at most MAX_TEXT_BYTES) for None."""
+    from rlx_mil.fileio import open_regular_file
+
+    stream, _ = open_regular_file(path, "text file")
+    stream.close()  # opened once up front: a missing file or a FIFO is refused before the package loads
+
+    def read(size: int | None) -> tuple[str, bool]:
+        limit = MAX_TEXT_BYTES if size is None else min(size, MAX_TEXT_BYTES)
+        stream, now = open_regular_file(path, "text file")
+        with stream:
+            data = stream.read(limit + 1)
+        whole = len(data) <= limit
+        if not whole and size is None:
+            raise RlxMilError(f"{path}: text file has {now} bytes, more than the limit of {MAX_TEXT_BYTES}"
+                              " (give --max-tokens to score its beginning)")
+        try:
+            decoder = codecs.getincrementaldecoder("utf-8")()
+            text = decoder.decode(data if whole else data[:limit], final=whole)
+        except UnicodeDecodeError as err:
+            raise RlxMilError(f"{path}: not UTF-8 text ({err})") from None
+        return text, whole
+
+    return read
 
 
 def _checkpoint_vocab(folder: Path) -> int | None:

@@ -378,3 +378,64 @@ def test_eval_of_hostile_texts_and_references_is_one_error_line(package: Path, t
         assert main(["eval", str(package), "--engine", "milexec", "-q", *flags]) == 1, flags
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("rlx-mil eval: error: ") and message in lines[0], (flags, lines)
+
+
+def test_eval_of_a_megabyte_line_scores_an_announced_prefix(package: Path, checkpoint: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --max-tokens, eval of a 1 MB single-line file scores DEFAULT_EVAL_TOKENS tokens
+    (here made 24), says so in one warning line, and scores exactly what `--max-tokens 24` of
+    the file's first 2,000 characters scores; `--max-tokens all` scores every token."""
+    import sys
+
+    from rlx_mil.cli.arguments import DEFAULT_EVAL_TOKENS
+    from rlx_mil.llm import evaluate
+
+    assert DEFAULT_EVAL_TOKENS == evaluate.DEFAULT_EVAL_TOKENS
+    monkeypatch.setattr(sys.modules["rlx_mil.cli.main"], "DEFAULT_EVAL_TOKENS", 24)
+    line = ("The capital of France is Paris. Hello, how are you? " * 20200)[:1 << 20]
+    (tmp_path / "line.txt").write_text(line)
+    (tmp_path / "start.txt").write_text(line[:2000])
+    flags = ["--engine", "milexec", "--json"]
+    capsys.readouterr()
+    assert main(["eval", str(package), "--text", str(tmp_path / "line.txt"), *flags]) == 0
+    out, err = capsys.readouterr()
+    warned = [ln for ln in err.splitlines() if "warning" in ln]
+    assert warned == [f"rlx-mil eval: warning: scoring the first 24 tokens of {tmp_path / 'line.txt'}; it has more"
+                      " (--max-tokens N scores N, --max-tokens all the whole text) (UserWarning)"], err
+    cut = json.loads(out)
+    assert cut["tokens"] == 24 and cut["truncated"] is True
+    assert main(["eval", str(package), "--text", str(tmp_path / "start.txt"), "--max-tokens", "24", "-q", *flags]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == cut and err == ""
+    short = tmp_path / "short.txt"
+    short.write_text(line[:150])
+    assert main(["eval", str(package), "--text", str(short), "--max-tokens", "all", "-q", *flags]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert whole["truncated"] is False and whole["tokens"] == len(TextTokenizer(checkpoint).encode(line[:150]))
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
+def test_encode_limited_keeps_the_first_ids_of_the_whole_encoding(kind: str, tmp_path: Path) -> None:
+    """Prefix encoding gives the first ids of the whole text's encoding: words, one long word,
+    random characters, and a word longer than WordPiece reads (one [UNK] for 10,000
+    characters: the prefix grows until the ids are there)."""
+    import random
+
+    from rlx_mil.llm.evaluate import _string_prefix, encode_limited
+
+    from .text_fixtures import write_bpe_tokenizer, write_wordpiece_tokenizer
+
+    tok = TextTokenizer((write_bpe_tokenizer if kind == "bpe" else write_wordpiece_tokenizer)(tmp_path / kind))
+    rng = random.Random(5)
+    texts = [
+        "Paris is the capital of France. " * 300,
+        "a" * 9_000,
+        "".join(rng.choice("abcdé fghij,.") for _ in range(9_000)),
+        "x" * 10_000 + " hello world" * 40,
+    ]
+    for text in texts:
+        whole = tok.encode(text)
+        for limit in (2, 40):
+            assert encode_limited(tok.encode, _string_prefix(text), limit) == (whole[:limit], len(whole) > limit)
+        assert encode_limited(tok.encode, _string_prefix(text), None) == (whole, False)
