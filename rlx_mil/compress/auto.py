@@ -182,11 +182,56 @@ def layer_count(names: list[str]) -> int:
     return max(found) + 1 if found else 0
 
 
+def predicted(options: Mapping[str, list[Option]], weights: Mapping[str, float], pick: Mapping[str, int]) -> float:
+    """The summed ``sensitivity * error^2`` of a mix: with measured sensitivities, the model's
+    predicted output loss (mean KL for a decoder) with every weight as picked."""
+    return float(sum(weights[n] * options[n][i].error ** 2 for n, i in pick.items()))
+
+
+def _best_widening(
+    options: Mapping[str, list[Option]], weights: Mapping[str, float], pick: Mapping[str, int], room: float,
+) -> tuple[float, str, int] | None:
+    """The widening (weight, option) removing the most ``sensitivity * error^2`` per added byte
+    among those adding at most `room` bytes; None when none fits."""
+    best: tuple[float, str, int] | None = None
+    for n, i in pick.items():
+        o = options[n][i]
+        for j in range(i + 1, len(options[n])):
+            q = options[n][j]
+            extra = q.bytes - o.bytes
+            if extra > room:
+                break
+            gain = weights[n] * (o.error**2 - q.error**2) / max(extra, 1)
+            if best is None or gain > best[0]:
+                best = (gain, n, j)
+    return best
+
+
+def bytes_for_target(
+    options: Mapping[str, list[Option]], weights: Mapping[str, float], pick: Mapping[str, int], used: int, target: float,
+) -> int | None:
+    """The bytes the greedy widening needs, from `pick` (taking `used` bytes), before the
+    predicted loss (`predicted`) is at most `target`; None when even the widest mix misses it."""
+    pick = dict(pick)
+    while predicted(options, weights, pick) > target:
+        step = _best_widening(options, weights, pick, float("inf"))
+        if step is None:
+            return None
+        _, n, j = step
+        used += options[n][j].bytes - options[n][pick[n]].bytes
+        pick[n] = j
+    return used
+
+
 def choose(
     options: Mapping[str, list[Option]], weights: Mapping[str, float], fixed_bytes: int, total_before: int,
-    bits: int, budget: float | None, max_error: float | None,
+    bits: int, budget: float | None, max_error: float | None, target: float | None = None,
 ) -> tuple[dict[str, int], dict[str, str], float]:
-    """Index of each weight's option, a reason per weight, and the size fraction reached."""
+    """Index of each weight's option, a reason per weight, and the size fraction reached.
+
+    With `target` (a bound on `predicted`, the measured loss: mean KL for a decoder) the
+    widening stops as soon as the mix is predicted to meet it: the cheapest mix found that
+    does, within the budget."""
     pick = {n: 0 for n in options}
     why = {n: f"the {bits}-bit start" for n in options}
     if max_error is not None:
@@ -195,8 +240,11 @@ def choose(
             pick[n] = within[0] if within else len(opts) - 1
             if pick[n]:
                 why[n] = f"widened to meet max_error {max_error:g}" if within else f"widest: no candidate meets max_error {max_error:g}"
-    cap = None if budget is None and max_error is not None else (AUTO_BUDGETS[bits] if budget is None else budget) * total_before
+    cap = None if budget is None and (max_error is not None or target is not None) else (
+        (AUTO_BUDGETS[bits] if budget is None else budget) * total_before)
     used = fixed_bytes + sum(options[n][i].bytes for n, i in pick.items())
+    if cap is None and target is not None:
+        cap = float("inf")
     if cap is not None:
         while used > cap:  # max_error asked for more than the budget: narrow the cheapest losses first
             best: tuple[float, str] | None = None
@@ -212,24 +260,15 @@ def choose(
             used -= options[n][pick[n]].bytes - options[n][pick[n] - 1].bytes
             pick[n] -= 1
             why[n] = "narrowed to fit the budget"
-        while True:
-            best_gain: tuple[float, str, int] | None = None
-            for n, i in pick.items():
-                o = options[n][i]
-                for j in range(i + 1, len(options[n])):
-                    q = options[n][j]
-                    extra = q.bytes - o.bytes
-                    if used + extra > cap:
-                        break
-                    gain = weights[n] * (o.error**2 - q.error**2) / max(extra, 1)
-                    if best_gain is None or gain > best_gain[0]:
-                        best_gain = (gain, n, j)
+        while target is None or predicted(options, weights, pick) > target:
+            best_gain = _best_widening(options, weights, pick, cap - used)
             if best_gain is None:
                 break
             _, n, j = best_gain
             used += options[n][j].bytes - options[n][pick[n]].bytes
             pick[n] = j
-            why[n] = "widened: among the largest error reductions per byte within the budget"
+            why[n] = ("widened: among the largest loss reductions per byte toward the quality target" if target is not None
+                      else "widened: among the largest error reductions per byte within the budget")
     return pick, why, used / total_before if total_before else 1.0
 
 
@@ -238,6 +277,7 @@ def plan_auto(
     fixed_bytes: int, total_before: int, budget: float | None, max_error: float | None,
     importance: Mapping[str, np.ndarray] | None = None, candidates: tuple[str, ...] | None = None,
     measure: Callable[[str, Scheme], float] | None = None, sample: Collection[str] | None = None,
+    loss_target: float | None = None, loss_unit: str = "squared output error",
 ) -> AutoPlan:
     """The mix for the weights `storages` (name -> a callable giving the storage-layout array,
     read one weight at a time), `fixed_bytes` being what the other weights take. `measure(name,
@@ -249,6 +289,8 @@ def plan_auto(
         # Measured sensitivities show which weights the outputs hardly feel: those may go
         # narrower than the target width, paying for the ones they do feel.
         candidates = NARROWER[bits] + CANDIDATES[bits]
+    if measure is None:
+        loss_target = None  # without measured sensitivities the sums are weight errors, not a loss
     for name, read in storages.items():
         options[name] = options_for(read(), bits, target, store, (importance or {}).get(name), candidates)
     layers = layer_count(list(storages))
@@ -261,7 +303,7 @@ def plan_auto(
             weights[n] = max(weights[n], float(len(options)))
     if measure is not None:
         weights = measured_weights(options, weights, measure, sample)
-    pick, why, reached = choose(options, weights, fixed_bytes, total_before, bits, budget, max_error)
+    pick, why, reached = choose(options, weights, fixed_bytes, total_before, bits, budget, max_error, loss_target)
     for n in pick:
         if roles.get(n) == "lm_head":
             why[n] = f"head: the most sensitive weight; {why[n]}"
@@ -274,14 +316,34 @@ def plan_auto(
         notes[name] = f"auto{bits}: est. error {o.error:.3g}{extra} ({why[name]})"
         contributions[name] = weights[name] * o.error**2
     widened = sum(1 for i in pick.values() if i)
-    cap = "none" if budget is None and max_error is not None else f"{AUTO_BUDGETS[bits] if budget is None else budget:g}x"
+    free = budget is None and (max_error is not None or loss_target is not None)
+    cap = "none" if free else f"{AUTO_BUDGETS[bits] if budget is None else budget:g}x"
     over = ""
-    asked = None if budget is None and max_error is not None else (AUTO_BUDGETS[bits] if budget is None else budget)
+    asked = None if free else (AUTO_BUDGETS[bits] if budget is None else budget)
     if asked is not None and total_before and reached > asked + 5e-4:
         # Even the narrowest candidate of every weight does not fit: say so, and what would.
         over = (f"; the budget {asked:g}x cannot be met: the narrowest mix this target holds takes {reached:.3f}x,"
                 f" give a budget of at least {math.ceil(reached * 1000) / 1000:g}")
         warnings.warn(CompressionWarning(f"auto{bits}: {over[2:]}"), stacklevel=3)
+    loss = ""
+    if measure is not None:
+        expected = predicted(options, weights, pick)
+        loss = f"; predicted {loss_unit} {expected:.3g}"
+        if loss_target is not None:
+            loss += f" (target {loss_target:.3g})"
+            if expected > loss_target * (1 + 1e-9) and not over:
+                used = fixed_bytes + sum(options[n][i].bytes for n, i in pick.items())
+                need = bytes_for_target(options, weights, pick, used, loss_target)
+                if need is None:
+                    miss = (f"the quality target ({loss_unit} {loss_target:.3g}) cannot be met by any mix of"
+                            f" {'/'.join(CANDIDATES[bits]) if candidates is None else '/'.join(candidates)}:"
+                            f" the widest is predicted at {predicted(options, weights, {n: len(o) - 1 for n, o in options.items()}):.3g}")
+                else:
+                    miss = (f"the quality target ({loss_unit} {loss_target:.3g}) cannot be met within the budget {cap}:"
+                            f" predicted {expected:.3g}; a budget of {math.ceil(need / total_before * 1000) / 1000:g}"
+                            " is predicted to meet it")
+                over = "; " + miss
+                warnings.warn(CompressionWarning(f"auto{bits}: {miss}"), stacklevel=3)
     basis = "activation-weighted" if importance else "weight-space"
     measured = ""
     if measure is not None:
@@ -290,5 +352,5 @@ def plan_auto(
             measured += f" ({sum(1 for n in pick if n in sample)} of {len(pick)} weights measured, the rest by kind)"
     summary = (f"auto{bits}: {widened} of {len(pick)} weights widened, {reached:.3f}x the uncompressed weight bytes"
                f" (budget {cap}" + (f", max_error {max_error:g}" if max_error is not None else "") + f"; {basis} errors{measured})"
-               + over)
+               + loss + over)
     return AutoPlan(schemes, notes, contributions, summary)

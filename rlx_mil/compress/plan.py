@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.compress.auto import AutoPlan, plan_auto, weight_kind
+from rlx_mil.compress.auto import AutoPlan, plan_auto
 from rlx_mil.compress.code_store import CodeStore, CodeWriter, WriterFactory
 from rlx_mil.compress.emit import check_target, compressed_bytes, linear_op, palette_op
 from rlx_mil.compress.fit import fit_to_shape
@@ -30,6 +30,14 @@ from rlx_mil.compress.prequantized import (
 )
 from rlx_mil.compress.report import CompressionReport, WeightReport
 from rlx_mil.compress.schemes import CHECK_AUTO_LIMIT, CompressionConfig, LinearScheme, Scheme, parse_scheme
+from rlx_mil.compress.sensitivity import (  # noqa: F401  (MIN_SAMPLE, measure_sample: part of this module's interface)
+    KL_UNIT,
+    MIN_SAMPLE,
+    SQUARED_UNIT,
+    Replaced,
+    kl_for_top1,
+    measure_sample,
+)
 from rlx_mil.compress.shared import current as shared_session
 from rlx_mil.errors import CompressionError, InvalidOptionError
 from rlx_mil.ir.graph import Graph
@@ -41,7 +49,6 @@ from rlx_mil.lowering.target import Precision, Target
 #: weights x parameters x input elements stays below this (about a minute of NumPy); a larger
 #: model has as many of its weights measured as fit (`measure_sample`), at least `MIN_SAMPLE`.
 MEASURE_LIMIT = 2 * 10**11
-MIN_SAMPLE = 8
 PROTECTED_ROLES = frozenset({"norm", "rope", "vector", "integer"})
 _NORM_OPS = frozenset({"LayerNorm", "RmsNorm", "GroupNorm", "FusedResidualLN", "FusedResidualRmsNorm"})
 _MATMUL_WEIGHT = {"MatMul": (1,), "FusedMatMulBiasAct": (1,), "LoraMatMul": (1, 2, 3)}
@@ -250,7 +257,7 @@ class WeightCompressor:
         if self.config.calibration is not None:
             from rlx_mil.compress.calibration import activation_importance
 
-            importance = activation_importance(self.graph, params, self.calibration_inputs())
+            importance = activation_importance(self._calibration_graph(), params, self.calibration_inputs())
         assert self.config.auto is not None
         # A tied embedding is also the LM head: its error reaches the logits directly.
         roles = dict(self.roles)
@@ -259,47 +266,73 @@ class WeightCompressor:
                 p in _MATMUL_WEIGHT.get(self.graph.node(u).op.type_name, ()) for u, p, _ in _uses(self.graph, node.id, users)
             ):
                 roles[node.op.name] = "lm_head"
-        measure, sample = self._output_sensitivity(names, reader, sum(count.values()))
+        measure, sample, unit = self._output_sensitivity(names, reader, sum(count.values()))
         self.plan = plan_auto(self.config.auto, {n: reader(n) for n in names}, roles, self.target,
                               store_dtype(self.precision), fixed, total, self.config.budget, self.config.max_error, importance,
-                              self.config.candidates, measure, sample)
+                              self.config.candidates, measure, sample, loss_target=self._loss_target(unit), loss_unit=unit)
         self.schemes.update(self.plan.schemes)
         self.notes = dict(self.plan.notes)
 
+    def _calibration_graph(self) -> Graph:
+        return self.graph if self.config.calibration_graph is None else self.config.calibration_graph
+
+    def _loss_target(self, unit: str) -> float | None:
+        """The bound on the predicted loss autoN searches toward: with measured mean KL, the
+        user's `max_kl` and the KL `min_top1` asks for (`kl_for_top1`), the tighter of the two;
+        None without a target or without a KL to predict."""
+        if unit != KL_UNIT:
+            return None
+        bounds = [b for b in (self.config.max_kl, None if self.config.min_top1 is None else kl_for_top1(self.config.min_top1))
+                  if b is not None]
+        return min(bounds) if bounds else None
+
     def _output_sensitivity(
         self, names: list[str], reader: Callable[[str], Callable[[], np.ndarray]], elements: int,
-    ) -> tuple[Callable[[str, Scheme], float] | None, list[str] | None]:
+    ) -> tuple[Callable[[str, Scheme], float] | None, list[str] | None, str]:
         """autoN's measured sensitivities: the reference run with one weight compressed at a
         time, on the calibration inputs (else generated ones, unless check=off), for every
         weight while that costs at most `MEASURE_LIMIT` (weights x parameters x input elements),
-        else for the sample of them that fits (`measure_sample`; None: all)."""
+        else for the sample of them that fits (`measure_sample`; None: all); and their unit.
+
+        On a decoder's logits over token ids (`next_token_targets`) a measurement is the mean
+        KL divergence from the float model's next-token distribution (the quality check's
+        measure, so a target in KL can be searched for); else the outputs' squared relative
+        error."""
         from rlx_mil.compress.calibration import example_inputs
+        from rlx_mil.compress.quality import kl_per_position
+        from rlx_mil.compress.quality_check import _is_logits, next_token_targets
         from rlx_mil.reference import evaluate
 
         if self.config.calibration is None and not self._checks():
-            return None, None
+            return None, None, SQUARED_UNIT
         assert self.params is not None
-        inputs = self.calibration_inputs() if self.config.calibration is not None else example_inputs(self.graph)
+        graph = self._calibration_graph()
+        inputs = self.calibration_inputs() if self.config.calibration is not None else example_inputs(graph)
         tokens = max((int(np.asarray(v).size) for v in inputs.values()), default=1)
         sample = None
         if len(names) * elements * tokens > MEASURE_LIMIT:
             sample = measure_sample(names, self.roles, MEASURE_LIMIT // max(elements * tokens, 1))
             if sample is None:
-                return None, None
+                return None, None, SQUARED_UNIT
         params = self.params
-        want = {k: np.asarray(v, np.float64) for k, v in evaluate(self.graph, inputs, params).items()}
-        users = _user_map(self.graph)
+        want = {k: np.asarray(v, np.float64) for k, v in evaluate(graph, inputs, params).items()}
+        logits = {k: found[0] for k, w in want.items() if _is_logits(k, w) and (found := next_token_targets(inputs, w.shape))}
+        unit = KL_UNIT if logits and self.config.calibration is not None else SQUARED_UNIT
+        users = _user_map(graph)
 
         def measure(name: str, scheme: Scheme) -> float:
             storage = reader(name)()
             fitted, _ = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
             back = encode(storage, fitted, self.precision, name).dequantize()
             shape = np.shape(params[name])
-            value = (back.T if _predicted_layout(self.graph, name, users) == "kn" else back).reshape(shape)
-            got = evaluate(self.graph, inputs, _Replaced(params, name, value))
+            value = (back.T if _predicted_layout(graph, name, users) == "kn" else back).reshape(shape)
+            got = evaluate(graph, inputs, Replaced(params, name, value))
+            if unit == KL_UNIT:
+                return float(np.mean([np.mean(kl_per_position(want[k][keep], np.asarray(got[k])[keep]))
+                                      for k, keep in logits.items()]))
             return float(np.mean([np.sum((np.asarray(got[k], np.float64) - w) ** 2) / max(float(np.sum(w * w)), 1e-30)
                                   for k, w in want.items()]))
-        return measure, sample
+        return measure, sample, unit
 
     def check(self) -> None:
         """Every problem the shapes and target reveal, before any weight is read."""
@@ -406,7 +439,7 @@ class WeightCompressor:
             given = self._given_check_inputs() if self.config.check is not False else None
             if given is not None:
                 report.check_error = self._measure(report, self.params, given, self.config.check_label or "the given check inputs")
-            elif self.config.calibration is not None:
+            elif self.config.calibration is not None and self.config.calibration_graph is None:
                 report.calibration_error = self._measure(report, self.params, self.calibration_inputs(), "the calibration inputs")
             elif self._checks():
                 from rlx_mil.compress.calibration import example_inputs
@@ -452,7 +485,7 @@ class WeightCompressor:
         from rlx_mil.ir.ops import Input
 
         given = self.config.calibration or {}
-        names = [n.op.name for n in self.graph if isinstance(n.op, Input)]
+        names = [n.op.name for n in self._calibration_graph() if isinstance(n.op, Input)]
         missing = [n for n in names if n not in given]
         if missing:
             raise CompressionError(f"calibration inputs lack the graph's inputs {missing} (given: {sorted(given)})")
@@ -481,57 +514,12 @@ class WeightCompressor:
         return errors
 
 
-def measure_sample(names: list[str], roles: Mapping[str, str], count: int) -> list[str] | None:
-    """The weights autoN measures when it cannot afford all of `names`: every embedding / LM
-    head, then ordinary weights taken kind by kind (`weight_kind`: the same weight of each
-    layer), one of each kind per round at layers spread over the depth (each kind and round
-    at another depth), `count` in all; None below `MIN_SAMPLE`."""
-    if count < MIN_SAMPLE:
-        return None
-    special = [n for n in names if roles.get(n, "weight") != "weight"][:count]
-    kinds: dict[str, list[str]] = {}
-    for n in names:
-        if n not in special:
-            kinds.setdefault(weight_kind(n), []).append(n)
-    groups = list(kinds.values())
-    chosen = list(special)
-    seen = set(chosen)
-    for r in range(max(map(len, groups), default=0)):
-        for j, group in enumerate(groups):
-            if len(chosen) >= count:
-                return chosen
-            depth = ((j + 0.5) / len(groups) + r * 0.618034) % 1.0
-            free = [n for n in group if n not in seen]
-            if free:
-                # The free weight nearest the wanted depth (layers already taken are skipped).
-                pick = min(free, key=lambda n: abs(group.index(n) - depth * (len(group) - 1)))
-                chosen.append(pick)
-                seen.add(pick)
-    return chosen
-
-
 def encode(
     storage: np.ndarray, scheme: Scheme, precision: Precision, name: str, code_writer: WriterFactory = CodeWriter,
 ) -> LinearCodes | PaletteCodes:
     if isinstance(scheme, LinearScheme):
         return quantize_linear(storage, scheme, store_dtype(precision), name, code_writer)
     return palettize(storage, scheme, store_dtype(precision), name, code_writer)
-
-
-class _Replaced(Mapping[str, Any]):
-    """`params` with one weight's value replaced."""
-
-    def __init__(self, params: Mapping[str, Any], name: str, value: np.ndarray) -> None:
-        self._params, self._name, self._value = params, name, value
-
-    def __getitem__(self, name: str) -> Any:
-        return self._value if name == self._name else self._params[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._params)
-
-    def __len__(self) -> int:
-        return len(self._params)
 
 
 class DequantizedParams(Mapping[str, np.ndarray]):

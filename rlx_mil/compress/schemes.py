@@ -341,6 +341,10 @@ class CompressionConfig:
     #: Calibration inputs (input name -> array) for activation-aware choices and a measured
     #: output error.
     calibration: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    #: The graph `calibration` is fed to, when the converted graph cannot take it (a stateful
+    #: decode step): a stateless graph over the same Params (e.g. the checkpoint's plain graph
+    #: over the calibration tokens). None: the converted graph.
+    calibration_graph: Any = field(default=None, compare=False, hash=False)
     #: With `auto`: the schemes (text form, cheapest first) it chooses from instead of
     #: `rlx_mil.compress.auto.CANDIDATES` (a deployment form's own, e.g. no per-block ints on
     #: the Neural Engine).
