@@ -301,12 +301,14 @@ def build_cross_kv(spec: WhisperSpec, name: str = "cross_attention") -> tuple[Gr
     return g, b.expected
 
 
-def build_stateful_decoder(spec: WhisperSpec, tokens: int = 1, name: str = "decode") -> tuple[Graph, dict[str, tuple[int, ...]]]:
-    """The text decoder in upstream's decode form (`past_k_{i}` / `past_v_{i}` Inputs concatenated
-    with the new tokens' K / V, causal attention, `new_k_{i}` / `new_v_{i}` outputs), which
-    `rlx_mil.convert(..., kv_cache="auto")` turns into Core ML state: `input_ids` /
-    `position_ids [1, tokens]`, the cross-attention `cross_keys` / `cross_values` of
-    `build_cross_kv` as inputs, `logits [1, tokens, V]`."""
+def build_stateful_decoder(spec: WhisperSpec, tokens: int = 1, name: str = "decode", *,
+                           past: int = 1) -> tuple[Graph, dict[str, tuple[int, ...]]]:
+    """The text decoder in upstream's decode form (`past_k_{i}` / `past_v_{i}` Inputs
+    `[1, heads, past, head_dim]` concatenated with the new tokens' K / V, causal attention,
+    `new_k_{i}` / `new_v_{i}` outputs), which `rlx_mil.convert(..., kv_cache="auto")` turns into
+    Core ML state: `input_ids` / `position_ids [1, tokens]`, the cross-attention `cross_keys` /
+    `cross_values` of `build_cross_kv` as inputs, `logits [1, tokens, V]`. With `past` 0 there
+    are no past inputs (the first call of an utterance, as the reference runs it)."""
     b = _WhisperGraph(spec, name)
     g, e, n, h, heads_dim = b.g, spec.d_model, spec.n_audio_ctx, spec.decoder_heads, spec.d_model // spec.decoder_heads
     ids = g.input("input_ids", [1, tokens], "i32")
@@ -327,8 +329,12 @@ def build_stateful_decoder(spec: WhisperSpec, tokens: int = 1, name: str = "deco
             q = b.split_heads(b.linear(hn, f"{a}.q_proj", e, e, True), 1, tokens, h, heads_dim, f"{a}.q")
             k = b.split_heads(b.linear(hn, f"{a}.k_proj", e, e, False), 1, tokens, h, heads_dim, f"{a}.k")
             v = b.split_heads(b.linear(hn, f"{a}.v_proj", e, e, True), 1, tokens, h, heads_dim, f"{a}.v")
-            k = g.concat([g.input(f"past_k_{i}", [1, h, 1, heads_dim]), k], 2, name=f"new_k_{i}")
-            v = g.concat([g.input(f"past_v_{i}", [1, h, 1, heads_dim]), v], 2, name=f"new_v_{i}")
+            if past:
+                k = g.concat([g.input(f"past_k_{i}", [1, h, past, heads_dim]), k], 2, name=f"new_k_{i}")
+                v = g.concat([g.input(f"past_v_{i}", [1, h, past, heads_dim]), v], 2, name=f"new_v_{i}")
+            else:
+                k = g.reshape(k, [1, h, tokens, heads_dim], name=f"new_k_{i}")
+                v = g.reshape(v, [1, h, tokens, heads_dim], name=f"new_v_{i}")
             caches += [k, v]
             att = g.attention_kind(q, k, v, h, heads_dim, "causal", name=f"{a}.sdpa")
             x = g.add(x, b.linear(b.merge_heads(att, 1, tokens, e, a), f"{a}.out_proj", e, e, True), name=f"{p}.attn_residual")

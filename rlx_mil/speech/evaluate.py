@@ -32,30 +32,42 @@ import numpy as np
 from rlx_mil.compress.quality import OutputQuality, decoder_quality, output_quality
 from rlx_mil.compress.quality_check import QualityCheck
 from rlx_mil.errors import InvalidOptionError
+from rlx_mil.models.whisper_checkpoint import ParamsOf
 from rlx_mil.speech.model import N_AUDIO_CTX, N_FRAMES, N_SAMPLES
-from rlx_mil.speech.packages import DECODER, ENCODER, MEL, feeds_for_step
+from rlx_mil.speech.packages import ENCODER, MEL
 
 #: What the reference is, as the report says it.
 REFERENCE_LABEL = "the checkpoint (NumPy reference, float32)"
+#: The reference's graph of the decoder's cross-attention keys and values.
+CROSS = "cross_attention"
 
 
 class ReferenceWhisper:
-    """A Whisper checkpoint (Hugging Face or CTranslate2 folder) as a `WhisperModel`: its three
-    WhisperKit graphs evaluated by the NumPy reference interpreter in float32, each weight read
-    and widened to float32 once."""
+    """A Whisper checkpoint (Hugging Face or CTranslate2 folder) as a `WhisperModel`: the
+    checkpoint's graphs evaluated by the NumPy reference interpreter in float32, each weight read
+    and widened to float32 once. The front end and encoder are WhisperKit's graphs; the decoder
+    is the stateful form's (`build_cross_kv` once per utterance, then `build_stateful_decoder`
+    over the tokens of each call with the cache so far as its past), so a call of many tokens
+    (a prompt, a teacher-forced transcript) is one evaluation."""
 
     def __init__(self, checkpoint_dir: str | os.PathLike[str], cache_len: int | None = None) -> None:
+        from rlx_mil.models.whisper import build_cross_kv
         from rlx_mil.models.whisper_checkpoint import open_whisper
         from rlx_mil.speech.packages import graphs
 
         checkpoint = open_whisper(checkpoint_dir)
-        spec = checkpoint.spec
+        self.spec = spec = checkpoint.spec
         self.n_mels, self.vocab_size, self.n_text_ctx = spec.num_mel_bins, spec.vocab_size, spec.max_target_positions
-        self.d_model, self.kv_width = spec.d_model, spec.kv_width
-        self.cache_len = int(cache_len if cache_len is not None else spec.max_target_positions // 2)
-        built = graphs(checkpoint, self.cache_len, fp16_io=False)
-        self._graphs = {role: graph for role, (graph, _) in built.items()}
-        self._params = {role: _float32(params) for role, (_, params) in built.items()}
+        self.d_model = spec.d_model
+        self.cache_len = int(cache_len if cache_len is not None else spec.max_target_positions)
+        built = graphs(checkpoint, 1, fp16_io=False)
+        self._graphs = {role: built[role][0] for role in (MEL, ENCODER)}
+        self._params = {role: _float32(built[role][1]) for role in (MEL, ENCODER)}
+        cross, cross_names = build_cross_kv(spec)
+        self._graphs[CROSS] = cross
+        self._params[CROSS] = _float32(ParamsOf(checkpoint.params, cross_names))
+        self._decoder_params = _float32(ParamsOf(checkpoint.params, _decoder_names(spec)))
+        self._decoders: dict[tuple[int, int], Any] = {}
 
     def log_mel(self, audio: np.ndarray) -> np.ndarray:
         out = self._run(MEL, {"audio": np.asarray(audio, np.float32).reshape(N_SAMPLES)})
@@ -74,30 +86,48 @@ class ReferenceWhisper:
 
         return evaluate(self._graphs[role], feeds, self._params[role])
 
+    def _decode(self, feeds: Mapping[str, np.ndarray], tokens: int, past: int) -> dict[str, np.ndarray]:
+        from rlx_mil.models.whisper import build_stateful_decoder
+        from rlx_mil.reference import evaluate
+
+        graph = self._decoders.get((tokens, past))
+        if graph is None:
+            graph = self._decoders[(tokens, past)] = build_stateful_decoder(self.spec, tokens, past=past)[0]
+        return evaluate(graph, feeds, self._decoder_params)
+
+
+def _decoder_names(spec: Any) -> list[str]:
+    from rlx_mil.models.whisper import build_stateful_decoder
+
+    return list(build_stateful_decoder(spec, 1, past=0)[1])
+
 
 class ReferenceSession:
-    """One utterance through the reference TextDecoder: the caches held here, one token a call."""
+    """One utterance through the reference decoder: the cross-attention keys and values once,
+    then each call's tokens in one evaluation against the self-attention cache held here."""
 
     def __init__(self, model: ReferenceWhisper, encoded: np.ndarray) -> None:
         self.model = model
-        self.keys = np.zeros((1, model.kv_width, 1, model.cache_len), np.float32)
-        self.values = np.zeros_like(self.keys)
-        self.encoded = np.ascontiguousarray(np.asarray(encoded, np.float32).T.reshape(1, model.d_model, 1, N_AUDIO_CTX))
+        states = np.ascontiguousarray(np.asarray(encoded, np.float32).T.reshape(1, model.d_model, 1, N_AUDIO_CTX))
+        cross = model._run(CROSS, {"encoder_output_embeds": states})
+        self.cross = {"cross_keys": cross["cross_keys"], "cross_values": cross["cross_values"]}
+        self.past: dict[str, np.ndarray] = {}
         self.position = 0
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:
-        rows = []
-        for token in tokens:
-            if self.position >= self.model.cache_len:
-                raise InvalidOptionError(f"the reference decoder holds {self.model.cache_len} tokens; this utterance needs more")
-            p = self.position
-            out = self.model._run(DECODER, feeds_for_step(self.model.kv_width, self.model.d_model, self.model.cache_len,
-                                                          int(token), p, self.keys, self.values, self.encoded))
-            self.keys[..., p] = out["key_cache_updates"][..., 0]
-            self.values[..., p] = out["value_cache_updates"][..., 0]
-            rows.append(np.asarray(out["logits"], np.float32).reshape(-1))
-            self.position += 1
-        return np.stack(rows) if rows else np.zeros((0, self.model.vocab_size), np.float32)
+        count = len(tokens)
+        if not count:
+            return np.zeros((0, self.model.vocab_size), np.float32)
+        if self.position + count > self.model.cache_len:
+            raise InvalidOptionError(f"the reference decoder holds {self.model.cache_len} tokens; this utterance needs more")
+        positions = np.arange(self.position, self.position + count, dtype=np.int32)[None]
+        feeds = {"input_ids": np.asarray([list(tokens)], np.int32), "position_ids": positions, **self.cross, **self.past}
+        out = self.model._decode(feeds, count, self.position)
+        for i in range(self.model.spec.decoder_layers):
+            for kind in ("k", "v"):
+                self.past[f"past_{kind}_{i}"] = out[f"new_{kind}_{i}"]
+        self.position += count
+        return np.asarray(out["logits"], np.float32).reshape(count, -1)
 
 
 class _Recording:
