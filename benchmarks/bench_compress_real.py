@@ -18,7 +18,8 @@ dequantized reference, the report's bytes against the package's). Reported per s
 ``--deploy gpu`` / ``ane`` reads ``4bit`` / ``auto4`` as that deployment form does (its
 candidates and default budget).
 
-``auto4+cal`` calibrates on a different text than the one measured.
+``auto4+cal`` calibrates on a different text than the one measured; plain ``autoN`` on the built-in
+calibration text (`rlx_mil.llm.calibration`), as ``convert-hf`` does when no calibration is given.
 
     python benchmarks/bench_compress_real.py [--cache DIR] [--schemes int8 int4 lut4 auto4 ...] [--deploy gpu]
         [--measure-limit 1e15]
@@ -61,7 +62,8 @@ SENTENCES = ["A man is playing a guitar on the street.", "The new movie is aweso
 
 
 def dequantized(graph: Any, params: Any, spec: str, calibration: dict[str, np.ndarray] | None,
-                deploy: str = "plain") -> tuple[dict[str, np.ndarray], float, str, float]:
+                deploy: str = "plain", calibration_graph: Any = None,
+                calibration_params: Any = None) -> tuple[dict[str, np.ndarray], float, str, float]:
     """The params as the compressed package computes with them, its size vs fp16, the plan and
     the seconds the compression took (choosing and encoding every weight, as a conversion does)."""
     from rlx_mil.compress import WeightCompressor, parse_compress
@@ -76,7 +78,8 @@ def dequantized(graph: Any, params: Any, spec: str, calibration: dict[str, np.nd
     config = parse_compress(form_compression(spec, DeployForm(deploy)))
     assert config is not None
     if calibration is not None:
-        config = dataclasses.replace(config, calibration=calibration)
+        config = dataclasses.replace(config, calibration=calibration, calibration_graph=calibration_graph,
+                                     calibration_params=calibration_params)
     comp = WeightCompressor(config, graph, Target.IOS18, Precision.FP16, params)
     users = _user_map(graph)
     out: dict[str, np.ndarray] = {}
@@ -184,9 +187,16 @@ def decoder_rows(cache: Path, schemes: list[str], deploy: str = "plain") -> dict
     cal_ids = [1, *tok.encode(CALIBRATION, add_special_tokens=False)]
     cal = {"input_ids": np.resize(np.asarray(cal_ids, np.int32), ids.shape[1])[None, :]}
     rows = {}
+    # autoN without +cal: what convert-hf does, the built-in calibration text through the plain graph.
+    from rlx_mil.llm.calibration import builtin_calibration
+
+    builtin = builtin_calibration(folder)
+    assert builtin is not None
     for spec in schemes:
-        p, size, plan, seconds = dequantized(graph, params, spec.replace("+cal", ""), cal if spec.endswith("+cal") else None,
-                                             deploy)
+        given = cal if spec.endswith("+cal") else (builtin[0] if "auto" in spec else None)
+        own = not spec.endswith("+cal")
+        p, size, plan, seconds = dequantized(graph, params, spec.replace("+cal", ""), given, deploy,
+                                             builtin[1] if own else None, builtin[2] if own else None)
         got = reference.evaluate(graph, {"input_ids": ids}, p)["logits"][0].astype(np.float64)
         from rlx_mil.compress.quality_check import judge_outputs
 

@@ -137,6 +137,13 @@ def compress_option(args: argparse.Namespace) -> Any:
     assert config is not None
     if calibration is not None:
         config = dataclasses.replace(config, calibration=calibration_inputs(calibration, args))
+    elif config.auto is not None and getattr(args, "model_dir", None) is not None:
+        # autoN measures on text: the built-in calibration text through the plain graph.
+        from rlx_mil.llm.calibration import builtin_calibration
+
+        found = builtin_calibration(args.model_dir)
+        if found is not None:
+            config = dataclasses.replace(config, calibration=found[0], calibration_graph=found[1], calibration_params=found[2])
     from rlx_mil.cli.quality import quality_targets
 
     return dataclasses.replace(config, **quality_check_option(args), **quality_targets(args))

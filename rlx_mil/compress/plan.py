@@ -34,6 +34,7 @@ from rlx_mil.compress.sensitivity import (  # noqa: F401  (MIN_SAMPLE, measure_s
     KL_UNIT,
     MIN_SAMPLE,
     SQUARED_UNIT,
+    Overlaid,
     Replaced,
     kl_for_top1,
     measure_sample,
@@ -257,7 +258,7 @@ class WeightCompressor:
         if self.config.calibration is not None:
             from rlx_mil.compress.calibration import activation_importance
 
-            importance = activation_importance(self._calibration_graph(), params, self.calibration_inputs())
+            importance = activation_importance(self._calibration_graph(), self._calibration_params(), self.calibration_inputs())
         assert self.config.auto is not None
         # A tied embedding is also the LM head: its error reaches the logits directly.
         roles = dict(self.roles)
@@ -275,6 +276,14 @@ class WeightCompressor:
 
     def _calibration_graph(self) -> Graph:
         return self.graph if self.config.calibration_graph is None else self.config.calibration_graph
+
+    def _calibration_params(self) -> Mapping[str, Any]:
+        """The params the calibration graph runs with: the conversion's, with that graph's own
+        where their shapes differ (`Overlaid`)."""
+        assert self.params is not None
+        if self.config.calibration_graph is None:
+            return self.params
+        return Overlaid(self.params, self.config.calibration_graph, self.config.calibration_params)
 
     def _loss_target(self, unit: str) -> float | None:
         """The bound on the predicted loss autoN searches toward: with measured mean KL, the
@@ -314,18 +323,18 @@ class WeightCompressor:
             sample = measure_sample(names, self.roles, MEASURE_LIMIT // max(elements * tokens, 1))
             if sample is None:
                 return None, None, SQUARED_UNIT
-        params = self.params
+        params = self._calibration_params()
         want = {k: np.asarray(v, np.float64) for k, v in evaluate(graph, inputs, params).items()}
         logits = {k: found[0] for k, w in want.items() if _is_logits(k, w) and (found := next_token_targets(inputs, w.shape))}
         unit = KL_UNIT if logits and self.config.calibration is not None else SQUARED_UNIT
-        users = _user_map(graph)
+        users = _user_map(self.graph)
 
         def measure(name: str, scheme: Scheme) -> float:
             storage = reader(name)()
             fitted, _ = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
             back = encode(storage, fitted, self.precision, name).dequantize()
             shape = np.shape(params[name])
-            value = (back.T if _predicted_layout(graph, name, users) == "kn" else back).reshape(shape)
+            value = (back.T if _predicted_layout(self.graph, name, users) == "kn" else back).reshape(shape)
             got = evaluate(graph, inputs, Replaced(params, name, value))
             if unit == KL_UNIT:
                 return float(np.mean([np.mean(kl_per_position(want[k][keep], np.asarray(got[k])[keep]))

@@ -345,6 +345,9 @@ class CompressionConfig:
     #: decode step): a stateless graph over the same Params (e.g. the checkpoint's plain graph
     #: over the calibration tokens). None: the converted graph.
     calibration_graph: Any = field(default=None, compare=False, hash=False)
+    #: Params of `calibration_graph`'s own, read where the conversion's differ in shape (RoPE
+    #: tables sized for its length); every other Param is the conversion's.
+    calibration_params: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
     #: With `auto`: the schemes (text form, cheapest first) it chooses from instead of
     #: `rlx_mil.compress.auto.CANDIDATES` (a deployment form's own, e.g. no per-block ints on
     #: the Neural Engine).

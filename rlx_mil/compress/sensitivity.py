@@ -71,3 +71,30 @@ class Replaced(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._params)
+
+
+class Overlaid(Mapping[str, Any]):
+    """`params`, except where `graph` declares a Param of another shape and `own` (the graph's
+    own params) has it: a calibration graph's RoPE tables, sized for its length."""
+
+    def __init__(self, params: Mapping[str, Any], graph: Any, own: Mapping[str, Any] | None) -> None:
+        from rlx_mil.ir.ops import Param
+
+        self._params = params
+        self._own: dict[str, Any] = {}
+        if own is not None:
+            for node in graph:
+                if isinstance(node.op, Param) and node.op.name in own and node.shape.is_static:
+                    shape = getattr(params, "shape_of", None)
+                    held = tuple(shape(node.op.name)) if shape is not None else np.shape(params[node.op.name])
+                    if tuple(held) != tuple(node.shape.sizes()):
+                        self._own[node.op.name] = own[node.op.name]
+
+    def __getitem__(self, name: str) -> Any:
+        return self._own[name] if name in self._own else self._params[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)

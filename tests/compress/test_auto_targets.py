@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -122,3 +123,33 @@ def test_the_planner_searches_toward_max_kl_and_min_top1() -> None:
     assert tight[2] < loose[2]
     assert tight[2] <= 0.002 * 2
     assert by_top1[2] <= kl_for_top1(0.99) * 2
+
+
+def test_a_decode_step_is_planned_on_the_builtin_calibration_text(tmp_path: Path) -> None:
+    """A stateful conversion's graph takes one token: autoN measures on the built-in calibration
+    text through the checkpoint's plain graph (the same Params), in mean KL, and the plan meets
+    the target it was given."""
+    from rlx_mil.compress import WeightCompressor, parse_compress
+    from rlx_mil.llm.calibration import builtin_calibration
+    from rlx_mil.lowering.target import Precision
+    from rlx_mil.models.pretrained import from_pretrained
+    from tests.llm.text_fixtures import chat_checkpoint
+
+    folder = chat_checkpoint(tmp_path / "chat")
+    found = builtin_calibration(folder, tokens=24)
+    assert found is not None
+    inputs, plain, own = found
+    assert inputs["input_ids"].shape == (1, 24) and int(inputs["input_ids"].max()) < 400
+    decode, params = from_pretrained(folder, "decode", cache_len=32)
+    config = parse_compress({"default": "auto4", "budget": 0.6, "max_kl": 0.01})
+    assert config is not None
+    config = dataclasses.replace(config, default=parse_scheme("int4"), candidates=("int4", "uint4-float", "int8"),
+                                 calibration=inputs, calibration_graph=plain, calibration_params=own)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompressionWarning)
+        comp = WeightCompressor(config, decode, Target.IOS18, Precision.FP32, params)
+    assert comp.plan is not None
+    found_kl = re.search(r"predicted mean KL ([0-9.e-]+) \(target 0\.01\)", comp.plan.summary)
+    assert found_kl is not None and float(found_kl.group(1)) <= 0.01, comp.plan.summary
+    assert "activation-weighted" in comp.plan.summary
+    assert builtin_calibration(tmp_path) is None  # no tokenizer there
