@@ -255,8 +255,8 @@ def _fft(op: Fft, ins: Sequence[Shape], declared: Shape | None) -> Shape | None:
     if not isinstance(op.norm, FftNorm):
         raise AttributeValueError(f"norm must be an FftNorm, got {op.norm!r}")
     if x.dtype not in (DType.F32, DType.F64):
-        raise DTypeError(f"Fft takes the F32/F64 real-block layout; {x.dtype.value} (the C64 interleaved form) is"
-                         " not supported", operand="x")
+        raise DTypeError(f"Fft takes the F32/F64 real-block layout, got {x.dtype.value} (a C64 graph's"
+                         " interleaved Fft is read into that layout)", operand="x")
     require_rank(x, "x", minimum=1)
     last: Dim = x.dims[-1]
     if not isinstance(last, Static) or last.size < 2 or last.size % 2:

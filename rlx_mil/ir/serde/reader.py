@@ -41,6 +41,7 @@ from rlx_mil.ir.serde.codecs import (
     required,
     tagged,
 )
+from rlx_mil.ir.serde.complex import add_promoted
 from rlx_mil.ir.serde.custom import decode_custom
 from rlx_mil.ir.serde.forms import OP_FORMS, UNSUPPORTED_UPSTREAM_OPS, needs_newest
 from rlx_mil.ir.serde.payloads import ExtractedPayloads, extract_payloads
@@ -400,10 +401,18 @@ def _build_graph(document: object, root: str, state: _DecodeState) -> Any:
     raw_nodes = json_array(required(obj, "nodes", root), "nodes")
     raw_outputs = json_array(required(obj, "outputs", root), "outputs")
     graph = state.new_graph(name)
+    # Node ids of the graph by JSON position: a C64 op may become several nodes (serde/complex.py).
+    ids: list[int] = []
+    complex_ids: set[int] = set()
     for index, raw_node in enumerate(raw_nodes):
-        op, inputs, shape, node_name, origin = _decode_node(raw_node, index, state)
+        op, json_inputs, shape, node_name, origin = _decode_node(raw_node, index, state)
+        inputs = [ids[i] for i in json_inputs]
         try:
-            graph.add_node(op, inputs, shape, name=node_name, origin=origin)
+            if shape.dtype is DType.C64 or complex_ids.intersection(inputs):
+                ids.append(add_promoted(graph.add_node, lambda i: graph.nodes[i].shape, op, inputs, shape,
+                                        complex_ids, f"nodes[{index}]", node_name, origin))
+            else:
+                ids.append(graph.add_node(op, inputs, shape, name=node_name, origin=origin))
         except GraphError as err:
             # The GraphError text already names the node id, name and op.
             raise GraphFormatError(f"nodes[{index}]: {err}") from err
@@ -419,7 +428,7 @@ def _build_graph(document: object, root: str, state: _DecodeState) -> Any:
         output_id = U32.decode(raw, f"outputs[{pos}]")
         if output_id >= len(raw_nodes):
             fail(f"outputs[{pos}]", f"node {output_id} does not exist (the graph has {len(raw_nodes)} nodes)")
-        outputs.append(output_id)
+        outputs.append(ids[output_id])
     graph.set_outputs(outputs)
     return graph
 

@@ -136,7 +136,8 @@ def dft_matrix(n: int, inverse: bool, scale: float) -> np.ndarray:
     notes=(
         f"the real-block layout as one `linear` with the [2N, 2N] DFT matrix (cosines and signed sines,"
         f" the norm's scale folded in; computed in float64 at conversion) for N <= {FFT_MAX_N}; larger N"
-        " and the C64 interleaved form are refused by name."
+        " is refused by name. A C64 Fft (the interleaved form) is read as this one between `reshape` /"
+        " `transpose` pairs that move the re, im lanes into blocks and back (ir/serde/complex.py)."
     ),
 )
 def lower_fft(op: ops.Fft, ctx: LowerContext) -> Any:
