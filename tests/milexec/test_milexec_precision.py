@@ -122,3 +122,30 @@ def test_converted_fp16_model_tracks_the_fp32_reference(tmp_path: Path) -> None:
             np.testing.assert_allclose(result.outputs["p"], expected, atol=tolerance)
             ops = {op.op_type: op for op in model._mil_program.functions["main"].operations}
             assert ops["layer_norm"].outputs[0].dtype.__name__ == ("fp16" if fp16 else "fp32")
+
+
+def test_data_movement_keeps_fp16_values_as_stored() -> None:
+    """reshape/transpose/squeeze/slices/split of an fp16 tensor move its stored fp16 values
+    (subnormals, signed zeros, inf and NaN bit for bit) without a float32 round trip."""
+    bits = np.array([0x0001, 0x8000, 0x0000, 0x3C00, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0x03FF, 0x1234, 0xC001],
+                    dtype=np.uint16)
+    x = bits.view(np.float16).reshape(1, 3, 1, 4)
+
+    def build(v: dict[str, Any]) -> list[Any]:
+        t = mb().transpose(x=v["x"], perm=[0, 3, 2, 1], name="t")
+        r = mb().reshape(x=t, shape=[4, 3], name="r")
+        e = mb().expand_dims(x=r, axes=[0], name="e")
+        s = mb().squeeze(x=e, axes=[0], name="s")
+        c = mb().slice_by_size(x=s, begin=[1, 0], size=[-1, 2], name="c")
+        parts = mb().split(x=c, num_splits=2, axis=1, name="p")
+        return [s, c, *parts]
+
+    function = build_function({"x": x}, build)
+    out = milexec.run(function, {"x": x}, return_all=True)
+    moved = x.transpose(0, 3, 2, 1).reshape(4, 3)
+    for name, expected in (("s", moved), ("c", moved[1:, :2]), ("p_0", moved[1:, :1]), ("p_1", moved[1:, 1:2])):
+        got = out.values[name]
+        assert got.dtype == np.float16, name
+        np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16), err_msg=name)
+    # no float32 round trip: the moved values are views of the stored fp16 input
+    assert all(np.shares_memory(out.values[name], out.values["x"]) for name in ("t", "r", "s", "c", "p_0"))

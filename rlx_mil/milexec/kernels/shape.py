@@ -1,4 +1,9 @@
-"""Shape, layout, indexing, gather/scatter and tensor-construction ops."""
+"""Shape, layout, indexing, gather/scatter and tensor-construction ops.
+
+The ops that only move data (reshape, transpose, squeeze, slices, split...) read their input
+as stored (`ctx.raw`): an fp16 value stays fp16, since widening it to float32 and rounding the
+result back gives the same values at two full passes over the tensor (in Whisper's TextDecoder,
+which projects the encoder output again at every token, most of a step's time)."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from rlx_mil.milexec.registry import OpContext, kernel
 
 @kernel("reshape")
 def reshape(ctx: OpContext) -> np.ndarray:
-    x = ctx.val("x")
+    x = ctx.raw("x")
     target = ctx.int_list("shape")
     if 0 in target:
         if ctx.opset >= 17:
@@ -34,7 +39,7 @@ def reshape(ctx: OpContext) -> np.ndarray:
 
 @kernel("reshape_like")
 def reshape_like(ctx: OpContext) -> np.ndarray:
-    x = ctx.val("x")
+    x = ctx.raw("x")
     refs = ctx.vals("ref_tensors")
     begins = [int(b) for b in ctx.vals("begins")]
     ends = [int(e) for e in ctx.vals("ends")]
@@ -47,13 +52,13 @@ def reshape_like(ctx: OpContext) -> np.ndarray:
 
 @kernel("expand_dims")
 def expand_dims(ctx: OpContext) -> np.ndarray:
-    x = ctx.val("x")
+    x = ctx.raw("x")
     return np.expand_dims(x, axis=tuple(ctx.int_list("axes")))
 
 
 @kernel("squeeze")
 def squeeze(ctx: OpContext) -> np.ndarray:
-    x = ctx.val("x")
+    x = ctx.raw("x")
     if not ctx.has("axes") or ctx.param("axes") is None:
         return np.squeeze(x)
     # Like PyTorch: listed axes whose size is not 1 are left alone.
@@ -63,12 +68,12 @@ def squeeze(ctx: OpContext) -> np.ndarray:
 
 @kernel("transpose")
 def transpose(ctx: OpContext) -> np.ndarray:
-    return np.transpose(ctx.val("x"), ctx.int_list("perm"))
+    return np.transpose(ctx.raw("x"), ctx.int_list("perm"))
 
 
 @kernel("flatten2d")
 def flatten2d(ctx: OpContext) -> np.ndarray:
-    x = ctx.val("x")
+    x = ctx.raw("x")
     axis = int(ctx.param("axis", 1))
     if axis < 0:
         axis += x.ndim
@@ -133,7 +138,7 @@ def slice_update(ctx: OpContext) -> np.ndarray:
 
 @kernel("slice_by_size")
 def slice_by_size(ctx: OpContext) -> np.ndarray:
-    x = ctx.val("x")
+    x = ctx.raw("x")
     begin = ctx.int_list("begin")
     size = ctx.int_list("size")
     slices = []
@@ -179,7 +184,7 @@ def concat(ctx: OpContext) -> np.ndarray:
 
 @kernel("split")
 def split(ctx: OpContext) -> tuple[np.ndarray, ...]:
-    x = ctx.val("x")
+    x = ctx.raw("x")
     axis = int(ctx.param("axis"))
     if ctx.has("split_sizes") and ctx.param("split_sizes") is not None:
         sizes = ctx.int_list("split_sizes")
