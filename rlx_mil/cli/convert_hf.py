@@ -244,10 +244,12 @@ def run(args: argparse.Namespace) -> int:
 
     # a Whisper folder's -o is the folder the openai_whisper-<variant> folder goes into: it may exist
     if is_whisper_folder(Path(args.model_dir)):
+        _check_whisper_options(args)  # before the calibration or any weight is read
         return run_whisper(args, convert_kwargs(args))
     _refuse_existing_output(args)  # before any download
     resolve_checkpoint(args, "model_dir")
     if is_whisper_folder(Path(args.model_dir)):
+        _check_whisper_options(args)
         return run_whisper(args, convert_kwargs(args))
     decoder, positions = decoder_positions(args.model_dir)
     stateful = choose_stateful(args, decoder)
@@ -289,6 +291,14 @@ def run(args: argparse.Namespace) -> int:
             return 1
         return verify_quality(args, quality)
     return 0
+
+
+def _check_whisper_options(args: argparse.Namespace) -> None:
+    from rlx_mil.cli.convert_whisper import check_options
+
+    check_options(args)
+    if args.stateful:  # rlx_mil's stateful TextDecoder keeps its cache in Core ML states
+        _check_stateful_target(args)
 
 
 def _refuse_existing_output(args: argparse.Namespace) -> None:

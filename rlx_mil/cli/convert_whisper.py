@@ -44,18 +44,68 @@ def is_whisper_folder(path: Path) -> bool:
     return False
 
 
+#: convert-hf flags that shape an LLM, encoder or vision graph, its description or its quality
+#: report, with the value each has when not given: a Whisper folder refuses them by name.
+_NOT_FOR_WHISPER = {
+    "--variant": ("variant", "prefill"), "--seq-len": ("seq_len", None), "--kv-outputs": ("kv_outputs", False),
+    "--last-logits": ("last_logits", False), "--position-ids": ("position_ids", False),
+    "--prefill": ("prefill", None), "--chunk-bytes": ("chunk_bytes", None), "--save-graph": ("save_graph", None),
+    "--compress-check": ("compress_check", None), "--max-context": ("max_context", None),
+    "--all-logits": ("all_logits", False), "--cache-layout": ("cache_layout", None),
+    "--batch-size": ("batch_size", 1), "--max-positions": ("max_positions", None),
+    "--attention-mask": ("attention_mask", False), "--pooling": ("pooling", "auto"),
+    "--normalize/--no-normalize": ("normalize", None), "--token-type-ids": ("token_type_ids", False),
+    "--image-size": ("image_size", None), "--spatial-shape": ("spatial_shape", None),
+    "--author": ("author", None), "--license": ("license", None), "--description": ("description", None),
+    "--model-version": ("model_version", None), "--report": ("report", None),
+    "--no-split-logits": ("split_logits", True), "--allow-quality-loss": ("allow_quality_loss", False),
+}
+
+
 def _refuse_llm_flags(args: argparse.Namespace) -> None:
-    flags = {
-        "--variant decode": getattr(args, "variant", "prefill") == "decode", "--seq-len": getattr(args, "seq_len", None),
-        "--kv-outputs": getattr(args, "kv_outputs", False), "--last-logits": getattr(args, "last_logits", False),
-        "--position-ids": getattr(args, "position_ids", False), "--prefill": getattr(args, "prefill", None),
-        "--chunk-bytes": getattr(args, "chunk_bytes", None), "--save-graph": getattr(args, "save_graph", None),
-        "--compress-check": getattr(args, "compress_check", None),
-    }
-    given = [flag for flag, value in flags.items() if value not in (None, False)]
+    given = [flag + (f" {value}" if flag == "--variant" else "") for flag, (key, default) in _NOT_FOR_WHISPER.items()
+             if (value := getattr(args, key, default)) != default and value is not None]
     if given:
         raise InvalidOptionError(f"not for a Whisper folder: {', '.join(given)} (it writes WhisperKit's three packages;"
                                  " --cache-len sets the TextDecoder's cache slots)")
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Every option check of a Whisper conversion, before any file is read: flags that do not
+    apply, --attention, the quality targets (warned about without --compress) and a --compress
+    scheme the --target has no op for (naming both); convert-hf checks --stateful's target."""
+    from rlx_mil.cli.quality import quality_targets, warn_unused_targets
+
+    _refuse_llm_flags(args)
+    if getattr(args, "attention", "auto") != "auto":
+        raise InvalidOptionError("--attention does not apply to a Whisper folder")
+    quality_targets(args)
+    warn_unused_targets(args, compressed=getattr(args, "compress", None) is not None)
+    if getattr(args, "compress", None) is not None:
+        _check_compress_target(args)
+
+
+def _check_compress_target(args: argparse.Namespace) -> None:
+    """A fixed --compress scheme the --target has no constexpr op for (4-bit linear codes on
+    iOS17...), refused up front as `convert` would refuse it for every weight."""
+    from rlx_mil.compress import parse_compress
+    from rlx_mil.compress.emit import check_target
+    from rlx_mil.compress.fit import fit_to_shape
+    from rlx_mil.compress.schemes import Scheme
+    from rlx_mil.coreml.deploy import DeployForm
+    from rlx_mil.coreml.deploy.compression import four_bit_text
+    from rlx_mil.errors import CompressionError
+    from rlx_mil.lowering.target import Target
+
+    config = parse_compress(four_bit_text(args.compress, DeployForm.parse(getattr(args, "deploy", None) or "plain")))
+    if config is None or config.auto is not None or not isinstance(config.default, Scheme):
+        return
+    target = Target.parse(args.target)
+    try:
+        check_target(fit_to_shape(config.default, (1024, 1024), target)[0], target, "*")
+    except CompressionError as err:
+        reason = str(err).replace("weight '*': ", "", 1)
+        raise InvalidOptionError(f"--compress {args.compress} with --target {target.label}: {reason}") from None
 
 
 def verify_inputs(role: str, graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
@@ -85,14 +135,12 @@ def verify_inputs(role: str, graph: Graph, seed: int = 0) -> dict[str, np.ndarra
 
 
 def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
-    """Write the WhisperKit folder (and with --stateful rlx_mil's stateful decoder beside it)."""
+    """Write the WhisperKit folder (and with --stateful rlx_mil's stateful decoder beside it);
+    `check_options(args)` has passed."""
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.models.verify import verify_package
     from rlx_mil.speech.packages import convert_whisper
 
-    _refuse_llm_flags(args)
-    if convert.get("attention", "auto") != "auto":
-        raise InvalidOptionError("--attention does not apply to a Whisper folder")
     progress = Progress(enabled=not (args.quiet or running_under_ci()))
     checks: list[Any] = []
 

@@ -44,6 +44,18 @@ def test_convert_hf_writes_and_verifies_the_whisperkit_folder(checkpoint: Path, 
     (["--seq-len", "8"], "not for a Whisper folder: --seq-len"),
     (["--variant", "decode"], "not for a Whisper folder: --variant decode"),
     (["--cache-len", "999"], "cache_len must be an integer in [1, max_target_positions = 32]"),
+    (["--max-kl", "abc"], "--max-kl is a finite mean KL > 0 (nats), got 'abc'"),
+    (["--min-top1", "2", "--compress", "int8"], "--min-top1 is a top-1 agreement share in (0, 1]"),
+    (["--stateful", "--target", "iOS17", "--deploy", "ane"], "--target iOS17 with --deploy ane: the stateful package"),
+    (["--compress", "int4", "--target", "iOS17"], "--compress int4 with --target iOS17: int4-sym-block32: 4-bit linear"),
+    (["--compress", "int8", "--target", "iOS15"], "--compress int8 with --target iOS15"),
+    (["--chunk-bytes", "0"], "not for a Whisper folder: --chunk-bytes"),
+    (["--compress", "int4", "--chunk-bytes", "x", "--compress-calibration", "missing.npz"],
+     "not for a Whisper folder: --chunk-bytes"),
+    (["--max-context", "8", "--author", "A", "--pooling", "mean"],
+     "not for a Whisper folder: --max-context, --pooling, --author"),
+    (["--report", "r.json"], "not for a Whisper folder: --report"),
+    (["--attention", "fused"], "--attention does not apply to a Whisper folder"),
 ])
 def test_flags_that_do_not_apply_are_one_line_errors(checkpoint: Path, tmp_path: Path, flags: list[str], message: str,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,6 +63,23 @@ def test_flags_that_do_not_apply_are_one_line_errors(checkpoint: Path, tmp_path:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rlx-mil convert-hf: error:") and message in err[0]
     assert not (tmp_path / "openai_whisper-tiny").exists()
+
+
+def test_quality_targets_without_compress_are_warned_about(checkpoint: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-kl without --compress: one warning line, checked before anything is read (the
+    conversion itself is stopped there)."""
+    import rlx_mil.cli.convert_whisper as whisper_cli
+
+    def stop(*args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(whisper_cli, "run_whisper", stop)
+    assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path), "--max-kl", "0.5"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == ("rlx-mil convert-hf: warning: --max-kl: no effect, this conversion compressed no weight (give"
+                      " --compress) (CompressionWarning)"), err
 
 
 def test_a_broken_ct2_folder_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
