@@ -69,10 +69,18 @@ REFUSED: dict[str, str] = {
     ),
     "Custom": (
         "a user-registered op whose meaning lives in upstream's run-time op registry under its `name` (attrs"
-        " are an opaque blob). The one name upstream's Core ML backend lowers itself, `onnx.ScatterND` with"
-        " 3 inputs, is read as ScatterNd (reduction = attrs[0..4] as a little-endian i32: 0 none, 1 add,"
-        " 2 mul, 3 max, 4 min) and lowers as ScatterNd; its own `collective.*` names are host transport over"
-        " a process group not in the graph; every other name is refused by name"
+        " are an opaque blob). Of the names upstream's Core ML backend knows, those whose kernel is an IR op"
+        " exactly are read as it: `onnx.ScatterND` (3 inputs; ScatterNd, reduction = attrs[0..4] as a"
+        " little-endian i32: 0 none, 1 add, 2 mul, 3 max, 4 min), `onnx.Mod` (Binary Mod) and `onnx.IsNaN`"
+        " (x != x). Refused by name: its `collective.*` ops (host transport over a process group not in the"
+        " graph); `onnx.NonZero` (output length depends on the values); the TTS alignment helpers"
+        " `onnx.ConcatFromSequence`, `onnx.KittenConcatFromSequence`, `onnx.ExpandI64Align`,"
+        " `onnx.AlignmentRange`, `onnx.VocoderWaveformSlice` (I64 durations and frame counts read at run"
+        " time); `onnx.GatherND`, `onnx.GatherElements`, `onnx.ScatterElements`, `onnx.OneHot`,"
+        " `onnx.CumProd`, `onnx.Einsum` are not read yet (their host kernels clamp out-of-range indices"
+        " and ScatterElements zeroes non-finite data, so the IR's GatherNd / GatherElements /"
+        " ScatterElements would differ there; the others' attrs layouts are not pinned down here); every"
+        " other name is refused by name"
     ),
 }
 

@@ -1,5 +1,7 @@
 """Upstream's `Custom` ops: `onnx.ScatterND` is read as ScatterNd (reduction from its attrs
-bytes, as upstream's Core ML backend reads them); other names are refused by name."""
+bytes, as upstream's Core ML backend reads them), `onnx.Mod` as Binary Mod and `onnx.IsNaN` as
+x != x (upstream's host reference kernels, checked here against their formulas); other names
+are refused by name."""
 
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ def test_onnx_scatter_nd_custom_reads_as_scatter_nd(code: int, short: bool, seed
     {"name": "collective.all_reduce", "num_inputs": 1, "attrs": []},
     {"name": "onnx.ScatterND", "num_inputs": 2, "attrs": []},
     {"name": "onnx.ScatterND", "num_inputs": 3, "attrs": [5, 0, 0, 0]},
+    {"name": "onnx.Einsum", "num_inputs": 3, "attrs": []},
+    {"name": "onnx.Mod", "num_inputs": 3, "attrs": []},
 ])
 def test_other_custom_ops_are_refused_by_name(custom: dict[str, object]) -> None:
     with pytest.raises(UnsupportedOpFormatError, match=r"Custom|reduction"):
@@ -63,3 +67,35 @@ def test_other_custom_ops_are_refused_by_name(custom: dict[str, object]) -> None
 def test_custom_attrs_must_be_bytes() -> None:
     with pytest.raises(GraphFormatError, match="attrs"):
         graph_from_json(_custom_json({"name": "onnx.ScatterND", "num_inputs": 3, "attrs": [300]}))
+
+
+def _elementwise_custom_json(name: str, num_inputs: int, attrs: list[int], out_dtype: str) -> str:
+    def node(i: int, op: object, inputs: list[int], dtype: str = "F32") -> dict[str, object]:
+        return {"id": i, "op": op, "inputs": inputs, "shape": {"dims": [{"Static": 2}, {"Static": 5}], "dtype": dtype},
+                "name": "out" if i == 2 else None, "origin": None}
+
+    nodes = [node(0, {"Input": {"name": "a"}}, []), node(1, {"Input": {"name": "b"}}, []),
+             node(2, {"Custom": {"name": name, "num_inputs": num_inputs, "attrs": attrs}}, [0, 1][:num_inputs], out_dtype)]
+    return json.dumps({"name": "c", "nodes": nodes, "outputs": [2]})
+
+
+@settings(max_examples=3, deadline=None)
+@given(fmod=st.booleans(), seed=st.integers(0, 2**16))
+def test_onnx_mod_and_is_nan_read_as_their_ir_ops(fmod: bool, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((2, 5)) * 10).astype(np.float32)
+    b = rng.choice(np.array([-3.0, -0.5, 0.75, 2.0, 0.0], np.float32), size=(2, 5))
+    a[0, 0] = np.nan
+    mod = graph_from_json(_elementwise_custom_json("onnx.Mod", 2, [int(fmod)], "F32"))
+    assert [type(n.op).__name__ for n in mod.nodes][-1] == "Binary"
+    with np.errstate(all="ignore"):
+        want = a - np.trunc(a / b) * b  # upstream's kernel (fmod = 0; Rust's f32 % for fmod = 1)
+    got = reference.evaluate(mod, {"a": a, "b": b})["out"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    is_nan = graph_from_json(_elementwise_custom_json("onnx.IsNaN", 1, [], "Bool"))
+    np.testing.assert_array_equal(reference.evaluate(is_nan, {"a": a, "b": b})["out"], np.isnan(a))
+    for g, feeds in ((mod, {"a": a, "b": b}), (is_nan, {"a": a, "b": b})):
+        want_all = reference.evaluate(g, feeds)["out"]
+        got_all = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), feeds)["out"]
+        np.testing.assert_allclose(np.asarray(got_all, np.float32), np.asarray(want_all, np.float32), rtol=1e-5,
+                                   atol=1e-5, equal_nan=True)

@@ -42,7 +42,7 @@ from rlx_mil.ir.serde.codecs import (
     tagged,
 )
 from rlx_mil.ir.serde.complex import add_promoted
-from rlx_mil.ir.serde.custom import decode_custom
+from rlx_mil.ir.serde.custom import custom_operands, decode_custom
 from rlx_mil.ir.serde.forms import OP_FORMS, UNSUPPORTED_UPSTREAM_OPS, needs_newest
 from rlx_mil.ir.serde.payloads import ExtractedPayloads, extract_payloads
 from rlx_mil.ir.serde.versions import NEWEST, V0_2_2
@@ -391,8 +391,9 @@ def _decode_node(value: object, index: int, state: _DecodeState) -> _NodeFields:
     name = OptionCodec(STR).decode(obj.get("name"), f"{path}.name")
     assert name is None or isinstance(name, str)
     origin = _decode_origin(obj.get("origin"), f"{path}.origin")
-    op = _decode_op(required(obj, "op", path), f"{path}.op", shape, state)
-    return op, tuple(inputs), shape, name, origin
+    raw_op = required(obj, "op", path)
+    op = _decode_op(raw_op, f"{path}.op", shape, state)
+    return op, tuple(custom_operands(raw_op, inputs)), shape, name, origin
 
 
 def _build_graph(document: object, root: str, state: _DecodeState) -> Any:
