@@ -107,6 +107,22 @@ def _read_prompt(args: argparse.Namespace) -> str | None:
         raise RlxMilError(f"{args.file or 'stdin'}: the prompt is not UTF-8 text ({err})") from None
 
 
+def _chat_tokenizer(package: Path, advice: str) -> Any:
+    """The package's tokenizer, read from its tokenizer folder alone; a refusal, before the
+    package's model or weights are opened, when it has no chat template (None when the folder
+    is not found: opening the package then says what is wrong)."""
+    from rlx_mil.llm.generate import tokenizer_folder
+    from rlx_mil.llm.text import TextTokenizer
+
+    folder = tokenizer_folder(package)
+    if folder is None:
+        return None
+    tokenizer = TextTokenizer(folder)
+    if not tokenizer.has_chat_template:
+        raise RlxMilError(f"{package}: its tokenizer has no chat template; {advice}")
+    return tokenizer
+
+
 def run_generate(args: argparse.Namespace) -> int:
     """The generate command."""
     if args.prompt_ids is not None:
@@ -119,15 +135,16 @@ def run_generate(args: argparse.Namespace) -> int:
     assert prompt is not None
     from rlx_mil.progress import Progress, running_under_ci
 
+    chat_tokenizer = _chat_tokenizer(args.package, "drop --chat") if args.chat else None
     announce(args, f"opening {args.package} ...")
     progress = Progress(enabled=not (args.quiet or running_under_ci()))
     progress.begin(f"opening {args.package}")
     from rlx_mil.llm.generate import Session
     session = Session(args.package, engine=args.engine, compute_units=compute_units(args))
+    if chat_tokenizer is not None:
+        session.tokenizer = chat_tokenizer
     tokenizer = session.tokenizer  # fails early, before any output, on a package without one
     progress.end(f"engine {session.engine}")
-    if args.chat and not tokenizer.has_chat_template:
-        raise RlxMilError(f"{args.package}: its tokenizer has no chat template; drop --chat")
     prompt_ids = tokenizer.prompt_ids(prompt, chat=args.chat, system=args.system)
     pieces = session.stream_text(prompt, _new_tokens(session, len(prompt_ids), args), chat=args.chat,
                                  system=args.system, **_sampling(args))
@@ -264,11 +281,12 @@ def run_chat(args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty()
     if not args.quiet:
         print(f"opening {args.package} ...", file=sys.stderr, flush=True)
+    chat_tokenizer = _chat_tokenizer(args.package, "use `rlx-mil generate --prompt`")
     from rlx_mil.llm.generate import Session
     session = Session(args.package, engine=args.engine, compute_units=compute_units(args))
-    tokenizer = session.tokenizer
-    if not tokenizer.has_chat_template:
-        raise RlxMilError(f"{args.package}: its tokenizer has no chat template; use `rlx-mil generate --prompt`")
+    if chat_tokenizer is None:
+        chat_tokenizer = session.tokenizer  # the package carries none: the Session's error says so
+    session.tokenizer = chat_tokenizer
     max_new = _max_new_tokens(args)
     conversation = Conversation(session, args.system, reserve=min(max_new, session.max_context // 2))
     if not args.quiet:

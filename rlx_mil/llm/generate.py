@@ -103,6 +103,24 @@ def _features(spec: Any, function: str | None) -> tuple[Any, Any]:
     raise GenerationError(f"the package has no function {function!r}")
 
 
+def tokenizer_folder(package: str | os.PathLike[str]) -> Path | None:
+    """The tokenizer folder a package, chunked set or Core AI asset carries, found from its files
+    alone (no model, no weights opened); None when it carries none or `package` is none of these."""
+    from rlx_mil.coreai.asset import TEXT_FOLDER, is_asset
+    from rlx_mil.llm.chunked import is_chunked_set, read_chunked_set
+    from rlx_mil.llm.package_files import package_text_folder
+
+    if not os.path.isdir(package):
+        return None
+    if is_asset(package):
+        folder = Path(package, TEXT_FOLDER)
+        return folder if folder.is_dir() else None
+    if is_chunked_set(package):
+        chunks = read_chunked_set(package)
+        return None if chunks.text_chunk is None else package_text_folder(chunks.package(chunks.text_chunk))
+    return package_text_folder(package)
+
+
 class Session:
     """Greedy (or sampled) generation over a stateful package; see the module docstring."""
 
@@ -476,17 +494,9 @@ class Session:
         """The package's tokenizer (its `rlx_mil/tokenizer` item); assign a
         `rlx_mil.llm.text.TextTokenizer` to use another."""
         if self._tokenizer is None:
-            from rlx_mil.llm.package_files import package_text_folder
             from rlx_mil.llm.text import TextTokenizer
 
-            text = self._chunks.text_package if self._chunks is not None else self.path
-            if self._asset_path is not None:
-                from rlx_mil.coreai.asset import TEXT_FOLDER
-
-                asset_text = os.path.join(self._asset_path, TEXT_FOLDER)
-                folder = Path(asset_text) if os.path.isdir(asset_text) else None
-            else:
-                folder = package_text_folder(text) if text is not None else None
+            folder = tokenizer_folder(self._asset_path or self.path)
             if folder is None:
                 raise GenerationError(
                     f"{self.path} carries no tokenizer (convert-hf stores the checkpoint's); assign"

@@ -162,3 +162,29 @@ def test_eval_without_a_text_scores_the_built_in_passage(package: Path, capsys: 
     assert main(["eval", str(package), "--engine", "milexec", "--json", "-q", "--max-tokens", "40",
                  "--text", str(Path(package).parent / "heldout.txt")]) == 0
     assert json.loads(capsys.readouterr().out) == result  # the same text, the same numbers
+
+
+def test_chat_without_a_template_is_refused_before_the_package_opens(package: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`generate --chat` and `chat` on a package whose tokenizer has no chat template: refused
+    from the tokenizer folder alone. The copy has no weights and no model at all, so any
+    attempt to open them would be another error."""
+    import json
+    import shutil
+
+    from rlx_mil.llm.package_files import package_text_folder
+
+    plain = tmp_path / "plain.mlpackage"
+    shutil.copytree(package, plain)
+    text = package_text_folder(plain)
+    assert text is not None
+    (text / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((text / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (text / "tokenizer_config.json").write_text(json.dumps(config))
+    shutil.rmtree(plain / "Data" / "com.apple.CoreML")
+    assert main(["generate", str(plain), "--chat", "--prompt", "hi", "-q"]) == 1
+    assert capsys.readouterr().err.strip() == f"rlx-mil generate: error: {plain}: its tokenizer has no chat template; drop --chat"
+    assert main(["chat", str(plain), "-q"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"rlx-mil chat: error: {plain}: its tokenizer has no chat template; use `rlx-mil generate --prompt`"
