@@ -18,7 +18,6 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -101,24 +100,6 @@ def _features(spec: Any, function: str | None) -> tuple[Any, Any]:
         if desc.name == function:
             return desc.input, desc.output
     raise GenerationError(f"the package has no function {function!r}")
-
-
-def tokenizer_folder(package: str | os.PathLike[str]) -> Path | None:
-    """The tokenizer folder a package, chunked set or Core AI asset carries, found from its files
-    alone (no model, no weights opened); None when it carries none or `package` is none of these."""
-    from rlx_mil.coreai.asset import TEXT_FOLDER, is_asset
-    from rlx_mil.llm.chunked import is_chunked_set, read_chunked_set
-    from rlx_mil.llm.package_files import package_text_folder
-
-    if not os.path.isdir(package):
-        return None
-    if is_asset(package):
-        folder = Path(package, TEXT_FOLDER)
-        return folder if folder.is_dir() else None
-    if is_chunked_set(package):
-        chunks = read_chunked_set(package)
-        return None if chunks.text_chunk is None else package_text_folder(chunks.package(chunks.text_chunk))
-    return package_text_folder(package)
 
 
 class Session:
@@ -494,6 +475,7 @@ class Session:
         """The package's tokenizer (its `rlx_mil/tokenizer` item); assign a
         `rlx_mil.llm.text.TextTokenizer` to use another."""
         if self._tokenizer is None:
+            from rlx_mil.llm.package_files import tokenizer_folder
             from rlx_mil.llm.text import TextTokenizer
 
             folder = tokenizer_folder(self._asset_path or self.path)

@@ -176,6 +176,23 @@ def package_text_folder(package: str | os.PathLike[str]) -> Path | None:
     return item_folder(package, ITEM_NAME)
 
 
+def tokenizer_folder(package: str | os.PathLike[str]) -> Path | None:
+    """The tokenizer folder a package, chunked set or Core AI asset carries, found from its files
+    alone (no model, no weights opened); None when it carries none or `package` is none of these."""
+    from rlx_mil.coreai.asset import TEXT_FOLDER, is_asset
+    from rlx_mil.llm.chunked import is_chunked_set, read_chunked_set
+
+    if not os.path.isdir(package):
+        return None
+    if is_asset(package):
+        folder = Path(package, TEXT_FOLDER)
+        return folder if folder.is_dir() else None
+    if is_chunked_set(package):
+        chunks = read_chunked_set(package)
+        return None if chunks.text_chunk is None else package_text_folder(chunks.package(chunks.text_chunk))
+    return package_text_folder(package)
+
+
 def prepare_package(
     model: Any, model_dir: str | os.PathLike[str], overrides: Mapping[str, str | None] | None = None
 ) -> list[str]:
