@@ -26,6 +26,16 @@ def running_under_ci() -> bool:
     return any(os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no") for name in _CI_VARIABLES)
 
 
+#: The bar of a stage while it counts nothing: its name and clock (and what it does now).
+CLOCK_ONLY = "{desc}: {elapsed}{postfix}"
+
+
+def _counting(bar: Any) -> None:
+    """The bar counts from now on: tqdm's count, rate (and ETA, given a total) after the clock."""
+    if bar.bar_format == CLOCK_ONLY:
+        bar.bar_format = None
+
+
 #: The Progress whose stage is running (deep code reports to it through `tick` / `detail`).
 _ACTIVE: Progress | None = None
 #: Seconds between redraws of a running bar: its clock moves even while its count does not.
@@ -42,7 +52,8 @@ def tick(unit: str, n: int = 1) -> None:
 def expect(unit: str, total: int) -> None:
     """Set the total of the running stage counting `unit`, when it has none yet (its ETA)."""
     active = _ACTIVE
-    if active is not None and active._unit == unit and active._bar is not None and active._bar.total is None:
+    if total > 0 and active is not None and active._unit == unit and active._bar is not None and active._bar.total is None:
+        _counting(active._bar)
         active._bar.total = total
         active._bar.refresh()
 
@@ -64,6 +75,31 @@ def detail(text: str) -> None:
         active._bar.set_postfix_str(text, refresh=shown)
         if shown:
             active._detail_shown = now
+
+
+class ItemCount:
+    """A count of items inside the running stage, shown beside its bar (the stage counts
+    something else: the weights a conversion compresses while its ops are counted):
+    `compressing weights 12/196, 3.1/s, ETA 1:02: NAME` before each item starts (a slow one
+    shows its name while it runs). Nothing when no stage is running."""
+
+    def __init__(self, what: str, total: int) -> None:
+        self.what, self.total, self.done = what, total, 0
+        self._started = time.perf_counter()
+
+    def starting(self, name: str) -> None:
+        """Item `name` starts (the items before it are done)."""
+        if _ACTIVE is None or _ACTIVE._bar is None:
+            self.done += 1
+            return
+        elapsed = time.perf_counter() - self._started
+        text = f"{self.what} {self.done + 1}/{self.total}"
+        if self.done and elapsed > 0:
+            rate = self.done / elapsed
+            left = max(self.total - self.done, 0) / rate
+            text += f", {rate:.3g}/s, ETA {int(left) // 60}:{int(left) % 60:02d}"
+        self.done += 1
+        detail(f"{text}: {name}")
 
 
 class Progress:
@@ -102,8 +138,8 @@ class Progress:
             from tqdm import tqdm
 
             # disable=False explicitly: this bar is rlx_mil's own progress, which -q turns off.
-            # A stage that counts nothing shows its clock alone, not "0it [00:03, ?it/s]".
-            clock_only = {"bar_format": "{desc}: {elapsed}{postfix}"} if total is None and unit == "it" else {}
+            # A stage that counts nothing (yet) shows its clock alone, not "0it [00:03, ?it/s]".
+            clock_only = {"bar_format": CLOCK_ONLY} if total is None else {}
             self._bar = tqdm(total=total, desc=f"  {stage}", unit=unit, leave=False, file=self.stream,
                              disable=False, dynamic_ncols=True, mininterval=0.1, **clock_only)
             self._stop = threading.Event()
@@ -119,6 +155,7 @@ class Progress:
 
     def advance(self, n: int = 1) -> None:
         if self._bar is not None:
+            _counting(self._bar)
             self._bar.update(n)
 
     def end(self, detail: str = "") -> None:

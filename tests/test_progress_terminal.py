@@ -11,7 +11,7 @@ import re
 import struct
 import termios
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -88,23 +88,29 @@ def test_not_a_terminal_gets_the_stage_lines_alone() -> None:
     assert quiet.getvalue() == ""
 
 
-def test_a_conversion_counts_its_ops_on_a_terminal(tmp_path: Path) -> None:
-    """The lowering's op loop and coremltools' pass names reach the bar of the running stage."""
+def test_a_conversion_counts_its_ops_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lowering's op loop, the weights compressed and coremltools' pass names reach the bar
+    of the running stage."""
     import rlx_mil
     from rlx_mil import Graph
+    from rlx_mil.milexec.prepared import prepare
 
     g = Graph("block")
-    x = g.input("x", [1, 4, 8])
+    x = g.input("x", [1, 4, 64])
     h = x
     for i in range(6):
-        h = g.gelu(g.matmul(h, g.param(f"w{i}", [8, 8])), name=f"h{i}")
+        h = g.gelu(g.matmul(h, g.param(f"w{i}", [64, 64])), name=f"h{i}")
     g.set_outputs([h])
-    params = {f"w{i}": np.eye(8, dtype=np.float32) for i in range(6)}
+    rng = np.random.default_rng(0)  # six different weights (Core ML merges equal ones), 4,096 elements: int8 takes them
+    params = {f"w{i}": (rng.standard_normal((64, 64)) / 8).astype(np.float32) for i in range(6)}
+    monkeypatch.setattr(progress_module, "REFRESH_SECONDS", 0.05)
     master, stream = _terminal()
     try:
         progress = Progress(stream=stream)
         progress.begin("converting function main (1/1)", unit=" ops")
-        rlx_mil.convert(g, params)
+        model = rlx_mil.convert(g, params, compress="int8;check=off")
+        progress.begin("opening", unit=" weights")  # the executor counts the weights it prepares
+        prepare(model, memory="fast")
         progress.end()
         text = _screen(master)
     finally:
@@ -113,3 +119,49 @@ def test_a_conversion_counts_its_ops_on_a_terminal(tmp_path: Path) -> None:
     frames = _frames(text)
     assert any(re.search(r"12/12 \[", f) for f in frames), frames  # 6 matmuls and 6 gelus
     assert any("Core ML pass " in f for f in frames), frames
+    # the weights compressed while the ops are lowered: count, rate and ETA, the weight's name
+    weights = [m.groups() for f in frames if (m := re.search(r"compressing weights (\d)/6(, [\d.e+-]+/s, ETA \d+:\d\d)?: w(\d)", f))]
+    assert any(re.search(r"opening: .*\| *[1-6]/6 \[.*weights/s", f) for f in frames), frames
+    assert weights and all(int(n) == int(w) + 1 for n, _, w in weights) and any(rate for _, rate, _ in weights), frames
+
+
+def test_verify_counts_its_steps_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--verify` of a stateful package on a terminal: a clock while the executor opens it, then
+    a bar counting the greedy steps (each step's verdict beside it), no line per step; the
+    summary line at the end. (The comparison itself: tests/llm/test_verify_greedy.py.)"""
+    import sys
+
+    from rlx_mil.cli.convert_hf import VERIFY_STEPS, verify_stateful_command
+    from rlx_mil.testing import GreedyComparison, compare_greedy_step
+
+    def comparison(*args: object, report: Callable[[str], None], opened: Callable[[], None], **kwargs: object) -> object:
+        time.sleep(0.3)  # opening the package
+        opened()
+        done = GreedyComparison("llm.mlpackage")
+        for step in range(1, VERIFY_STEPS + 1):
+            time.sleep(0.15)
+            done.steps.append(compare_greedy_step(step, np.array([2.0, 1.0]), np.array([2.0, 1.0]), "fp16"))
+            report(done.steps[-1].to_text())
+        return done
+
+    monkeypatch.setattr("rlx_mil.llm.package.verify_stateful", comparison)
+    for name in progress_module._CI_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(progress_module, "REFRESH_SECONDS", 0.05)
+    master, stream = _terminal()
+    try:
+        monkeypatch.setattr(sys, "stdout", stream)
+        monkeypatch.setattr(sys, "stderr", stream)
+        assert verify_stateful_command("ckpt", "llm.mlpackage", "fp16", {}) == 0
+        monkeypatch.undo()
+        text = _screen(master)
+    finally:
+        stream.close()
+        os.close(master)
+    frames = _frames(text)
+    assert any(re.fullmatch(r"  verify: opening the package on the executor: 00:00", f) for f in frames), frames
+    steps = [int(m.group(1)) for f in frames if (m := re.search(r"verify: greedy steps: *\d+%.*\| *(\d)/8 \[.*step \d: token 0", f))]
+    assert steps == sorted(steps) and len(set(steps)) >= 4, frames
+    assert not any(f.startswith("verify: step") for f in frames), frames
+    assert any(f.startswith("  verify: greedy steps: 8 steps (") for f in frames), frames
+    assert frames[-1].startswith("verify: compared 8 greedy steps") and frames[-1].endswith(": ok"), frames

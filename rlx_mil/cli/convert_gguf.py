@@ -170,7 +170,8 @@ def run_stateful(args: argparse.Namespace) -> int:
     if args.verify:
         from rlx_mil.cli.quality import verify_quality
 
-        return verify_stateful_command(args.model, args.output, args.precision, info.metadata, loader=from_gguf) or verify_quality(args, quality)
+        return (verify_stateful_command(args.model, args.output, args.precision, info.metadata, loader=from_gguf,
+                                        quiet=args.quiet) or verify_quality(args, quality))
     return 0
 
 

@@ -9,6 +9,7 @@ entry in the matching function.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlx_mil.cli.aimodel_output import add_format_argument
 from rlx_mil.errors import InvalidOptionError
-from rlx_mil.progress import Progress, running_under_ci
+from rlx_mil.progress import Progress, detail, running_under_ci
 from rlx_mil.units import human_bytes
 
 if TYPE_CHECKING:  # the command's heavy parts load when it runs, never while parsing flags
@@ -504,7 +505,8 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any], max_
     print_summary(quality)
     write_report(args, info.metadata, quality)
     if args.verify:
-        return verify_stateful_command(args.model_dir, args.output, args.precision, info.metadata) or verify_quality(args, quality)
+        return (verify_stateful_command(args.model_dir, args.output, args.precision, info.metadata, quiet=args.quiet)
+                or verify_quality(args, quality))
     return 0
 
 
@@ -532,12 +534,14 @@ def report_chunked(args: argparse.Namespace, model: Any, chunked: Any, seconds: 
           f" {', '.join(chunked.functions)}) in {seconds:.1f} s")
     print_summary(quality)
     if args.verify:
-        return (verify_stateful_command(model, args.output, args.precision, chunked.metadata(), loader=loader)
+        return (verify_stateful_command(model, args.output, args.precision, chunked.metadata(), loader=loader,
+                                        quiet=args.quiet)
                 or verify_quality(args, quality))
     return 0
 
 
-def verify_stateful_command(model: Any, package: Any, precision: str, metadata: Any, loader: Any = None) -> int:
+def verify_stateful_command(model: Any, package: Any, precision: str, metadata: Any, loader: Any = None,
+                            quiet: bool = False) -> int:
     """`--verify` of a stateful package: tie-aware greedy steps against the reference, one line
     each, then what was compared; the exit code."""
     from rlx_mil.compress import report_of
@@ -546,9 +550,23 @@ def verify_stateful_command(model: Any, package: Any, precision: str, metadata: 
     weights = "the package's own compressed weights (fidelity)" if report_of(metadata) is not None else "its weights"
     print(f"verify: {VERIFY_STEPS} greedy steps, the package on the MIL executor against the NumPy reference"
           f" of the checkpoint's plain graph on {weights} (teacher-forced on the reference's tokens)", flush=True)
+    progress = Progress(enabled=not (quiet or running_under_ci()))
+    # On a terminal a bar counts the steps (each step's line beside it); elsewhere one line each.
+    bar = progress.interactive and sys.stdout.isatty()
+
+    def step(line: str) -> None:
+        if bar and line.endswith(("match", "near-tie")):
+            progress.advance()
+            detail(line)
+        else:  # a failing step keeps its line (the comparison stops there)
+            print(f"verify: {line}", flush=True)
+
+    progress.begin("verify: opening the package on the executor", unit=" weights")
     comparison = verify_stateful(
         model, package, None, VERIFY_STEPS, precision=precision, compression=report_of(metadata),
-        report=lambda line: print(f"verify: {line}", flush=True), loader=loader,
+        report=step, loader=loader,
+        opened=lambda: progress.begin("verify: greedy steps", total=VERIFY_STEPS, unit=" steps"),
     )
+    progress.end(f"{len(comparison.steps)} steps")
     print(f"verify: {comparison.summary()}")
     return 0 if comparison.ok else 1

@@ -111,7 +111,7 @@ def _chat_tokenizer(package: Path, advice: str) -> Any:
     """The package's tokenizer, read from its tokenizer folder alone; a refusal, before the
     package's model or weights are opened, when it has no chat template (None when the folder
     is not found: opening the package then says what is wrong)."""
-    from rlx_mil.llm.generate import tokenizer_folder
+    from rlx_mil.llm.package_files import tokenizer_folder
     from rlx_mil.llm.text import TextTokenizer
 
     folder = tokenizer_folder(package)
@@ -138,7 +138,7 @@ def run_generate(args: argparse.Namespace) -> int:
     chat_tokenizer = _chat_tokenizer(args.package, "drop --chat") if args.chat else None
     announce(args, f"opening {args.package} ...")
     progress = Progress(enabled=not (args.quiet or running_under_ci()))
-    progress.begin(f"opening {args.package}")
+    progress.begin(f"opening {args.package}", unit=" weights")  # the executor counts those it prepares
     from rlx_mil.llm.generate import Session
     session = Session(args.package, engine=args.engine, compute_units=compute_units(args))
     if chat_tokenizer is not None:

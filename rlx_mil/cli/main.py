@@ -397,7 +397,7 @@ def _eval(args: argparse.Namespace) -> int:
         text = args.text
     limit = {None: DEFAULT_EVAL_TOKENS, "all": None}.get(args.max_tokens, args.max_tokens)
     progress = _progress(args)
-    progress.begin(f"opening {args.package}")
+    progress.begin(f"opening {args.package}", unit=" weights")  # the executor counts those it prepares
     from rlx_mil.llm.evaluate import evaluate_package
 
     def start(total: int) -> Any:

@@ -45,6 +45,7 @@ from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Param
 from rlx_mil.lowering.context import WeightSource
 from rlx_mil.lowering.target import Precision, Target
+from rlx_mil.progress import ItemCount
 
 #: autoN measures each weight's effect on the outputs (one reference run per weight) while
 #: weights x parameters x input elements stays below this (about a minute of NumPy); a larger
@@ -178,6 +179,8 @@ class WeightCompressor:
         self.roles = param_roles(graph)
         self.sizes = {n.op.name: n.shape.sizes() for n in graph if isinstance(n.op, Param)}
         self.schemes: dict[str, Scheme | PrequantizedScheme] = {}
+        #: the weights compressed so far, shown beside the lowering's bar (`rlx_mil.progress`).
+        self._count: ItemCount | None = None
         self.kept: dict[str, str] = {}
         #: Why a compressed weight got its scheme when it is not the config's default (the report's note).
         self.reasons: dict[str, str] = {}
@@ -400,6 +403,9 @@ class WeightCompressor:
                 raise CompressionError(f"weight {name!r}: {scheme.label} codes are rows of the stored weight, used here transposed")
             codes: LinearCodes | PaletteCodes | LutScaleCodes = self.config.prequantized[name].encode(
                 store_dtype(self.precision), self.store.writer, self.target)
+        if self._count is None:  # the schemes are final once weights arrive
+            self._count = ItemCount("compressing weights", len(self.schemes))
+        self._count.starting(name)
         note = self.reasons.get(name, "")
         if not isinstance(scheme, PrequantizedScheme):
             scheme, fitted = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)

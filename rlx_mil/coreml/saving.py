@@ -46,6 +46,7 @@ from rlx_mil.errors import (
     file_access_error,
 )
 from rlx_mil.fileio import apply_default_modes
+from rlx_mil.progress import detail
 
 #: Written in the staging folder once the staged package is complete and synced.
 COMPLETE_FILE = "complete"
@@ -280,6 +281,7 @@ def save_package(model: Any, dest: Path, *, overwrite: bool) -> Path:
     try:
         staged = staging / dest.name
         try:
+            detail("coremltools writes the program")  # beside the running stage's bar, if any
             with weights_linked_on_save(model):
                 model.save(os.fspath(staged))
         except OSError:
@@ -287,6 +289,7 @@ def save_package(model: Any, dest: Path, *, overwrite: bool) -> Path:
         except Exception as err:
             raise ConversionError(f"{where}: coremltools could not write the package: {type(err).__name__}: {err}") from err
         apply_default_modes(staged)  # coremltools' temporary folders are 0700, their files 0600
+        detail("syncing the package to disk")
         fsync_tree(staged)
         (staging / COMPLETE_FILE).write_bytes(b"")
         _fsync_path(staging)

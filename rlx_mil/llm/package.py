@@ -195,12 +195,14 @@ def verify_stateful(
     memory: MemoryMode = "lean",
     report: Callable[[str], None] | None = None,
     loader: Any = None,
+    opened: Callable[[], None] | None = None,
 ) -> Any:
     """Greedy generation of `package` on the MIL executor against the checkpoint's reference,
     tie-aware and teacher-forced (`rlx_mil.testing.compare_greedy_step`): after the prompt,
     each step compares the package's logits with the reference's over the whole sequence, then
     both go on with the reference's token (`prompt` None: 5 ids spread over the vocabulary).
-    `report` gets one line per step. Returns the
+    `opened` is called once the package is open on the executor, `report` with one line per
+    step. Returns the
     `GreedyComparison`; it stops at the first step that fails."""
     import numpy as np
 
@@ -210,6 +212,8 @@ def verify_stateful(
     exact = precision == "fp32"
     session = Session(package, engine="milexec", precision_model="float32" if exact else "declared", memory=memory)
     mode = "float32 executor" if exact else "fp16 as declared"
+    if opened is not None:
+        opened()
     if prompt is None:
         prompt = [1 + (7 * i) % (session.vocab - 1) for i in range(5)]
     comparison = GreedyComparison(f"{Path(package).name} ({mode}, {session.memory} memory) after prompt {list(prompt)}")

@@ -75,6 +75,7 @@ from rlx_mil.milexec.plan import Plan, build_plan, root_key
 from rlx_mil.milexec.protoread import read_program
 from rlx_mil.milexec.registry import declared_dtype
 from rlx_mil.milexec.streamed import ShiftScaleWeight, lut_chain
+from rlx_mil.progress import expect, tick
 
 MemoryMode = Literal["auto", "fast", "compact", "lean"]
 MEMORY_MODES: tuple[str, ...] = ("auto", "fast", "compact", "lean")
@@ -155,6 +156,7 @@ class PreparedProgram:
         weights = [_weights(resolved.function) for resolved in self._resolved.values()]
         ratio = {"fast": FAST_CACHE_RATIO, "compact": COMPACT_CACHE_RATIO}.get(self.memory, 0.0)
         budget = _Budget(int(ratio * _fp16_bytes(weights)))
+        expect(" weights", sum(len(found) for found in weights))  # the opening stage's bar, if it counts them
         for (name, resolved), found in zip(self._resolved.items(), weights, strict=True):
             plan = build_plan(resolved.function, lean=self.memory != "fast")
             plan.checked = True
@@ -196,6 +198,7 @@ class PreparedProgram:
                          budget: _Budget) -> None:
         scratch = _Interpreter(self.precision_model, None, False, plan, track_nonfinite=False)
         for op in weights:
+            tick(" weights")
             if op.op_type == "const":
                 var = op.outputs[0]
                 value = plan.consts[id(var)]
