@@ -99,3 +99,51 @@ def test_onnx_mod_and_is_nan_read_as_their_ir_ops(fmod: bool, seed: int) -> None
         got_all = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), feeds)["out"]
         np.testing.assert_allclose(np.asarray(got_all, np.float32), np.asarray(want_all, np.float32), rtol=1e-5,
                                    atol=1e-5, equal_nan=True)
+
+
+def _upstream_gather_nd(data: np.ndarray, indices: np.ndarray, batch_dims: int) -> np.ndarray:
+    """rlx-cpu's `gather_nd_src_offsets` + `copy_slices`, transcribed: indices truncated to i64,
+    a negative one + dim, then clamped into [0, dim - 1]."""
+    k, b = indices.shape[-1], batch_dims
+    idx = np.trunc(indices.astype(np.float64)).astype(np.int64).reshape(int(np.prod(data.shape[:b])), -1, k)
+    blocks = data.reshape(-1, *data.shape[b:])
+    out = []
+    for block, tuples in zip(blocks, idx, strict=True):
+        for t in tuples:
+            at = []
+            for m, i in enumerate(t):
+                dim = block.shape[m]
+                i = i + dim if i < 0 else i
+                at.append(min(max(i, 0), max(dim - 1, 0)))
+            out.append(block[tuple(at)])
+    return np.asarray(out, data.dtype).reshape(*indices.shape[:-1], *data.shape[b + k:])
+
+
+@settings(max_examples=4, deadline=None)
+@given(batch_dims=st.integers(0, 1), k=st.integers(1, 2), dtype=st.sampled_from(["I64", "I32", "F32"]),
+       seed=st.integers(0, 2**16))
+def test_onnx_gather_nd_reads_indices_as_upstreams_kernel(batch_dims: int, k: int, dtype: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    data_dims, index_dims = [2, 4, 3, 2], [2, 3, k]
+    nodes = [
+        {"id": 0, "op": {"Input": {"name": "data"}}, "inputs": [], "name": None, "origin": None,
+         "shape": {"dims": [{"Static": d} for d in data_dims], "dtype": "F32"}},
+        {"id": 1, "op": {"Input": {"name": "idx"}}, "inputs": [], "name": None, "origin": None,
+         "shape": {"dims": [{"Static": d} for d in index_dims], "dtype": dtype}},
+    ]
+    out_dims = [*index_dims[:-1], *data_dims[batch_dims + k:]]
+    nodes.append({"id": 2, "op": {"Custom": {"name": "onnx.GatherND", "num_inputs": 2,
+                                             "attrs": [*batch_dims.to_bytes(4, "little"), 7]}},
+                  "inputs": [0, 1], "name": "out", "origin": None,
+                  "shape": {"dims": [{"Static": d} for d in out_dims], "dtype": "F32"}})
+    g = graph_from_json(json.dumps({"name": "g", "nodes": nodes, "outputs": [2]}))
+    data = rng.standard_normal(data_dims).astype(np.float32)
+    numpy_type = {"I64": np.int64, "I32": np.int32, "F32": np.float32}[dtype]
+    indices = rng.integers(-6, 7, size=index_dims).astype(numpy_type)  # out of range both ways
+    if dtype == "F32":
+        indices = indices + np.float32(0.5) * np.sign(indices)  # truncated toward zero
+    feeds = {"data": data, "idx": indices}
+    want = _upstream_gather_nd(data, indices, batch_dims)
+    np.testing.assert_array_equal(reference.evaluate(g, feeds)["out"], want)
+    got = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), feeds)["out"]
+    np.testing.assert_array_equal(got, want)

@@ -7,7 +7,10 @@ names whose host kernel is an IR op exactly, as that op (docs/upstream-ops-3.md)
   little-endian i32: 0 none, 1 add, 2 mul, 3 max, 4 min; fewer than four bytes = none);
 * `onnx.Mod` (2 inputs) -> Binary Mod: the kernel's float remainder `a - trunc(a / b) * b` (both
   `fmod` attrs) is C fmod, the sign of a, NaN for b = 0; integers give 0 for b = 0, as the IR's;
-* `onnx.IsNaN` (1 input) -> Compare Ne of the input with itself (true exactly where it is NaN).
+* `onnx.IsNaN` (1 input) -> Compare Ne of the input with itself (true exactly where it is NaN);
+* `onnx.GatherND` (2 inputs) -> GatherNd (`batch_dims` = attrs[0..4] as a little-endian i32,
+  negative = 0) on the indices as the kernel reads them: truncated to i64, a negative one
+  counted from the end, then clamped into `[0, dim - 1]` (`add_gather_nd` spells that out).
 
 Every other name is refused by name."""
 
@@ -16,13 +19,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from rlx_mil.errors import UnsupportedOpFormatError
+from rlx_mil.ir.dtype import DType
+from rlx_mil.ir.node import NodeOrigin
 from rlx_mil.ir.op_base import Op
-from rlx_mil.ir.ops.elementwise import Binary, BinaryOp, CmpOp, Compare
-from rlx_mil.ir.ops.scatter import ScatterNd, ScatterNdReduction
+from rlx_mil.ir.ops.elementwise import Binary, BinaryOp, Cast, CmpOp, Compare, Where
+from rlx_mil.ir.ops.leaf import Constant
+from rlx_mil.ir.ops.scatter import GatherNd, ScatterNd, ScatterNdReduction
 from rlx_mil.ir.serde.codecs import describe, fail, json_array
+from rlx_mil.ir.shape import Shape, Static
 
 SCATTER_ND_NAME = "onnx.ScatterND"
 IS_NAN_NAME = "onnx.IsNaN"
+GATHER_ND_NAME = "onnx.GatherND"
 _REDUCTIONS = (ScatterNdReduction.NONE, ScatterNdReduction.ADD, ScatterNdReduction.MUL, ScatterNdReduction.MAX,
                ScatterNdReduction.MIN)
 
@@ -39,6 +47,8 @@ READ_AS: dict[str, tuple[int, Callable[[bytes, str], Op]]] = {
     SCATTER_ND_NAME: (3, _scatter_nd),
     "onnx.Mod": (2, lambda attrs, path: Binary(BinaryOp.MOD)),
     IS_NAN_NAME: (1, lambda attrs, path: Compare(CmpOp.NE)),
+    GATHER_ND_NAME: (2, lambda attrs, path: GatherNd(max(int.from_bytes(attrs[:4], "little", signed=True), 0)
+                                                      if len(attrs) >= 4 else 0)),
 }
 
 
@@ -66,3 +76,32 @@ def custom_operands(op_json: object, inputs: Sequence[int]) -> list[int]:
     if isinstance(content, dict) and content.get("name") == IS_NAN_NAME and len(inputs) == 1:
         return [inputs[0], inputs[0]]
     return list(inputs)
+
+
+def custom_name(op_json: object) -> str | None:
+    content = op_json.get("Custom") if isinstance(op_json, dict) else None
+    name = content.get("name") if isinstance(content, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def add_gather_nd(add: Callable[..., int], data: Shape, indices: Shape, op: GatherNd, inputs: Sequence[int],
+                  shape: Shape, name: str | None, origin: NodeOrigin | None) -> int:
+    """`onnx.GatherND` as upstream's host kernel reads its indices: each truncated to i64 (a
+    float one as Rust's `as`), `+ dim` when negative, then clamped into `[0, dim - 1]` (so an
+    index out of range reads the nearest edge, where the IR's GatherNd would refuse it)."""
+    k = indices.dims[-1] if indices.dims else None
+    b = op.batch_dims
+    if not isinstance(k, Static) or len(data.dims) < b + k.size or not all(
+            isinstance(d, Static) for d in data.dims[b:b + k.size]):
+        return add(op, inputs, shape, name=name, origin=origin)  # the shape rule reports it
+    dims = [d.size for d in data.dims[b:b + k.size] if isinstance(d, Static)]
+
+    def const(values: list[int]) -> int:
+        raw = b"".join(int(v).to_bytes(8, "little", signed=True) for v in values)
+        return add(Constant(raw), [], Shape((Static(len(values)),), DType.I64))
+
+    idx = inputs[1] if indices.dtype is DType.I64 else add(Cast(DType.I64), [inputs[1]])
+    dim, top, zero = const(dims), const([max(d - 1, 0) for d in dims]), const([0] * len(dims))
+    wrapped = add(Where(), [add(Compare(CmpOp.LT), [idx, zero]), add(Binary(BinaryOp.ADD), [idx, dim]), idx])
+    clamped = add(Binary(BinaryOp.MAX), [add(Binary(BinaryOp.MIN), [wrapped, top]), zero])
+    return add(op, [inputs[0], clamped], shape, name=name, origin=origin)
