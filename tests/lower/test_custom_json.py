@@ -147,3 +147,34 @@ def test_onnx_gather_nd_reads_indices_as_upstreams_kernel(batch_dims: int, k: in
     np.testing.assert_array_equal(reference.evaluate(g, feeds)["out"], want)
     got = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), feeds)["out"]
     np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=4, deadline=None)
+@given(axis=st.integers(-4, 3), dtype=st.sampled_from(["I64", "F32"]), seed=st.integers(0, 2**16))
+def test_onnx_gather_elements_reads_axis_and_indices_as_upstreams_kernel(axis: int, dtype: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    data_dims, index_dims = [3, 4, 2], [2, 3, 2]
+    nodes = [
+        {"id": 0, "op": {"Input": {"name": "data"}}, "inputs": [], "name": None, "origin": None,
+         "shape": {"dims": [{"Static": d} for d in data_dims], "dtype": "F32"}},
+        {"id": 1, "op": {"Input": {"name": "idx"}}, "inputs": [], "name": None, "origin": None,
+         "shape": {"dims": [{"Static": d} for d in index_dims], "dtype": dtype}},
+        {"id": 2, "op": {"Custom": {"name": "onnx.GatherElements", "num_inputs": 2,
+                                    "attrs": list(axis.to_bytes(4, "little", signed=True))}},
+         "inputs": [0, 1], "name": "out", "origin": None,
+         "shape": {"dims": [{"Static": d} for d in index_dims], "dtype": "F32"}},
+    ]
+    g = graph_from_json(json.dumps({"name": "g", "nodes": nodes, "outputs": [2]}))
+    data = rng.standard_normal(data_dims).astype(np.float32)
+    indices = rng.integers(-7, 8, size=index_dims).astype(np.int64 if dtype == "I64" else np.float32)
+    # rlx-cpu's gather_elements_f32: the axis wrapped once and clamped into the rank, each index
+    # + dim when negative and clamped into [0, dim - 1].
+    ax = min(max(axis + 3 if axis < 0 else axis, 0), 2)
+    idx = np.trunc(indices).astype(np.int64)
+    idx = np.clip(np.where(idx < 0, idx + data_dims[ax], idx), 0, data_dims[ax] - 1)
+    want = np.take_along_axis(data[tuple(slice(0, n) if i != ax else slice(None) for i, n in enumerate(index_dims))],
+                              idx, axis=ax)
+    feeds = {"data": data, "idx": indices}
+    np.testing.assert_array_equal(reference.evaluate(g, feeds)["out"], want)
+    got = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), feeds)["out"]
+    np.testing.assert_array_equal(got, want)

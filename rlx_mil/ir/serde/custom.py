@@ -10,7 +10,9 @@ names whose host kernel is an IR op exactly, as that op (docs/upstream-ops-3.md)
 * `onnx.IsNaN` (1 input) -> Compare Ne of the input with itself (true exactly where it is NaN);
 * `onnx.GatherND` (2 inputs) -> GatherNd (`batch_dims` = attrs[0..4] as a little-endian i32,
   negative = 0) on the indices as the kernel reads them: truncated to i64, a negative one
-  counted from the end, then clamped into `[0, dim - 1]` (`add_gather_nd` spells that out).
+  counted from the end, then clamped into `[0, dim - 1]` (`add_gather_nd` spells that out);
+* `onnx.GatherElements` (2 inputs) -> GatherElements (axis = attrs[0..4] as a little-endian i32,
+  counted from the end when negative and clamped into the rank) on indices read the same way.
 
 Every other name is refused by name."""
 
@@ -24,13 +26,14 @@ from rlx_mil.ir.node import NodeOrigin
 from rlx_mil.ir.op_base import Op
 from rlx_mil.ir.ops.elementwise import Binary, BinaryOp, Cast, CmpOp, Compare, Where
 from rlx_mil.ir.ops.leaf import Constant
-from rlx_mil.ir.ops.scatter import GatherNd, ScatterNd, ScatterNdReduction
+from rlx_mil.ir.ops.scatter import GatherElements, GatherNd, ScatterNd, ScatterNdReduction
 from rlx_mil.ir.serde.codecs import describe, fail, json_array
 from rlx_mil.ir.shape import Shape, Static
 
 SCATTER_ND_NAME = "onnx.ScatterND"
 IS_NAN_NAME = "onnx.IsNaN"
 GATHER_ND_NAME = "onnx.GatherND"
+GATHER_ELEMENTS_NAME = "onnx.GatherElements"
 _REDUCTIONS = (ScatterNdReduction.NONE, ScatterNdReduction.ADD, ScatterNdReduction.MUL, ScatterNdReduction.MAX,
                ScatterNdReduction.MIN)
 
@@ -49,7 +52,13 @@ READ_AS: dict[str, tuple[int, Callable[[bytes, str], Op]]] = {
     IS_NAN_NAME: (1, lambda attrs, path: Compare(CmpOp.NE)),
     GATHER_ND_NAME: (2, lambda attrs, path: GatherNd(max(int.from_bytes(attrs[:4], "little", signed=True), 0)
                                                       if len(attrs) >= 4 else 0)),
+    # The axis needs the data's rank: `add_gather_elements` builds the op; this one is a placeholder.
+    GATHER_ELEMENTS_NAME: (2, lambda attrs, path: GatherElements(_i32(attrs, 0))),
 }
+
+
+def _i32(attrs: bytes, default: int) -> int:
+    return int.from_bytes(attrs[:4], "little", signed=True) if len(attrs) >= 4 else default
 
 
 def decode_custom(content: object, path: str) -> Op:
@@ -86,22 +95,40 @@ def custom_name(op_json: object) -> str | None:
 
 def add_gather_nd(add: Callable[..., int], data: Shape, indices: Shape, op: GatherNd, inputs: Sequence[int],
                   shape: Shape, name: str | None, origin: NodeOrigin | None) -> int:
-    """`onnx.GatherND` as upstream's host kernel reads its indices: each truncated to i64 (a
-    float one as Rust's `as`), `+ dim` when negative, then clamped into `[0, dim - 1]` (so an
-    index out of range reads the nearest edge, where the IR's GatherNd would refuse it)."""
+    """`onnx.GatherND` as upstream's host kernel reads its indices (`_clamped`)."""
     k = indices.dims[-1] if indices.dims else None
     b = op.batch_dims
     if not isinstance(k, Static) or len(data.dims) < b + k.size or not all(
             isinstance(d, Static) for d in data.dims[b:b + k.size]):
         return add(op, inputs, shape, name=name, origin=origin)  # the shape rule reports it
     dims = [d.size for d in data.dims[b:b + k.size] if isinstance(d, Static)]
+    return add(op, [inputs[0], _clamped(add, inputs[1], indices.dtype, dims)], shape, name=name, origin=origin)
+
+
+def add_gather_elements(add: Callable[..., int], data: Shape, indices: Shape, attrs_axis: int, inputs: Sequence[int],
+                        shape: Shape, name: str | None, origin: NodeOrigin | None) -> int:
+    """`onnx.GatherElements` as upstream's host kernel reads it: the axis counted from the end
+    when negative and clamped into the rank, the indices along it as `_clamped` reads them."""
+    rank = len(data.dims)
+    axis = min(max(attrs_axis + rank if attrs_axis < 0 else attrs_axis, 0), max(rank - 1, 0))
+    op = GatherElements(axis)
+    dim = data.dims[axis] if data.dims else None
+    if not isinstance(dim, Static):
+        return add(op, inputs, shape, name=name, origin=origin)  # the shape rule reports it
+    return add(op, [inputs[0], _clamped(add, inputs[1], indices.dtype, [dim.size])], shape, name=name, origin=origin)
+
+
+def _clamped(add: Callable[..., int], indices: int, dtype: DType, dims: list[int]) -> int:
+    """Indices as rlx-cpu's ONNX kernels read them: truncated to i64 (a float one as Rust's
+    `as`), `+ dim` when negative, then clamped into `[0, dim - 1]`, so an index out of range
+    reads the nearest edge where the IR's gathers would refuse it. `dims` runs along the last
+    axis of the indices (one entry broadcasts)."""
 
     def const(values: list[int]) -> int:
         raw = b"".join(int(v).to_bytes(8, "little", signed=True) for v in values)
         return add(Constant(raw), [], Shape((Static(len(values)),), DType.I64))
 
-    idx = inputs[1] if indices.dtype is DType.I64 else add(Cast(DType.I64), [inputs[1]])
+    idx = indices if dtype is DType.I64 else add(Cast(DType.I64), [indices])
     dim, top, zero = const(dims), const([max(d - 1, 0) for d in dims]), const([0] * len(dims))
     wrapped = add(Where(), [add(Compare(CmpOp.LT), [idx, zero]), add(Binary(BinaryOp.ADD), [idx, dim]), idx])
-    clamped = add(Binary(BinaryOp.MAX), [add(Binary(BinaryOp.MIN), [wrapped, top]), zero])
-    return add(op, [inputs[0], clamped], shape, name=name, origin=origin)
+    return add(Binary(BinaryOp.MAX), [add(Binary(BinaryOp.MIN), [wrapped, top]), zero])

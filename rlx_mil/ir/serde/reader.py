@@ -22,7 +22,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from rlx_mil.errors import GraphError, GraphFormatError, UnsupportedOpFormatError
 from rlx_mil.ir.dtype import DType
 from rlx_mil.ir.node import Node, NodeOrigin
-from rlx_mil.ir.ops import Constant, GatherNd, Op
+from rlx_mil.ir.ops import Constant, GatherElements, GatherNd, Op
 from rlx_mil.ir.serde.codecs import (
     DTYPE,
     MISSING,
@@ -42,7 +42,15 @@ from rlx_mil.ir.serde.codecs import (
     tagged,
 )
 from rlx_mil.ir.serde.complex import add_promoted
-from rlx_mil.ir.serde.custom import GATHER_ND_NAME, add_gather_nd, custom_name, custom_operands, decode_custom
+from rlx_mil.ir.serde.custom import (
+    GATHER_ELEMENTS_NAME,
+    GATHER_ND_NAME,
+    add_gather_elements,
+    add_gather_nd,
+    custom_name,
+    custom_operands,
+    decode_custom,
+)
 from rlx_mil.ir.serde.forms import OP_FORMS, UNSUPPORTED_UPSTREAM_OPS, needs_newest
 from rlx_mil.ir.serde.payloads import ExtractedPayloads, extract_payloads
 from rlx_mil.ir.serde.versions import NEWEST, V0_2_2
@@ -409,9 +417,13 @@ def _build_graph(document: object, root: str, state: _DecodeState) -> Any:
         op, json_inputs, shape, node_name, origin = _decode_node(raw_node, index, state)
         inputs = [ids[i] for i in json_inputs]
         try:
-            if custom_name(raw_node.get("op") if isinstance(raw_node, dict) else None) == GATHER_ND_NAME and isinstance(op, GatherNd) and len(inputs) == 2:
+            custom = custom_name(raw_node.get("op") if isinstance(raw_node, dict) else None)
+            if custom == GATHER_ND_NAME and isinstance(op, GatherNd) and len(inputs) == 2:
                 ids.append(add_gather_nd(graph.add_node, graph.nodes[inputs[0]].shape, graph.nodes[inputs[1]].shape,
                                          op, inputs, shape, node_name, origin))
+            elif custom == GATHER_ELEMENTS_NAME and isinstance(op, GatherElements) and len(inputs) == 2:
+                ids.append(add_gather_elements(graph.add_node, graph.nodes[inputs[0]].shape,
+                                               graph.nodes[inputs[1]].shape, op.axis, inputs, shape, node_name, origin))
             elif shape.dtype is DType.C64 or complex_ids.intersection(inputs):
                 ids.append(add_promoted(graph.add_node, lambda i: graph.nodes[i].shape, op, inputs, shape,
                                         complex_ids, f"nodes[{index}]", node_name, origin))
