@@ -583,6 +583,9 @@ class DequantizedParams(Mapping[str, np.ndarray]):
             return encode(matrix.T, scheme, self._precision, name).dequantize().T.reshape(arr.shape)
         return encode(arr, scheme, self._precision, name).dequantize()
 
+    def __contains__(self, name: object) -> bool:  # without decoding the weight (Mapping's would)
+        return name in self._params
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._params)
 

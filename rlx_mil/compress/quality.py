@@ -268,11 +268,29 @@ def decoder_quality(reference: Any, compressed: Any, targets: Any | None = None)
     """All decoder metrics of `compressed` logits against `reference` logits; with `targets`
     (the next token at each position) the perplexities too."""
     ref, got = _pair(reference, compressed)
-    kl = kl_per_position(ref, got)
+    ids = None
+    if targets is not None:
+        ids = np.asarray(targets).reshape(-1).astype(np.int64)
+        if len(ids) != len(ref):
+            raise ValueError(f"{len(ids)} targets for {len(ref)} logit positions")
+        if len(ids) and (ids.min() < 0 or ids.max() >= ref.shape[-1]):
+            raise ValueError(f"target ids must lie in [0, {ref.shape[-1]}), got {ids.min()}..{ids.max()}")
+    # One pass over the positions: each side's log-softmax once, for the KL and both
+    # perplexities (a large vocabulary makes these passes the check's main cost after the runs).
+    kl = np.empty(len(ref))
+    nll_ref = nll_got = 0.0
+    for part in _chunks(len(ref)):
+        log_p, log_q = log_softmax(ref[part]), log_softmax(got[part])
+        kl[part] = np.sum(np.exp(log_p) * (log_p - log_q), axis=-1)
+        if ids is not None:
+            rows, picked = np.arange(len(log_p)), ids[part]
+            nll_ref -= float(np.sum(log_p[rows, picked]))
+            nll_got -= float(np.sum(log_q[rows, picked]))
+    kl = np.maximum(kl, 0.0)
     confident, count = confident_top1_agreement(ref, got)
     ppl_ref = ppl_got = None
-    if targets is not None:
-        ppl_ref, ppl_got = perplexity(ref, targets), perplexity(got, targets)
+    if ids is not None:
+        ppl_ref, ppl_got = (math.exp(nll_ref / len(ids)), math.exp(nll_got / len(ids))) if len(ids) else (math.nan, math.nan)
     return DecoderQuality(
         positions=len(ref), top1=top1_agreement(ref, got), top1_confident=confident, confident_positions=count,
         mean_kl=float(np.mean(kl)) if kl.size else float("nan"), max_kl=float(np.max(kl)) if kl.size else float("nan"),

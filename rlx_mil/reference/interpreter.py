@@ -68,7 +68,9 @@ def _convert(value: Any, dtype: DType) -> tuple[np.ndarray | None, str | None]:
         return None, problem
     if arr.dtype == BFLOAT16:
         arr = arr.astype(np.float32)
-    return to_dtype(arr, dtype).copy(), None
+    out = to_dtype(arr, dtype)
+    # The caller's array is never bound itself (a kernel's result may be it); a converted one is new.
+    return (out.copy() if np.may_share_memory(out, arr) else out), None
 
 
 def _feed_nodes(graph: Graph, kind: type[Input] | type[Param]) -> dict[str, list[Node]]:

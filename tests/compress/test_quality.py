@@ -125,3 +125,24 @@ def test_metric_bounds_hold_for_any_logits(rows: int, vocab: int, scale: float, 
     # Adding a constant per position changes no distribution.
     shifted = got + rng.standard_normal((rows, 1)) * 100
     np.testing.assert_allclose(q.kl_per_position(ref, shifted), kl, atol=1e-8)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 140), st.integers(2, 30), st.integers(0, 2**31 - 1))
+def test_decoder_quality_in_one_pass_equals_the_separate_metrics(rows: int, vocab: int, seed: int) -> None:
+    """decoder_quality reads each side's log-softmax once (chunks of 64 positions): its KL and
+    perplexities are the standalone functions' over any number of chunks."""
+    rng = np.random.default_rng(seed)
+    ref = rng.standard_normal((rows, vocab)) * 4
+    got = ref + rng.standard_normal(ref.shape)
+    ids = rng.integers(0, vocab, rows)
+    dq = q.decoder_quality(ref, got, ids)
+    kl = q.kl_per_position(ref, got)
+    assert dq.mean_kl == pytest.approx(float(np.mean(kl)), rel=1e-12, abs=1e-15)
+    assert dq.max_kl == pytest.approx(float(np.max(kl)), rel=1e-12, abs=1e-15)
+    assert dq.perplexity_reference == pytest.approx(q.perplexity(ref, ids), rel=1e-12)
+    assert dq.perplexity_compressed == pytest.approx(q.perplexity(got, ids), rel=1e-12)
+    with pytest.raises(ValueError, match="targets"):
+        q.decoder_quality(ref, got, ids[:-1] if rows > 1 else np.array([0, 0]))
+    with pytest.raises(ValueError, match="must lie in"):
+        q.decoder_quality(ref, got, np.full(rows, vocab))

@@ -204,3 +204,21 @@ class _Unknown(Op):
 def test_unregistered_op_is_unsupported() -> None:
     with pytest.raises(UnsupportedOpError, match="Unknown"):
         kernel_for(_Unknown())
+
+
+def test_evaluate_never_binds_or_returns_the_callers_arrays() -> None:
+    """Results of the declared dtype are not copied node by node any more: the fed arrays are
+    still copied once, so an output that is an input (or a param) is not the caller's array."""
+    from rlx_mil.ir import Graph
+    from rlx_mil.reference import evaluate
+
+    g = Graph("alias")
+    x = g.input("x", [2, 3])
+    w = g.param("w", [2, 3])
+    g.set_outputs([g.reshape(x, [2, 3], name="same_x"), g.add(x, w, name="sum")])
+    xs, ws = np.ones((2, 3), np.float32), np.full((2, 3), 2.0, np.float32)
+    out = evaluate(g, {"x": xs}, {"w": ws})
+    first, second = out.values()
+    assert not np.shares_memory(first, xs) and not np.shares_memory(second, ws)
+    first += 5  # the caller may write into what it got back
+    assert float(xs[0, 0]) == 1.0 and float(second[0, 0]) == 3.0
