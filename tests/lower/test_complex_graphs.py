@@ -98,3 +98,22 @@ def test_casts_into_c64_and_c128_tensors_stay_refused() -> None:
     wide = graph_from_json(_doc([_node(0, {"Input": {"name": "x"}}, [], [4], "C128")], [0]))
     with pytest.raises(UnsupportedOpError, match="complex dtype C128"):
         rlx_mil.convert(wide, {}, target="iOS18")
+
+
+def test_c64_constants_and_scalars_are_their_pairs() -> None:
+    c = (np.arange(3) + 1j * np.arange(3, 6)).astype(np.complex64)
+    nodes = [
+        _node(0, {"Constant": {"data": list(c.tobytes())}}, [], [3], "C64"),
+        _node(1, {"Input": {"name": "z"}}, [], [3], "C64"),
+        _node(2, {"Binary": "Add"}, [0, 1], [3], "C64", "sum"),
+        _node(3, "ComplexNormSq", [0], [3], "F32", "norm"),
+        _node(4, {"Input": {"name": "s"}}, [], [], "C64"),
+        _node(5, {"Reshape": {"new_shape": [1]}}, [4], [1], "C64", "row"),
+    ]
+    g = graph_from_json(_doc(nodes, [2, 3, 5]))
+    assert g.node(4).shape.sizes() == (2,)  # a C64 scalar is one (re, im) pair
+    z = np.array([2 + 1j, -1 - 3j, 0.5j], np.complex64)
+    got = reference.evaluate(g, {"z": _pairs(z), "s": _pairs(np.array([1 + 2j]))})
+    np.testing.assert_array_equal(got["sum"].view(np.complex64), c + z)
+    np.testing.assert_array_equal(got["norm"], np.abs(c) ** 2)
+    np.testing.assert_array_equal(got["row"], [1.0, 2.0])

@@ -178,3 +178,41 @@ def test_onnx_gather_elements_reads_axis_and_indices_as_upstreams_kernel(axis: i
     np.testing.assert_array_equal(reference.evaluate(g, feeds)["out"], want)
     got = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), feeds)["out"]
     np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=3, deadline=None)
+@given(axis=st.integers(-3, 2), dtype=st.sampled_from(["I64", "F32"]), seed=st.integers(0, 2**16))
+def test_onnx_one_hot_fills_as_upstreams_kernel(axis: int, dtype: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    depth, index_dims = 4, [2, 3]
+    ax = max(3 + axis, 0) if axis < 0 else min(axis, 2)  # counted on the output's rank, as the kernel does
+    out_dims = [*index_dims[:ax], depth, *index_dims[ax:]]
+
+    def node(i: int, op: object, inputs: list[int], dims: list[int], dt: str, name: str | None = None) -> dict:
+        return {"id": i, "op": op, "inputs": inputs, "name": name, "origin": None,
+                "shape": {"dims": [{"Static": d} for d in dims], "dtype": dt}}
+
+    nodes = [node(0, {"Input": {"name": "idx"}}, [], index_dims, dtype), node(1, {"Input": {"name": "depth"}}, [], [1], "I64"),
+             node(2, {"Input": {"name": "values"}}, [], [2], "F32"),
+             node(3, {"Custom": {"name": "onnx.OneHot", "num_inputs": 3,
+                                 "attrs": list(axis.to_bytes(4, "little", signed=True))}}, [0, 1, 2], out_dims, "F32", "out")]
+    g = graph_from_json(json.dumps({"name": "g", "nodes": nodes, "outputs": [3]}))
+    indices = rng.integers(-6, 7, size=index_dims).astype(np.int64 if dtype == "I64" else np.float32)
+    values = rng.standard_normal(2).astype(np.float32)
+    # rlx-cpu's one_hot_fill: all off, then on at (index + depth when negative) if inside [0, depth).
+    want = np.full(out_dims, values[0], np.float32)
+    flat = np.trunc(indices).astype(np.int64).reshape(-1)
+    inner = int(np.prod(out_dims[ax + 1:]))
+    view = want.reshape(-1)
+    for p, v in enumerate(flat):
+        v = v + depth if v < 0 else v
+        if 0 <= v < depth:
+            view[(p // inner) * depth * inner + v * inner + p % inner] = values[1]
+    feeds = {"idx": indices, "depth": np.array([depth]), "values": values}
+    np.testing.assert_array_equal(reference.evaluate(g, feeds)["out"], want)
+    got = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), feeds)["out"]
+    np.testing.assert_array_equal(got, want)
+    short = [dict(n) for n in nodes]
+    short[3] = {**nodes[3], "inputs": [0, 1]}
+    with pytest.raises(UnsupportedOpFormatError, match="takes 3 inputs"):
+        graph_from_json(json.dumps({"name": "g", "nodes": short, "outputs": [3]}))

@@ -12,13 +12,19 @@ names whose host kernel is an IR op exactly, as that op (docs/upstream-ops-3.md)
   negative = 0) on the indices as the kernel reads them: truncated to i64, a negative one
   counted from the end, then clamped into `[0, dim - 1]` (`add_gather_nd` spells that out);
 * `onnx.GatherElements` (2 inputs) -> GatherElements (axis = attrs[0..4] as a little-endian i32,
-  counted from the end when negative and clamped into the rank) on indices read the same way.
+  counted from the end when negative and clamped into the rank) on indices read the same way;
+* `onnx.OneHot` (3 inputs: indices, depth, values) -> `values[1]` where the index (truncated to
+  i64, `+ depth` when negative) equals its position along the new axis, else `values[0]`: depth
+  is the declared output's size on that axis (attrs[0..4], default -1, counted from the end of
+  the output's rank), as the kernel takes it; an index still outside `[0, depth)` is all off.
 
 Every other name is refused by name."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from rlx_mil.errors import UnsupportedOpFormatError
 from rlx_mil.ir.dtype import DType
@@ -27,6 +33,7 @@ from rlx_mil.ir.op_base import Op
 from rlx_mil.ir.ops.elementwise import Binary, BinaryOp, Cast, CmpOp, Compare, Where
 from rlx_mil.ir.ops.leaf import Constant
 from rlx_mil.ir.ops.scatter import GatherElements, GatherNd, ScatterNd, ScatterNdReduction
+from rlx_mil.ir.ops.shape import Narrow, Reshape
 from rlx_mil.ir.serde.codecs import describe, fail, json_array
 from rlx_mil.ir.shape import Shape, Static
 
@@ -34,6 +41,7 @@ SCATTER_ND_NAME = "onnx.ScatterND"
 IS_NAN_NAME = "onnx.IsNaN"
 GATHER_ND_NAME = "onnx.GatherND"
 GATHER_ELEMENTS_NAME = "onnx.GatherElements"
+ONE_HOT_NAME = "onnx.OneHot"
 _REDUCTIONS = (ScatterNdReduction.NONE, ScatterNdReduction.ADD, ScatterNdReduction.MUL, ScatterNdReduction.MAX,
                ScatterNdReduction.MIN)
 
@@ -54,7 +62,17 @@ READ_AS: dict[str, tuple[int, Callable[[bytes, str], Op]]] = {
                                                       if len(attrs) >= 4 else 0)),
     # The axis needs the data's rank: `add_gather_elements` builds the op; this one is a placeholder.
     GATHER_ELEMENTS_NAME: (2, lambda attrs, path: GatherElements(_i32(attrs, 0))),
+    # `add_one_hot` builds the nodes; the op here only carries the axis attribute to it.
+    ONE_HOT_NAME: (3, lambda attrs, path: OneHotAxis(_i32(attrs, -1))),
 }
+
+
+@dataclass(frozen=True)
+class OneHotAxis(Op):
+    """The axis of an `onnx.OneHot` node while it is read (never added to a graph)."""
+
+    type_name: ClassVar[str] = "onnx.OneHot"
+    axis: int
 
 
 def _i32(attrs: bytes, default: int) -> int:
@@ -132,3 +150,32 @@ def _clamped(add: Callable[..., int], indices: int, dtype: DType, dims: list[int
     dim, top, zero = const(dims), const([max(d - 1, 0) for d in dims]), const([0] * len(dims))
     wrapped = add(Where(), [add(Compare(CmpOp.LT), [idx, zero]), add(Binary(BinaryOp.ADD), [idx, dim]), idx])
     return add(Binary(BinaryOp.MAX), [add(Binary(BinaryOp.MIN), [wrapped, top]), zero])
+
+
+def add_one_hot(add: Callable[..., int], operands: Sequence[Shape], attrs_axis: int, inputs: Sequence[int],
+                shape: Shape, path: str, name: str | None, origin: NodeOrigin | None) -> int:
+    """`onnx.OneHot` as rlx-cpu's kernel computes it (`one_hot_fill`), spelled as Compare / Where."""
+    if len(inputs) != 3:
+        raise UnsupportedOpFormatError(f"{path}: {ONE_HOT_NAME} takes 3 inputs (indices, depth, values), got {len(inputs)}")
+    indices = operands[0]
+    rank = len(shape.dims)
+    if not shape.is_static or rank < 1 or not indices.is_static or len(indices.dims) != rank - 1:
+        raise UnsupportedOpFormatError(
+            f"{path}: {ONE_HOT_NAME} needs static shapes with the output one rank above the indices,"
+            f" got indices {indices} and output {shape}")
+    axis = max(rank + attrs_axis, 0) if attrs_axis < 0 else min(attrs_axis, rank - 1)
+    depth = shape.sizes()[axis]
+
+    def const(values: list[int], dims: Sequence[int]) -> int:
+        raw = b"".join(int(v).to_bytes(8, "little", signed=True) for v in values)
+        return add(Constant(raw), [], Shape(tuple(Static(d) for d in dims), DType.I64))
+
+    idx = inputs[0] if indices.dtype is DType.I64 else add(Cast(DType.I64), [inputs[0]])
+    zero, size = const([0], [1]), const([depth], [1])
+    wrapped = add(Where(), [add(Compare(CmpOp.LT), [idx, zero]), add(Binary(BinaryOp.ADD), [idx, size]), idx])
+    sizes = list(indices.sizes())
+    column = add(Reshape((*sizes[:axis], 1, *sizes[axis:])), [wrapped])
+    positions = const(list(range(depth)), [depth if i == axis else 1 for i in range(rank)])
+    hot = add(Compare(CmpOp.EQ), [column, positions])
+    off, on = add(Narrow(0, 0, 1), [inputs[2]]), add(Narrow(0, 1, 1), [inputs[2]])
+    return add(Where(), [hot, on, off], shape, name=name, origin=origin)

@@ -45,8 +45,10 @@ from rlx_mil.ir.serde.complex import add_promoted
 from rlx_mil.ir.serde.custom import (
     GATHER_ELEMENTS_NAME,
     GATHER_ND_NAME,
+    OneHotAxis,
     add_gather_elements,
     add_gather_nd,
+    add_one_hot,
     custom_name,
     custom_operands,
     decode_custom,
@@ -421,6 +423,9 @@ def _build_graph(document: object, root: str, state: _DecodeState) -> Any:
             if custom == GATHER_ND_NAME and isinstance(op, GatherNd) and len(inputs) == 2:
                 ids.append(add_gather_nd(graph.add_node, graph.nodes[inputs[0]].shape, graph.nodes[inputs[1]].shape,
                                          op, inputs, shape, node_name, origin))
+            elif isinstance(op, OneHotAxis):
+                ids.append(add_one_hot(graph.add_node, [graph.nodes[i].shape for i in inputs], op.axis, inputs, shape,
+                                       f"nodes[{index}]", node_name, origin))
             elif custom == GATHER_ELEMENTS_NAME and isinstance(op, GatherElements) and len(inputs) == 2:
                 ids.append(add_gather_elements(graph.add_node, graph.nodes[inputs[0]].shape,
                                                graph.nodes[inputs[1]].shape, op.axis, inputs, shape, node_name, origin))
