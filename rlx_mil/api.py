@@ -20,6 +20,14 @@ from rlx_mil.coreml.deploy import DeployForm, RewriteContext, lowering_attention
 from rlx_mil.coreml.deploy.compression import form_compression
 from rlx_mil.coreml.deploy.wide_split import name_split_outputs
 from rlx_mil.coreml.multifunction import PassedFunction, collecting, collecting_functions, join_programs
+from rlx_mil.coreml.output_format import (
+    SUFFIXES,
+    check_format,
+    format_of_suffix,
+    model_format,
+    output_path,
+    remember_format,
+)
 from rlx_mil.coreml.patches import pass_bars_hidden
 from rlx_mil.coreml.pipeline import (
     FP16_UNSAFE_PASSES,
@@ -231,6 +239,7 @@ def convert(
     deploy: str | DeployForm = "plain",
     split_logits: bool = True,
     fp16_io: bool = False,
+    format: str | None = None,
 ) -> ct.models.MLModel:
     """Convert `graph` with `params` (name -> ndarray) into a `ct.models.MLModel`.
 
@@ -264,9 +273,15 @@ def convert(
     `split_logits=False` returns one concatenated output instead (preflight reports its width).
     `fp16_io=True` makes the inputs and outputs the graph declares F16 fp16 in the package's
     interface (iOS16+; WhisperKit's packages take and give fp16 arrays).
+
+    `format` is what the model is for: "mlpackage" (Core ML) or "aimodel" (Apple's Core AI
+    asset of the same program; the coreai extra, checked before converting). The model
+    remembers it: `rlx_mil.save(model, "name")` writes `name.aimodel`, and a path ending in the
+    other format's suffix is a typed error (`rlx_mil.coreml.output_format`).
     """
 
     graph = require_graph(graph)
+    _require_format(format)
     tgt = Target.parse(target)
     prec = Precision.parse(precision)
     form = DeployForm.parse(deploy)
@@ -309,7 +324,16 @@ def convert(
     if compressor is not None:
         meta[metadata.COMPRESSION] = compressor.report().to_json()
     release_when_collected(model)
+    remember_format(model, format)
     return model
+
+
+def _require_format(format: Any) -> None:
+    """`format` checked, and for "aimodel" the coreai extra, before any conversion work."""
+    if check_format(format) == "aimodel":
+        from rlx_mil.coreai import require
+
+        require("format='aimodel'")
 
 
 def _input_ranges(graph: Graph, mil_to_ir: Mapping[str, str], plan: KVCachePlan | None) -> dict[str, tuple[int, int]]:
@@ -337,17 +361,21 @@ def release(model: Any) -> None:
         shutil.rmtree(package, ignore_errors=True)
 
 
-def save(model: ct.models.MLModel, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+def save(model: ct.models.MLModel, path: str | os.PathLike[str], *, overwrite: bool = False,
+         format: str | None = None) -> Path:
     """Write `model` to `path` (.mlpackage; or `.aimodel`: Apple's Core AI asset of the same
-    program, `rlx_mil.coreai.asset.save_aimodel`) atomically: staged beside `path`, synced to disk,
+    program, `rlx_mil.coreai.asset.save_aimodel`, fp32 compute) atomically: staged beside `path`, synced to disk,
     then swapped into place, so a failure or crash leaves the old package (or none) and
     never a half-written one. Errors are typed (FileAccessError subclasses also derive from
-    the matching OSError: `except FileExistsError` works); see `rlx_mil.coreml.saving`."""
+    the matching OSError: `except FileExistsError` works); see `rlx_mil.coreml.saving`.
+    `format` ("mlpackage" or "aimodel"; default: the one the model was converted with, else
+    the path's suffix) adds its suffix to a path without one; a path ending in the other
+    format's suffix is an `InvalidOptionError` naming both."""
     if not callable(getattr(model, "save", None)):
         raise InvalidOptionError(f"save takes the MLModel that rlx_mil.convert returns, got {type(model).__name__}")
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidOptionError(f"path must be a str or os.PathLike ending in .mlpackage, got {path!r}")
-    dest = Path(path)
+    dest = _destination(path, format, model)
     if dest.suffix == ".aimodel":
         # Apple's Core AI asset (the coreai extra): the program translated, fp32 compute.
         from rlx_mil.coreai.asset import save_aimodel
@@ -357,6 +385,19 @@ def save(model: ct.models.MLModel, path: str | os.PathLike[str], *, overwrite: b
         raise InvalidOptionError(
             f"a Core ML ML Program is saved as a .mlpackage folder (or a Core AI .aimodel asset), got {str(dest)!r}")
     return save_package(model, dest, overwrite=overwrite)
+
+
+def _destination(path: str | os.PathLike[str], format: str | None, model: Any = None) -> Path:
+    """`path` for `format` (else the one `model` was converted with): see `output_path`."""
+    remembered = model_format(model)
+    if format is None and remembered is not None:
+        by_suffix = format_of_suffix(path)
+        if by_suffix not in (None, remembered):
+            raise InvalidOptionError(
+                f"the model was converted with format={remembered!r}, which contradicts the path's suffix"
+                f" ({str(path)!r}): name it {Path(path).stem}{SUFFIXES[remembered]}, or pass format={by_suffix!r}")
+        return output_path(path, remembered)
+    return output_path(path, format)
 
 
 #: Options one function may set for itself; the rest are shared by the whole package.
@@ -385,6 +426,7 @@ def convert_functions(
     path: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    format: str | None = None,
     **options: Any,
 ) -> ct.models.MLModel:
     """Convert each `{function_name: graph or (graph, options)}` and join them into one
@@ -396,7 +438,9 @@ def convert_functions(
     override `dims`, `kv_cache`, `attention` and `max_context`, and give the `params` it reads (a
     function reading other weights than the rest; weights of one name are still shared). `default_function` (default:
     "decode" if present, else the first) is what Core ML runs when no function is named.
-    `path` also saves the package there (atomically, see `rlx_mil.save`).
+    `path` also saves the package there (atomically, see `rlx_mil.save`); `format`
+    ("mlpackage" or "aimodel": Apple's Core AI asset, one entry point per function, weights
+    stored once) as for `rlx_mil.convert` and `rlx_mil.save`.
     """
     if not isinstance(functions, Mapping) or not functions:
         raise InvalidOptionError("functions must map at least one function name to a graph")
@@ -412,10 +456,12 @@ def convert_functions(
     bad = {"dims", "path"} & set(options)
     if bad:
         raise InvalidOptionError(f"{sorted(bad)} are per-function options here; give them with each graph")
+    _require_format(format)
     if path is not None:
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidOptionError(f"path must be a str or os.PathLike ending in .mlpackage, got {path!r}")
-        check_destination(Path(path), overwrite)  # before converting every function
+        path = output_path(path, format)
+        check_destination(path, overwrite)  # before converting every function
 
     # Every function is lowered against one set of weight arrays and taken through Core ML's
     # passes in memory; the join then writes each weight once (rlx_mil.coreml.multifunction).
@@ -440,6 +486,7 @@ def convert_functions(
         if shared.codes:  # what a later quality check decodes instead of encoding every weight again
             model.rlx_mil_codes = shared.codes_by_name()
         stages.end()
+    remember_format(model, format)
     if path is not None:
         stages.begin("writing the package")
         save(model, path, overwrite=overwrite)
@@ -457,6 +504,7 @@ def convert_buckets(
     default_function: str | None = None,
     path: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
+    format: str | None = None,
     **options: Any,
 ) -> ct.models.MLModel:
     """A graph with the dynamic dim `symbol` as one package with a static function per size
@@ -484,5 +532,5 @@ def convert_buckets(
         label = "decode" if stateful and size == 1 and name is None else pattern.format(n=size)
         functions[label] = (graph, {"dims": {symbol: size}})
     return convert_functions(
-        functions, params, default_function=default_function, path=path, overwrite=overwrite, **options
+        functions, params, default_function=default_function, path=path, overwrite=overwrite, format=format, **options
     )

@@ -1,7 +1,8 @@
 """`--format aimodel` (or an `-o NAME.aimodel`) on `convert`, `convert-hf` and `convert-gguf`:
 the command converts as usual into a temporary `.mlpackage` beside the output (verified as
 usual with `--verify`), which is then written as Apple's Core AI asset (`rlx_mil.coreai`) and
-removed."""
+removed. `--verify --engine coreai` runs the verification of the package through Apple's Core
+AI runtime instead of the MIL executor."""
 
 from __future__ import annotations
 
@@ -12,33 +13,68 @@ from collections.abc import Callable
 from pathlib import Path
 
 FORMATS = ("mlpackage", "aimodel")
+#: What runs the package in `--verify` (`rlx_mil.models.verify.VERIFY_ENGINES`).
+VERIFY_ENGINES = ("milexec", "coreai")
 
 
 def add_format_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="mlpackage (Core ML) or aimodel (Apple's Core AI asset; the coreai extra); default: the"
-                        " output's suffix")
+                        " output's suffix (an output without one gets the format's)")
+    p.add_argument("--engine", choices=VERIFY_ENGINES, default="milexec",
+                   help="with --verify: what runs the package against the NumPy reference: the MIL executor"
+                        " (default) or Apple's Core AI runtime (the coreai extra; fp32 compute)")
+
+
+def output_format(args: argparse.Namespace) -> str:
+    """'aimodel' or 'mlpackage' from --format and the output's suffix; a contradiction between
+    them is an `InvalidOptionError` naming both (`rlx_mil.coreml.output_format`)."""
+    from rlx_mil.coreml.output_format import format_of_suffix, output_path
+
+    chosen = getattr(args, "format", None)
+    output = getattr(args, "output", None)
+    if output is None:
+        return chosen or "mlpackage"
+    if chosen is not None:
+        output_path(output, chosen, option="--format")  # refuses a contradiction
+    return chosen or format_of_suffix(output) or "mlpackage"
 
 
 def wants_aimodel(args: argparse.Namespace) -> bool:
-    output = getattr(args, "output", None)
-    return getattr(args, "format", None) == "aimodel" or (output is not None and Path(output).suffix == ".aimodel")
+    return output_format(args) == "aimodel"
+
+
+def check_verify_engine(args: argparse.Namespace) -> None:
+    """`--engine coreai` goes with `--verify`, needs the coreai extra and one package."""
+    from rlx_mil.errors import InvalidOptionError
+
+    if getattr(args, "engine", "milexec") != "coreai":
+        return
+    if not getattr(args, "verify", False):
+        raise InvalidOptionError("--engine coreai says what runs --verify's checks: add --verify")
+    if getattr(args, "chunk_bytes", None):
+        raise InvalidOptionError("--verify --engine coreai runs one package; a chunked set (--chunk-bytes) verifies on"
+                                 " the MIL executor (drop --engine coreai)")
+    from rlx_mil.coreai import require
+
+    require("--verify --engine coreai")
 
 
 def wrap(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """`handler` writing a Core AI asset when the arguments ask for one."""
 
     def run(args: argparse.Namespace) -> int:
+        check_verify_engine(args)  # before any conversion work
         if not wants_aimodel(args):
             return handler(args)
         from rlx_mil.coreai import require
         from rlx_mil.coreai.asset import save_aimodel
         from rlx_mil.errors import ExistingFileError, InvalidOptionError
 
-        require()  # before any conversion work
+        require("--format aimodel")  # before any conversion work
         asset = Path(args.output)
         if asset.suffix != ".aimodel":
-            asset = asset.with_suffix(".aimodel") if asset.suffix == ".mlpackage" else asset.with_name(asset.name + ".aimodel")
+            asset = asset.with_name(asset.name + ".aimodel")
         if getattr(args, "chunk_bytes", None):
             raise InvalidOptionError("--format aimodel writes one asset; drop --chunk-bytes")
         if asset.exists() and not getattr(args, "overwrite", False):
@@ -68,16 +104,20 @@ VERIFY_STEPS = 8
 
 
 def verify_asset(package: Path, asset: Path) -> int:
-    """`--verify` of an asset: the package was checked against the reference (milexec); the
-    asset, run by Apple's Core AI runtime, must then give the package's greedy tokens (an LLM)
-    or its outputs on example inputs (within 1e-4 relative)."""
+    """`--verify` of an asset: the package was checked against the reference; the asset, run by
+    Apple's Core AI runtime (fp32 compute), must then give the package's greedy tokens (an LLM)
+    or its outputs on example inputs, the package run by the MIL executor: within 1e-4 relative
+    for an fp32 package; an fp16 package (which the asset computes in fp32, rounding only at its
+    casts) within the fp16 tolerance of `rlx_mil.models.verify`."""
     import numpy as np
 
     from rlx_mil.coreai.asset import AssetProgram
-    from rlx_mil.coreml.metadata import LLMContract
+    from rlx_mil.coreml.metadata import PRECISION, LLMContract
     from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.models.verify import RELATIVE_TOLERANCE
 
     info = package_info(package)
+    precision = "fp16" if info.metadata.get(PRECISION) == "fp16" else "fp32"
     if LLMContract.read(info.metadata) is not None:
         from rlx_mil.llm.generate import Session
 
@@ -85,8 +125,8 @@ def verify_asset(package: Path, asset: Path) -> int:
         want = Session(package, engine="milexec").generate(prompt, VERIFY_STEPS)
         got = Session(asset).generate(prompt, VERIFY_STEPS)
         same = got == want
-        print(f"verify: {VERIFY_STEPS} greedy steps on Apple's Core AI runtime against the package on milexec:"
-              f" {'same tokens' if same else f'DIFFER ({got} vs {want})'}")
+        print(f"verify: {VERIFY_STEPS} greedy steps, the asset on Apple's Core AI runtime against the package on the"
+              f" MIL executor: {'same tokens' if same else f'DIFFER ({got} vs {want})'}")
         return 0 if same else 1
     from rlx_mil import milexec
 
@@ -102,7 +142,8 @@ def verify_asset(package: Path, asset: Path) -> int:
             continue
         scale = max(float(np.max(np.abs(value))), 1e-30)
         worst = max(worst, float(np.max(np.abs(np.asarray(actual[name], np.float64) - value))) / scale)
-    ok = worst <= 1e-4
-    print(f"verify: the asset on Apple's Core AI runtime against the package on milexec: max deviation"
-          f" {worst:.2g} of the output's scale ({'ok' if ok else 'FAILED'})")
+    limit = RELATIVE_TOLERANCE[precision]
+    ok = worst <= limit
+    print(f"verify: the asset on Apple's Core AI runtime against the package on the MIL executor: max deviation"
+          f" {worst:.2g} of the output's scale (limit {limit:g}, {precision} package; {'ok' if ok else 'FAILED'})")
     return 0 if ok else 1

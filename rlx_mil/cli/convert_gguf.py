@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    " (default with --deploy ane: 5-8-bit types int8, the rest lut4-scaled; else none)")
     p.add_argument("--save-graph", type=Path, metavar="GRAPH_JSON", help="also write the RLX graph as JSON")
     p.add_argument("--verify", action="store_true",
-                   help="run the package through the NumPy MIL executor and compare with the reference on the"
+                   help="run the package through the NumPy MIL executor (--engine coreai: Apple's runtime) and compare"
+                   " with the reference on the"
                    " same codes")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output (also off when CI is set)")
     p.add_argument("--author", help="Core ML model author (default: the file's general.author / organization)")
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from rlx_mil.llm.convert_hf import convert_checkpoint
     from rlx_mil.llm.gguf_package import prepare_gguf_package
     from rlx_mil.models.gguf import from_gguf
-    from rlx_mil.models.verify import example_inputs, verify_package
+    from rlx_mil.models.verify import engine_label, example_inputs, verify_package
 
     stateful = choose_stateful(args, decoder=True)  # every GGUF architecture rlx_mil reads is a decoder
     check_inputs = compress_check_inputs(args)
@@ -130,8 +131,12 @@ def run(args: argparse.Namespace) -> int:
         report = report_of(info.metadata)
         if report is not None:  # the package computes with the codes: verify against their decode
             params = dequantized_params(params, report)
-            print("verify: fidelity (the package on the MIL executor vs the NumPy reference on its own codes):")
-        checks = verify_package(graph, params, path, example_inputs(graph, _vocab_size(graph)), args.precision)
+            print(f"verify: fidelity (the package on {engine_label(args.engine)} vs the NumPy reference on its own"
+                  " codes):")
+        else:
+            print(f"verify: the package on {engine_label(args.engine)} vs the NumPy reference:")
+        checks = verify_package(graph, params, path, example_inputs(graph, _vocab_size(graph)), args.precision,
+                                engine=args.engine)
         for check in checks:
             print(check.to_text())
         if not all(c.ok for c in checks):
@@ -171,7 +176,7 @@ def run_stateful(args: argparse.Namespace) -> int:
         from rlx_mil.cli.quality import verify_quality
 
         return (verify_stateful_command(args.model, args.output, args.precision, info.metadata, loader=from_gguf,
-                                        quiet=args.quiet) or verify_quality(args, quality))
+                                        quiet=args.quiet, engine=args.engine) or verify_quality(args, quality))
     return 0
 
 

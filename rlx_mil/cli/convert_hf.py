@@ -53,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="SigLIP2: one patch grid for every image (default: each image's, the spatial_shapes input)")
     p.add_argument("--save-graph", type=Path, metavar="GRAPH_JSON", help="also write the RLX graph as JSON")
     p.add_argument("--verify", action="store_true",
-                   help="run the package through the NumPy MIL executor and compare with the reference")
+                   help="run the package through the NumPy MIL executor (--engine coreai: Apple's runtime) and compare"
+                        " with the reference")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output (also off when CI is set)")
     p.add_argument("--author", help="Core ML model author (default: the model card's, or the owner in config.json's"
                    " _name_or_path)")
@@ -230,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     from rlx_mil.cli.arguments import announce
 
     announce(args, f"converting {args.model_dir} to {args.output}")
-    from rlx_mil.cli.convert_whisper import is_whisper_folder, run_whisper
+    from rlx_mil.cli.convert_whisper import is_whisper_folder
     from rlx_mil.cli.hub import resolve_checkpoint
     from rlx_mil.cli.quality import (
         check_report_path,
@@ -241,17 +242,17 @@ def run(args: argparse.Namespace) -> int:
     )
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.llm.convert_hf import convert_checkpoint
-    from rlx_mil.models.verify import example_inputs, verify_package
+    from rlx_mil.models.verify import engine_label, example_inputs, verify_package
 
     # a Whisper folder's -o is the folder the openai_whisper-<variant> folder goes into: it may exist
     if is_whisper_folder(Path(args.model_dir)):
         _check_whisper_options(args)  # before the calibration or any weight is read
-        return run_whisper(args, convert_kwargs(args))
+        return _run_whisper(args)
     _refuse_existing_output(args)  # before any download
     resolve_checkpoint(args, "model_dir")
     if is_whisper_folder(Path(args.model_dir)):
         _check_whisper_options(args)
-        return run_whisper(args, convert_kwargs(args))
+        return _run_whisper(args)
     decoder, positions = decoder_positions(args.model_dir)
     stateful = choose_stateful(args, decoder)
     args.stateful = stateful  # what the conversion options (the quality check's place) follow
@@ -284,8 +285,11 @@ def run(args: argparse.Namespace) -> int:
             from rlx_mil.compress import dequantized_params, report_of
 
             params = dequantized_params(params, report_of(info.metadata))
-            print("verify: fidelity (the package on the MIL executor vs the NumPy reference on its own compressed weights):")
-        checks = verify_package(graph, params, path, example_inputs(graph, vocab), args.precision)
+            print(f"verify: fidelity (the package on {engine_label(args.engine)} vs the NumPy reference on its own"
+                  " compressed weights):")
+        else:
+            print(f"verify: the package on {engine_label(args.engine)} vs the NumPy reference:")
+        checks = verify_package(graph, params, path, example_inputs(graph, vocab), args.precision, engine=args.engine)
         for check in checks:
             print(check.to_text())
         if not all(c.ok for c in checks):
@@ -300,6 +304,15 @@ def _check_whisper_options(args: argparse.Namespace) -> None:
     check_options(args)
     if args.stateful:  # rlx_mil's stateful TextDecoder keeps its cache in Core ML states
         _check_stateful_target(args)
+
+
+def _run_whisper(args: argparse.Namespace) -> int:
+    from rlx_mil.cli.convert_whisper import run_whisper
+
+    if args.engine == "coreai":
+        raise InvalidOptionError("--verify --engine coreai verifies one .mlpackage; a Whisper folder (three packages)"
+                                 " verifies on the MIL executor: drop --engine coreai")
+    return run_whisper(args, convert_kwargs(args))
 
 
 def _refuse_existing_output(args: argparse.Namespace) -> None:
@@ -505,7 +518,8 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any], max_
     print_summary(quality)
     write_report(args, info.metadata, quality)
     if args.verify:
-        return (verify_stateful_command(args.model_dir, args.output, args.precision, info.metadata, quiet=args.quiet)
+        return (verify_stateful_command(args.model_dir, args.output, args.precision, info.metadata, quiet=args.quiet,
+                                        engine=args.engine)
                 or verify_quality(args, quality))
     return 0
 
@@ -541,14 +555,16 @@ def report_chunked(args: argparse.Namespace, model: Any, chunked: Any, seconds: 
 
 
 def verify_stateful_command(model: Any, package: Any, precision: str, metadata: Any, loader: Any = None,
-                            quiet: bool = False) -> int:
+                            quiet: bool = False, engine: str = "milexec") -> int:
     """`--verify` of a stateful package: tie-aware greedy steps against the reference, one line
-    each, then what was compared; the exit code."""
+    each, then what was compared; the exit code. `engine` runs the package: the MIL executor or
+    Apple's Core AI runtime ("coreai")."""
     from rlx_mil.compress import report_of
     from rlx_mil.llm.package import verify_stateful
+    from rlx_mil.models.verify import engine_label
 
     weights = "the package's own compressed weights (fidelity)" if report_of(metadata) is not None else "its weights"
-    print(f"verify: {VERIFY_STEPS} greedy steps, the package on the MIL executor against the NumPy reference"
+    print(f"verify: {VERIFY_STEPS} greedy steps, the package on {engine_label(engine)} against the NumPy reference"
           f" of the checkpoint's plain graph on {weights} (teacher-forced on the reference's tokens)", flush=True)
     progress = Progress(enabled=not (quiet or running_under_ci()))
     # On a terminal a bar counts the steps (each step's line beside it); elsewhere one line each.
@@ -561,10 +577,11 @@ def verify_stateful_command(model: Any, package: Any, precision: str, metadata: 
         else:  # a failing step keeps its line (the comparison stops there)
             print(f"verify: {line}", flush=True)
 
-    progress.begin("verify: opening the package on the executor", unit=" weights")
+    where = "Apple's Core AI runtime" if engine == "coreai" else "the executor"
+    progress.begin(f"verify: opening the package on {where}", unit=" weights")
     comparison = verify_stateful(
         model, package, None, VERIFY_STEPS, precision=precision, compression=report_of(metadata),
-        report=step, loader=loader,
+        report=step, loader=loader, engine=engine,
         opened=lambda: progress.begin("verify: greedy steps", total=VERIFY_STEPS, unit=" steps"),
     )
     progress.end(f"{len(comparison.steps)} steps")

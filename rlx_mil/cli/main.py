@@ -76,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("-o", "--output", type=Path, required=True, help="output .mlpackage (or .aimodel) path")
     add_format_argument(conv)
     conv.add_argument("--overwrite", action="store_true", help="replace an existing package")
+    conv.add_argument("--verify", action="store_true",
+                      help="run the package on example inputs (through --engine) and compare with the NumPy reference")
     conv.add_argument("-q", "--quiet", action="store_true", help="no warnings on stderr")
     conv.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
                       help="bind a dynamic dim symbol (e.g. 1=128 for SEQ); repeatable")
@@ -210,7 +212,33 @@ def _convert(args: argparse.Namespace) -> int:
     check = stored_check(model.user_defined_metadata)
     print_summary(check)
     write_report(args, model.user_defined_metadata, check)
+    if args.verify:
+        from rlx_mil.cli.quality import verify_quality
+
+        return _verify_graph_package(args, graph.bind(dims) if dims else graph, params, model) or verify_quality(args, check)
     return EXIT_OK
+
+
+def _verify_graph_package(args: argparse.Namespace, graph: Any, params: Any, model: Any) -> int:
+    """`convert --verify`: the saved package on example inputs (through --engine) against the
+    NumPy reference (on the compressed weights' decode when the package is compressed)."""
+    from rlx_mil.cli.convert_hf import _takes_tokens, _vocab_size
+    from rlx_mil.compress import dequantized_params, report_of
+    from rlx_mil.models.verify import engine_label, example_inputs, verify_package
+
+    report = report_of(model.user_defined_metadata)
+    if report is not None:
+        params = dequantized_params(params, report)
+    what = " on its own compressed weights" if report is not None else ""
+    print(f"verify: the package on {engine_label(args.engine)} vs the NumPy reference{what}:")
+    try:
+        inputs = example_inputs(graph, _vocab_size(graph) if _takes_tokens(graph) else 2)
+    except ValueError as err:  # a dynamic input dim
+        raise RlxMilError(f"--verify needs every input's shape ({err}): bind it with --dim") from None
+    checks = verify_package(graph, params, args.output, inputs, args.precision, engine=args.engine)
+    for check in checks:
+        print(check.to_text())
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_ERROR
 
 
 def _deploy_flag(p: argparse.ArgumentParser) -> None:

@@ -36,10 +36,13 @@ def available() -> bool:
     return sys.version_info >= (3, 11) and importlib.util.find_spec("coreai") is not None
 
 
-def require() -> None:
-    """Raise `CoreAIUnavailableError`, saying how to install it, unless Core AI is importable."""
+def require(feature: str | None = None) -> None:
+    """Raise `CoreAIUnavailableError`, naming `feature` (the option or call that asked for Core
+    AI, e.g. '--verify --engine coreai') and saying how to install it, unless Core AI is
+    importable."""
     if not available():
-        raise CoreAIUnavailableError(f"this needs Apple's Core AI (coreai-core=={PINNED_VERSION}): {INSTALL_HINT}")
+        raise CoreAIUnavailableError(f"{feature or 'this'} needs Apple's Core AI (coreai-core=={PINNED_VERSION}):"
+                                     f" {INSTALL_HINT}")
     try:
         import coreai.authoring  # noqa: F401  (must precede coreai._compiler: circular imports)
     except Exception as err:  # pragma: no cover - a broken install
@@ -288,6 +291,37 @@ def read_metadata(path: Path) -> dict[str, str]:
 
 
 # -- runtime -----------------------------------------------------------------------------------
+#: What the runtime writes to file descriptor 2 for every function it loads (not a diagnostic).
+_LOADING_NOTE = "Loading function '"
+
+
+@contextmanager
+def _loading_notes_dropped() -> Iterator[None]:
+    """The runtime's native code prints "ODIE [default]: Loading function 'NAME'" on fd 2 for
+    each function it loads; those lines are dropped, anything else it writes is passed on."""
+    import os
+    import tempfile
+
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no fd 2 (a daemon): nothing to keep clean
+        yield
+        return
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            text = caught.read().decode("utf-8", errors="replace")
+            kept = [line for line in text.splitlines() if _LOADING_NOTE not in line]
+            if kept:
+                sys.stderr.write("\n".join(kept) + "\n")
+
+
 class LoadedAsset:
     """A saved `.aimodel` loaded by `coreai.runtime` (on Linux: Apple's CPU runtime). Calls are
     synchronous; the asset stays loaded until `close`."""
@@ -309,7 +343,8 @@ class LoadedAsset:
 
     def function(self, name: str) -> Any:
         if name not in self._functions:
-            self._functions[name] = self._model.load_function(name)
+            with _loading_notes_dropped():
+                self._functions[name] = self._model.load_function(name)
         return self._functions[name]
 
     def describe(self, name: str) -> tuple[list[str], list[str], list[str]]:

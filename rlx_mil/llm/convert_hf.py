@@ -41,6 +41,7 @@ def convert_checkpoint(
     check_inputs: Mapping[str, np.ndarray] | None = None,
     loader: Callable[..., tuple[Graph, Mapping[str, Any]]] | None = None,
     prepare: Callable[[Any, Any, Mapping[str, str | None] | None], Any] | None = None,
+    format: str | None = None,
 ) -> tuple[Graph, Mapping[str, Any], Path]:
     """from_pretrained -> rlx_mil.convert -> rlx_mil.save, each stage reported on `progress`.
     The package carries the checkpoint's tokenizer files and model description
@@ -49,12 +50,18 @@ def convert_checkpoint(
     `loader` (default `from_pretrained`) reads `model_dir` with the `build` options and
     `prepare(model, model_dir, description)` (default `prepare_package`) adds the text side
     (`from_gguf` and its package preparation for a GGUF file).
-    Returns the graph, its params and the package path."""
+    `format` ("mlpackage" or "aimodel", Apple's Core AI asset; default: `output`'s suffix) as
+    for `rlx_mil.save`. Returns the graph, its params and the package (or asset) path."""
     from rlx_mil import api
+    from rlx_mil.coreml.output_format import check_format, output_path
     from rlx_mil.coreml.patches import passes_shown_on
     from rlx_mil.models.pretrained import from_pretrained
 
-    out = Path(output)
+    out = output_path(output, format)
+    if check_format(format) == "aimodel":
+        from rlx_mil.coreai import require
+
+        require("format='aimodel'")
     check_output(out, overwrite)
     progress.begin("reading the checkpoint")
     graph, params = (loader or from_pretrained)(model_dir, **build)
@@ -99,6 +106,6 @@ def convert_checkpoint(
 
     (prepare or prepare_package)(model, model_dir, description)
     progress.begin("writing the package")
-    path = api.save(model, out, overwrite=overwrite)
+    path = api.save(model, out, overwrite=overwrite, format=format)
     progress.end(str(path))
     return graph, params, path

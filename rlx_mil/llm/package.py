@@ -56,6 +56,7 @@ def convert_llm_checkpoint(
     progress: Progress | None = None,
     chunk_bytes: int | str | None = None,
     all_logits: bool = False,
+    format: str | None = None,
     **convert_options: Any,
 ) -> Any:
     """Build decode (and `prefill_<n>`) graphs from the checkpoint and convert them into one
@@ -70,7 +71,10 @@ def convert_llm_checkpoint(
     folder `output` holds consecutive packages cut at layer boundaries, each weight file under
     that size, and a manifest (`rlx_mil.llm.chunked`); the `ChunkedSet` is returned.
     `all_logits` keeps every position's logits in the prefill functions (`[1, n, vocab]`, not
-    the last position's only), so `rlx-mil eval` scores a bucket of tokens per call."""
+    the last position's only), so `rlx-mil eval` scores a bucket of tokens per call.
+    `format` ("mlpackage" or "aimodel": Apple's Core AI asset, its entry points sharing one
+    weight copy and the KV state; the tokenizer files inside) as for `rlx_mil.convert_functions`;
+    default: `output`'s suffix."""
     from rlx_mil.api import convert_functions, save
     from rlx_mil.llm.package_files import prepare_package
     from rlx_mil.models.pretrained import from_pretrained
@@ -80,6 +84,16 @@ def convert_llm_checkpoint(
     if DeployForm.parse(convert_options.get("deploy", "plain")) is DeployForm.ANE:
         max_context = neural_engine_capacity(max_context)  # the RoPE tables cover the rounded capacity
     buckets = prefill_buckets(prefill, max_context)
+    from rlx_mil.coreml.output_format import check_format, output_path, remember_format
+
+    if check_format(format) == "aimodel":
+        if chunk_bytes is not None:
+            raise InvalidOptionError("format='aimodel' writes one asset; drop chunk_bytes")
+        from rlx_mil.coreai import require
+
+        require("format='aimodel'")
+    if output is not None and chunk_bytes is None:
+        output = output_path(output, format)
     if chunk_bytes is not None:
         from rlx_mil.llm.chunked import check_output_folder
         from rlx_mil.units import parse_bytes
@@ -122,6 +136,7 @@ def convert_llm_checkpoint(
         **convert_options,
     )
     (prepare or prepare_package)(model, model_dir, description)
+    remember_format(model, format)
     if output is not None:
         stages.begin("writing the package")
         if Path(output).suffix == ".aimodel":
@@ -196,8 +211,10 @@ def verify_stateful(
     report: Callable[[str], None] | None = None,
     loader: Any = None,
     opened: Callable[[], None] | None = None,
+    engine: str = "milexec",
 ) -> Any:
-    """Greedy generation of `package` on the MIL executor against the checkpoint's reference,
+    """Greedy generation of `package` on the MIL executor (`engine="coreai"`: Apple's Core AI
+    runtime, fp32 compute) against the checkpoint's reference,
     tie-aware and teacher-forced (`rlx_mil.testing.compare_greedy_step`): after the prompt,
     each step compares the package's logits with the reference's over the whole sequence, then
     both go on with the reference's token (`prompt` None: 5 ids spread over the vocabulary).
@@ -210,13 +227,17 @@ def verify_stateful(
     from rlx_mil.testing import GreedyComparison, compare_greedy_step
 
     exact = precision == "fp32"
-    session = Session(package, engine="milexec", precision_model="float32" if exact else "declared", memory=memory)
-    mode = "float32 executor" if exact else "fp16 as declared"
+    if engine == "coreai":
+        session = Session(package, engine="coreai")
+        mode = "Apple's Core AI runtime, fp32 compute"
+    else:
+        session = Session(package, engine="milexec", precision_model="float32" if exact else "declared", memory=memory)
+        mode = f"{'float32 executor' if exact else 'fp16 as declared'}, {session.memory} memory"
     if opened is not None:
         opened()
     if prompt is None:
         prompt = [1 + (7 * i) % (session.vocab - 1) for i in range(5)]
-    comparison = GreedyComparison(f"{Path(package).name} ({mode}, {session.memory} memory) after prompt {list(prompt)}")
+    comparison = GreedyComparison(f"{Path(package).name} ({mode}) after prompt {list(prompt)}")
     tokens = list(prompt)
     logits = session.feed(tokens)
     for step in range(1, steps + 1):

@@ -11,14 +11,24 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.errors import Fp16OverflowWarning, MilExecError
-from rlx_mil.ir import Graph, Input
+from rlx_mil.errors import Fp16OverflowWarning, InvalidOptionError, MilExecError
+from rlx_mil.ir import DType, Graph, Input
 from rlx_mil.testing import GreedyComparison, compare_greedy_step
 
 #: Largest |converted - reference| allowed, relative to the output's largest magnitude. fp16
 #: rounds every intermediate to ~3 significant digits; through a few transformer layers the
 #: logits of the tiny test models agree to about 1e-2 of their scale.
 RELATIVE_TOLERANCE = {"fp32": 1e-4, "fp16": 5e-2}
+
+#: What runs the package in a verification: rlx_mil's NumPy MIL executor, or Apple's Core AI
+#: runtime (the `coreai` extra; the package's program translated with fp32 compute, so an fp16
+#: package is checked with its fp16 tolerance but without fp16 rounding inside the ops).
+VERIFY_ENGINES = ("milexec", "coreai")
+
+
+def engine_label(engine: str) -> str:
+    """How a verification line names what ran the package."""
+    return "Apple's Core AI runtime (fp32 compute)" if engine == "coreai" else "the MIL executor"
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,7 @@ def example_inputs(graph: Graph, vocab_size: int, seed: int = 0) -> dict[str, np
     spatial shapes with their patch masks."""
     rng = np.random.default_rng(seed)
     shapes = {n.op.name: n.shape.sizes() for n in graph if isinstance(n.op, Input)}
+    dtypes = {n.op.name: n.shape.dtype for n in graph if isinstance(n.op, Input)}
     past = next((shape[2] for name, shape in shapes.items() if name.startswith("past_k_")), 0)
     feeds: dict[str, np.ndarray] = {}
     for name, shape in shapes.items():
@@ -69,6 +80,8 @@ def example_inputs(graph: Graph, vocab_size: int, seed: int = 0) -> dict[str, np
             feeds[name] = mask
         elif name == "token_type_ids":
             feeds[name] = np.zeros(shape, np.int32)
+        elif dtypes[name].is_int or dtypes[name] is DType.BOOL:  # any other graph's indices and masks: 0 or 1
+            feeds[name] = rng.integers(0, 2, shape).astype(dtypes[name].numpy)
         else:
             feeds[name] = rng.standard_normal(shape).astype(np.float32)
     return feeds
@@ -80,15 +93,24 @@ def verify_package(
     package: str | os.PathLike[str],
     inputs: Mapping[str, np.ndarray],
     precision: str,
+    engine: str = "milexec",
 ) -> list[OutputCheck]:
-    """Run the saved package through the NumPy MIL executor and compare each output with
-    `rlx_mil.reference.evaluate`."""
+    """Run the saved package through the NumPy MIL executor (or, `engine="coreai"`, Apple's
+    Core AI runtime) and compare each output with `rlx_mil.reference.evaluate`."""
     from rlx_mil import milexec, reference
 
+    if engine not in VERIFY_ENGINES:
+        raise InvalidOptionError(f"engine must be one of {VERIFY_ENGINES}, got {engine!r}")
     want = reference.evaluate(graph, inputs, params)
-    result = milexec.execute(package, inputs)
-    got = result.outputs
-    warn_nonfinite(package, got, want, result.nonfinite_origins)
+    if engine == "coreai":
+        from rlx_mil.coreai.engine import run as coreai_run
+
+        got = coreai_run(package, inputs)
+        origins: list[str] = []
+    else:
+        result = milexec.execute(package, inputs)
+        got, origins = result.outputs, result.nonfinite_origins
+    warn_nonfinite(package, got, want, origins)
     limit = RELATIVE_TOLERANCE[precision]
     checks = []
     for name, ref in want.items():

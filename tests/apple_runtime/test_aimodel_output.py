@@ -1,13 +1,20 @@
-"""Core AI assets as an output: `convert-hf --stateful -o NAME.aimodel` (plain, `--compress
-int4`, `--compress lut4`) writes an asset that `rlx-mil generate --chat` and `rlx-mil eval` run
-on Apple's runtime, with the tokens and perplexity of the same package through milexec; a
-prefill + decode asset stores its weights once; `rlx_mil.save(model, "x.aimodel")` works for a
-plain graph."""
+"""Core AI assets as an output: stateful chat packages of one tiny checkpoint, each also written
+as an asset, three ways: the Python API (`convert_llm_checkpoint(..., format="aimodel")` once,
+saved as both a package and an asset), `convert-hf --compress int4 --deploy ane --precision
+fp16 --verify --engine coreai` (the package verified through Apple's runtime), and
+`convert-hf --compress lut4 --deploy gpu --format aimodel -o NAME --verify` (the asset
+verified against its package). Each asset gives its package's logits, greedy tokens and
+`rlx-mil generate --chat` text through Apple's runtime; `rlx-mil eval` gives the package's
+perplexity; compressed weights stay compressed; a prefill + decode asset stores its weights
+once; `rlx_mil.save(model, "x.aimodel")` works for a plain graph."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,36 +30,48 @@ from rlx_mil.ir.graph import Graph
 from rlx_mil.llm.generate import Session
 
 QUESTION = "What is the capital of France?"
+CONVERT = ["--stateful", "--max-context", "32", "--prefill", "8", "-q"]
+#: scheme -> its precision (the asset computes in fp32 either way).
+PRECISION = {None: "fp32", "int4": "fp16", "lut4": "fp32"}
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, tuple[Path, Path]]:
-    """compress scheme -> (asset, package) of one tiny chat checkpoint. The plain asset is
-    written by the command line (`-o NAME.aimodel`), the compressed ones from their packages."""
-    from rlx_mil.coreai.asset import save_aimodel
+    """compress scheme -> (asset, package) of one tiny chat checkpoint: three conversions."""
+    import rlx_mil.coreai.asset as asset_module
+    from rlx_mil.llm.package import convert_llm_checkpoint
 
     folder = tmp_path_factory.mktemp("aimodel")
-    checkpoint = chat_checkpoint(folder / "tiny-chat")
+    checkpoint = chat_checkpoint(folder / "tiny-chat", layers=1)  # one layer: what is checked needs no more
     out: dict[str | None, tuple[Path, Path]] = {}
-    for compress in (None, "int4", "lut4"):
-        extra = ["--compress", compress] if compress else []
-        package = folder / f"{compress or 'plain'}.mlpackage"
-        _convert(checkpoint, package, *extra)
-        asset = folder / f"{compress or 'plain'}.aimodel"
-        if compress is None:
-            # --verify: the package against the reference, then the asset (Apple's runtime)
-            # against the package; a difference is exit code 1.
-            _convert(checkpoint, asset, "--verify")
-            assert not list(folder.glob(".rlx_mil_convert_*"))  # the staging package is gone
-        else:
-            save_aimodel(package, asset)
-        out[compress] = (asset, package)
+    # The API: one conversion for Core AI, saved as an asset (a name without a suffix) and a package.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = convert_llm_checkpoint(checkpoint, None, max_context=32, prefill=[8], precision="fp32",
+                                       format="aimodel")
+    out[None] = (rlx_mil.save(model, folder / "plain"), rlx_mil.save(model, folder / "plain.mlpackage", format="mlpackage"))
+    # --verify --engine coreai: the package through Apple's runtime against the reference.
+    _convert(checkpoint, folder / "int4.mlpackage", "--compress", "int4", "--deploy", "ane", "--precision", "fp16",
+             "--verify", "--engine", "coreai", "--allow-quality-loss")
+    out["int4"] = (asset_module.save_aimodel(folder / "int4.mlpackage", folder / "int4.aimodel"), folder / "int4.mlpackage")
+    # --format aimodel: the package is staged and removed; keep a copy of it to compare with.
+    real = asset_module.save_aimodel
+
+    def keeping_the_package(package: Any, asset: Any, **kwargs: Any) -> Any:
+        shutil.copytree(package, folder / "lut4.mlpackage")
+        return real(package, asset, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(asset_module, "save_aimodel", keeping_the_package)
+        _convert(checkpoint, folder / "lut4", "--compress", "lut4", "--deploy", "gpu", "--precision", "fp32",
+                 "--format", "aimodel", "--verify", "--allow-quality-loss")
+    assert not list(folder.glob(".rlx_mil_convert_*"))  # the staging package is gone
+    out["lut4"] = (folder / "lut4.aimodel", folder / "lut4.mlpackage")
     return out
 
 
 def _convert(checkpoint: Path, out: Path, *extra: str) -> None:
-    assert main(["convert-hf", str(checkpoint), "-o", str(out), "--stateful", "--max-context", "32", "--prefill", "8",
-                 "--precision", "fp32", "-q", *extra]) == 0
+    assert main(["convert-hf", str(checkpoint), "-o", str(out), *CONVERT, *extra]) == 0
 
 
 def _weights_bytes(asset: Path) -> int:
@@ -64,8 +83,19 @@ def test_asset_generates_the_packages_tokens(converted: dict[str | None, tuple[P
                                              capsys: pytest.CaptureFixture[str]) -> None:
     asset, package = converted[compress]
     prompt = [3, 17, 5, 9, 11, 2]
-    want = Session(package, engine="milexec").generate(prompt, 8)
-    assert Session(asset).generate(prompt, 8) == want
+    # The logits after the prompt, against the package on milexec: an fp32 package as declared
+    # (its fp16 KV cache rounds at its casts, in the asset too); an fp16 one in float32 (the
+    # asset's compute), which the asset's casts to fp16 still round, hence the wider limit.
+    exact = PRECISION[compress] == "fp32"
+    on_milexec, on_core_ai = Session(package, engine="milexec"), Session(asset)
+    got_logits = on_core_ai.feed(prompt)
+    want_logits = (on_milexec if exact else Session(package, engine="milexec", precision_model="float32")).feed(prompt)
+    scale = float(np.max(np.abs(want_logits)))
+    limit = 1e-4 if exact else 1e-2
+    assert float(np.max(np.abs(got_logits - want_logits))) <= limit * scale
+    on_milexec.reset()
+    on_core_ai.reset()
+    assert on_core_ai.generate(prompt, 8) == on_milexec.generate(prompt, 8)
     capsys.readouterr()
     assert main(["generate", str(package), "--chat", "--prompt", QUESTION, "-n", "8", "-q", "--engine", "milexec"]) == 0
     want_text = capsys.readouterr().out
@@ -125,12 +155,8 @@ def test_inspect_shows_the_assets_entry_points(converted: dict[str | None, tuple
     assert summary["program_bytes"] > 0 and "tokenizer.json" in summary["text_files"]
 
 
-def test_checkpoint_api_writes_an_asset(converted: dict[str | None, tuple[Path, Path]], tmp_path: Path) -> None:
-    from rlx_mil.llm.package import convert_llm_checkpoint
-
-    _, package = converted[None]
-    asset = tmp_path / "api.aimodel"
-    convert_llm_checkpoint(package.parent / "tiny-chat", asset, max_context=32, prefill=[8], precision="fp32")
-    assert (asset / "rlx_mil_text" / "tokenizer.json").is_file() and not list(tmp_path.glob(".rlx_mil_convert_*"))
-    prompt = [3, 17, 5, 9]
-    assert Session(asset).generate(prompt, 6) == Session(package, engine="milexec").generate(prompt, 6)
+def test_the_api_asset_carries_the_text_files(converted: dict[str | None, tuple[Path, Path]]) -> None:
+    asset, _ = converted[None]
+    assert asset.name == "plain.aimodel"  # format="aimodel" named it
+    assert (asset / "rlx_mil_text" / "tokenizer.json").is_file()
+    assert not list(asset.parent.glob(".rlx_mil_convert_*"))

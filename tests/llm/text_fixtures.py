@@ -76,14 +76,17 @@ def write_wordpiece_tokenizer(folder: Path, vocab_size: int = 96) -> Path:
     return folder
 
 
-def chat_checkpoint(folder: Path, kind: str = "bpe", family: str = "qwen3", seed: int = 3) -> Path:
-    """A tiny random decoder with a real tokenizer folder, a generation config and a model card."""
+def chat_checkpoint(folder: Path, kind: str = "bpe", family: str = "qwen3", seed: int = 3, layers: int | None = None) -> Path:
+    """A tiny random decoder with a real tokenizer folder, a generation config and a model card
+    (`layers`: its decoder layers, default the tiny config's)."""
     from tokenizers import Tokenizer
 
     tokenizer_dir = folder / "_tok"
     (write_bpe_tokenizer if kind == "bpe" else write_wordpiece_tokenizer)(tokenizer_dir)
     vocab = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
     config: dict[str, Any] = {**TINY_CONFIGS[family], "vocab_size": vocab, "_name_or_path": "acme/tiny-chat"}
+    if layers is not None:
+        config["num_hidden_layers"] = layers
     write_random_checkpoint(folder, config, seed=seed)
     for path in tokenizer_dir.iterdir():
         path.rename(folder / path.name)

@@ -1,0 +1,148 @@
+"""`format=` on the conversion API and `--format` / `--verify --engine coreai` on the convert
+commands: a model converted with `format="aimodel"` saves as a Core AI asset (a path without a
+suffix gets `.aimodel`); a format contradicting the path's suffix is a typed error naming both;
+`--verify --engine coreai` checks the package through Apple's runtime against the NumPy
+reference (and fails when the runtime's numbers are off); without the extra, the error names
+the option that asked for Core AI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("coreai", reason="needs the coreai extra: pip install -e \".[coreai]\" (Python >= 3.11)")
+
+import rlx_mil
+from rlx_mil.cli import main
+from rlx_mil.coreai.asset import AssetProgram
+from rlx_mil.errors import CoreAIUnavailableError, InvalidOptionError
+from rlx_mil.ir.graph import Graph
+
+ROWS, SIDE = 4, 8
+
+
+def _graph(name: str = "g", rows: int = ROWS) -> Graph:
+    g = Graph(name)
+    x = g.input("x", [rows, SIDE])
+    g.set_outputs([g.relu(g.matmul(x, g.param("w", [SIDE, SIDE])), name="y")])
+    return g
+
+
+@pytest.fixture(scope="module")
+def params() -> dict[str, np.ndarray]:
+    return {"w": np.random.default_rng(1).standard_normal((SIDE, SIDE)).astype(np.float32)}
+
+
+@pytest.fixture(scope="module")
+def model(params: dict[str, np.ndarray]) -> object:
+    return rlx_mil.convert(_graph(), params, precision="fp32", format="aimodel")
+
+
+def test_a_model_converted_for_core_ai_saves_as_an_asset(model: object, params: dict[str, np.ndarray],
+                                                        tmp_path: Path) -> None:
+    asset = rlx_mil.save(model, tmp_path / "plain")  # type: ignore[arg-type]
+    assert asset == tmp_path / "plain.aimodel" and asset.is_dir()
+    x = np.random.default_rng(2).standard_normal((ROWS, SIDE)).astype(np.float32)
+    with AssetProgram(asset) as program:
+        got = program.run({"x": x})["y"]
+    np.testing.assert_allclose(got, np.maximum(x @ params["w"], 0), rtol=1e-5, atol=1e-5)
+    # The remembered format against the other suffix: typed, naming both; an explicit format wins.
+    with pytest.raises(InvalidOptionError, match=r"format='aimodel'.*other\.mlpackage"):
+        rlx_mil.save(model, tmp_path / "other.mlpackage")  # type: ignore[arg-type]
+    assert not (tmp_path / "other.mlpackage").exists()
+    assert rlx_mil.save(model, tmp_path / "other.mlpackage", format="mlpackage").is_dir()  # type: ignore[arg-type]
+    with pytest.raises(InvalidOptionError, match=r"format='mlpackage'.*'\.aimodel'"):
+        rlx_mil.save(model, tmp_path / "x.aimodel", format="mlpackage")  # type: ignore[arg-type]
+
+
+def test_bad_formats_are_refused_before_converting(params: dict[str, np.ndarray], tmp_path: Path) -> None:
+    with pytest.raises(InvalidOptionError, match="format must be one of"):
+        rlx_mil.convert(_graph(), params, format="onnx")
+    with pytest.raises(InvalidOptionError, match=r"format='aimodel'.*'\.mlpackage'"):
+        rlx_mil.convert_functions({"a": _graph("a")}, params, path=tmp_path / "f.mlpackage", format="aimodel")
+    assert not list(tmp_path.iterdir())
+
+
+def test_convert_functions_writes_one_asset_per_format(params: dict[str, np.ndarray], tmp_path: Path) -> None:
+    rlx_mil.convert_functions({"a": _graph("a"), "b": _graph("b", rows=2)}, params, precision="fp32",
+                              path=tmp_path / "two", format="aimodel")
+    x = np.ones((2, SIDE), np.float32)
+    with AssetProgram(tmp_path / "two.aimodel") as program:
+        assert set(program.entries) == {"a", "b"}
+        np.testing.assert_allclose(program.run({"x": x}, function_name="b")["y"], np.maximum(x @ params["w"], 0),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_missing_extra_names_what_asked_for_it(monkeypatch: pytest.MonkeyPatch, params: dict[str, np.ndarray],
+                                               tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlx_mil.coreai import adapter
+
+    monkeypatch.setattr(adapter, "available", lambda: False)
+    with pytest.raises(CoreAIUnavailableError, match=r"format='aimodel' needs Apple's Core AI.*pip install"):
+        rlx_mil.convert(_graph(), params, format="aimodel")
+    graph = tmp_path / "g.json"
+    _graph().to_json_file(graph)
+    capsys.readouterr()
+    assert main(["convert", str(graph), "-o", str(tmp_path / "g.mlpackage"), "--verify", "--engine", "coreai"]) == 1
+    err = capsys.readouterr().err
+    assert "--verify --engine coreai needs Apple's Core AI" in err and 'pip install -e ".[coreai]"' in err
+    assert not (tmp_path / "g.mlpackage").exists()  # refused before converting
+
+
+@pytest.fixture(scope="module")
+def graph_files(tmp_path_factory: pytest.TempPathFactory, params: dict[str, np.ndarray]) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("graph")
+    _graph().to_json_file(folder / "g.json")
+    np.savez(folder / "w.npz", **params)  # type: ignore[arg-type]
+    return folder / "g.json", folder / "w.npz"
+
+
+def test_cli_verify_engine_coreai(graph_files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    graph, weights = graph_files
+    argv = ["convert", str(graph), "--params", str(weights), "--precision", "fp32", "--verify", "--engine", "coreai"]
+    capsys.readouterr()
+    assert main([*argv, "-o", str(tmp_path / "a.mlpackage")]) == 0
+    out = capsys.readouterr().out
+    assert "the package on Apple's Core AI runtime (fp32 compute) vs the NumPy reference" in out
+    assert "check y:" in out and " ok" in out
+    # The check compares real numbers: a runtime answering wrongly fails it.
+    import rlx_mil.coreai.engine as engine
+
+    real = engine.run
+    monkeypatch.setattr(engine, "run", lambda *a, **k: {n: v + 1.0 for n, v in real(*a, **k).items()})
+    assert main([*argv, "-o", str(tmp_path / "b.mlpackage")]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["-o", "{d}/x.mlpackage", "--format", "aimodel"], r"--format='aimodel' contradicts the output's suffix"),
+    (["-o", "{d}/x.aimodel", "--format", "mlpackage"], r"--format='mlpackage' contradicts the output's suffix"),
+    (["-o", "{d}/x.mlpackage", "--engine", "coreai"], r"--engine coreai says what runs --verify's checks"),
+])
+def test_cli_refuses_contradictions_up_front(graph_files: tuple[Path, Path], tmp_path: Path, extra: list[str],
+                                             message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    graph, weights = graph_files
+    capsys.readouterr()
+    argv = [a.format(d=tmp_path) for a in extra]
+    assert main(["convert", str(graph), "--params", str(weights), *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rlx-mil convert: error:")
+    import re
+
+    assert re.search(message, err), err
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_format_aimodel_without_suffix_verifies_the_asset(graph_files: tuple[Path, Path], tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    graph, weights = graph_files
+    capsys.readouterr()
+    assert main(["convert", str(graph), "--params", str(weights), "-o", str(tmp_path / "m"), "--format", "aimodel",
+                 "--verify"]) == 0  # fp16 package: the asset (fp32 compute) is held to the fp16 tolerance
+    out = capsys.readouterr().out
+    assert "the asset on Apple's Core AI runtime against the package on the MIL executor" in out
+    assert "fp16 package; ok" in out
+    assert [p.name for p in tmp_path.iterdir()] == ["m.aimodel"]
