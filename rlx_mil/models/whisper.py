@@ -21,11 +21,14 @@ The projections are `x @ W.T (+ b)` on the stored `[out, in]` weights; the Neura
 
 from __future__ import annotations
 
+import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from rlx_mil.coreml.preflight_rules import ANE_MAX_DIM
 from rlx_mil.errors import AmbiguousLayoutWarning, InvalidOptionError
 from rlx_mil.ir import Graph
 from rlx_mil.models.graph_builder import WeightGraph
@@ -214,6 +217,65 @@ def build_audio_encoder(spec: WhisperSpec, name: str = "AudioEncoder", *,
     return g, b.expected
 
 
+def vocab_pieces(vocab: int, widest: int = ANE_MAX_DIM) -> list[tuple[int, int]]:
+    """(start, rows) of the fewest near-equal pieces of at most `widest` rows a `vocab`-row
+    token table is cut into (Whisper's 51,865: four of 12,967 or fewer)."""
+    count = -(-vocab // widest)
+    rows = -(-vocab // count)
+    return [(start, min(rows, vocab - start)) for start in range(0, vocab, rows)]
+
+
+TOKEN_TABLE = "model.decoder.embed_tokens.weight"
+_ROWS = re.compile(r"^(?P<name>.+)\[(?P<start>\d+):(?P<stop>\d+)\]$")
+
+
+def rows_name(name: str, start: int, stop: int) -> str:
+    """The param name of rows start..stop of the tensor `name` (a view of it, never a copy:
+    `rlx_mil.models.whisper_checkpoint.ParamsOf` reads it)."""
+    return f"{name}[{start}:{stop}]"
+
+
+def parse_rows_name(name: str) -> tuple[str, int, int] | None:
+    """(tensor, start, stop) of a `rows_name`, else None."""
+    found = _ROWS.match(name)
+    return None if found is None else (found["name"], int(found["start"]), int(found["stop"]))
+
+
+def tied_embedding_and_head(b: _WhisperGraph, ids: int, name: str = "model.decoder") -> tuple[int, Callable[[int], list[int]]]:
+    """The token embedding of `ids` ([1] int32) and the tied LM head (hidden [1, 1, d_model] ->
+    the logits [1, 1, rows] of each piece, in order) over the token table cut into
+    `vocab_pieces`, each piece a param of its own (`rows_name`: a view of the table's rows): no
+    tensor but the logits themselves is wider than the Neural Engine's 16,384, and the table is
+    still stored once (each piece is read by the lookup and by the head). A token's row comes
+    from the piece holding it: each piece looks up the clamped index and keeps the row only
+    where the index was in range."""
+    g, vocab, width = b.g, b.spec.vocab_size, b.spec.d_model
+    pieces = vocab_pieces(vocab)
+    if len(pieces) == 1:
+        table = b.weight(TOKEN_TABLE, (vocab, width))
+        return (g.gather(table, ids, name=f"{name}.token"),
+                lambda x: [g.matmul(x, g.transpose(table, [1, 0], name="lm_head.weight_t"), name="lm_head")])
+    zero = g.constant(np.zeros((1, width), np.float32), name=f"{name}.token.zero")
+    parts, rows = [], None
+    for j, (start, count) in enumerate(pieces):
+        part = b.weight(rows_name(TOKEN_TABLE, start, start + count), (count, width))
+        parts.append(part)
+        local = g.sub(ids, g.constant(np.array([start], np.int32), name=f"{name}.token.{j}.start"), name=f"{name}.token.{j}.local")
+        index = g.minimum(g.maximum(local, g.constant(np.array([0], np.int32), name=f"{name}.token.{j}.first"),
+                                    name=f"{name}.token.{j}.low"),
+                          g.constant(np.array([count - 1], np.int32), name=f"{name}.token.{j}.last"), name=f"{name}.token.{j}.index")
+        inside = g.reshape(g.eq_(index, local, name=f"{name}.token.{j}.inside"), [1, 1], name=f"{name}.token.{j}.inside_2d")
+        row = g.where_(inside, g.gather(part, index, name=f"{name}.token.{j}.row"), zero, name=f"{name}.token.{j}.kept")
+        rows = row if rows is None else g.add(rows, row, name=f"{name}.token.{j}.sum")
+    assert rows is not None
+
+    def head(x: int) -> list[int]:
+        return [g.matmul(x, g.transpose(part, [1, 0], name=f"lm_head.{j}.weight_t"), name=f"lm_head.{j}")
+                for j, part in enumerate(parts)]
+
+    return rows, head
+
+
 def check_cache_len(spec: WhisperSpec, cache_len: int) -> None:
     if isinstance(cache_len, bool) or not isinstance(cache_len, int) or not 1 <= cache_len <= spec.max_target_positions:
         raise InvalidOptionError(f"cache_len must be an integer in [1, max_target_positions = {spec.max_target_positions}],"
@@ -234,10 +296,9 @@ def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecod
     update_mask = g.input("kv_cache_update_mask", [1, s], "i32")
     encoded = float_input(g, "encoder_output_embeds", [1, e, 1, n], fp16_io)
     padding = float_input(g, "decoder_key_padding_mask", [1, s], fp16_io)
-    tokens = b.weight("model.decoder.embed_tokens.weight", (spec.vocab_size, e))
     positions = b.weight("model.decoder.embed_positions.weight", (spec.max_target_positions, e))
-    x = g.add(g.gather(tokens, ids, name="model.decoder.token"), g.gather(positions, position, name="model.decoder.position"),
-              name="model.decoder.embed")
+    token, head = tied_embedding_and_head(b, ids)
+    x = g.add(token, g.gather(positions, position, name="model.decoder.position"), name="model.decoder.embed")
     x = g.reshape(x, [1, 1, e], name="model.decoder.hidden")
     enc = b.sequence_major(encoded, n, "model.decoder.encoder_states")
     update = g.reshape(g.cast(update_mask, "f32", name="kv_cache_update_mask_float"), [1, s, 1], name="update_mask")
@@ -257,8 +318,12 @@ def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecod
         a, _, _ = b.attention(h, enc, f"{p}.encoder_attn", spec.decoder_heads, 1, n)
         x = b.feed_forward(g.add(x, a, name=f"{p}.cross_residual"), p, spec.decoder_ffn_dim)
     x = b.layer_norm(x, "model.decoder.layer_norm")
-    logits = g.matmul(x, g.transpose(tokens, [1, 0], name="lm_head.weight_t"), name="lm_head")
-    outputs = [float_output(g, logits, "logits", fp16_io)]
+    pieces = head(x)
+    if len(pieces) == 1:
+        outputs = [float_output(g, pieces[0], "logits", fp16_io)]
+    else:  # narrowed piece by piece: the concatenation is the output, no other tensor is as wide
+        narrowed = [g.cast(p, "f16", name=f"lm_head.{j}.f16") if fp16_io else p for j, p in enumerate(pieces)]
+        outputs = [g.concat(narrowed, 2, name="logits")]
     for parts, out_name in ((key_updates, "key_cache_updates"), (value_updates, "value_cache_updates")):
         stacked = parts[0] if len(parts) == 1 else g.concat(parts, 1, name=f"{out_name}.stacked")
         outputs.append(float_output(g, stacked, out_name, fp16_io))

@@ -24,7 +24,7 @@ from rlx_mil.models.checkpoint import Checkpoint, ModelParams, pattern_matcher
 from rlx_mil.models.ct2_file import CT2File
 from rlx_mil.models.families import model_spec
 from rlx_mil.models.hf_config import MAX_CONFIG_BYTES, read_json_file
-from rlx_mil.models.whisper import IGNORED_TENSORS, WhisperSpec, sinusoids
+from rlx_mil.models.whisper import IGNORED_TENSORS, WhisperSpec, parse_rows_name, sinusoids
 
 #: Files a Whisper folder's tokenizer is made of (copied beside the packages when present).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
@@ -396,6 +396,10 @@ class ParamsOf(Mapping[str, np.ndarray]):
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._set:
             raise KeyError(name)
+        rows = parse_rows_name(name)
+        if rows is not None:  # a piece of a tensor (`rows_name`): a view of its rows
+            tensor, start, stop = rows
+            return self._params[tensor][start:stop]
         return self._params[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -408,9 +412,17 @@ class ParamsOf(Mapping[str, np.ndarray]):
         return name in self._set
 
     def shape_of(self, name: str) -> tuple[int, ...]:
+        rows = parse_rows_name(name)
+        if rows is not None and name in self._set:
+            tensor, start, stop = rows
+            meta = getattr(self._params, "shape_of", None)
+            whole = tuple(meta(tensor)) if meta is not None else tuple(np.shape(self._params[tensor]))
+            return (stop - start, *whole[1:])
         meta = getattr(self._params, "shape_of", None)
         return tuple(meta(name)) if meta is not None else tuple(np.shape(self[name]))
 
     def dtype_of(self, name: str) -> np.dtype[Any]:
+        rows = parse_rows_name(name)
+        tensor = rows[0] if rows is not None and name in self._set else name
         meta = getattr(self._params, "dtype_of", None)
-        return np.dtype(meta(name)) if meta is not None else np.asarray(self[name]).dtype
+        return np.dtype(meta(tensor)) if meta is not None else np.asarray(self[name]).dtype
