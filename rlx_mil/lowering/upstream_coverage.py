@@ -73,15 +73,16 @@ REFUSED: dict[str, str] = {
         " exactly are read as it: `onnx.ScatterND` (3 inputs; ScatterNd, reduction = attrs[0..4] as a"
         " little-endian i32: 0 none, 1 add, 2 mul, 3 max, 4 min), `onnx.Mod` (Binary Mod), `onnx.IsNaN`"
         " (x != x), `onnx.GatherND` and `onnx.GatherElements` (GatherNd / GatherElements on the indices"
-        " clamped as their kernels clamp them) and `onnx.OneHot` (Compare / Where on the declared depth)."
-        " Refused by name: its `collective.*` ops (host transport over a process group not in the"
+        " clamped as their kernels clamp them), `onnx.OneHot` (Compare / Where on the declared depth) and"
+        " `onnx.CumProd` (CumProd, Reverse for its reverse flag; an axis operand read at run time is"
+        " refused). Refused by name: its `collective.*` ops (host transport over a process group not in the"
         " graph); `onnx.NonZero` (output length depends on the values); the TTS alignment helpers"
         " `onnx.ConcatFromSequence`, `onnx.KittenConcatFromSequence`, `onnx.ExpandI64Align`,"
         " `onnx.AlignmentRange`, `onnx.VocoderWaveformSlice` (I64 durations and frame counts read at run"
-        " time); `onnx.ScatterElements`, `onnx.CumProd`, `onnx.Einsum` are not read yet (the"
-        " ScatterElements kernel zeroes non-finite data and picks its layout from the index count, where"
-        " the IR's op differs; the other two have no IR op of their own); every other name is refused by"
-        " name"
+        " time); `onnx.ScatterElements` and `onnx.Einsum` are not read yet (the ScatterElements kernel"
+        " zeroes non-finite data and picks its layout from the index count, where the IR's op differs;"
+        " Einsum has no IR op and its equation parser would have to be matched); every other name is"
+        " refused by name"
     ),
 }
 

@@ -216,3 +216,57 @@ def test_onnx_one_hot_fills_as_upstreams_kernel(axis: int, dtype: str, seed: int
     short[3] = {**nodes[3], "inputs": [0, 1]}
     with pytest.raises(UnsupportedOpFormatError, match="takes 3 inputs"):
         graph_from_json(json.dumps({"name": "g", "nodes": short, "outputs": [3]}))
+
+
+def _upstream_cumprod(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
+    """rlx-cpu's `cumprod`, transcribed (a running product in float32, step by step)."""
+    moved = np.moveaxis(x, axis, 0)
+    out = np.empty_like(moved)
+    running = np.ones(moved.shape[1:], x.dtype)
+    for step in range(moved.shape[0]):
+        k = moved.shape[0] - 1 - step if reverse else step
+        if exclusive:
+            out[k], running = running, running * moved[k]
+        else:
+            running = running * moved[k]
+            out[k] = running
+    return np.moveaxis(out, 0, axis)
+
+
+@settings(max_examples=4, deadline=None)
+@given(axis=st.integers(-4, 3), exclusive=st.booleans(), reverse=st.booleans(), axis_input=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_onnx_cum_prod_scans_as_upstreams_kernel(axis: int, exclusive: bool, reverse: bool, axis_input: bool,
+                                                 seed: int) -> None:
+    dims = [2, 3, 4]
+    attrs = [*(0 if axis_input else axis).to_bytes(4, "little", signed=True), int(exclusive), int(reverse)]
+
+    def node(i: int, op: object, inputs: list[int], shape: list[int], dt: str, name: str | None = None) -> dict:
+        return {"id": i, "op": op, "inputs": inputs, "name": name, "origin": None,
+                "shape": {"dims": [{"Static": d} for d in shape], "dtype": dt}}
+
+    nodes = [node(0, {"Input": {"name": "x"}}, [], dims, "F32")]
+    if axis_input:  # the kernel prefers an I64 axis operand over the attrs
+        nodes.append(node(1, {"Constant": {"data": list(axis.to_bytes(8, "little", signed=True))}}, [], [1], "I64"))
+    nodes.append(node(len(nodes), {"Custom": {"name": "onnx.CumProd", "num_inputs": len(nodes), "attrs": attrs}},
+                      list(range(len(nodes))), dims, "F32", "out"))
+    g = graph_from_json(json.dumps({"name": "g", "nodes": nodes, "outputs": [len(nodes) - 1]}))
+    x = np.random.default_rng(seed).uniform(-2, 2, size=dims).astype(np.float32)
+    ax = min(max(axis + 3 if axis < 0 else axis, 0), 2)
+    want = _upstream_cumprod(x, ax, exclusive, reverse)
+    np.testing.assert_allclose(reference.evaluate(g, {"x": x})["out"], want, rtol=1e-6)
+    got = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), {"x": x})["out"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_onnx_cum_prod_axis_read_at_run_time_is_refused() -> None:
+    nodes = [
+        {"id": 0, "op": {"Input": {"name": "x"}}, "inputs": [], "name": None, "origin": None,
+         "shape": {"dims": [{"Static": 3}], "dtype": "F32"}},
+        {"id": 1, "op": {"Input": {"name": "axis"}}, "inputs": [], "name": None, "origin": None,
+         "shape": {"dims": [{"Static": 1}], "dtype": "I64"}},
+        {"id": 2, "op": {"Custom": {"name": "onnx.CumProd", "num_inputs": 2, "attrs": []}}, "inputs": [0, 1],
+         "name": None, "origin": None, "shape": {"dims": [{"Static": 3}], "dtype": "F32"}},
+    ]
+    with pytest.raises(UnsupportedOpFormatError, match="axis from input 1 at run time"):
+        graph_from_json(json.dumps({"name": "g", "nodes": nodes, "outputs": [2]}))

@@ -16,7 +16,11 @@ names whose host kernel is an IR op exactly, as that op (docs/upstream-ops-3.md)
 * `onnx.OneHot` (3 inputs: indices, depth, values) -> `values[1]` where the index (truncated to
   i64, `+ depth` when negative) equals its position along the new axis, else `values[0]`: depth
   is the declared output's size on that axis (attrs[0..4], default -1, counted from the end of
-  the output's rank), as the kernel takes it; an index still outside `[0, depth)` is all off.
+  the output's rank), as the kernel takes it; an index still outside `[0, depth)` is all off;
+* `onnx.CumProd` (1 or 2 inputs) -> CumProd, between two Reverses when attrs[5] (reverse) is set,
+  exclusive = attrs[4]; the axis is input 1 when it is an I64 tensor (a Constant: one read at run
+  time is refused), else attrs[0..4] (default 0), counted from the end when negative and clamped
+  into the rank, as the kernel reads it.
 
 Every other name is refused by name."""
 
@@ -28,12 +32,13 @@ from typing import ClassVar
 
 from rlx_mil.errors import UnsupportedOpFormatError
 from rlx_mil.ir.dtype import DType
-from rlx_mil.ir.node import NodeOrigin
+from rlx_mil.ir.node import Node, NodeOrigin
 from rlx_mil.ir.op_base import Op
 from rlx_mil.ir.ops.elementwise import Binary, BinaryOp, Cast, CmpOp, Compare, Where
 from rlx_mil.ir.ops.leaf import Constant
+from rlx_mil.ir.ops.reduce import CumProd
 from rlx_mil.ir.ops.scatter import GatherElements, GatherNd, ScatterNd, ScatterNdReduction
-from rlx_mil.ir.ops.shape import Narrow, Reshape
+from rlx_mil.ir.ops.shape import Narrow, Reshape, Reverse
 from rlx_mil.ir.serde.codecs import describe, fail, json_array
 from rlx_mil.ir.shape import Shape, Static
 
@@ -42,6 +47,7 @@ IS_NAN_NAME = "onnx.IsNaN"
 GATHER_ND_NAME = "onnx.GatherND"
 GATHER_ELEMENTS_NAME = "onnx.GatherElements"
 ONE_HOT_NAME = "onnx.OneHot"
+CUM_PROD_NAME = "onnx.CumProd"
 _REDUCTIONS = (ScatterNdReduction.NONE, ScatterNdReduction.ADD, ScatterNdReduction.MUL, ScatterNdReduction.MAX,
                ScatterNdReduction.MIN)
 
@@ -64,7 +70,22 @@ READ_AS: dict[str, tuple[int, Callable[[bytes, str], Op]]] = {
     GATHER_ELEMENTS_NAME: (2, lambda attrs, path: GatherElements(_i32(attrs, 0))),
     # `add_one_hot` builds the nodes; the op here only carries the axis attribute to it.
     ONE_HOT_NAME: (3, lambda attrs, path: OneHotAxis(_i32(attrs, -1))),
+    CUM_PROD_NAME: (1, lambda attrs, path: CumProdAttrs(_i32(attrs, 0), len(attrs) > 4 and attrs[4] != 0,
+                                                        len(attrs) > 5 and attrs[5] != 0)),
 }
+
+#: Names read with another input count as well (CumProd's axis may be an operand).
+OTHER_ARITIES = {CUM_PROD_NAME: 2}
+
+
+@dataclass(frozen=True)
+class CumProdAttrs(Op):
+    """The attrs of an `onnx.CumProd` node while it is read (never added to a graph)."""
+
+    type_name: ClassVar[str] = "onnx.CumProd"
+    axis: int
+    exclusive: bool
+    reverse: bool
 
 
 @dataclass(frozen=True)
@@ -83,7 +104,7 @@ def decode_custom(content: object, path: str) -> Op:
     name = content.get("name") if isinstance(content, dict) else None
     num_inputs = content.get("num_inputs") if isinstance(content, dict) else None
     reading = READ_AS.get(name) if isinstance(name, str) else None
-    if reading is None or num_inputs != reading[0]:
+    if reading is None or num_inputs not in (reading[0], OTHER_ARITIES.get(str(name))):
         known = ", ".join(f"{n!r} ({arity} inputs)" for n, (arity, _) in READ_AS.items())
         raise UnsupportedOpFormatError(
             f"{path}: upstream Custom op {name!r} ({describe(num_inputs)} inputs) is not supported by rlx_mil:"
@@ -179,3 +200,24 @@ def add_one_hot(add: Callable[..., int], operands: Sequence[Shape], attrs_axis: 
     hot = add(Compare(CmpOp.EQ), [column, positions])
     off, on = add(Narrow(0, 0, 1), [inputs[2]]), add(Narrow(0, 1, 1), [inputs[2]])
     return add(Where(), [hot, on, off], shape, name=name, origin=origin)
+
+
+def add_cum_prod(add: Callable[..., int], node_of: Callable[[int], Node], attrs: CumProdAttrs, inputs: Sequence[int],
+                 shape: Shape, path: str, name: str | None, origin: NodeOrigin | None) -> int:
+    """`onnx.CumProd` as rlx-cpu's kernel (`cumprod`) computes it."""
+    if len(inputs) not in (1, 2):
+        raise UnsupportedOpFormatError(f"{path}: {CUM_PROD_NAME} takes 1 or 2 inputs, got {len(inputs)}")
+    raw = attrs.axis
+    if len(inputs) == 2 and node_of(inputs[1]).shape.dtype is DType.I64:
+        axis_node = node_of(inputs[1])
+        if not isinstance(axis_node.op, Constant) or len(axis_node.op.data) < 8:
+            raise UnsupportedOpFormatError(
+                f"{path}: {CUM_PROD_NAME} reads its axis from input 1 at run time; only a Constant axis is read")
+        raw = int.from_bytes(axis_node.op.data[:8], "little", signed=True)
+    rank = max(len(node_of(inputs[0]).shape.dims), 1)
+    axis = min(max(raw + rank if raw < 0 else raw, 0), rank - 1)
+    x = inputs[0]
+    if not attrs.reverse:
+        return add(CumProd(axis, attrs.exclusive), [x], shape, name=name, origin=origin)
+    scanned = add(CumProd(axis, attrs.exclusive), [add(Reverse((axis,)), [x])])
+    return add(Reverse((axis,)), [scanned], shape, name=name, origin=origin)
