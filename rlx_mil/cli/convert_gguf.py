@@ -176,7 +176,8 @@ def run_stateful(args: argparse.Namespace) -> int:
         from rlx_mil.cli.quality import verify_quality
 
         return (verify_stateful_command(args.model, args.output, args.precision, info.metadata, loader=from_gguf,
-                                        quiet=args.quiet, engine=args.engine) or verify_quality(args, quality))
+                                        quiet=args.quiet, engine=args.engine, codes=getattr(result, "rlx_mil_codes", None))
+                or verify_quality(args, quality))
     return 0
 
 

@@ -519,7 +519,7 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any], max_
     write_report(args, info.metadata, quality)
     if args.verify:
         return (verify_stateful_command(args.model_dir, args.output, args.precision, info.metadata, quiet=args.quiet,
-                                        engine=args.engine)
+                                        engine=args.engine, codes=getattr(result, "rlx_mil_codes", None))
                 or verify_quality(args, quality))
     return 0
 
@@ -555,7 +555,7 @@ def report_chunked(args: argparse.Namespace, model: Any, chunked: Any, seconds: 
 
 
 def verify_stateful_command(model: Any, package: Any, precision: str, metadata: Any, loader: Any = None,
-                            quiet: bool = False, engine: str = "milexec") -> int:
+                            quiet: bool = False, engine: str = "milexec", codes: Any = None) -> int:
     """`--verify` of a stateful package: tie-aware greedy steps against the reference, one line
     each, then what was compared; the exit code. `engine` runs the package: the MIL executor or
     Apple's Core AI runtime ("coreai")."""
@@ -581,7 +581,7 @@ def verify_stateful_command(model: Any, package: Any, precision: str, metadata: 
     progress.begin(f"verify: opening the package on {where}", unit=" weights")
     comparison = verify_stateful(
         model, package, None, VERIFY_STEPS, precision=precision, compression=report_of(metadata),
-        report=step, loader=loader, engine=engine,
+        report=step, loader=loader, engine=engine, codes=codes,
         opened=lambda: progress.begin("verify: greedy steps", total=VERIFY_STEPS, unit=" steps"),
     )
     progress.end(f"{len(comparison.steps)} steps")

@@ -45,15 +45,18 @@ __all__ = [
 ]
 
 
-def dequantized_params(params: Mapping[str, Any], model_or_report: Any, codes: Mapping[str, Any] | None = None) -> DequantizedParams:
+def dequantized_params(params: Mapping[str, Any], model_or_report: Any, codes: Mapping[str, Any] | None = None,
+                       remember: dict[str, Any] | None = None) -> DequantizedParams:
     """`params` as the compressed model sees them: each compressed weight dequantized (on
     access, one at a time), the others unchanged. Evaluating the reference with these makes
     verification of a compressed package exact. `codes` (a conversion's own, e.g. the
-    `rlx_mil_codes` a multifunction model carries) are decoded instead of encoding again."""
+    `rlx_mil_codes` a multifunction model carries) are decoded instead of encoding again;
+    without them, weights encoded here are kept in `remember` (when given) for the next
+    call with the same dict."""
     report = model_or_report if isinstance(model_or_report, CompressionReport) else report_of(model_or_report)
     if report is None:
         raise CompressionError("the model carries no compression report (was it converted with compress=...?)")
-    return DequantizedParams(params, report, codes)
+    return DequantizedParams(params, report, codes, remember)
 
 
 def measure_output_error(

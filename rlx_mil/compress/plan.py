@@ -545,9 +545,14 @@ class DequantizedParams(Mapping[str, np.ndarray]):
     def __init__(
         self, params: Mapping[str, Any], report: CompressionReport,
         codes: Mapping[str, LinearCodes | PaletteCodes | LutScaleCodes] | None = None,
+        remember: dict[str, Any] | None = None,
     ) -> None:
         self._params = params
-        self._codes = codes or {}
+        #: Codes encoded here go into `remember` (and are decoded from it next time): a weight
+        #: read twice (the reference reads each param more than once per run, and --verify
+        #: builds a new graph per step) is encoded once. Codes are a fraction of the weight.
+        self._remember = remember if remember is not None else {}
+        self._codes = codes if codes is not None else self._remember
         self._prequantized = carried_weights(params)
         self._precision = Precision.parse(report.precision)
         self._target = Target.parse(report.target)
@@ -578,10 +583,10 @@ class DequantizedParams(Mapping[str, np.ndarray]):
         scheme = parse_scheme(entry.scheme)
         assert scheme is not None
         arr = np.asarray(value)
-        if entry.layout == "kn":
-            matrix = arr.reshape(arr.shape[-2:])
-            return encode(matrix.T, scheme, self._precision, name).dequantize().T.reshape(arr.shape)
-        return encode(arr, scheme, self._precision, name).dequantize()
+        codes = encode(arr.reshape(arr.shape[-2:]).T if entry.layout == "kn" else arr, scheme, self._precision, name)
+        self._remember[name] = codes
+        back = codes.dequantize()
+        return back.T.reshape(arr.shape) if entry.layout == "kn" else back
 
     def __contains__(self, name: object) -> bool:  # without decoding the weight (Mapping's would)
         return name in self._params

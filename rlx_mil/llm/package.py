@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,11 +167,13 @@ def _save_asset(model: Any, output: Path, overwrite: bool) -> None:
 
 def reference_logits(
     model_dir: str | os.PathLike[str], tokens: Sequence[int], compression: Any = None, loader: Any = None,
+    codes: dict[str, Any] | None = None,
 ) -> Any:
     """Last-position logits `[vocab]` of the checkpoint's plain (stateless) graph over `tokens`,
     run by the NumPy reference. `compression` (the package's `CompressionReport`) makes the
     reference use the dequantized weights; `loader` builds the graph and params instead of
-    `from_pretrained` (same signature)."""
+    `from_pretrained` (same signature). `codes`: the weights' codes by name, decoded instead of
+    encoding the weights; those encoded here are added to it (a later call encodes none again)."""
     import numpy as np
 
     from rlx_mil.models.pretrained import from_pretrained
@@ -181,7 +183,7 @@ def reference_logits(
     if compression is not None:
         from rlx_mil.compress import dequantized_params
 
-        params = dequantized_params(params, compression)
+        params = dequantized_params(params, compression, remember=codes)
     logits = evaluate(graph, {"input_ids": np.asarray([list(tokens)], np.int32)}, params)["logits"]
     return logits.reshape(-1, logits.shape[-1])[-1]
 
@@ -194,8 +196,9 @@ def reference_greedy(
     import numpy as np
 
     tokens = list(prompt)
+    kept: dict[str, Any] = {}  # each compressed weight encoded once, not once per step
     for _ in range(steps):
-        tokens.append(int(np.argmax(reference_logits(model_dir, tokens, compression, loader))))
+        tokens.append(int(np.argmax(reference_logits(model_dir, tokens, compression, loader, kept))))
     return tokens[len(prompt):]
 
 
@@ -212,6 +215,7 @@ def verify_stateful(
     loader: Any = None,
     opened: Callable[[], None] | None = None,
     engine: str = "milexec",
+    codes: Mapping[str, Any] | None = None,
 ) -> Any:
     """Greedy generation of `package` on the MIL executor (`engine="coreai"`: Apple's Core AI
     runtime, fp32 compute) against the checkpoint's reference,
@@ -219,8 +223,8 @@ def verify_stateful(
     each step compares the package's logits with the reference's over the whole sequence, then
     both go on with the reference's token (`prompt` None: 5 ids spread over the vocabulary).
     `opened` is called once the package is open on the executor, `report` with one line per
-    step. Returns the
-    `GreedyComparison`; it stops at the first step that fails."""
+    step; `codes` (the conversion's, by weight name) are decoded instead of encoding the
+    weights. Returns the `GreedyComparison`; it stops at the first step that fails."""
     import numpy as np
 
     from rlx_mil.llm.generate import Session
@@ -237,11 +241,14 @@ def verify_stateful(
         opened()
     if prompt is None:
         prompt = [1 + (7 * i) % (session.vocab - 1) for i in range(5)]
+    # Each step builds the graph anew; the compressed weights are encoded once (or come as the
+    # conversion's `codes`), not once per step.
+    kept: dict[str, Any] = dict(codes or {})
     comparison = GreedyComparison(f"{Path(package).name} ({mode}) after prompt {list(prompt)}")
     tokens = list(prompt)
     logits = session.feed(tokens)
     for step in range(1, steps + 1):
-        want = reference_logits(model_dir, tokens, compression, loader)
+        want = reference_logits(model_dir, tokens, compression, loader, kept)
         if not np.isfinite(logits).all() and np.isfinite(want).all():
             warn_nonfinite_logits(package, session, tokens, step)
         result = compare_greedy_step(step, logits, want, precision)

@@ -62,3 +62,34 @@ def test_stateful_package_compresses_shared_weights_once(tmp_path: Path, capsys:
     # One copy for both functions: int4 + an fp32 scale per 32 weights is 0.156 of the fp32
     # bytes, plus the float norm scales and blob headers.
     assert report.bytes_after < info.weight_bytes < 0.3 * report.bytes_before
+
+
+def test_verify_steps_encode_each_weight_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--verify's reference builds a graph per step; with the codes dict it carries between
+    steps a compressed weight is encoded on the first step only, and the logits are the same."""
+    from rlx_mil import api
+    from rlx_mil.compress import plan, report_of
+    from rlx_mil.llm.package import reference_logits
+
+    folder = write_random_checkpoint(tmp_path / "llama", TINY_CONFIGS["llama"])
+    graph, params = from_pretrained(folder, "prefill", seq_len=4)
+    report = report_of(api.convert(graph, params, compress="int4;min_size=0;check=off", precision="fp32"))
+    assert report is not None and report.weights
+    calls: list[str] = []
+    real = plan.encode
+
+    def counting(arr: np.ndarray, scheme: object, precision: object, name: str) -> object:
+        calls.append(name)
+        return real(arr, scheme, precision, name)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(plan, "encode", counting)
+    fresh = reference_logits(folder, [1, 2, 3], report)
+    once = len(calls)
+    assert once == len({w.name for w in report.weights})  # once per weight, though a run reads each twice
+    kept: dict[str, object] = {}
+    first = reference_logits(folder, [1, 2, 3], report, codes=kept)
+    second = reference_logits(folder, [1, 2, 3, 4], report, codes=kept)
+    assert len(calls) == 2 * once and len(kept) == once  # the second call encoded nothing
+    np.testing.assert_array_equal(first, fresh)
+    calls.clear()
+    np.testing.assert_array_equal(reference_logits(folder, [1, 2, 3, 4], report), second)
