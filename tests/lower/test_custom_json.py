@@ -6,6 +6,7 @@ are refused by name."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -56,7 +57,7 @@ def test_onnx_scatter_nd_custom_reads_as_scatter_nd(code: int, short: bool, seed
     {"name": "collective.all_reduce", "num_inputs": 1, "attrs": []},
     {"name": "onnx.ScatterND", "num_inputs": 2, "attrs": []},
     {"name": "onnx.ScatterND", "num_inputs": 3, "attrs": [5, 0, 0, 0]},
-    {"name": "onnx.Einsum", "num_inputs": 3, "attrs": []},
+    {"name": "onnx.NonZero", "num_inputs": 1, "attrs": []},
     {"name": "onnx.Mod", "num_inputs": 3, "attrs": []},
 ])
 def test_other_custom_ops_are_refused_by_name(custom: dict[str, object]) -> None:
@@ -270,3 +271,44 @@ def test_onnx_cum_prod_axis_read_at_run_time_is_refused() -> None:
     ]
     with pytest.raises(UnsupportedOpFormatError, match="axis from input 1 at run time"):
         graph_from_json(json.dumps({"name": "g", "nodes": nodes, "outputs": [2]}))
+
+
+@settings(max_examples=4, deadline=None)
+@given(equation=st.sampled_from(["ij,jk->ik", "bij,bjk->bik", "ij->ji", "ij,ij->", "i,j->ij", "ijk,kj", "bhqd,bhkd->bhqk",
+                                 "ij,jk,kl->li"]),
+       seed=st.integers(0, 2**16))
+def test_onnx_einsum_contracts_as_numpy_does(equation: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    size = dict(zip("bhijklqd", [2, 2, 3, 4, 2, 3, 2, 3], strict=True))
+    terms = equation.split("->")[0].split(",")
+    values = {f"x{i}": rng.standard_normal([size[c] for c in term]).astype(np.float32) for i, term in enumerate(terms)}
+    want = np.einsum(equation, *values.values())
+
+    def node(i: int, op: object, inputs: list[int], dims: Sequence[int], name: str | None = None) -> dict:
+        return {"id": i, "op": op, "inputs": inputs, "name": name, "origin": None,
+                "shape": {"dims": [{"Static": d} for d in dims], "dtype": "F32"}}
+
+    nodes = [node(i, {"Input": {"name": key}}, [], value.shape) for i, (key, value) in enumerate(values.items())]
+    nodes.append(node(len(nodes), {"Custom": {"name": "onnx.Einsum", "num_inputs": len(nodes),
+                                              "attrs": list(equation.encode())}}, list(range(len(nodes))), want.shape, "out"))
+    g = graph_from_json(json.dumps({"name": "g", "nodes": nodes, "outputs": [len(nodes) - 1]}))
+    np.testing.assert_allclose(reference.evaluate(g, values)["out"], want, rtol=1e-5, atol=1e-5)
+    got = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), values)["out"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("equation", "dims", "message"), [
+    ("ii->i", [[3, 3]], "repeats a label"),
+    ("ij,jk->ik", [[2, 3], [4, 2]], "sizes 3 and 4"),
+    ("...i->i", [[2, 3]], "ellipsis"),
+    ("ij->ik", [[2, 3]], "names one no input has"),
+])
+def test_onnx_einsum_refuses_what_it_cannot_spell(equation: str, dims: list[list[int]], message: str) -> None:
+    nodes = [{"id": i, "op": {"Input": {"name": f"x{i}"}}, "inputs": [], "name": None, "origin": None,
+              "shape": {"dims": [{"Static": d} for d in shape], "dtype": "F32"}} for i, shape in enumerate(dims)]
+    nodes.append({"id": len(nodes), "op": {"Custom": {"name": "onnx.Einsum", "num_inputs": len(nodes),
+                                                      "attrs": list(equation.encode())}},
+                  "inputs": list(range(len(nodes))), "name": None, "origin": None,
+                  "shape": {"dims": [{"Static": 3}], "dtype": "F32"}})
+    with pytest.raises(UnsupportedOpFormatError, match=message):
+        graph_from_json(json.dumps({"name": "g", "nodes": nodes, "outputs": [len(nodes) - 1]}))

@@ -20,7 +20,13 @@ names whose host kernel is an IR op exactly, as that op (docs/upstream-ops-3.md)
 * `onnx.CumProd` (1 or 2 inputs) -> CumProd, between two Reverses when attrs[5] (reverse) is set,
   exclusive = attrs[4]; the axis is input 1 when it is an I64 tensor (a Constant: one read at run
   time is refused), else attrs[0..4] (default 0), counted from the end when negative and clamped
-  into the rank, as the kernel reads it.
+  into the rank, as the kernel reads it;
+* `onnx.Einsum` (any number of inputs, the equation as the attrs' UTF-8 bytes) -> each operand
+  transposed and reshaped onto all the labels, the Mul of them, a Reduce Sum over the labels
+  the output drops, a Transpose to the output's order. The implicit output is the labels seen
+  once, sorted, as the kernel takes it. Refused by name: an ellipsis (the kernel refuses it too),
+  a label repeated within a term or the output (a diagonal), and a label whose sizes disagree
+  (the kernel's strides then read past an operand's data).
 
 Every other name is refused by name."""
 
@@ -36,9 +42,9 @@ from rlx_mil.ir.node import Node, NodeOrigin
 from rlx_mil.ir.op_base import Op
 from rlx_mil.ir.ops.elementwise import Binary, BinaryOp, Cast, CmpOp, Compare, Where
 from rlx_mil.ir.ops.leaf import Constant
-from rlx_mil.ir.ops.reduce import CumProd
+from rlx_mil.ir.ops.reduce import CumProd, Reduce, ReduceOp
 from rlx_mil.ir.ops.scatter import GatherElements, GatherNd, ScatterNd, ScatterNdReduction
-from rlx_mil.ir.ops.shape import Narrow, Reshape, Reverse
+from rlx_mil.ir.ops.shape import Narrow, Reshape, Reverse, Transpose
 from rlx_mil.ir.serde.codecs import describe, fail, json_array
 from rlx_mil.ir.shape import Shape, Static
 
@@ -48,6 +54,7 @@ GATHER_ND_NAME = "onnx.GatherND"
 GATHER_ELEMENTS_NAME = "onnx.GatherElements"
 ONE_HOT_NAME = "onnx.OneHot"
 CUM_PROD_NAME = "onnx.CumProd"
+EINSUM_NAME = "onnx.Einsum"
 _REDUCTIONS = (ScatterNdReduction.NONE, ScatterNdReduction.ADD, ScatterNdReduction.MUL, ScatterNdReduction.MAX,
                ScatterNdReduction.MIN)
 
@@ -79,6 +86,14 @@ OTHER_ARITIES = {CUM_PROD_NAME: 2}
 
 
 @dataclass(frozen=True)
+class EinsumEquation(Op):
+    """The equation of an `onnx.Einsum` node while it is read (never added to a graph)."""
+
+    type_name: ClassVar[str] = "onnx.Einsum"
+    equation: str
+
+
+@dataclass(frozen=True)
 class CumProdAttrs(Op):
     """The attrs of an `onnx.CumProd` node while it is read (never added to a graph)."""
 
@@ -103,19 +118,28 @@ def _i32(attrs: bytes, default: int) -> int:
 def decode_custom(content: object, path: str) -> Op:
     name = content.get("name") if isinstance(content, dict) else None
     num_inputs = content.get("num_inputs") if isinstance(content, dict) else None
+    if name == EINSUM_NAME and isinstance(content, dict):
+        try:
+            return EinsumEquation(_attrs_bytes(content, path).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise UnsupportedOpFormatError(f"{path}.attrs: the {EINSUM_NAME} equation is not UTF-8") from None
     reading = READ_AS.get(name) if isinstance(name, str) else None
     if reading is None or num_inputs not in (reading[0], OTHER_ARITIES.get(str(name))):
-        known = ", ".join(f"{n!r} ({arity} inputs)" for n, (arity, _) in READ_AS.items())
+        known = ", ".join([*(f"{n!r} ({arity} inputs)" for n, (arity, _) in READ_AS.items()), repr(EINSUM_NAME)])
         raise UnsupportedOpFormatError(
             f"{path}: upstream Custom op {name!r} ({describe(num_inputs)} inputs) is not supported by rlx_mil:"
             f" its meaning lives in upstream's run-time op registry; only {known} are read"
         )
     assert isinstance(content, dict)
+    return reading[1](_attrs_bytes(content, path), path)
+
+
+def _attrs_bytes(content: dict[str, object], path: str) -> bytes:
     attrs = json_array(content.get("attrs", []), f"{path}.attrs")
     raw = [b for b in attrs if type(b) is int and 0 <= b <= 255]
     if len(raw) != len(attrs):
         fail(f"{path}.attrs", f"expected byte values 0..255, got {describe(attrs)}")
-    return reading[1](bytes(raw), path)
+    return bytes(raw)
 
 
 def custom_operands(op_json: object, inputs: Sequence[int]) -> list[int]:
@@ -221,3 +245,44 @@ def add_cum_prod(add: Callable[..., int], node_of: Callable[[int], Node], attrs:
         return add(CumProd(axis, attrs.exclusive), [x], shape, name=name, origin=origin)
     scanned = add(CumProd(axis, attrs.exclusive), [add(Reverse((axis,)), [x])])
     return add(Reverse((axis,)), [scanned], shape, name=name, origin=origin)
+
+
+def add_einsum(add: Callable[..., int], operands: Sequence[Shape], equation: str, inputs: Sequence[int],
+               shape: Shape, path: str, name: str | None, origin: NodeOrigin | None) -> int:
+    """`onnx.Einsum` as a broadcast product over every label and a sum over the dropped ones."""
+
+    def refuse(why: str) -> UnsupportedOpFormatError:
+        return UnsupportedOpFormatError(f"{path}: {EINSUM_NAME} {equation!r}: {why}")
+
+    eq = "".join(equation.split())
+    if "..." in eq:
+        raise refuse("an ellipsis is not supported (nor by upstream's kernel)")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(inputs):
+        raise refuse(f"{len(terms)} terms for {len(inputs)} inputs")
+    sizes: dict[str, int] = {}
+    for term, operand in zip(terms, operands, strict=True):
+        if not operand.is_static or len(term) != len(operand.dims):
+            raise refuse(f"term {term!r} does not name each axis of the static {operand}")
+        if len(set(term)) != len(term):
+            raise refuse(f"term {term!r} repeats a label (a diagonal)")
+        for label, size in zip(term, operand.sizes(), strict=True):
+            if sizes.setdefault(label, size) != size:
+                raise refuse(f"label {label!r} has sizes {sizes[label]} and {size}")
+    counts = {label: sum(term.count(label) for term in terms) for label in sizes}
+    output = rhs if arrow else "".join(sorted(label for label, n in counts.items() if n == 1))
+    if len(set(output)) != len(output) or not set(output) <= set(sizes):
+        raise refuse(f"the output {output!r} repeats a label or names one no input has")
+    labels = sorted(sizes, key=lambda label: (label not in output, output.find(label), label))
+    product = None
+    for term, x in zip(terms, inputs, strict=True):
+        order = sorted(range(len(term)), key=lambda axis: labels.index(term[axis]))
+        if order != list(range(len(term))):
+            x = add(Transpose(tuple(order)), [x])
+        x = add(Reshape(tuple(sizes[label] if label in term else 1 for label in labels)), [x])
+        product = x if product is None else add(Binary(BinaryOp.MUL), [product, x])
+    assert product is not None
+    dropped = tuple(range(len(output), len(labels)))
+    summed = add(Reduce(ReduceOp.SUM, dropped, False), [product]) if dropped else product
+    return add(Reshape(tuple(sizes[label] for label in output)), [summed], shape, name=name, origin=origin)

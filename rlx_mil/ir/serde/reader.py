@@ -46,8 +46,10 @@ from rlx_mil.ir.serde.custom import (
     GATHER_ELEMENTS_NAME,
     GATHER_ND_NAME,
     CumProdAttrs,
+    EinsumEquation,
     OneHotAxis,
     add_cum_prod,
+    add_einsum,
     add_gather_elements,
     add_gather_nd,
     add_one_hot,
@@ -425,6 +427,9 @@ def _build_graph(document: object, root: str, state: _DecodeState) -> Any:
             if custom == GATHER_ND_NAME and isinstance(op, GatherNd) and len(inputs) == 2:
                 ids.append(add_gather_nd(graph.add_node, graph.nodes[inputs[0]].shape, graph.nodes[inputs[1]].shape,
                                          op, inputs, shape, node_name, origin))
+            elif isinstance(op, EinsumEquation):
+                ids.append(add_einsum(graph.add_node, [graph.nodes[i].shape for i in inputs], op.equation, inputs,
+                                      shape, f"nodes[{index}]", node_name, origin))
             elif isinstance(op, CumProdAttrs):
                 ids.append(add_cum_prod(graph.add_node, lambda i: graph.nodes[i], op, inputs, shape,
                                         f"nodes[{index}]", node_name, origin))
