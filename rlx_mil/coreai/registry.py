@@ -47,6 +47,9 @@ class Translator(Protocol):
     float_dtype: np.dtype
     state_of_var: dict[int, str]
     state_values: dict[str, Any]
+    #: MIL's symbolic dims (a loop body's slices at the loop counter) -> the static size the
+    #: translated value has (`RuleContext.in_shape` learns them; `out_shape` uses them).
+    symbols: dict[Any, int]
 
     def value(self, var: Any) -> Any: ...
 
@@ -125,14 +128,50 @@ class RuleContext:
         return [int(v) for v in np.asarray(self.const(name)).reshape(-1)]
 
     def in_shape(self, name: str) -> tuple[int, ...]:
-        return tuple(int(d) if isinstance(d, (int, np.integer)) else -1 for d in self.var(name).shape)
+        """Input `name`'s shape: as MIL declares it, except that a symbolic dim whose translated
+        value is static (a slice at a loop counter has a fixed extent) takes that size; the
+        symbol's size is remembered for the shapes MIL derived from it."""
+        var = self.var(name)
+        declared = self._resolved(var.shape)
+        if all(d >= 0 for d in declared) or isinstance(var, (tuple, list)):
+            return declared
+        try:
+            actual = adapter.shape_of(self.translator.value(var))
+        except CoreAITranslationError:
+            return declared
+        if len(actual) != len(declared) or any(a < 0 for a in actual) or any(
+                d >= 0 and d != a for d, a in zip(declared, actual, strict=True)):
+            return declared
+        for dim, size in zip(var.shape, actual, strict=True):
+            if not isinstance(dim, (int, np.integer)):
+                self.translator.symbols[dim] = size
+        return actual
+
+    def _resolved(self, dims: Sequence[Any]) -> tuple[int, ...]:
+        return tuple(self._dim(d) for d in dims)
+
+    def _dim(self, dim: Any) -> int:
+        """A static dim, or a symbolic one (a sympy symbol or expression such as `is31/3`)
+        whose symbols are known; else -1."""
+        if isinstance(dim, (int, np.integer)):
+            return int(dim)
+        known = self.translator.symbols
+        if dim in known:
+            return known[dim]
+        free = getattr(dim, "free_symbols", None)
+        if not free or not known or not set(free) <= set(known):
+            return -1
+        size = dim.subs({symbol: known[symbol] for symbol in free})
+        return int(size) if getattr(size, "is_integer", False) and int(size) >= 0 else -1
 
     def rank(self, name: str) -> int:
         return len(self.var(name).shape)
 
     # -- outputs --------------------------------------------------------------------------------
     def out_shape(self, index: int = 0) -> tuple[int, ...]:
-        return tuple(int(d) if isinstance(d, (int, np.integer)) else -1 for d in self.op.outputs[index].shape)
+        """Output `index`'s declared shape (-1 for a dynamic dim), its symbolic dims resolved as
+        far as `in_shape` learned them."""
+        return self._resolved(self.op.outputs[index].shape)
 
     def out_dtype(self, index: int = 0) -> np.dtype:
         return self.translator.held_dtype(self.op.outputs[index])
@@ -148,9 +187,13 @@ class RuleContext:
         return adapter.constant(array.reshape(()) if array.size == 1 else array)
 
     def reshape(self, value: Any, shape: Sequence[int]) -> Any:
-        if adapter.shape_of(value) == tuple(shape):
+        actual = adapter.shape_of(value)
+        if actual == tuple(shape):
             return value
         if any(d < 0 for d in shape):
+            # A partly known shape the value's static one agrees with: nothing to reshape.
+            if len(actual) == len(shape) and all(a >= 0 and d in (-1, a) for d, a in zip(shape, actual, strict=True)):
+                return value
             raise self.fail("a reshape to a dynamic shape is not supported")
         return self.ops.reshape(value, np.asarray(list(shape), np.int32))
 

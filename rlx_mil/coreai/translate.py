@@ -93,6 +93,7 @@ class FunctionTranslator:
         self.state_of_var: dict[int, str] = {}
         #: ids of the values that are graph arguments or constants (not made by an op).
         self.plain: set[int] = set()
+        self.symbols: dict[Any, int] = {}
 
     # -- dtypes ---------------------------------------------------------------------------------
     def held_dtype(self, var: Any) -> np.dtype:

@@ -20,12 +20,8 @@ from rlx_mil.testing import compare
 
 #: case -> why its program cannot run through Core AI here.
 CANNOT_RUN: dict[str, str] = {
-    "gated_delta_net": "its loop body slices at the loop counter; MIL gives the slice a symbolic shape and the "
-                       "body's later ops need static ones (no translation of symbolic dims yet)",
     "generators": "random_normal / random_uniform: Core AI has no random ops",
-    "recurrences": "its loop body slices at the loop counter (a symbolic shape, as gated_delta_net)",
     "sampling": "random_categorical: Core AI has no random ops",
-    "state_space_scans": "its loop body slices at the loop counter (a symbolic shape, as gated_delta_net)",
 }
 
 

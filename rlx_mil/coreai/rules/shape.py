@@ -12,7 +12,23 @@ from rlx_mil.coreai.registry import RuleContext, numpy_dtype, rule
 
 @rule("reshape", "reshape_like", "expand_dims", "squeeze", "flatten2d")
 def reshape(ctx: RuleContext) -> Any:
-    return ctx.reshape(ctx.v("x"), ctx.out_shape())
+    out = ctx.out_shape()
+    if any(d < 0 for d in out) and ctx.op_type in ("expand_dims", "squeeze"):
+        out = _axes_reshape(ctx, ctx.in_shape("x")) or out
+    return ctx.reshape(ctx.v("x"), out)
+
+
+def _axes_reshape(ctx: RuleContext, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """expand_dims / squeeze of a static shape whose MIL output shape is symbolic."""
+    if any(d < 0 for d in shape):
+        return None
+    if ctx.op_type == "expand_dims":
+        rank = len(shape) + len(ctx.ints("axes"))
+        axes = {a % rank for a in ctx.ints("axes")}
+        rest = iter(shape)
+        return tuple(1 if a in axes else next(rest) for a in range(rank))
+    axes = {a % len(shape) for a in ctx.ints("axes", [a for a, d in enumerate(shape) if d == 1])}
+    return tuple(d for a, d in enumerate(shape) if a not in axes)
 
 
 @rule("transpose")
@@ -89,8 +105,12 @@ def _runtime_slice(ctx: RuleContext, x: Any, shape: tuple[int, ...]) -> Any:
     if any(begin_mask):
         begin = ctx.ops.broadcasting_mul(begin, ctx.constant(np.asarray([0 if m else 1 for m in begin_mask], np.int32)))
     out = list(ctx.out_shape())
-    if all(d >= 0 for d in out):
+    extent: list[int] | None = None
+    if any(d < 0 for d in out):  # MIL's shape is symbolic; the extent may still be fixed
+        extent = _fixed_extent(ctx, shape, begin_mask, end_mask, squeeze_mask)
+    else:
         extent = [1 if squeeze_mask[a] else out.pop(0) for a in range(rank)]
+    if extent is not None:
         end = ctx.ops.broadcasting_add(begin, ctx.constant(np.asarray(extent, np.int32)))
     else:  # the extent is known at run time only: MIL's end (masked axes to the dim, squeezed ones + 1)
         end = ctx.cast(ctx.v("end"), np.int32)
@@ -101,9 +121,93 @@ def _runtime_slice(ctx: RuleContext, x: Any, shape: tuple[int, ...]) -> Any:
         end = ctx.ops.broadcasting_where(ctx.constant(np.asarray(end_mask)), dims, end)
     sliced = ctx.ops.slice_(x, begin, end, np.ones(rank, np.int32))
     squeezed = [a for a in range(rank) if squeeze_mask[a]]
-    if all(d >= 0 for d in ctx.out_shape()):
-        return ctx.reshape(sliced, ctx.out_shape())
+    if extent is not None:
+        return ctx.reshape(sliced, [e for a, e in enumerate(extent) if not squeeze_mask[a]])
     return ctx.ops.shrink_dims(sliced, np.asarray(squeezed, np.int32)) if squeezed else sliced
+
+
+#: An element of an int vector: (the scalar var it offsets, or None for a constant; offset).
+Affine = tuple[Any, int]
+
+
+def _fixed_extent(ctx: RuleContext, shape: tuple[int, ...], begin_mask: list[bool], end_mask: list[bool],
+                  squeeze_mask: list[bool]) -> list[int] | None:
+    """The slice's extent per axis when end - begin is the same on every run (a loop body's
+    `begin = [i, 0, ...]`, `end = [i + 1, n, ...]`), though MIL gave the slice symbolic dims;
+    None when some axis's extent is known at run time only."""
+    begin, end = _affine(ctx, ctx.var("begin")), _affine(ctx, ctx.var("end"))
+    rank = len(shape)
+    if begin is None or end is None or len(begin) != rank or len(end) != rank:
+        return None
+    extent = []
+    for axis in range(rank):
+        (b_var, b), (e_var, e) = begin[axis], end[axis]
+        if squeeze_mask[axis]:
+            extent.append(1)
+            continue
+        if begin_mask[axis]:
+            b_var, b = None, 0
+        if end_mask[axis]:
+            e_var, e = None, shape[axis]
+        if b_var is None and e_var is None:
+            start, stop, _ = slice(b, e, 1).indices(shape[axis])
+            extent.append(max(stop - start, 0))
+        elif b_var is e_var and e >= b:  # the same runtime index on both sides
+            extent.append(e - b)
+        else:
+            return None
+    return extent
+
+
+def _affine(ctx: RuleContext, var: Any, depth: int = 0) -> list[Affine] | None:
+    """The elements of an int vector `var` as (scalar var, offset) pairs, through the ops that
+    build a slice's bounds (concat, add/sub of constants, reshapes, casts); None when they are
+    not of that form."""
+    value = ctx.translator.const_value(var)
+    if value is not None:
+        return [(None, int(v)) for v in np.asarray(value).reshape(-1)]
+    op = getattr(var, "op", None)
+    if op is not None and depth < 12:
+        inputs = dict(op.inputs)
+        if op.op_type == "concat" and not _const_param(ctx, inputs.get("interleave"), False):
+            parts = [_affine(ctx, v, depth + 1) for v in inputs["values"]]
+            if all(p is not None for p in parts):
+                return [element for part in parts if part is not None for element in part]
+        elif op.op_type in ("add", "sub"):
+            x, y = _affine(ctx, inputs["x"], depth + 1), _affine(ctx, inputs["y"], depth + 1)
+            combined = _combine(x, y, -1 if op.op_type == "sub" else 1)
+            if combined is not None:
+                return combined
+        elif op.op_type in ("expand_dims", "reshape", "squeeze", "identity", "cast"):
+            return _affine(ctx, inputs["x"], depth + 1)
+    if all(isinstance(d, (int, np.integer)) and int(d) == 1 for d in getattr(var, "shape", ())):
+        return [(var, 0)]  # a scalar known at run time only: itself
+    return None
+
+
+def _combine(x: list[Affine] | None, y: list[Affine] | None, sign: int) -> list[Affine] | None:
+    """x + sign * y elementwise (broadcasting a single element), when y is constant (or x is,
+    for an addition)."""
+    if x is None or y is None:
+        return None
+    if sign == 1 and any(v is not None for v, _ in y) and all(v is None for v, _ in x):
+        x, y = y, x
+    if any(v is not None for v, _ in y):
+        return None
+    if len(y) == 1:
+        y = y * len(x)
+    if len(x) == 1 and len(y) > 1:
+        x = x * len(y)
+    if len(x) != len(y):
+        return None
+    return [(v, a + sign * b) for (v, a), (_, b) in zip(x, y, strict=True)]
+
+
+def _const_param(ctx: RuleContext, var: Any, default: Any) -> Any:
+    if var is None:
+        return default
+    value = ctx.translator.const_value(var)
+    return default if value is None else np.asarray(value).item()
 
 
 @rule("slice_by_size")
@@ -148,6 +252,8 @@ def split(ctx: RuleContext) -> Any:
     shape = ctx.in_shape("x")
     axis = int(ctx.param("axis")) % len(shape)
     sizes = [ctx.out_shape(i)[axis] for i in range(len(ctx.op.outputs))]
+    if any(size < 0 for size in sizes) and shape[axis] >= 0:  # symbolic pieces of a static dim
+        sizes = ctx.ints("split_sizes") if ctx.is_const("split_sizes") else [shape[axis] // len(sizes)] * len(sizes)
     pieces, offset = [], 0
     for size in sizes:
         starts, stops = [0] * len(shape), list(shape)
