@@ -277,7 +277,7 @@ def plan_auto(
     fixed_bytes: int, total_before: int, budget: float | None, max_error: float | None,
     importance: Mapping[str, np.ndarray] | None = None, candidates: tuple[str, ...] | None = None,
     measure: Callable[[str, Scheme], float] | None = None, sample: Collection[str] | None = None,
-    loss_target: float | None = None, loss_unit: str = "squared output error",
+    loss_target: float | None = None, loss_unit: str = "squared output error", narrower: tuple[str, ...] = (),
 ) -> AutoPlan:
     """The mix for the weights `storages` (name -> a callable giving the storage-layout array,
     read one weight at a time), `fixed_bytes` being what the other weights take. `measure(name,
@@ -285,10 +285,10 @@ def plan_auto(
     weight compressed with that scheme: the sensitivities then come from it (`measured_weights`),
     for the weights in `sample` only when it is given."""
     options: dict[str, list[Option]] = {}
-    if candidates is None and measure is not None:
+    if measure is not None:
         # Measured sensitivities show which weights the outputs hardly feel: those may go
         # narrower than the target width, paying for the ones they do feel.
-        candidates = NARROWER[bits] + CANDIDATES[bits]
+        candidates = NARROWER[bits] + CANDIDATES[bits] if candidates is None else tuple(narrower) + tuple(candidates)
     if measure is None:
         loss_target = None  # without measured sensitivities the sums are weight errors, not a loss
     for name, read in storages.items():

@@ -273,7 +273,8 @@ class WeightCompressor:
         measure, sample, unit = self._output_sensitivity(names, reader, sum(count.values()))
         self.plan = plan_auto(self.config.auto, {n: reader(n) for n in names}, roles, self.target,
                               store_dtype(self.precision), fixed, total, self.config.budget, self.config.max_error, importance,
-                              self.config.candidates, measure, sample, loss_target=self._loss_target(unit), loss_unit=unit)
+                              self.config.candidates, measure, sample, loss_target=self._loss_target(unit), loss_unit=unit,
+                              narrower=self.config.narrower)
         self.schemes.update(self.plan.schemes)
         self.notes = dict(self.plan.notes)
 

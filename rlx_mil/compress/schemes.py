@@ -352,6 +352,9 @@ class CompressionConfig:
     #: `rlx_mil.compress.auto.CANDIDATES` (a deployment form's own, e.g. no per-block ints on
     #: the Neural Engine).
     candidates: tuple[str, ...] | None = None
+    #: With `candidates` and measured sensitivities: schemes narrower than the start that the
+    #: weights the outputs hardly feel may take (cheapest first), paying for the ones they do.
+    narrower: tuple[str, ...] = ()
     #: Without calibration: after compressing, compare the reference on the dequantized weights
     #: with the float weights on generated inputs and warn when an output moved too much.
     #: None (the default) runs it while the graph's weights as float32 fit in

@@ -153,3 +153,32 @@ def test_a_decode_step_is_planned_on_the_builtin_calibration_text(tmp_path: Path
     assert found_kl is not None and float(found_kl.group(1)) <= 0.01, comp.plan.summary
     assert "activation-weighted" in comp.plan.summary
     assert builtin_calibration(tmp_path) is None  # no tokenizer there
+
+
+def test_a_forms_narrower_candidates_join_only_with_measured_sensitivities() -> None:
+    from rlx_mil.coreml.deploy import DeployForm
+    from rlx_mil.coreml.deploy.compression import form_compression
+
+    config = form_compression("auto4", DeployForm.ANE)
+    assert config.narrower == ("lut3-scaled",) and config.candidates[0] == "lut4-scaled"
+    rng = np.random.default_rng(1)
+    arrays = {f"layers.{i}.w": rng.standard_normal((64, 128)).astype(np.float32) for i in range(3)}
+    storages = {name: (lambda name=name: arrays[name]) for name in arrays}
+    total = 3 * 64 * 128 * 2
+    felt = {"layers.0.w": 1e-7, "layers.1.w": 0.05, "layers.2.w": 0.05}
+    args = (4, storages, {}, Target.IOS18, np.float16, 0, total, 0.36, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompressionWarning)
+        measured = plan_auto(*args, candidates=config.candidates, narrower=config.narrower,
+                             measure=lambda name, scheme: felt[name], loss_unit="mean KL")
+        guessed = plan_auto(*args, candidates=config.candidates, narrower=config.narrower)
+    # The weight the outputs hardly feel pays for the others' width.
+    assert measured.schemes["layers.0.w"].label.startswith("lut3")
+    assert all(not s.label.startswith("lut3") for s in guessed.schemes.values())
+    assert predicted_of(measured) < sum(felt.values())
+
+
+def predicted_of(plan: object) -> float:
+    found = re.search(r"predicted mean KL ([0-9.e-]+)", getattr(plan, "summary", ""))
+    assert found is not None
+    return float(found.group(1))

@@ -30,6 +30,9 @@ AUTO4: dict[DeployForm, tuple[str, tuple[str, ...], float]] = {
     DeployForm.GPU: ("int4", ("int4", "uint4-float", "int8"), 0.36),
     DeployForm.ANE: ("lut4-scaled", ("lut4-scaled", "lut6", "lut6-scaled", "int8"), 0.40),
 }
+#: With measured sensitivities, `auto4` per form may also take these (narrower than its start)
+#: for the weights the outputs hardly feel.
+AUTO4_NARROWER: dict[DeployForm, tuple[str, ...]] = {DeployForm.ANE: ("lut3-scaled",)}
 _FOUR_BIT = re.compile(r"^\s*4-?bit\s*$", re.IGNORECASE)
 
 
@@ -64,4 +67,5 @@ def form_compression(compress: Any, form: DeployForm) -> Any:
     start, candidates, budget = AUTO4[form]
     if config.budget is None and config.max_error is None:
         config = dataclasses.replace(config, budget=budget)
-    return dataclasses.replace(config, default=parse_scheme(start), candidates=candidates)
+    return dataclasses.replace(config, default=parse_scheme(start), candidates=candidates,
+                               narrower=AUTO4_NARROWER.get(form, ()))
