@@ -76,13 +76,13 @@ REFUSED: dict[str, str] = {
         " clamped as their kernels clamp them), `onnx.OneHot` (Compare / Where on the declared depth) and"
         " `onnx.CumProd` (CumProd, Reverse for its reverse flag; an axis operand read at run time is"
         " refused), `onnx.Einsum` (Transpose / Reshape onto all labels, Mul, Reduce Sum; an ellipsis, a"
-        " diagonal or disagreeing label sizes refused). Refused by name: its `collective.*` ops (host transport over a process group not in the"
+        " diagonal or disagreeing label sizes refused), `onnx.ScatterElements` (ScatterElements on the"
+        " kernel's reading: non-finite data zeroed, indices clamped, not wrapped; index shapes the kernel"
+        " maps by count rather than as ONNX, and integer data, refused). Refused by name: its `collective.*` ops (host transport over a process group not in the"
         " graph); `onnx.NonZero` (output length depends on the values); the TTS alignment helpers"
         " `onnx.ConcatFromSequence`, `onnx.KittenConcatFromSequence`, `onnx.ExpandI64Align`,"
         " `onnx.AlignmentRange`, `onnx.VocoderWaveformSlice` (I64 durations and frame counts read at run"
-        " time); `onnx.ScatterElements` (its kernel zeroes non-finite data, does not wrap negative"
-        " indices and maps an index to data positions by the index count, not by the indices' shape, so"
-        " it is ONNX's op only for some index shapes); every other name is refused by name"
+        " time); every other name is refused by name"
     ),
 }
 

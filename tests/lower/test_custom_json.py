@@ -312,3 +312,58 @@ def test_onnx_einsum_refuses_what_it_cannot_spell(equation: str, dims: list[list
                   "shape": {"dims": [{"Static": 3}], "dtype": "F32"}})
     with pytest.raises(UnsupportedOpFormatError, match=message):
         graph_from_json(json.dumps({"name": "g", "nodes": nodes, "outputs": [len(nodes) - 1]}))
+
+
+def _upstream_scatter_elements(data: np.ndarray, indices: np.ndarray, updates: np.ndarray, axis: int,
+                               reduction: int) -> np.ndarray:
+    """rlx-cpu's `scatter_elements_f32`, transcribed (float data)."""
+    apply = {0: lambda d, s: s, 1: lambda d, s: d + s, 2: lambda d, s: d * s, 3: np.fmax, 4: np.fmin}[reduction]
+    out = np.where(np.isfinite(data), data, 0).astype(np.float32).reshape(-1)
+    idx, upd = np.trunc(indices.astype(np.float64)).astype(np.int64).reshape(-1), updates.reshape(-1)
+    if data.ndim == 1:
+        for i, j in enumerate(np.maximum(idx, 0)):
+            if j < out.size:
+                out[j] = apply(out[j], upd[i])
+        return out
+    axis = min(max(axis + data.ndim if axis < 0 else axis, 0), data.ndim - 1)
+    outer, inner = int(np.prod(data.shape[:axis])), int(np.prod(data.shape[axis + 1:]))
+    axis_dim, n = data.shape[axis], idx.size
+    for flat_i in range(n):
+        row = min(max(idx[flat_i], 0), axis_dim - 1)
+        if n == outer * inner and n != outer * axis_dim * inner:
+            o, i = flat_i // inner, flat_i % inner
+        else:
+            o, i = flat_i // (axis_dim * inner), flat_i % (axis_dim * inner) % inner
+        dst = min(o, outer - 1) * axis_dim * inner + row * inner + i
+        out[dst] = apply(out[dst], upd[flat_i])
+    return out.reshape(data.shape)
+
+
+@settings(max_examples=4, deadline=None)
+@given(dims=st.sampled_from([[6], [3, 4], [2, 3, 2]]), axis=st.integers(-3, 2), squeeze=st.booleans(),
+       reduction=st.integers(0, 4), seed=st.integers(0, 2**16))
+def test_onnx_scatter_elements_reads_as_upstreams_kernel(dims: list[int], axis: int, squeeze: bool, reduction: int,
+                                                         seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rank = len(dims)
+    ax = min(max(axis + rank if axis < 0 else axis, 0), rank - 1)
+    index_dims = [1 if squeeze and i == ax else d for i, d in enumerate(dims)] if rank > 1 else [4]
+
+    def node(i: int, op: object, inputs: list[int], shape: list[int], dt: str, name: str | None = None) -> dict:
+        return {"id": i, "op": op, "inputs": inputs, "name": name, "origin": None,
+                "shape": {"dims": [{"Static": d} for d in shape], "dtype": dt}}
+
+    attrs = [*axis.to_bytes(4, "little", signed=True), *reduction.to_bytes(4, "little")]
+    nodes = [node(0, {"Input": {"name": "data"}}, [], dims, "F32"), node(1, {"Input": {"name": "idx"}}, [], index_dims, "I64"),
+             node(2, {"Input": {"name": "upd"}}, [], index_dims, "F32"),
+             node(3, {"Custom": {"name": "onnx.ScatterElements", "num_inputs": 3, "attrs": attrs}}, [0, 1, 2], dims,
+                  "F32", "out")]
+    g = graph_from_json(json.dumps({"name": "g", "nodes": nodes, "outputs": [3]}))
+    data = rng.standard_normal(dims).astype(np.float32)
+    data.reshape(-1)[:2] = [np.inf, np.nan]  # zeroed by the kernel before it scatters
+    indices = rng.integers(-2, max(dims) + 2, size=index_dims).astype(np.int64)  # negative and past the end
+    feeds = {"data": data, "idx": indices, "upd": rng.standard_normal(index_dims).astype(np.float32)}
+    want = _upstream_scatter_elements(data, indices, feeds["upd"], axis, reduction)
+    np.testing.assert_allclose(reference.evaluate(g, feeds)["out"], want, rtol=1e-6)
+    got = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), feeds)["out"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -26,7 +26,15 @@ names whose host kernel is an IR op exactly, as that op (docs/upstream-ops-3.md)
   the output drops, a Transpose to the output's order. The implicit output is the labels seen
   once, sorted, as the kernel takes it. Refused by name: an ellipsis (the kernel refuses it too),
   a label repeated within a term or the output (a diagonal), and a label whose sizes disagree
-  (the kernel's strides then read past an operand's data).
+  (the kernel's strides then read past an operand's data);
+* `onnx.ScatterElements` (3 inputs, float data) -> ScatterElements (axis = attrs[0..4], reduction
+  = attrs[4..8] as for ScatterND) on the kernel's reading: non-finite data entries zeroed first,
+  each index truncated, a negative one read as 0 (not wrapped) and one past the end clamped to
+  the last row; rank-1 data skips an index past the end instead (a spare slot that is dropped).
+  The kernel maps each index to a data position by the index count, which is ONNX's mapping
+  only when the indices have the data's shape, or its shape with 1 along the axis, or the data
+  is 1-D (and the updates have the indices' shape): other shapes and integer data (the kernel's
+  flat I64 path) are refused by name.
 
 Every other name is refused by name."""
 
@@ -43,8 +51,8 @@ from rlx_mil.ir.op_base import Op
 from rlx_mil.ir.ops.elementwise import Binary, BinaryOp, Cast, CmpOp, Compare, Where
 from rlx_mil.ir.ops.leaf import Constant
 from rlx_mil.ir.ops.reduce import CumProd, Reduce, ReduceOp
-from rlx_mil.ir.ops.scatter import GatherElements, GatherNd, ScatterNd, ScatterNdReduction
-from rlx_mil.ir.ops.shape import Narrow, Reshape, Reverse, Transpose
+from rlx_mil.ir.ops.scatter import GatherElements, GatherNd, ScatterElements, ScatterNd, ScatterNdReduction
+from rlx_mil.ir.ops.shape import Concat, Narrow, Reshape, Reverse, Transpose
 from rlx_mil.ir.serde.codecs import describe, fail, json_array
 from rlx_mil.ir.shape import Shape, Static
 
@@ -55,11 +63,12 @@ GATHER_ELEMENTS_NAME = "onnx.GatherElements"
 ONE_HOT_NAME = "onnx.OneHot"
 CUM_PROD_NAME = "onnx.CumProd"
 EINSUM_NAME = "onnx.Einsum"
+SCATTER_ELEMENTS_NAME = "onnx.ScatterElements"
 _REDUCTIONS = (ScatterNdReduction.NONE, ScatterNdReduction.ADD, ScatterNdReduction.MUL, ScatterNdReduction.MAX,
                ScatterNdReduction.MIN)
 
 
-def _scatter_nd(attrs: bytes, path: str) -> Op:
+def _scatter_nd(attrs: bytes, path: str) -> ScatterNd:
     code = int.from_bytes(attrs[:4], "little", signed=True) if len(attrs) >= 4 else 0
     if not 0 <= code < len(_REDUCTIONS):
         raise UnsupportedOpFormatError(f"{path}.attrs: {SCATTER_ND_NAME} reduction code {code} is not one of 0..4")
@@ -77,12 +86,23 @@ READ_AS: dict[str, tuple[int, Callable[[bytes, str], Op]]] = {
     GATHER_ELEMENTS_NAME: (2, lambda attrs, path: GatherElements(_i32(attrs, 0))),
     # `add_one_hot` builds the nodes; the op here only carries the axis attribute to it.
     ONE_HOT_NAME: (3, lambda attrs, path: OneHotAxis(_i32(attrs, -1))),
+    SCATTER_ELEMENTS_NAME: (3, lambda attrs, path: ScatterElementsAttrs(
+        _i32(attrs, 0), _scatter_nd(attrs[4:8], path).reduction if len(attrs) >= 8 else ScatterNdReduction.NONE)),
     CUM_PROD_NAME: (1, lambda attrs, path: CumProdAttrs(_i32(attrs, 0), len(attrs) > 4 and attrs[4] != 0,
                                                         len(attrs) > 5 and attrs[5] != 0)),
 }
 
 #: Names read with another input count as well (CumProd's axis may be an operand).
 OTHER_ARITIES = {CUM_PROD_NAME: 2}
+
+
+@dataclass(frozen=True)
+class ScatterElementsAttrs(Op):
+    """The attrs of an `onnx.ScatterElements` node while it is read (never added to a graph)."""
+
+    type_name: ClassVar[str] = "onnx.ScatterElements"
+    axis: int
+    reduction: ScatterNdReduction
 
 
 @dataclass(frozen=True)
@@ -286,3 +306,44 @@ def add_einsum(add: Callable[..., int], operands: Sequence[Shape], equation: str
     dropped = tuple(range(len(output), len(labels)))
     summed = add(Reduce(ReduceOp.SUM, dropped, False), [product]) if dropped else product
     return add(Reshape(tuple(sizes[label] for label in output)), [summed], shape, name=name, origin=origin)
+
+
+def add_scatter_elements(add: Callable[..., int], operands: Sequence[Shape], attrs: ScatterElementsAttrs,
+                         inputs: Sequence[int], shape: Shape, path: str, name: str | None,
+                         origin: NodeOrigin | None) -> int:
+    """`onnx.ScatterElements` as rlx-cpu's `scatter_elements_f32` computes it, where that is an
+    ONNX ScatterElements at all (see the module notes)."""
+    if len(inputs) != 3:
+        raise UnsupportedOpFormatError(f"{path}: {SCATTER_ELEMENTS_NAME} takes 3 inputs, got {len(inputs)}")
+    data, indices, updates = operands
+    rank = len(data.dims)
+    axis = min(max(attrs.axis + rank if attrs.axis < 0 else attrs.axis, 0), max(rank - 1, 0))
+    if not data.dtype.is_float or not (data.is_static and indices.is_static) or rank < 1:
+        raise UnsupportedOpFormatError(
+            f"{path}: {SCATTER_ELEMENTS_NAME} is read for float data of static shape, got {data}")
+    sizes = list(data.sizes())
+    shapes = (sizes, [*sizes[:axis], 1, *sizes[axis + 1:]]) if rank > 1 else None  # 1-D: any one length
+    if indices.dims != updates.dims or (list(indices.sizes()) not in shapes if shapes else len(indices.dims) != 1):
+        raise UnsupportedOpFormatError(
+            f"{path}: {SCATTER_ELEMENTS_NAME} indices {indices} and updates {updates} must have data {data}'s shape"
+            f" (or 1 along axis {axis}): upstream's kernel maps other shapes by the index count, not as ONNX")
+
+    def const(values: list[int]) -> int:
+        raw = b"".join(int(v).to_bytes(8, "little", signed=True) for v in values)
+        return add(Constant(raw), [], Shape((Static(1),), DType.I64))
+
+    x = inputs[0]
+    float_zero = add(Cast(data.dtype), [const([0])])
+    finite = add(Compare(CmpOp.EQ), [add(Binary(BinaryOp.SUB), [x, x]), float_zero])  # false for inf and NaN
+    x = add(Where(), [finite, x, float_zero])
+    idx = inputs[1] if indices.dtype is DType.I64 else add(Cast(DType.I64), [inputs[1]])
+    idx = add(Binary(BinaryOp.MAX), [idx, const([0])])
+    op = ScatterElements(axis, attrs.reduction)
+    if rank > 1:
+        idx = add(Binary(BinaryOp.MIN), [idx, const([sizes[axis] - 1])])
+        return add(op, [x, idx, inputs[2]], shape, name=name, origin=origin)
+    # 1-D: an index past the end writes nothing; send it to a spare slot that is then dropped.
+    past = add(Compare(CmpOp.GE), [idx, const([sizes[0]])])
+    idx = add(Where(), [past, const([sizes[0]]), idx])
+    padded = add(Concat(0), [x, float_zero])
+    return add(Narrow(0, 0, sizes[0]), [add(op, [padded, idx, inputs[2]])], shape, name=name, origin=origin)

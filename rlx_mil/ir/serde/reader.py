@@ -48,11 +48,13 @@ from rlx_mil.ir.serde.custom import (
     CumProdAttrs,
     EinsumEquation,
     OneHotAxis,
+    ScatterElementsAttrs,
     add_cum_prod,
     add_einsum,
     add_gather_elements,
     add_gather_nd,
     add_one_hot,
+    add_scatter_elements,
     custom_name,
     custom_operands,
     decode_custom,
@@ -427,6 +429,9 @@ def _build_graph(document: object, root: str, state: _DecodeState) -> Any:
             if custom == GATHER_ND_NAME and isinstance(op, GatherNd) and len(inputs) == 2:
                 ids.append(add_gather_nd(graph.add_node, graph.nodes[inputs[0]].shape, graph.nodes[inputs[1]].shape,
                                          op, inputs, shape, node_name, origin))
+            elif isinstance(op, ScatterElementsAttrs):
+                ids.append(add_scatter_elements(graph.add_node, [graph.nodes[i].shape for i in inputs], op, inputs,
+                                                shape, f"nodes[{index}]", node_name, origin))
             elif isinstance(op, EinsumEquation):
                 ids.append(add_einsum(graph.add_node, [graph.nodes[i].shape for i in inputs], op.equation, inputs,
                                       shape, f"nodes[{index}]", node_name, origin))
