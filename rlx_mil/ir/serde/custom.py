@@ -1,7 +1,9 @@
 """Upstream's `Custom { name, num_inputs, attrs }` ops. Upstream's Core ML backend lowers one name
 itself, `onnx.ScatterND` (3 inputs), and runs the rest of what it knows on the host between Core
-ML segments: its own `collective.*` ops and rlx-cpu's ONNX reference kernels. rlx_mil reads the
-names whose host kernel is an IR op exactly, as that op (docs/upstream-ops-3.md):
+ML segments: its own `collective.*` ops and rlx-cpu's ONNX reference kernels. rlx_mil reads each
+name whose kernel has an exact IR form as that form (docs/upstream-ops-3.md). Names whose IR form
+takes more than one node, or needs the operands' shapes, are decoded to a placeholder op carrying
+their attrs (never added to a graph) that the reader hands to the matching `add_*` here:
 
 * `onnx.ScatterND` -> ScatterNd with the reduction its first four attrs bytes give (a
   little-endian i32: 0 none, 1 add, 2 mul, 3 max, 4 min; fewer than four bytes = none);
@@ -22,8 +24,8 @@ names whose host kernel is an IR op exactly, as that op (docs/upstream-ops-3.md)
   time is refused), else attrs[0..4] (default 0), counted from the end when negative and clamped
   into the rank, as the kernel reads it;
 * `onnx.Einsum` (any number of inputs, the equation as the attrs' UTF-8 bytes) -> each operand
-  transposed and reshaped onto all the labels, the Mul of them, a Reduce Sum over the labels
-  the output drops, a Transpose to the output's order. The implicit output is the labels seen
+  transposed and reshaped onto all the labels (the output's first), the Mul of them, a Reduce
+  Sum over the labels the output drops. The implicit output is the labels seen
   once, sorted, as the kernel takes it. Refused by name: an ellipsis (the kernel refuses it too),
   a label repeated within a term or the output (a diagonal), and a label whose sizes disagree
   (the kernel's strides then read past an operand's data);
