@@ -328,7 +328,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     if args.context is not None and not args.estimate:
         raise RlxMilError("--context goes with --estimate")
-    if args.package.suffix == ".json" or (args.package.is_file() and args.package.suffix != ".mlmodel"):
+    if args.package.suffix == ".json" or (args.package.is_file() and args.package.suffix not in (".mlmodel", ".aimodel")):
         if args.estimate:
             raise RlxMilError("--estimate reads a .mlpackage or a chunked set's folder, not a graph JSON")
         from rlx_mil.cli.graph_info import graph_info

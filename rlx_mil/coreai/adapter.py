@@ -280,13 +280,31 @@ def write_metadata(path: Path, metadata: Mapping[str, str]) -> None:
     (path / _METADATA_FILE).write_text(json.dumps(dict(metadata), indent=1, sort_keys=True))
 
 
-def read_metadata(path: Path) -> dict[str, str]:
+#: Largest rlx_mil JSON side file of an asset read (metadata, entry points).
+MAX_SIDE_FILE_BYTES = 64 << 20
+
+
+def read_side_json(file: Path) -> Any:
+    """An asset's JSON side file, bounded and parsed; anything malformed (not UTF-8, not
+    JSON, nested past the parser's depth, a FIFO...) is one typed error naming it."""
     import json
 
+    from rlx_mil.errors import RlxMilError
+    from rlx_mil.fileio import read_regular_file
+
+    data = read_regular_file(file, MAX_SIDE_FILE_BYTES, RlxMilError, "Core AI asset file")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as err:
+        raise RlxMilError(f"{file}: malformed ({type(err).__name__}: {' '.join(str(err).split())[:200]});"
+                          " write the asset again") from None
+
+
+def read_metadata(path: Path) -> dict[str, str]:
     file = Path(path) / _METADATA_FILE
-    if not file.is_file():
+    if not file.exists():
         return {}
-    data = json.loads(file.read_text())
+    data = read_side_json(file)
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
@@ -332,9 +350,16 @@ class LoadedAsset:
 
         self.path = Path(path)
         self._loop = asyncio.new_event_loop()
-        self._asset = AIModelAsset.load(self.path)
-        self._context = self._asset.executable()
-        self._model = self._loop.run_until_complete(self._context.__aenter__())
+        try:
+            self._asset = AIModelAsset.load(self.path)
+            self._context = self._asset.executable()
+            self._model = self._loop.run_until_complete(self._context.__aenter__())
+        except (RuntimeError, ValueError, OSError) as err:  # the runtime's own refusal of a damaged asset
+            self._loop.close()
+            from rlx_mil.errors import RlxMilError
+
+            raise RlxMilError(f"{self.path}: Core AI's runtime cannot load it ({' '.join(str(err).split())[:200]});"
+                              " write the asset again") from None
         self._functions: dict[str, Any] = {}
 
     @property

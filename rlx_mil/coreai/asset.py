@@ -108,10 +108,10 @@ def _write_entries(path: Path, entries: Mapping[str, EntryPoint], default: str) 
 
 def _read_entries(path: Path) -> tuple[dict[str, EntryPoint], str]:
     file = path / _ENTRIES_FILE
-    if not file.is_file():
+    if not file.exists():
         raise RlxMilError(f"{path}: not an rlx_mil Core AI asset (no {_ENTRIES_FILE}); rlx_mil runs the assets it wrote")
+    data = adapter.read_side_json(file)
     try:
-        data = json.loads(file.read_text())
         entries = {}
         for name, e in data["entries"].items():
             entries[name] = EntryPoint(
@@ -148,12 +148,7 @@ class AssetProgram:
     interface (IR names through the stored io names; states as arrays or runtime buffers)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        from rlx_mil.fileio import check_package_tree
-
-        self.path = Path(path)
-        if not self.path.is_dir():
-            raise RlxMilError(f"{self.path}: no such Core AI asset")
-        check_package_tree(self.path)
+        self.path = check_asset(path)
         adapter.require()
         self.entries, self.default_function = _read_entries(self.path)
         self.metadata = adapter.read_metadata(self.path)
@@ -222,12 +217,48 @@ class AssetProgram:
         self.close()
 
 
+_PROGRAM_FILE = "main.mlirb"
+_HASH_FILE = "main.hash"
+
+
+def check_asset(path: str | os.PathLike[str]) -> Path:
+    """`path` as a Path if it holds an intact asset: a folder of folders and regular files
+    whose program `main.mlirb` is there and matches the SHA-256 Core AI stores beside it in
+    `main.hash` (a truncated, replaced or edited program is refused before the runtime reads
+    it); a typed error naming the file otherwise."""
+    import hashlib
+
+    from rlx_mil.fileio import check_package_tree, open_regular_file
+
+    root = Path(path)
+    if not root.is_dir():
+        if root.exists():
+            raise RlxMilError(f"{root}: a file, not a Core AI asset (an .aimodel is a folder)")
+        raise RlxMilError(f"{root}: no such Core AI asset")
+    check_package_tree(root, "Core AI asset")
+    program = root / _PROGRAM_FILE
+    if not program.exists():
+        raise RlxMilError(f"{program}: missing; the asset is incomplete, write it again")
+    digest = hashlib.sha256()
+    stream, _ = open_regular_file(program, "Core AI program")
+    with stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    if (root / "metadata.json").exists() and not isinstance(adapter.read_side_json(root / "metadata.json"), dict):
+        raise RlxMilError(f"{root / 'metadata.json'}: not a JSON object; write the asset again")
+    stored = root / _HASH_FILE
+    if stored.exists():
+        want = stored.read_bytes()[:64] if stored.is_file() else b""
+        if want != digest.digest():
+            raise RlxMilError(f"{program}: its SHA-256 differs from {_HASH_FILE}: the program was truncated or"
+                              " edited; write the asset again")
+    return root
+
+
 def asset_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What `rlx-mil inspect` shows of an rlx_mil Core AI asset (read from its files; the
     runtime is not loaded)."""
-    root = Path(path)
-    if not root.is_dir():
-        raise RlxMilError(f"{root}: no such Core AI asset")
+    root = check_asset(path)
     entries, default = _read_entries(root)
     metadata = adapter.read_metadata(root)
 

@@ -143,7 +143,9 @@ class Session:
             engine = "coreai"
             if not os.path.isdir(self._asset_path):
                 raise GenerationError(f"no Core AI asset at {self._asset_path}")
-            path = self._asset_path
+            from rlx_mil.coreai.asset import check_asset
+
+            path = str(check_asset(self._asset_path))
             in_memory = AssetHandle(path)
         elif self._chunks is not None:
             path = str(self._chunks.last_package)
