@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,6 +128,7 @@ class _WhisperGraph(WeightGraph):
     def __init__(self, spec: WhisperSpec, name: str) -> None:
         super().__init__(name)
         self.spec = spec
+        self.weights: list[int] = []
 
     def layer_norm(self, x: int, module: str) -> int:
         e = self.spec.d_model
@@ -138,10 +139,13 @@ class _WhisperGraph(WeightGraph):
         return self.g.gelu(x, name=name) if self.spec.activation == "gelu" else self.g.gelu_approx(x, name=name)
 
     def attention(self, x: int, kv: int, module: str, heads: int, seq: int, kv_seq: int,
-                  bias: int | None = None, cache: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
+                  bias: int | None = None, cache: tuple[int, int, int] | None = None,
+                  weights_of: Sequence[int] = ()) -> tuple[int, int, int]:
         """Multi-head attention of `x [1, seq, E]` over `kv [1, kv_seq, E]`; returns (output,
         this call's K, V). `cache` (K cache, V cache [1, S, E], update mask [1, S, 1]): the keys
-        and values are the caches with this token's K / V written where the mask is 1."""
+        and values are the caches with this token's K / V written where the mask is 1.
+        `weights_of`: heads whose attention weights (softmax of the scaled scores, no bias)
+        `self.weights` collects, each `[1, 1, seq, kv_seq]`."""
         g, e = self.g, self.spec.d_model
         d = e // heads
         q = self.linear(x, f"{module}.q_proj", e, e, True)
@@ -159,6 +163,12 @@ class _WhisperGraph(WeightGraph):
         qh = self.split_heads(q, 1, seq, heads, d, f"{module}.q")
         kh = self.split_heads(keys, 1, keys_seq, heads, d, f"{module}.k")
         vh = self.split_heads(values, 1, keys_seq, heads, d, f"{module}.v")
+        for head in weights_of:  # Whisper's alignment heads (word timestamps): their weights apart
+            qj = g.narrow(qh, 1, head, 1, name=f"{module}.q.{head}")
+            kj = g.transpose(g.narrow(kh, 1, head, 1, name=f"{module}.k.{head}"), [0, 1, 3, 2], name=f"{module}.k.{head}.t")
+            scores = g.mul(g.matmul(qj, kj, name=f"{module}.scores.{head}"), self.scalar(d ** -0.5),
+                           name=f"{module}.scores.{head}.scaled")
+            self.weights.append(g.softmax(scores, -1, name=f"{module}.weights.{head}"))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", AmbiguousLayoutWarning)  # [B, H, S, D] by construction
             if bias is None:
@@ -283,10 +293,19 @@ def check_cache_len(spec: WhisperSpec, cache_len: int) -> None:
 
 
 def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecoder", *,
-                       fp16_io: bool = False) -> tuple[Graph, dict[str, tuple[int, ...]]]:
+                       fp16_io: bool = False,
+                       alignment_heads: Sequence[tuple[int, int]] = ()) -> tuple[Graph, dict[str, tuple[int, ...]]]:
     """WhisperKit's one-token text decoder over `cache_len` cache slots, and the tensors it
-    reads (`fp16_io`: the float inputs and outputs F16, as WhisperKit feeds them)."""
+    reads (`fp16_io`: the float inputs and outputs F16, as WhisperKit feeds them).
+    `alignment_heads` ((layer, head) pairs, the checkpoint's generation config's): an output
+    `alignment_heads_weights [1, n_audio_ctx]`, the mean of those heads' cross-attention weights
+    (whisperkittools' `compute_alignment_heads_attention_weights`; WhisperKit's word
+    timestamps read it)."""
     check_cache_len(spec, cache_len)
+    for layer, head in alignment_heads:
+        if not (0 <= layer < spec.decoder_layers and 0 <= head < spec.decoder_heads):
+            raise InvalidOptionError(f"alignment_heads: ({layer}, {head}) is outside the decoder's"
+                                     f" {spec.decoder_layers} layers x {spec.decoder_heads} heads")
     b = _WhisperGraph(spec, name)
     g, e, s, n = b.g, spec.d_model, cache_len, spec.n_audio_ctx
     ids = g.input("input_ids", [1], "i32")
@@ -315,7 +334,8 @@ def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecod
         value_updates.append(b.channels_first(v, 1, f"{p}.value_update"))
         x = g.add(x, a, name=f"{p}.attn_residual")
         h = b.layer_norm(x, f"{p}.encoder_attn_layer_norm")
-        a, _, _ = b.attention(h, enc, f"{p}.encoder_attn", spec.decoder_heads, 1, n)
+        a, _, _ = b.attention(h, enc, f"{p}.encoder_attn", spec.decoder_heads, 1, n,
+                              weights_of=[head for layer, head in alignment_heads if layer == i])
         x = b.feed_forward(g.add(x, a, name=f"{p}.cross_residual"), p, spec.decoder_ffn_dim)
     x = b.layer_norm(x, "model.decoder.layer_norm")
     pieces = head(x)
@@ -327,6 +347,12 @@ def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecod
     for parts, out_name in ((key_updates, "key_cache_updates"), (value_updates, "value_cache_updates")):
         stacked = parts[0] if len(parts) == 1 else g.concat(parts, 1, name=f"{out_name}.stacked")
         outputs.append(float_output(g, stacked, out_name, fp16_io))
+    if b.weights:
+        total = b.weights[0]
+        for j, w in enumerate(b.weights[1:]):
+            total = g.add(total, w, name=f"alignment_heads.sum.{j}")
+        mean = g.mul(total, b.scalar(1.0 / len(b.weights)), name="alignment_heads.mean")
+        outputs.append(float_output(g, g.reshape(mean, [1, n], name="alignment_heads.rows"), "alignment_heads_weights", fp16_io))
     g.set_outputs(outputs)
     return g, b.expected
 

@@ -71,7 +71,8 @@ def graphs(checkpoint: WhisperCheckpoint, cache_len: int, fp16_io: bool) -> dict
     spec = checkpoint.spec
     mel, mel_params = build_log_mel(spec.num_mel_bins, MEL, fp16_io=fp16_io)
     encoder, encoder_names = build_audio_encoder(spec, ENCODER, fp16_io=fp16_io)
-    decoder, decoder_names = build_text_decoder(spec, cache_len, DECODER, fp16_io=fp16_io)
+    decoder, decoder_names = build_text_decoder(spec, cache_len, DECODER, fp16_io=fp16_io,
+                                                alignment_heads=checkpoint.alignment_heads)
     return {
         MEL: (mel, mel_params),
         ENCODER: (encoder, ParamsOf(checkpoint.params, encoder_names)),

@@ -32,7 +32,8 @@ def _lin(x: np.ndarray, params: Mapping[str, Any], module: str, bias: bool = Tru
     return y + _f(params, f"{module}.bias") if bias else y
 
 
-def _mha(x: np.ndarray, kv: np.ndarray, params: Mapping[str, Any], module: str, heads: int, causal: bool) -> np.ndarray:
+def _mha(x: np.ndarray, kv: np.ndarray, params: Mapping[str, Any], module: str, heads: int, causal: bool,
+         weights: list[np.ndarray] | None = None) -> np.ndarray:
     e = x.shape[-1]
     d = e // heads
     q = _lin(x, params, f"{module}.q_proj") * d ** -0.5
@@ -45,6 +46,8 @@ def _mha(x: np.ndarray, kv: np.ndarray, params: Mapping[str, Any], module: str, 
             s = s + np.triu(np.full(s.shape, -np.inf), 1)
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
+        if weights is not None:
+            weights.append(p)
         out[:, h * d:(h + 1) * d] = p @ v[:, h * d:(h + 1) * d]
     return _lin(out, params, f"{module}.out_proj")
 
@@ -72,8 +75,10 @@ def encode(params: Mapping[str, Any], config: Mapping[str, Any], mel: np.ndarray
     return _ln(x, params, "model.encoder.layer_norm")
 
 
-def decode(params: Mapping[str, Any], config: Mapping[str, Any], tokens: list[int], encoded: np.ndarray) -> np.ndarray:
-    """Teacher-forced logits [len(tokens), V] of `tokens` (positions 0..n-1) over `encoded`."""
+def decode(params: Mapping[str, Any], config: Mapping[str, Any], tokens: list[int], encoded: np.ndarray,
+           cross_weights: list[list[np.ndarray]] | None = None) -> np.ndarray:
+    """Teacher-forced logits [len(tokens), V] of `tokens` (positions 0..n-1) over `encoded`;
+    `cross_weights` gets per layer the cross-attention weights of each head [len(tokens), n_kv]."""
     x = _f(params, "model.decoder.embed_tokens.weight")[tokens] + \
         _f(params, "model.decoder.embed_positions.weight")[: len(tokens)]
     enc = np.asarray(encoded, np.float64)
@@ -82,7 +87,10 @@ def decode(params: Mapping[str, Any], config: Mapping[str, Any], tokens: list[in
         h = _ln(x, params, f"{p}.self_attn_layer_norm")
         x = x + _mha(h, h, params, f"{p}.self_attn", config["decoder_attention_heads"], True)
         h = _ln(x, params, f"{p}.encoder_attn_layer_norm")
-        x = x + _mha(h, enc, params, f"{p}.encoder_attn", config["decoder_attention_heads"], False)
+        layer: list[np.ndarray] | None = [] if cross_weights is not None else None
+        x = x + _mha(h, enc, params, f"{p}.encoder_attn", config["decoder_attention_heads"], False, layer)
+        if cross_weights is not None and layer is not None:
+            cross_weights.append(layer)
         h = _ln(x, params, f"{p}.final_layer_norm")
         x = x + _lin(_gelu(_lin(h, params, f"{p}.fc1")), params, f"{p}.fc2")
     x = _ln(x, params, "model.decoder.layer_norm")
