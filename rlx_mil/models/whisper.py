@@ -335,7 +335,7 @@ def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecod
         x = g.add(x, a, name=f"{p}.attn_residual")
         h = b.layer_norm(x, f"{p}.encoder_attn_layer_norm")
         a, _, _ = b.attention(h, enc, f"{p}.encoder_attn", spec.decoder_heads, 1, n,
-                              weights_of=[head for layer, head in alignment_heads if layer == i])
+                              weights_of=[j for layer, j in alignment_heads if layer == i])
         x = b.feed_forward(g.add(x, a, name=f"{p}.cross_residual"), p, spec.decoder_ffn_dim)
     x = b.layer_norm(x, "model.decoder.layer_norm")
     pieces = head(x)
