@@ -302,9 +302,9 @@ def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecod
     (whisperkittools' `compute_alignment_heads_attention_weights`; WhisperKit's word
     timestamps read it)."""
     check_cache_len(spec, cache_len)
-    for layer, head in alignment_heads:
-        if not (0 <= layer < spec.decoder_layers and 0 <= head < spec.decoder_heads):
-            raise InvalidOptionError(f"alignment_heads: ({layer}, {head}) is outside the decoder's"
+    for layer, which in alignment_heads:
+        if not (0 <= layer < spec.decoder_layers and 0 <= which < spec.decoder_heads):
+            raise InvalidOptionError(f"alignment_heads: ({layer}, {which}) is outside the decoder's"
                                      f" {spec.decoder_layers} layers x {spec.decoder_heads} heads")
     b = _WhisperGraph(spec, name)
     g, e, s, n = b.g, spec.d_model, cache_len, spec.n_audio_ctx
@@ -316,7 +316,7 @@ def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecod
     encoded = float_input(g, "encoder_output_embeds", [1, e, 1, n], fp16_io)
     padding = float_input(g, "decoder_key_padding_mask", [1, s], fp16_io)
     positions = b.weight("model.decoder.embed_positions.weight", (spec.max_target_positions, e))
-    token, head = tied_embedding_and_head(b, ids)
+    token, lm_head = tied_embedding_and_head(b, ids)
     x = g.add(token, g.gather(positions, position, name="model.decoder.position"), name="model.decoder.embed")
     x = g.reshape(x, [1, 1, e], name="model.decoder.hidden")
     enc = b.sequence_major(encoded, n, "model.decoder.encoder_states")
@@ -338,7 +338,7 @@ def build_text_decoder(spec: WhisperSpec, cache_len: int, name: str = "TextDecod
                               weights_of=[j for layer, j in alignment_heads if layer == i])
         x = b.feed_forward(g.add(x, a, name=f"{p}.cross_residual"), p, spec.decoder_ffn_dim)
     x = b.layer_norm(x, "model.decoder.layer_norm")
-    pieces = head(x)
+    pieces = lm_head(x)
     if len(pieces) == 1:
         outputs = [float_output(g, pieces[0], "logits", fp16_io)]
     else:  # narrowed piece by piece: the concatenation is the output, no other tensor is as wide
