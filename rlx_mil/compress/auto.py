@@ -313,8 +313,9 @@ def plan_auto(
         schemes[name] = o.scheme
         start = options[name][0]
         extra = "" if i == 0 else f"; {start.scheme.label} {start.error:.3g}"
-        notes[name] = f"auto{bits}: est. error {o.error:.3g}{extra} ({why[name]})"
         contributions[name] = weights[name] * o.error**2
+        share = f"; predicted {loss_unit} {contributions[name]:.2g}" if measure is not None else ""
+        notes[name] = f"auto{bits}: est. error {o.error:.3g}{extra}{share} ({why[name]})"
     widened = sum(1 for i in pick.values() if i)
     free = budget is None and (max_error is not None or loss_target is not None)
     cap = "none" if free else f"{AUTO_BUDGETS[bits] if budget is None else budget:g}x"

@@ -176,6 +176,10 @@ def test_a_forms_narrower_candidates_join_only_with_measured_sensitivities() -> 
     assert measured.schemes["layers.0.w"].label.startswith("lut3")
     assert all(not s.label.startswith("lut3") for s in guessed.schemes.values())
     assert predicted_of(measured) < sum(felt.values())
+    # Each weight's note says what it became, its predicted share of the loss and why.
+    note = measured.notes["layers.1.w"]
+    assert re.search(r"^auto4: est\. error [0-9.]+; lut3\S* [0-9.]+; predicted mean KL [0-9.e-]+ \(", note), note
+    assert "predicted" not in guessed.notes["layers.1.w"]
 
 
 def predicted_of(plan: object) -> float:
