@@ -123,6 +123,8 @@ def compress_option(args: argparse.Namespace) -> Any:
         if budget is not None or max_error is not None or calibration is not None:
             raise InvalidOptionError("--compress-budget, --max-error and --compress-calibration need --compress")
         return None
+    if not spec.strip():
+        raise InvalidOptionError("--compress needs a scheme (int8, int4, lut4, 4bit, auto4, ...; docs/compression.md)")
     from rlx_mil.coreml.deploy import DeployForm
     from rlx_mil.coreml.deploy.compression import four_bit_text
 
