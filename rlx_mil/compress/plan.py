@@ -184,7 +184,8 @@ class WeightCompressor:
         self.kept: dict[str, str] = {}
         #: Why a compressed weight got its scheme when it is not the config's default (the report's note).
         self.reasons: dict[str, str] = {}
-        unmatched_rules(config, self.roles, graph.name)
+        if not config.rules_checked:
+            unmatched_rules(config, self.roles, graph.name)
         defaults = []  # weights that take the config's default scheme (what autoN may change)
         for name, role in self.roles.items():
             scheme, why = self._choose(name, role)

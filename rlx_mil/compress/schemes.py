@@ -368,6 +368,10 @@ class CompressionConfig:
     #: False: the conversion records no quality check of its own (a caller measures it once,
     #: on text, after converting every function of a stateful package).
     final_check: bool = field(default=True, compare=False, hash=False)
+    #: True: the caller checked that every rule matches a weight of some graph it converts with
+    #: this config (the packages of a speech folder, each holding part of the weights), so a
+    #: graph none of whose weights a rule names is not refused for it.
+    rules_checked: bool = field(default=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0:

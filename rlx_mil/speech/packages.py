@@ -164,7 +164,9 @@ def _write_packages(checkpoint: WhisperCheckpoint, staging: Path, folder: Path, 
 
     fp16_io = precision == "fp16"
     written: dict[str, Path] = {}
-    for role, (graph, params) in graphs(checkpoint, cache_len, fp16_io).items():
+    built = graphs(checkpoint, cache_len, fp16_io)
+    compress = folder_compression(compress, deploy, [built[ENCODER][0], built[DECODER][0]])
+    for role, (graph, params) in built.items():
         progress.begin(f"converting {role}")
         # WhisperKit reads one `logits` output: the Neural Engine form keeps it whole (split_logits)
         model = api.convert(graph, params, precision=precision, target=target, deploy=deploy,
@@ -185,6 +187,28 @@ def _write_packages(checkpoint: WhisperCheckpoint, staging: Path, folder: Path, 
         written[STATEFUL_DECODER] = folder / f"{STATEFUL_DECODER}.mlpackage"
         progress.end(str(written[STATEFUL_DECODER]))
     return written
+
+
+def folder_compression(compress: Any, deploy: str, graphs_: list[Graph]) -> Any:
+    r"""`compress` for every package of the folder: rules (`re:PATTERN=SCHEME`, ...) are checked
+    against the weights of all the packages together, so a rule naming only encoder weights
+    (``re:^model\.encoder\.=int8``) is not refused by the decoder's package, while one that
+    names no weight of any package still is. Without rules, `compress` as given."""
+    import dataclasses
+
+    from rlx_mil.compress import parse_compress
+    from rlx_mil.compress.plan import param_roles, unmatched_rules
+    from rlx_mil.coreml.deploy import DeployForm
+    from rlx_mil.coreml.deploy.compression import form_compression
+
+    config = parse_compress(form_compression(compress, DeployForm.parse(deploy)))
+    if config is None or not config.rules:
+        return compress
+    roles: dict[str, str] = {}
+    for graph in graphs_:
+        roles.update(param_roles(graph))
+    unmatched_rules(config, roles, "the speech folder")
+    return dataclasses.replace(config, rules_checked=True)
 
 
 def _describe(model: Any, role: str, checkpoint: WhisperCheckpoint) -> None:

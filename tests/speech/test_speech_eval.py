@@ -43,9 +43,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     write_speech_folder(root / "text")
     for name in ("tokenizer.json", "generation_config.json"):
         shutil.copy(root / "text" / name, checkpoint / name)
-    # 2-bit tables: a package that visibly loses quality (the check must see it)
+    # 2-bit tables: a package that visibly loses quality (the check must see it); a rule that
+    # names encoder weights only (the decoder's package holds none of them)
     out = root / "out"
-    convert_whisper(checkpoint, out, precision="fp32", cache_len=CACHE, compress="lut2;check=off")
+    convert_whisper(checkpoint, out, precision="fp32", cache_len=CACHE,
+                    compress=r"lut2;re:^model\.encoder\.layers\.0\.fc1\.=int8;check=off")
     return {"checkpoint": checkpoint, "out": out, "wav": speech_wav(root / "speech.wav", 2.0)}
 
 
@@ -138,3 +140,28 @@ def test_a_speech_folder_without_audio_says_what_to_give(built: dict[str, Path],
     assert main(["eval", str(speech_folder_in(built["out"])), "-q"]) in (1, 2)
     err = capsys.readouterr().err
     assert "--audio" in err and len(err.strip().splitlines()) == 1
+
+
+def test_folder_rules_apply_to_the_package_holding_their_weights(built: dict[str, Path]) -> None:
+    from rlx_mil.compress import report_of
+    from rlx_mil.coreml.package_info import package_info
+
+    folder = speech_folder_in(built["out"])
+    schemes = {}
+    for role in ("AudioEncoder", "TextDecoder"):
+        report = report_of(package_info(folder / f"{role}.mlpackage").metadata)
+        assert report is not None
+        schemes.update({w.name: w.scheme for w in report.weights})
+    assert schemes["model.encoder.layers.0.fc1.weight"].startswith("int8")
+    assert schemes["model.encoder.layers.1.fc1.weight"].startswith("lut2")
+    assert schemes["model.decoder.layers.0.fc1.weight"].startswith("lut2")
+
+
+def test_a_rule_matching_no_weight_of_the_folder_is_refused_before_converting(built: dict[str, Path],
+                                                                             tmp_path: Path) -> None:
+    from rlx_mil.errors import InvalidOptionError
+
+    with pytest.raises(InvalidOptionError, match=r"(?s)the speech folder.*encodr"):
+        convert_whisper(built["checkpoint"], tmp_path / "never", precision="fp32", cache_len=CACHE,
+                        compress=r"int8;re:^model\.encodr\.=int4")
+    assert not (tmp_path / "never").exists() or not any((tmp_path / "never").rglob("*.mlpackage"))
