@@ -205,6 +205,9 @@ def evaluate_package(
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2):
         raise InvalidOptionError(f"max_tokens must be an int >= 2, got {max_tokens!r}")
     read = _file_prefix(text) if isinstance(text, Path) else _string_prefix(text)
+    start, whole = read(4096)  # an empty or binary file fails here, before the package loads
+    if whole and not start:
+        raise InvalidOptionError("the text is empty; perplexity needs at least 2 tokens")
     session = Session(package, engine=engine, compute_units=compute_units)
     ids, cut = encode_limited(session.tokenizer.encode, read, max_tokens)
     if cut and warn_cut:

@@ -365,7 +365,7 @@ def test_eval_of_hostile_texts_and_references_is_one_error_line(package: Path, t
     os.mkfifo(tmp_path / "fifo.txt")
     other = write_random_checkpoint(tmp_path / "other", {**TINY_CONFIGS["llama"], "vocab_size": 90}, seed=2)
     cases = [
-        (["--text", str(tmp_path / "empty.txt")], "the text has 0 token(s)"),
+        (["--text", str(tmp_path / "empty.txt")], "the text is empty"),
         (["--text", str(tmp_path / "binary.txt")], "not UTF-8 text"),
         (["--text", str(tmp_path / "missing.txt")], "no such text file"),
         (["--text", str(tmp_path)], "a directory"),
