@@ -58,14 +58,33 @@ class LutScaleCodes:
     sq_norm: float
     max_error: float | None = None
     offset: np.ndarray | None = None
+    #: The split form (`high` given): a code one bit wider than any index type Core ML has (5
+    #: bits) is `lut[indices] + 2^bits * high` exactly, the two parts `bits`-wide and 1-bit
+    #: indices into their own tables summed, then w = scale * code + `bias` (offset unused),
+    #: the arithmetic in the program's float at run time (`split_op`).
+    high: np.ndarray | None = None
+    bias: np.ndarray | None = None
 
     def dequantize(self) -> np.ndarray:
-        """scale * (lut[indices] - offset) in float32, as the two constexpr ops decode it."""
+        """scale * (lut[indices] - offset) in float32, as the two constexpr ops decode it (the
+        split form: as its run-time ops compute it, in the tables' float type)."""
+        if self.high is not None:
+            return self.split_values(self.indices, self.high, self.scale, self.bias)
         values = self.lut.astype(np.float32)[self.indices]
         block = values.shape[-1] // self.scale.shape[-1]
         if self.offset is not None:
             values = values - np.repeat(self.offset.astype(np.float32), block, axis=-1)
         return (np.repeat(self.scale.astype(np.float32), block, axis=-1) * values).astype(np.float32)
+
+    def split_values(self, low: np.ndarray, high: np.ndarray, scale: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+        """Rows of the split form as its run-time ops compute them, in `scale`'s float type."""
+        dt = scale.dtype
+        codes = (self.lut.astype(dt)[low] + (high.astype(dt) * dt.type(1 << self.bits))).astype(dt)
+        block = codes.shape[-1] // scale.shape[-1]
+        values = (codes.reshape(*scale.shape, block) * scale[..., None]).astype(dt)
+        if bias is not None:
+            values = (values + bias.astype(dt)[..., None]).astype(dt)
+        return values.reshape(codes.shape).astype(np.float32)
 
     @property
     def relative_error(self) -> float:
@@ -83,6 +102,8 @@ def lut_scale_op(codes: LutScaleCodes, name: str, store: CodeStore) -> Any:
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import types
 
+    if codes.high is not None:
+        return split_op(codes, name, store)
     if codes.bits not in LUT_INDEX_BITS or codes.lut.size != 1 << codes.bits:
         raise ValueError(f"{name}: a LUT of {codes.lut.size} entries for {codes.bits}-bit indices")
     dtype = np.uint8 if codes.bits == 8 else getattr(types, f"np_uint{codes.bits}_dtype")
@@ -92,10 +113,42 @@ def lut_scale_op(codes: LutScaleCodes, name: str, store: CodeStore) -> Any:
     return mb.constexpr_blockwise_shift_scale(data=values, scale=store.hold(codes.scale), name=name, **extra)
 
 
+def split_op(codes: LutScaleCodes, name: str, store: CodeStore) -> Any:
+    """The split form: `bits`-wide indices into `lut` plus 1-bit indices into [0, 2^bits]
+    (two exact `constexpr_lut_to_dense`, float tables of the program's type), summed — the
+    integer code, exact in fp16 and fp32 — then times the block scale plus the block bias at
+    run time: Core ML has no 5-bit index, and a `constexpr_blockwise_shift_scale` cannot take
+    a sum, so the package holds 5 bits a code rather than 8 (iOS18) or 6 (iOS26)."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    assert codes.high is not None
+    dt = codes.scale.dtype
+    rows, cols = codes.indices.shape
+    groups = codes.scale.shape[-1]
+    table = codes.lut.astype(dt).reshape(1, 1, -1, 1)
+    if codes.bits not in LUT_INDEX_BITS or table.size != 1 << codes.bits:
+        raise ValueError(f"{name}: a LUT of {table.size} entries for {codes.bits}-bit indices")
+    low = mb.constexpr_lut_to_dense(indices=store.hold(codes.indices, getattr(types, f"np_uint{codes.bits}_dtype")),
+                                    lut=table, name=f"{name}_low")
+    high = mb.constexpr_lut_to_dense(indices=store.hold(codes.high, types.np_uint1_dtype),
+                                     lut=np.asarray([0, 1 << codes.bits], dt).reshape(1, 1, 2, 1), name=f"{name}_high")
+    values = mb.add(x=low, y=high, name=f"{name}_codes")
+    values = mb.reshape(x=values, shape=np.asarray([rows, groups, cols // groups], np.int32), name=f"{name}_blocks")
+    values = mb.mul(x=values, y=codes.scale.reshape(rows, groups, 1), name=f"{name}_scaled")
+    if codes.bias is not None:
+        values = mb.add(x=values, y=codes.bias.astype(dt).reshape(rows, groups, 1), name=f"{name}_biased")
+    return mb.reshape(x=values, shape=np.asarray([rows, cols], np.int32), name=name)
+
+
 def lut_scale_bytes(codes: LutScaleCodes) -> int:
     tables = codes.scale.size * codes.scale.dtype.itemsize
     if codes.offset is not None:
         tables += codes.offset.size * codes.offset.dtype.itemsize
+    if codes.high is not None:  # the 1-bit part, float tables of 2^bits and 2 entries, the biases
+        tables += (codes.high.size + 7) // 8 + (codes.lut.size + 2) * codes.scale.dtype.itemsize
+        tables += 0 if codes.bias is None else codes.bias.size * codes.bias.dtype.itemsize
+        return (codes.indices.size * codes.bits + 7) // 8 + tables
     return (codes.indices.size * codes.bits + 7) // 8 + codes.lut.size + tables
 
 

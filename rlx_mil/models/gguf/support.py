@@ -56,7 +56,16 @@ def support_markdown() -> str:
                      " (`constexpr_lut_to_dense` + `constexpr_blockwise_shift_scale`)")
         fp32 = "offset rounds (~1e-7 relative)" if fmt.biased else "exact"
         fp16 = "exact" if name in EXACT else "scale/offset round to fp16"
-        lines.append(f"| {name} | {op} | {data} | {ios26} | {fmt.block} | {fmt.scale_text} | {fmt.offset_text} | {fp32} |"
+        if fmt.split:
+            low, high = fmt.lut_low, fmt.lut_low + 15
+            op = "2 x `constexpr_lut_to_dense`, then `add`, `mul` (and `add`) at run time"
+            data = f"uint4 index into {low}..{high} + uint1 index into 0, 16 (the 5-bit code, split)"
+            fp32 = "exact (iOS26: offset rounds, ~1e-7 relative)" if fmt.biased else "exact"
+            fp16 = "the weight rounds to fp16"
+        offset = fmt.offset_text
+        if fmt.split and fmt.biased:
+            offset = f"bias {'m' if name == 'Q5_1' else '-dmin * m'} (iOS26: offset {fmt.offset_text})"
+        lines.append(f"| {name} | {op} | {data} | {ios26} | {fmt.block} | {fmt.scale_text} | {offset} | {fp32} |"
                      f" {fp16} | {every} |")
     lines += ["", END]
     return "\n".join(lines)

@@ -15,9 +15,10 @@ from models.gguf.gguf_files import write_gguf
 from models.hf_numpy import FORWARDS
 from rlx_mil import reference
 from rlx_mil.compress import dequantized_params, report_of
+from rlx_mil.lowering.target import Target
 from rlx_mil.models import from_gguf
 from rlx_mil.models.checkpoint import Checkpoint
-from rlx_mil.models.gguf.codes import EXACT, FORMATS
+from rlx_mil.models.gguf.codes import EXACT, FORMATS, split_form
 from rlx_mil.models.gguf.reader import GGUFFile
 from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
 
@@ -101,8 +102,11 @@ def test_every_type_converts_compressed(mixed: Any, precision: str) -> None:
         assert w.max_error is not None
         if kind in EXACT or precision == "fp32":
             assert w.max_error <= 1e-6 * max(1.0, w.bytes_before)
-        if kind in EXACT:
+        split = split_form(kind, Target.IOS18)  # 5-bit codes: scale and bias at run time
+        if kind in EXACT and not (split and precision == "fp16"):
             assert w.max_error == 0.0
+        if split:  # llama.cpp's decode bit for bit in fp32; in fp16 a few roundings (table, product, sum)
+            assert w.max_error <= (0.0 if precision == "fp32" else 2**-9 * float(np.abs(params[name]).max())), (name, kind)
     ids = _ids(cfg["vocab_size"])
     want = reference.evaluate(graph, {"input_ids": ids}, dequantized_params(params, model))["logits"]
     exact = reference.evaluate(graph, {"input_ids": ids}, params)["logits"]
