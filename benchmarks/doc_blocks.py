@@ -1,6 +1,7 @@
 """The code blocks of README.md and docs/*.md, and running them as written.
 
-Every ```python and ```sh block carries a marker in the HTML comment right before it:
+Every fenced block (indented ones, inside a list item, included) carries a marker in the HTML
+comment right before it:
 
 * `<!-- doc-test: run -->`: tests/test_doc_blocks.py runs it twice, from a clean folder.
 * `<!-- doc-test: long -->`: too long for the test suite (an install, a conversion of seconds
@@ -8,9 +9,17 @@ Every ```python and ```sh block carries a marker in the HTML comment right befor
 * `<!-- doc-test: long, stands-in: KIND=NAME[, KIND=NAME ...] -->`: a long block that reads
   files it does not make (a checkpoint folder, a GGUF file, a package): the script first lays
   down a tiny stand-in of each KIND under the exact NAME the block uses (see `STAND_INS`).
-* `<!-- doc-test: needs WHAT -->`: it cannot run here and the comment says why (macOS, the real
-  Whisper weights, a synopsis with placeholders, variables from another block); the test still
-  checks every `rlx-mil` command in it against the parser.
+* `<!-- doc-test: long, in a clone -->`: a block the README runs from a clone of the
+  repository: the script runs it in a fresh clone, in the virtual environment `.venv` the
+  README's first block makes there.
+* `<!-- doc-test: needs WHAT -->`: it cannot run here and the comment says why (macOS, Swift,
+  the whole test suite's time, PyTorch); the test still checks every `rlx-mil` command in it
+  against the parser.
+* `<!-- doc-test: shows WHAT -->`: not code (a diagram, an output sample, a file tree): a block
+  without a language.
+
+Only ```python and ```sh blocks run; a ```swift block needs macOS; a block without a language
+shows something.
 
 `python benchmarks/doc_blocks.py [--all]` runs the long blocks (with --all, the `run` ones too)
 twice each in one clean temporary folder and prints one line per block.
@@ -28,8 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
-_MARKER = re.compile(r"<!--\s*doc-test:\s*(run|long|needs)\b\s*(.*?)\s*-->")
+_FENCE = re.compile(r"^( *)```(\w*)\n(.*?)^\1```[ \t]*$", re.S | re.M)
+_MARKER = re.compile(r"<!--\s*doc-test:\s*(run|long|needs|shows)\b\s*(.*?)\s*-->")
+_IN_CLONE = ", in a clone"
+#: What runs here (python with this interpreter, sh with bash -e).
+RUNNABLE = ("python", "sh")
 _STANDS_IN = re.compile(r"^,\s*stands-in:\s*(.+)$")
 
 #: The stand-ins a `long` block may ask for, by kind (each tiny, written in seconds):
@@ -44,8 +56,13 @@ STAND_INS = {
     "graph-inputs": "an input x of rlx-graph, as .npz",
     "encoder-package": "a tiny BERT package [2, 128] with a WordPiece tokenizer (MiniLM's context of 512)",
     "dinov2-folder": "a tiny random DINOv2 checkpoint (patch 14, image 518, as dinov2-small)",
-    "siglip-folder": "a tiny random SigLIP checkpoint (patch 16, image 224)",
+    "siglip-folder": "a tiny random SigLIP checkpoint (patch 16, image 224) with SigLIP's preprocessor_config.json",
     "siglip2-folder": "a tiny random SigLIP2 checkpoint (patch 16, 256 patches, as the naflex models)",
+    "siglip-package": "the image-embedding package of siglip-folder (--normalize)",
+    "image": "a 320 x 240 RGB picture (PNG or JPEG after the NAME's suffix)",
+    "whisper-folder": "a tiny random Whisper checkpoint with Whisper's multilingual vocabulary (51,865 ids)",
+    "whisper-package": "WhisperKit's folder of a tiny random Whisper with a tokenizer (stateful decoder too)",
+    "wav": "three seconds of a warbling tone, 22.05 kHz 16-bit WAV",
 }
 
 
@@ -67,15 +84,25 @@ class Block:
         pairs = [item.strip().split("=", 1) for item in match.group(1).split(",")]
         return {name.strip(): kind.strip() for kind, name in pairs}
 
+    @property
+    def in_clone(self) -> bool:
+        return self.kind == "long" and self.note == _IN_CLONE
+
     def marker_problems(self) -> list[str]:
         """What is wrong with the block's marker (its vocabulary), empty when nothing."""
         if not self.kind:
-            return [f"{self.where}: no <!-- doc-test: run|long|needs ... --> marker"]
-        if self.kind == "needs" and not self.note:
-            return [f"{self.where}: a needs marker says what the block needs"]
+            return [f"{self.where}: no <!-- doc-test: run|long|needs|shows ... --> marker"]
+        if self.kind in ("needs", "shows") and not self.note:
+            return [f"{self.where}: a {self.kind} marker says what the block {self.kind}"]
+        if self.kind in ("run", "long") and self.language not in RUNNABLE:
+            return [f"{self.where}: a ```{self.language} block does not run here; mark it needs WHAT or shows WHAT"]
+        if self.kind == "shows" and self.language:
+            return [f"{self.where}: a ```{self.language} block is code: mark it run, long or needs WHAT"]
+        if self.kind == "needs" and not self.language:
+            return [f"{self.where}: a block without a language is not code: mark it shows WHAT"]
         if self.kind == "run" and self.note:
             return [f"{self.where}: a run marker takes no text, got {self.note!r}"]
-        if self.kind == "long" and self.note:
+        if self.kind == "long" and self.note and not self.in_clone:
             match = _STANDS_IN.match(self.note)
             if match is None:
                 return [f"{self.where}: a long marker takes only ', stands-in: KIND=NAME, ...', got {self.note!r}"]
@@ -98,20 +125,24 @@ def doc_files() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def blocks(languages: tuple[str, ...] = ("python", "sh")) -> list[Block]:
+def blocks(languages: tuple[str, ...] | None = None) -> list[Block]:
+    """Every fenced block of the docs (or those of `languages`), an indented one dedented."""
     found = []
     for path in doc_files():
         text = path.read_text(encoding="utf-8")
         for match in _FENCE.finditer(text):
-            if match.group(1) not in languages:
+            indent, language = match.group(1), match.group(2)
+            if languages is not None and language not in languages:
                 continue
+            lines = match.group(3).splitlines(keepends=True)
+            code = "".join(line[len(indent):] if line.startswith(indent) else line.lstrip(" ") for line in lines)
             before = text[:match.start()].rstrip("\n").splitlines()
             comments = []
             while before and before[-1].strip().startswith("<!--"):
                 comments.append(before.pop())
             marker = next((m for c in comments if (m := _MARKER.search(c))), None)
-            found.append(Block(str(path.relative_to(ROOT)), text[:match.start()].count("\n") + 1, match.group(1),
-                               match.group(2), marker.group(1) if marker else "", marker.group(2) if marker else ""))
+            found.append(Block(str(path.relative_to(ROOT)), text[:match.start()].count("\n") + 1, language,
+                               code, marker.group(1) if marker else "", marker.group(2) if marker else ""))
     return found
 
 
@@ -183,6 +214,18 @@ def lay_down(kind: str, path: Path) -> None:
         _encoder_package(path)
     elif kind in ("dinov2-folder", "siglip-folder", "siglip2-folder"):
         _vision_folder(kind.removesuffix("-folder"), path)
+    elif kind == "siglip-package":
+        with tempfile.TemporaryDirectory(prefix="rlx_mil_doc_ckpt_") as tmp:
+            _vision_folder("siglip", Path(tmp) / "siglip")
+            command = [sys.executable, "-m", "rlx_mil.cli", "convert-hf", str(Path(tmp) / "siglip"), "-o", str(path),
+                       "--normalize", "-q"]
+            subprocess.run(command, check=True, env=_shim(Path(tmp)), capture_output=True)
+    elif kind == "image":
+        _picture(path)
+    elif kind in ("whisper-folder", "whisper-package"):
+        _whisper(kind, path)
+    elif kind == "wav":
+        _warble(path)
     else:
         raise ValueError(f"no stand-in kind {kind!r}")
 
@@ -242,6 +285,70 @@ def _vision_folder(family: str, path: Path) -> None:
     else:
         vision.update(patch_size=16, num_patches=256)
     write_random_checkpoint(path, config, seed=0)
+    if family == "siglip":  # google/siglip-base-patch16-224's image processor, as the Hub folder has it
+        import json
+
+        settings = {"image_processor_type": "SiglipImageProcessor", "do_resize": True, "size": {"height": 224, "width": 224},
+                    "resample": 3, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+                    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "processor_class": "SiglipProcessor"}
+        (path / "preprocessor_config.json").write_text(json.dumps(settings, indent=2))
+
+
+def _picture(path: Path) -> None:
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:240, 0:320]
+    pixels = np.stack([x * 255 // 320, y * 255 // 240, (x + y) % 256], axis=-1).astype(np.uint8)
+    Image.fromarray(pixels, "RGB").save(path)
+
+
+def _warble(path: Path, seconds: float = 3.0, rate: int = 22050) -> None:
+    import numpy as np
+    import soundfile as sf
+
+    t = np.arange(round(seconds * rate)) / rate
+    audio = 0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 2 * t))
+    sf.write(path, audio.astype(np.float32), rate, subtype="PCM_16")
+
+
+def _whisper(kind: str, path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from rlx_mil.models.families.whisper import TINY_WHISPER
+    from rlx_mil.models.random_checkpoint import write_random_checkpoint
+    from rlx_mil.speech.packages import convert_whisper
+    from tests.speech.fake_whisper import EOT, SOT, VOCAB, write_speech_folder
+
+    if kind == "whisper-folder":
+        config = {**TINY_WHISPER, "vocab_size": 51865, "decoder_start_token_id": 50258, "pad_token_id": 50257,
+                  "bos_token_id": 50257, "eos_token_id": 50257, "max_target_positions": 64,
+                  "begin_suppress_tokens": [220, 50257]}
+        write_random_checkpoint(path, config, seed=7)
+        return
+    config = {**TINY_WHISPER, "vocab_size": VOCAB, "decoder_start_token_id": SOT, "pad_token_id": EOT,
+              "bos_token_id": EOT, "eos_token_id": EOT, "max_target_positions": 64, "begin_suppress_tokens": [220, EOT]}
+    with tempfile.TemporaryDirectory(prefix="rlx_mil_doc_ckpt_") as tmp:
+        checkpoint = write_random_checkpoint(Path(tmp) / f"whisper-{path.name.rsplit('-', 1)[-1]}", config, seed=7)
+        write_speech_folder(Path(tmp) / "text")
+        for name in ("tokenizer.json", "generation_config.json"):
+            (checkpoint / name).write_bytes((Path(tmp) / "text" / name).read_bytes())
+        written = convert_whisper(checkpoint, Path(tmp) / "out", precision="fp32", cache_len=32, stateful=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        written.folder.rename(path)
+
+
+def _clone_and_run(block: Block, folder: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """The block in a fresh clone of this checkout's commit, in the `.venv` README's first
+    block makes there (a virtual environment of its own: an install never touches this one)."""
+    clone = folder / "rlx_mil"
+    if not clone.exists():
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "RLX_MIL_TRACEBACK")}
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != venv_bin)
+    script = f"python3 -m venv .venv && . .venv/bin/activate\n{block.code}"
+    return subprocess.run(["bash", "-e", "-c", script], cwd=clone, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def run_twice(block: Block, timeout: float = 600) -> str | None:
@@ -249,9 +356,11 @@ def run_twice(block: Block, timeout: float = 600) -> str | None:
     what went wrong."""
     with tempfile.TemporaryDirectory(prefix="rlx_mil_doc_") as tmp:
         for name, kind in block.stand_ins.items():
-            lay_down(kind, Path(tmp) / name.rstrip("/"))
+            where = Path(tmp) / name.rstrip("/")
+            where.parent.mkdir(parents=True, exist_ok=True)
+            lay_down(kind, where)
         for attempt in (1, 2):
-            done = run_block(block, Path(tmp), timeout)
+            done = _clone_and_run(block, Path(tmp), timeout) if block.in_clone else run_block(block, Path(tmp), timeout)
             if done.returncode != 0:
                 tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
                 return f"{block.where}: run {attempt} exited {done.returncode}:\n{tail}"
