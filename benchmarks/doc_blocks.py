@@ -60,9 +60,9 @@ STAND_INS = {
     "siglip2-folder": "a tiny random SigLIP2 checkpoint (patch 16, 256 patches, as the naflex models)",
     "siglip-package": "the image-embedding package of siglip-folder (--normalize)",
     "image": "a 320 x 240 RGB picture (PNG or JPEG after the NAME's suffix)",
-    "whisper-folder": "a tiny random Whisper checkpoint with Whisper's multilingual vocabulary (51,865 ids)",
-    "whisper-package": "WhisperKit's folder of a tiny random Whisper with a tokenizer (stateful decoder too)",
-    "wav": "three seconds of a warbling tone, 22.05 kHz 16-bit WAV",
+    "whisper-folder": "a tiny random Whisper checkpoint with a small multilingual tokenizer",
+    "whisper-package": "WhisperKit's folder (stateful decoder too) converted from whisper-folder",
+    "wav": "three seconds of a warbling tone, 22.05 kHz 16-bit (WAV or FLAC after the NAME's suffix)",
 }
 
 
@@ -313,27 +313,31 @@ def _warble(path: Path, seconds: float = 3.0, rate: int = 22050) -> None:
 
 
 def _whisper(kind: str, path: Path) -> None:
+    """The checkpoint (a tiny random Whisper with a small multilingual tokenizer) or the folder
+    of packages converted from it: always the same weights, so a package and a checkpoint laid
+    down side by side belong together."""
     sys.path.insert(0, str(ROOT))
     from rlx_mil.models.families.whisper import TINY_WHISPER
     from rlx_mil.models.random_checkpoint import write_random_checkpoint
     from rlx_mil.speech.packages import convert_whisper
     from tests.speech.fake_whisper import EOT, SOT, VOCAB, write_speech_folder
 
-    if kind == "whisper-folder":
-        config = {**TINY_WHISPER, "vocab_size": 51865, "decoder_start_token_id": 50258, "pad_token_id": 50257,
-                  "bos_token_id": 50257, "eos_token_id": 50257, "max_target_positions": 64,
-                  "begin_suppress_tokens": [220, 50257]}
-        write_random_checkpoint(path, config, seed=7)
-        return
-    config = {**TINY_WHISPER, "vocab_size": VOCAB, "decoder_start_token_id": SOT, "pad_token_id": EOT,
-              "bos_token_id": EOT, "eos_token_id": EOT, "max_target_positions": 64, "begin_suppress_tokens": [220, EOT]}
-    with tempfile.TemporaryDirectory(prefix="rlx_mil_doc_ckpt_") as tmp:
-        checkpoint = write_random_checkpoint(Path(tmp) / f"whisper-{path.name.rsplit('-', 1)[-1]}", config, seed=7)
-        write_speech_folder(Path(tmp) / "text")
+    def checkpoint(folder: Path) -> Path:
+        config = {**TINY_WHISPER, "vocab_size": VOCAB, "decoder_start_token_id": SOT, "pad_token_id": EOT,
+                  "bos_token_id": EOT, "eos_token_id": EOT, "max_target_positions": 64,
+                  "begin_suppress_tokens": [220, EOT]}
+        write_random_checkpoint(folder, config, seed=7)
+        write_speech_folder(folder.parent / f"{folder.name}-text")
         for name in ("tokenizer.json", "generation_config.json"):
-            (checkpoint / name).write_bytes((Path(tmp) / "text" / name).read_bytes())
-        written = convert_whisper(checkpoint, Path(tmp) / "out", precision="fp32", cache_len=32, stateful=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
+            (folder.parent / f"{folder.name}-text" / name).rename(folder / name)
+        return folder
+
+    if kind == "whisper-folder":
+        checkpoint(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="rlx_mil_doc_ckpt_") as tmp:
+        source = checkpoint(Path(tmp) / f"whisper-{path.name.rsplit('-', 1)[-1]}")
+        written = convert_whisper(source, Path(tmp) / "out", precision="fp32", cache_len=32, stateful=True)
         written.folder.rename(path)
 
 
