@@ -135,8 +135,8 @@ def run_generate(args: argparse.Namespace) -> int:
     assert prompt is not None
     from rlx_mil.progress import Progress, running_under_ci
 
-    chat_tokenizer = _chat_tokenizer(args.package, "drop --chat") if args.chat else None
     announce(args, f"opening {args.package} ...")
+    chat_tokenizer = _chat_tokenizer(args.package, "drop --chat") if args.chat else None
     progress = Progress(enabled=not (args.quiet or running_under_ci()))
     progress.begin(f"opening {args.package}", unit=" weights")  # the executor counts those it prepares
     from rlx_mil.llm.generate import Session
