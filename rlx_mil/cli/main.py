@@ -501,6 +501,20 @@ def entry() -> int:
     return main()
 
 
+def _exit_interrupted() -> int:
+    """130, and the process does end with it. A Ctrl-C that passed through code an extension
+    runs with `PyRun_String` (pybind11's `py::exec`) on its way to us sets CPython's "unhandled
+    KeyboardInterrupt" flag, and the interpreter then ends by killing itself with SIGINT
+    (status -2 to a parent) although we handled it; running any string resets that flag."""
+    import ctypes
+
+    try:
+        ctypes.pythonapi.PyRun_SimpleString(b"pass")
+    except (AttributeError, OSError):  # not CPython
+        pass
+    return EXIT_INTERRUPTED
+
+
 def _interrupted(err: BaseException) -> bool:
     """Whether a KeyboardInterrupt is among `err`'s causes."""
     seen: set[int] = set()
@@ -566,11 +580,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _failed(args, where, "error: out of memory")
     except KeyboardInterrupt:
         _failed(args, where, "interrupted")
-        return EXIT_INTERRUPTED
+        return _exit_interrupted()
     except Exception as err:  # a bug: say so in one line, the traceback on request
         if _interrupted(err):  # Ctrl-C inside code that wraps what it catches (a class's __set_name__...)
             _failed(args, where, "interrupted")
-            return EXIT_INTERRUPTED
+            return _exit_interrupted()
         if os.environ.get("RLX_MIL_TRACEBACK"):
             traceback.print_exc()
         _failed(args, where, f"internal error (please report it; RLX_MIL_TRACEBACK=1 shows where):"
