@@ -48,6 +48,24 @@ def upstream_fixture_paths() -> list[Path]:
     return sorted(UPSTREAM_JSON_DIR.glob("*.json"))
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Free the session's models and remove the conversions' scratch folder while an xdist
+    worker still counts as running (after the fixtures' teardown, before it reports that it has
+    finished). Left to pytest's closing gc.collect() and to `atexit`, this ran after the report:
+    the controller then shuts the worker down, and execnet sends a worker still busy after 5 s a
+    SIGINT (a KeyboardInterrupt traceback from whatever it lands in, hypothesis' gc callback
+    included) and ends it with os._exit 10 s later, no `atexit` run: coremltools' temporary
+    packages stayed in the temporary folder (hundreds of MB on a loaded machine)."""
+    import gc
+    import sys
+
+    gc.collect()
+    scratch = sys.modules.get("rlx_mil.coreml.scratch")
+    if scratch is not None:
+        scratch.remove_scratch_dir()
+
+
 @pytest.fixture
 def upstream_json_dir() -> Path:
     if not UPSTREAM_JSON_DIR.is_dir():

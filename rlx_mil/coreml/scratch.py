@@ -79,6 +79,15 @@ def scratch_dir() -> Path:
         return created
 
 
+def remove_scratch_dir() -> None:
+    """Remove this process's scratch folder now, as its exit would (a process that ends with
+    `os._exit`, as a test worker its controller gives up waiting for, runs no `atexit`)."""
+    with _lock:
+        created = _scratch.pop(os.getpid(), None)
+    if created is not None:
+        shutil.rmtree(created, ignore_errors=True)
+
+
 @contextmanager
 def conversion_temporaries() -> Iterator[Path]:
     """While active, `tempfile` creates everything in the scratch folder; what the block
