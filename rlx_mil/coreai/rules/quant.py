@@ -1,6 +1,7 @@
 """Compressed weights: MIL's constexpr ops as Core AI's compression ops, which keep the
 compressed form in the asset (`blockwise_shift_scale`, `lut_to_dense`). Sub-byte codes are
-stored bit-packed (the adapter's `packed_constant`)."""
+stored bit-packed (the adapter's `packed_constant`); an fp16 package's scales and tables stay
+fp16 (the package's bytes), the decompressed weight cast to the held float type."""
 
 from __future__ import annotations
 
@@ -33,7 +34,14 @@ def codes(ctx: RuleContext, name: str) -> Any:
 
 
 def _float(ctx: RuleContext, name: str) -> np.ndarray:
-    return np.asarray(ctx.const(name)).astype(ctx.out_dtype(), copy=False)
+    """Float input `name` in its stored type: fp16 stays fp16, others take the held type."""
+    value = np.asarray(ctx.const(name))
+    return value if value.dtype == np.float16 else value.astype(ctx.out_dtype(), copy=False)
+
+
+def _held(ctx: RuleContext, value: Any) -> Any:
+    """A decompressed weight in the type the translation holds floats in."""
+    return ctx.cast(value, ctx.out_dtype())
 
 
 @rule("constexpr_blockwise_shift_scale")
@@ -59,7 +67,7 @@ def constexpr_blockwise_shift_scale(ctx: RuleContext) -> Any:
     offset1_value = _zeros_like(ctx, offset1, kind) if not offset1.any() else \
         adapter.packed_constant(offset1, kind) if kind is not None else adapter.constant(offset1)
     offset2_value = _zeros_like(ctx, offset2) if not offset2.any() else adapter.constant(offset2)
-    return ctx.ops.blockwise_shift_scale(data, adapter.constant(scale), offset1_value, offset2_value)
+    return _held(ctx, ctx.ops.blockwise_shift_scale(data, adapter.constant(scale), offset1_value, offset2_value))
 
 
 def _zeros_like(ctx: RuleContext, array: np.ndarray, kind: str | None = None) -> Any:
@@ -80,8 +88,8 @@ def constexpr_affine_dequantize(ctx: RuleContext) -> Any:
         shape[axis] = scale.size
     scale = np.broadcast_to(scale.reshape(shape if scale.size > 1 else [1] * data.ndim), shape).copy()
     zero = np.broadcast_to(zero.reshape(shape if zero.size > 1 else [1] * data.ndim), shape).astype(data.dtype)
-    return ctx.ops.blockwise_shift_scale(adapter.constant(data), adapter.constant(scale), adapter.constant(zero),
-                                         adapter.constant(np.zeros(shape, scale.dtype)))
+    return _held(ctx, ctx.ops.blockwise_shift_scale(adapter.constant(data), adapter.constant(scale),
+                                                    adapter.constant(zero), adapter.constant(np.zeros(shape, scale.dtype))))
 
 
 @rule("constexpr_lut_to_dense")
@@ -90,9 +98,12 @@ def constexpr_lut_to_dense(ctx: RuleContext) -> Any:
     lut = _float(ctx, "lut")
     rank = ctx.rank("indices")
     axis = int(ctx.param("vector_axis", 0) or 0) % rank if lut.shape[-1] > 1 else 0
-    return ctx.ops.lut_to_dense(indices, adapter.constant(lut), np.int16(axis))
+    return _held(ctx, ctx.ops.lut_to_dense(indices, adapter.constant(lut), np.int16(axis)))
 
 
 @rule("constexpr_cast")
 def constexpr_cast(ctx: RuleContext) -> Any:
-    return ctx.constant(np.asarray(ctx.const("source_val")).astype(ctx.out_dtype()))
+    source = np.asarray(ctx.const("source_val"))
+    if source.dtype == np.float16:  # stored as the package stores it
+        return _held(ctx, adapter.constant(source))
+    return ctx.constant(source.astype(ctx.out_dtype()))
