@@ -180,8 +180,12 @@ class ModuleBuilder:
             graph = ops.GraphOp(name=name, input_types=[tensor_type(s, d) for _, s, d in inputs], result_types=[],
                                 input_names=[n for n, _, _ in inputs])
             scope = GraphScope(graph, [n for n, _, _ in inputs])
-            with graph.block:
-                yield scope
+            try:
+                with graph.block:
+                    yield scope
+            except BaseException:
+                graph.operation.erase()  # a graph left half built would spoil the module's other graphs
+                raise
 
     def nested(self, block_builder: Any) -> Any:
         return block_builder.block

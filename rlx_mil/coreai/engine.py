@@ -23,7 +23,7 @@ class CoreAIProgram:
     function asked for). `close` (or the `with` block) removes the temporary asset."""
 
     def __init__(self, source: Any, functions: Sequence[str] | None = None, *, float_dtype: Any = DEFAULT_FLOAT,
-                 io_names: Any = None) -> None:
+                 io_names: Any = None, _builder: adapter.ModuleBuilder | None = None, _prefix: str = "") -> None:
         from rlx_mil.milexec.loader import resolve_source
         from rlx_mil.milexec.protoread import read_model
 
@@ -38,8 +38,14 @@ class CoreAIProgram:
 
             program = LightProgram({first.function_name: first.function}, first.function_name)
         self.default_function = first.function_name
-        translation = translate_program(program, names, float_dtype=float_dtype)
-        self.entries: dict[str, EntryPoint] = translation.entries
+        #: function -> its entry point's name in the asset (prefixed when several programs share one).
+        self._entry_names = {name: f"{_prefix}{name}" for name in names}
+        translation = translate_program(program, names, float_dtype=float_dtype, entry_names=self._entry_names,
+                                        builder=_builder)
+        self.entries: dict[str, EntryPoint] = {name: translation.entries[self._entry_names[name]] for name in names}
+        self._dir: Path | None = None
+        if _builder is not None:  # a `CoreAIBatch` saves and loads the shared asset
+            return
         self._dir = Path(tempfile.mkdtemp(prefix="rlx_mil_coreai_"))
         try:
             path = self._dir / "program.aimodel"
@@ -80,7 +86,7 @@ class CoreAIProgram:
                               for var, value in state_feeds}
         else:
             states = None
-        raw = self.asset.call(name, arrays, runtime_states)
+        raw = self.asset.call(self._entry_names[name], arrays, runtime_states)
         output_names = names.outputs if names else {}
         result = {output_names.get(key, key): _for_caller(raw[key]) for key in entry.outputs}
         if resolved.output_pieces:
@@ -93,12 +99,57 @@ class CoreAIProgram:
         return result
 
     def close(self) -> None:
+        if self._dir is None:  # a view of a `CoreAIBatch`: the batch closes the asset
+            return
         asset = getattr(self, "asset", None)
         if asset is not None:
             asset.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> CoreAIProgram:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class CoreAIBatch:
+    """Several MIL programs translated into one Core AI asset, saved and loaded once: Core AI's
+    save and load of an asset cost several times the translation of a small program, so an op
+    catalogue runs through one asset. `program(key)` runs one source with `CoreAIProgram`'s
+    interface; a source that cannot be translated is in `refused` (key -> its error)."""
+
+    def __init__(self, sources: Mapping[str, Any], *, float_dtype: Any = DEFAULT_FLOAT) -> None:
+        builder = adapter.ModuleBuilder()
+        self.refused: dict[str, CoreAITranslationError] = {}
+        self._programs: dict[str, CoreAIProgram] = {}
+        for index, (key, source) in enumerate(sources.items()):
+            try:
+                self._programs[key] = CoreAIProgram(source, float_dtype=float_dtype, _builder=builder,
+                                                    _prefix=f"p{index}_")
+            except CoreAITranslationError as err:
+                self.refused[key] = err
+        self._dir = Path(tempfile.mkdtemp(prefix="rlx_mil_coreai_"))
+        try:
+            path = self._dir / "programs.aimodel"
+            builder.save(path)
+            self.asset = adapter.LoadedAsset(path)
+        except BaseException:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+        for program in self._programs.values():
+            program.asset = self.asset
+
+    def program(self, key: str) -> CoreAIProgram:
+        if key in self.refused:
+            raise self.refused[key]
+        return self._programs[key]
+
+    def close(self) -> None:
+        self.asset.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> CoreAIBatch:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -118,4 +169,4 @@ def run(source: Any, inputs: Mapping[str, Any], *, function_name: str | None = N
         return program.run(inputs, function_name=function_name, states=states)
 
 
-__all__ = ["CoreAIProgram", "CoreAITranslationError", "run"]
+__all__ = ["CoreAIBatch", "CoreAIProgram", "CoreAITranslationError", "run"]

@@ -6,6 +6,8 @@ cannot go stale."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 pytest.importorskip("coreai", reason="needs the coreai extra: pip install -e \".[coreai]\" (Python >= 3.11)")
@@ -13,7 +15,7 @@ pytest.importorskip("coreai", reason="needs the coreai extra: pip install -e \".
 from catalogue import CATALOGUE_GROUP, ROWS, CatalogueModels, random_leaves
 
 from rlx_mil import reference
-from rlx_mil.coreai.engine import CoreAIProgram
+from rlx_mil.coreai.engine import CoreAIBatch, CoreAIProgram
 from rlx_mil.errors import CoreAITranslationError, RlxMilError
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.testing import compare
@@ -29,20 +31,35 @@ def _target(case: str) -> Target:
     return max(ROWS[case].min_target, Target.IOS18)
 
 
+@pytest.fixture(scope="module")
+def core_ai(catalogue_models: CatalogueModels) -> Iterator[dict[str, CoreAIBatch]]:
+    """precision -> every case that runs, translated into one asset (saving and loading an
+    asset costs more than translating a small program: one per case took 2.5x as long)."""
+    batches: dict[str, CoreAIBatch] = {}
+    try:
+        for precision in ("fp32", "fp16"):
+            sources = {case: catalogue_models.model(case, _target(case), precision) for case in sorted(ROWS)
+                       if case not in CANNOT_RUN}
+            batches[precision] = CoreAIBatch(sources)
+        yield batches
+    finally:
+        for batch in batches.values():
+            batch.close()
+
+
 @pytest.mark.xdist_group(CATALOGUE_GROUP)
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("case", sorted(ROWS))
-def test_catalogue_case_runs_through_core_ai(case: str, precision: str, catalogue_models: CatalogueModels) -> None:
+def test_catalogue_case_runs_through_core_ai(case: str, precision: str, catalogue_models: CatalogueModels,
+                                             core_ai: dict[str, CoreAIBatch]) -> None:
     row = ROWS[case]
     graph = row.build()
     inputs, params = random_leaves(graph)
-    model = catalogue_models.model(case, _target(case), precision)
     if case in CANNOT_RUN:
         with pytest.raises(CoreAITranslationError):
-            CoreAIProgram(model).close()
+            CoreAIProgram(catalogue_models.model(case, _target(case), precision)).close()
         return
-    with CoreAIProgram(model) as program:
-        got = program.run(inputs)
+    got = core_ai[precision].program(case).run(inputs)
     prec = Precision.parse(precision)
     try:
         want = reference.evaluate(graph, inputs, params)
