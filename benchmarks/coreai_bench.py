@@ -8,6 +8,9 @@ Real checkpoint (SmolLM2-135M-Instruct, `real_checkpoints.smollm2`, cached under
   (fp32), and perplexity (`rlx-mil eval`) of both;
 * decode tok/s of the asset (Apple's runtime, fp32) beside the package through milexec.
 
+`--deploy ane|gpu` and `--precision fp16` convert the package in that form (the asset
+computes in fp32 either way): its size against the package's and the greedy tokens.
+
 `--shape06b` adds decode tok/s at the Qwen3-0.6B shape (random weights, `--layers` of its 28
 layers, as `executor_bench.py --llm` builds it): Core AI fp32 beside milexec.
 
@@ -45,7 +48,8 @@ def _decode_rate(session: Any, prompt: list[int], steps: int) -> tuple[list[int]
     return tokens, stats.new_tokens / stats.seconds if stats.seconds > 0 else float("nan")
 
 
-def real_checkpoint(cache: Path, work: Path, steps: int, schemes: list[str]) -> list[dict[str, Any]]:
+def real_checkpoint(cache: Path, work: Path, steps: int, schemes: list[str], deploy: str = "plain",
+                    precision: str = "fp32") -> list[dict[str, Any]]:
     from real_checkpoints import smollm2
 
     from rlx_mil.cli import main
@@ -60,11 +64,11 @@ def real_checkpoint(cache: Path, work: Path, steps: int, schemes: list[str]) -> 
     text_file.write_text(TEXT)
     rows = []
     for compress in [None if s == "fp32" else s for s in schemes]:
-        label = compress or "fp32"
+        label = compress or precision
         extra = ["--compress", compress] if compress else []
         package, asset = work / f"{label}.mlpackage", work / f"{label}.aimodel"
         argv = ["convert-hf", str(checkpoint), "--stateful", "--max-context", "256", "--prefill", "64",
-                "--precision", "fp32", "-q", *extra]
+                "--precision", precision, "--deploy", deploy, "--allow-quality-loss", "-q", *extra]
         start = time.perf_counter()
         assert main([*argv, "-o", str(package)]) == 0
         package_s = time.perf_counter() - start
@@ -76,12 +80,12 @@ def real_checkpoint(cache: Path, work: Path, steps: int, schemes: list[str]) -> 
         milexec_session = Session(package, engine="milexec", precision_model="float32")
         want, exec_rate = _decode_rate(milexec_session, prompt, steps)
         got, core_rate = _decode_rate(Session(asset), prompt, steps)
-        row = {"checkpoint": "SmolLM2-135M-Instruct", "scheme": label, "package_convert_s": round(package_s, 1),
+        row = {"checkpoint": "SmolLM2-135M-Instruct", "scheme": label, "deploy": deploy, "precision": precision, "package_convert_s": round(package_s, 1),
                "aimodel_from_package_s": round(export_s, 1), "package_weight_bytes": weights,
                "aimodel_program_bytes": asset_bytes, "aimodel_over_package": round(asset_bytes / weights, 4),
                "same_greedy_tokens": got == want, "tokens": got, "coreai_decode_tok_s": round(core_rate, 2),
                "milexec_decode_tok_s": round(exec_rate, 2), "coreai_over_milexec": round(core_rate / exec_rate, 2)}
-        if compress is None:
+        if compress is None and precision == "fp32":
             for source, engine, key in ((asset, "coreai", "aimodel_ppl"), (package, "milexec", "package_ppl")):
                 import contextlib
                 import io
@@ -125,13 +129,16 @@ def main() -> None:
     parser.add_argument("--shape06b", action="store_true")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--skip-real", action="store_true")
-    parser.add_argument("--schemes", default="fp32,int4,lut4", help="comma-separated: fp32, int4, lut4")
+    parser.add_argument("--schemes", default="fp32,int4,lut4", help="comma-separated: fp32 (no compression), int4, lut4")
+    parser.add_argument("--deploy", default="plain", choices=["plain", "gpu", "ane"])
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16"],
+                        help="the package's precision (the asset computes in fp32 either way)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     with tempfile.TemporaryDirectory(prefix="coreai_bench_") as tmp:
         work = Path(tmp)
         if not args.skip_real:
-            real_checkpoint(args.cache, work, args.steps, args.schemes.split(","))
+            real_checkpoint(args.cache, work, args.steps, args.schemes.split(","), args.deploy, args.precision)
         if args.shape06b:
             shape06b(work, args.layers, args.steps)
 
