@@ -2,8 +2,8 @@
 commands: a model converted with `format="aimodel"` saves as a Core AI asset (a path without a
 suffix gets `.aimodel`); a format contradicting the path's suffix is a typed error naming both;
 `--verify --engine coreai` checks the package through Apple's runtime against the NumPy
-reference (and fails when the runtime's numbers are off); without the extra, the error names
-the option that asked for Core AI."""
+reference (and fails when the runtime's numbers are off), also for a GGUF file's stateful
+package; without the extra, the error names the option that asked for Core AI."""
 
 from __future__ import annotations
 
@@ -146,3 +146,20 @@ def test_cli_format_aimodel_without_suffix_verifies_the_asset(graph_files: tuple
     assert "the asset on Apple's Core AI runtime against the package on the MIL executor" in out
     assert "fp16 package; ok" in out
     assert [p.name for p in tmp_path.iterdir()] == ["m.aimodel"]
+
+
+def test_convert_gguf_verifies_on_core_ai_and_writes_an_asset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The GGUF path: its Q8_0 codes kept as Core AI compression ops, the package verified through
+    Apple's runtime against the reference on the same codes, then the asset against the package."""
+    from models.gguf.gguf_files import tiny_chat_gguf
+
+    gguf = tiny_chat_gguf(tmp_path / "chat.gguf", layers=1, seed=4)
+    capsys.readouterr()
+    assert main(["convert-gguf", str(gguf), "-o", str(tmp_path / "chat"), "--format", "aimodel", "--stateful",
+                 "--max-context", "32", "--prefill", "8", "--verify", "--engine", "coreai", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy steps, the package on Apple's Core AI runtime (fp32 compute) against the NumPy reference" in out
+    assert "Apple's Core AI runtime, fp32 compute) after prompt" in out
+    assert "the asset on Apple's Core AI runtime against the package on the MIL executor: same tokens" in out
+    written = {p.name for p in tmp_path.iterdir()} - {"chat.gguf", "chat.hf"}  # (the helper's own files)
+    assert written == {"chat.aimodel"}  # the staged package is gone
