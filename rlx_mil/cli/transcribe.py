@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one JSON object per audio file: language, text and segments (start, end, text, tokens)")
     p.add_argument("--stateful", action="store_true",
                    help="run the folder's stateful text decoder (KV cache as Core ML state) instead of WhisperKit's")
+    p.add_argument("--engine", default="auto", choices=["auto", "coreml", "milexec"],
+                   help="what runs the packages: Core ML (macOS), the NumPy MIL executor, or auto (Core ML where it runs)")
     p.add_argument("-q", "--quiet", action="store_true", help="no engine or speed lines on stderr")
 
 
@@ -37,10 +39,11 @@ def run(args: argparse.Namespace) -> int:
     for path in args.audio:  # every file's header, before the packages load
         probe_audio(path)
     start, cpu = time.perf_counter(), time.process_time()
-    transcriber = Transcriber(args.folder, stateful=args.stateful)
+    transcriber = Transcriber(args.folder, stateful=args.stateful, engine=args.engine)
     DecodingOptions(language=args.language, task=args.task, timestamps=args.timestamps).check(transcriber.tokens)
     if not args.quiet:
-        print(f"{args.folder}: opened in {time.perf_counter() - start:.2f} s (CPU {time.process_time() - cpu:.2f} s)",
+        print(f"{args.folder}: opened in {time.perf_counter() - start:.2f} s (CPU {time.process_time() - cpu:.2f} s);"
+              f" engine {getattr(transcriber.model, 'engine', 'custom')}",
               file=sys.stderr, flush=True)
     for path in args.audio:
         _transcribe_one(transcriber, path, args)

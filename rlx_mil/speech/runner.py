@@ -1,6 +1,8 @@
 """Whisper packages as a `WhisperModel` (`rlx_mil.speech.model`): the WhisperKit folder's
 three packages, run through the NumPy MIL executor (`rlx_mil.milexec.prepare`, each package
-loaded once), the decoder session holding WhisperKit's caches and masks itself.
+loaded once) or, on macOS, through Core ML (`CoreMLProgram`: `MLModel.predict`, the stateful
+decoder's cache in an `MLState`), the decoder session holding WhisperKit's caches and masks
+itself.
 
 The stateful form (`TextDecoderStateful.mlpackage`, when the folder has one and
 `stateful=True`) keeps the self-attention cache in the package's state and computes the
@@ -10,7 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,67 @@ from rlx_mil.speech.packages import DECODER, ENCODER, MEL, STATEFUL_DECODER
 
 #: WhisperKit's value for a cache slot not attended.
 _MASKED = -1e4
+#: What runs the packages: "auto" is Core ML where it can predict (macOS), else the executor.
+ENGINES = ("auto", "coreml", "milexec")
+#: The key of a Core ML state in a session's state dict.
+_COREML_STATE = "coreml_state"
+
+
+def coreml_available() -> bool:
+    """True where `MLModel.predict` works (macOS with the Core ML runtime)."""
+    if sys.platform != "darwin":
+        return False
+    try:
+        from coremltools.libcoremlpython import _MLModelProxy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def engine_for(engine: str) -> str:
+    """"coreml" or "milexec" for `engine` (one of ENGINES)."""
+    if engine not in ENGINES:
+        raise InvalidOptionError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "auto":
+        return "coreml" if coreml_available() else "milexec"
+    if engine == "coreml" and not coreml_available():
+        raise InvalidOptionError("engine 'coreml' needs macOS with the Core ML runtime (coremltools' libcoremlpython);"
+                                 " here the NumPy MIL executor runs the packages (engine 'milexec')")
+    return engine
+
+
+class CoreMLProgram:
+    """A package run by Core ML with the executor's `run(feeds, function_name=, states=)`: one
+    `MLModel` per function, float feeds cast to the dtype each input declares (WhisperKit's fp16
+    interfaces), and a stateful function's `MLState` made on the first call with a session's
+    state dict and kept in it."""
+
+    def __init__(self, path: Path, compute_units: str = "ALL") -> None:
+        self.path, self.compute_units = path, compute_units
+        self._models: dict[str | None, tuple[Any, dict[str, Any]]] = {}
+
+    def _model(self, function_name: str | None) -> tuple[Any, dict[str, Any]]:
+        found = self._models.get(function_name)
+        if found is None:
+            import coremltools as ct
+
+            options = {"function_name": function_name} if function_name else {}
+            model = ct.models.MLModel(str(self.path), compute_units=getattr(ct.ComputeUnit, self.compute_units), **options)
+            kinds = ct.proto.FeatureTypes_pb2.ArrayFeatureType
+            dtypes = {kinds.FLOAT16: np.float16, kinds.FLOAT32: np.float32, kinds.INT32: np.int32}
+            declared = {f.name: dtypes.get(f.type.multiArrayType.dataType) for f in model.get_spec().description.input}
+            found = self._models[function_name] = (model, {k: v for k, v in declared.items() if v is not None})
+        return found
+
+    def run(self, feeds: Mapping[str, np.ndarray], function_name: str | None = None,
+            states: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+        model, dtypes = self._model(function_name)
+        cast = {k: np.ascontiguousarray(v, dtypes.get(k, np.asarray(v).dtype)) for k, v in feeds.items()}
+        if states is None:
+            return dict(model.predict(cast))
+        if _COREML_STATE not in states:
+            states[_COREML_STATE] = model.make_state()
+        return dict(model.predict(cast, state=states[_COREML_STATE]))
 
 
 def _input_shapes(package: Path) -> dict[str, tuple[int, ...]]:
@@ -35,10 +99,12 @@ def _input_shapes(package: Path) -> dict[str, tuple[int, ...]]:
 class PackagedWhisper:
     """A WhisperKit folder written by `convert_whisper`, ready to transcribe."""
 
-    def __init__(self, folder: str | os.PathLike[str], *, stateful: bool = False) -> None:
+    def __init__(self, folder: str | os.PathLike[str], *, stateful: bool = False, engine: str = "milexec",
+                 compute_units: str = "ALL") -> None:
         from rlx_mil.fileio import check_package_tree
         from rlx_mil.milexec.prepared import prepare
 
+        self.engine = engine_for(engine)
         self.folder = Path(folder)
         for role in (MEL, ENCODER, DECODER) + ((STATEFUL_DECODER,) if stateful else ()):
             path = self.folder / f"{role}.mlpackage"
@@ -53,10 +119,11 @@ class PackagedWhisper:
         self.d_model = int(config["d_model"])
         self.layers = int(config["decoder_layers"])
         self.stateful = stateful
-        self._mel = prepare(self.folder / f"{MEL}.mlpackage")
-        self._encoder = prepare(self.folder / f"{ENCODER}.mlpackage")
         decoder = STATEFUL_DECODER if stateful else DECODER
-        self._decoder = prepare(self.folder / f"{decoder}.mlpackage")
+        paths = [self.folder / f"{role}.mlpackage" for role in (MEL, ENCODER, decoder)]
+        programs: list[Any] = ([CoreMLProgram(p, compute_units) for p in paths] if self.engine == "coreml"
+                               else [prepare(p) for p in paths])
+        self._mel, self._encoder, self._decoder = programs
         shapes = _input_shapes(self.folder / f"{DECODER}.mlpackage")
         self.cache_len = shapes["key_cache"][-1]
 

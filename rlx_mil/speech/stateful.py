@@ -53,7 +53,7 @@ class StatefulSession:
                             function_name="cross_attention")
         self.cross_keys = np.asarray(cross["cross_keys"], np.float32)
         self.cross_values = np.asarray(cross["cross_values"], np.float32)
-        self.states: dict[str, np.ndarray] = {}
+        self.states: dict[str, Any] = {}  # arrays on the executor, an MLState on Core ML
         self.position = 0
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:

@@ -151,12 +151,13 @@ def check_speech_folder(folder: str | os.PathLike[str]) -> Path:
     return root
 
 
-def open_model(folder: Path, *, stateful: bool = False) -> WhisperModel:
-    """The Whisper packages of `folder` as a WhisperModel run by the NumPy MIL executor
-    (`rlx_mil.speech.runner`); `stateful` runs the stateful text decoder."""
+def open_model(folder: Path, *, stateful: bool = False, engine: str = "auto") -> WhisperModel:
+    """The Whisper packages of `folder` as a WhisperModel (`rlx_mil.speech.runner`) run by
+    `engine`: "coreml" (macOS), "milexec" (the NumPy MIL executor) or "auto" (Core ML where it
+    runs); `stateful` runs the stateful text decoder."""
     from rlx_mil.speech.runner import PackagedWhisper
 
-    return PackagedWhisper(folder, stateful=stateful)
+    return PackagedWhisper(folder, stateful=stateful, engine=engine)
 
 
 class Transcriber:
@@ -165,10 +166,11 @@ class Transcriber:
 
     def __init__(
         self, folder: str | os.PathLike[str], *, stateful: bool = False, model: WhisperModel | None = None,
+        engine: str = "auto",
     ) -> None:
         self.folder = check_speech_folder(folder)
         self.tokens = load_tokens(self.folder)
-        self.model = model if model is not None else open_model(self.folder, stateful=stateful)
+        self.model = model if model is not None else open_model(self.folder, stateful=stateful, engine=engine)
         if self.model.vocab_size <= self.tokens.timestamp_begin:
             raise SpeechPackageError(
                 f"{self.folder}: the text decoder's vocabulary ({self.model.vocab_size}) ends before the tokenizer's"

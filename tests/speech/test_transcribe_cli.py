@@ -36,7 +36,8 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     timed = speaking([[TS, *ids(" hello there"), TS + 50]])
     plain = speaking([ids(" hello there")])
     script = lambda window, fed: (plain if NO_TIMESTAMPS in fed else timed)(window, fed)  # noqa: E731
-    monkeypatch.setattr("rlx_mil.speech.transcription.open_model", lambda where, stateful=False: ScriptedWhisper(script))
+    monkeypatch.setattr("rlx_mil.speech.transcription.open_model",
+                        lambda where, stateful=False, engine="auto": ScriptedWhisper(script))
     return path
 
 
@@ -70,13 +71,15 @@ def test_timestamps_print_timed_lines(folder: Path, tmp_path: Path, capsys: pyte
     assert capsys.readouterr().out == "".join(f"{a}: [00:00.000 --> 00:01.000] hello there\n" for a in audio)
 
 
-def test_stateful_is_passed_to_the_runner(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[bool] = []
+def test_stateful_and_engine_are_passed_to_the_runner(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[bool, str]] = []
     monkeypatch.setattr("rlx_mil.speech.transcription.open_model",
-                        lambda where, stateful=False: seen.append(stateful) or ScriptedWhisper(speaking([ids(" x")])))
+                        lambda where, stateful=False, engine="auto": seen.append((stateful, engine))
+                        or ScriptedWhisper(speaking([ids(" x")])))
     assert main(["transcribe", str(folder), str(speech(tmp_path)), "--stateful", "-q", "--language", "en"]) == 0
-    assert seen == [True] and capsys.readouterr().out == "x\n"
+    assert main(["transcribe", str(folder), str(speech(tmp_path)), "--engine", "milexec", "-q", "--language", "en"]) == 0
+    assert seen == [(True, "auto"), (False, "milexec")] and capsys.readouterr().out == "x\nx\n"
 
 
 @pytest.mark.parametrize(

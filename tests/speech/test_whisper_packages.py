@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -170,3 +171,88 @@ def test_neural_engine_preflight(built: dict[str, Path]) -> None:
         assert [f.to_text() for f in preflight(built["fp16"] / f"{role}.mlpackage", "ane") if is_finding(f)] == []
     mel = [f for f in preflight(built["fp16"] / "MelSpectrogram.mlpackage", "ane") if is_finding(f)]
     assert [(f.rule, f.var) for f in mel] == [("dim-over-65536", "audio")]
+
+
+class FakeMLModel:
+    """`coremltools.models.MLModel` as `rlx_mil.speech.runner.CoreMLProgram` uses it, run by the
+    executor: the plumbing of the Core ML engine (feed dtypes, functions, state) on Linux."""
+
+    fed: list[dict[str, np.dtype]] = []
+    real: Any = None  # coremltools' own, for the spec reads that load no model
+
+    def __new__(cls, path: str, *args: Any, **options: Any) -> Any:
+        if options.get("skip_model_load"):
+            return cls.real(path, *args, **options)
+        return super().__new__(cls)
+
+    def __init__(self, path: str, compute_units: object = None, function_name: str | None = None) -> None:
+        from rlx_mil.milexec.prepared import prepare
+
+        self.path, self.function_name, self.program = path, function_name, prepare(Path(path))
+
+    def get_spec(self) -> object:
+        import coremltools as ct
+
+        return ct.utils.load_spec(self.path)
+
+    def make_state(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def predict(self, feeds: dict[str, np.ndarray], state: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        FakeMLModel.fed.append({k: v.dtype for k, v in feeds.items()})
+        return self.program.run(feeds, function_name=self.function_name, states=state)
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_the_core_ml_engine_runs_what_the_executor_runs(built: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                                        stateful: bool) -> None:
+    import coremltools as ct
+
+    from rlx_mil.speech import runner
+
+    executor = PackagedWhisper(built["fp16"], stateful=stateful)
+    monkeypatch.setattr(runner, "coreml_available", lambda: True)
+    FakeMLModel.real = ct.models.MLModel
+    monkeypatch.setattr(ct.models, "MLModel", FakeMLModel)
+    FakeMLModel.fed = []
+    coreml = PackagedWhisper(built["fp16"], stateful=stateful, engine="auto")
+    assert (executor.engine, coreml.engine) == ("milexec", "coreml")
+    mel = coreml.log_mel(speechlike(2))
+    assert np.array_equal(mel, executor.log_mel(speechlike(2)))
+    encoded = coreml.encode(mel)
+    assert np.array_equal(encoded, executor.encode(mel))
+    session = coreml.decoder(encoded)
+    logits = np.concatenate([session.step(TOKENS[:2]), session.step(TOKENS[2:])])
+    assert np.array_equal(logits, executor.decoder(encoded).step(TOKENS))
+    assert FakeMLModel.fed[0] == {"audio": np.float16}  # WhisperKit's fp16 interface, cast for Core ML
+    if not stateful:
+        assert FakeMLModel.fed[-1]["key_cache"] == np.float16 and FakeMLModel.fed[-1]["input_ids"] == np.int32
+
+
+def test_the_core_ml_engine_is_refused_where_core_ml_does_not_run(built: dict[str, Path]) -> None:
+    from rlx_mil.errors import InvalidOptionError
+    from rlx_mil.speech.runner import coreml_available
+
+    if coreml_available():
+        pytest.skip("Core ML runs here")
+    with pytest.raises(InvalidOptionError, match="engine 'coreml' needs macOS"):
+        PackagedWhisper(built["fp16"], engine="coreml")
+    assert PackagedWhisper(built["fp16"], engine="auto").engine == "milexec"
+
+
+def test_core_ml_runs_the_packages_as_the_executor_does(built: dict[str, Path]) -> None:
+    from rlx_mil.speech.runner import coreml_available
+
+    if not coreml_available():
+        pytest.skip("Core ML's MLModel.predict runs only on macOS (coremltools' libcoremlpython)")
+    executor, coreml = PackagedWhisper(built["fp16"], stateful=True), PackagedWhisper(built["fp16"], stateful=True,
+                                                                                      engine="coreml")
+    mel = executor.log_mel(speechlike(3))
+    assert np.abs(coreml.log_mel(speechlike(3)) - mel).max() < 0.05
+    encoded = executor.encode(mel)
+    assert np.abs(coreml.encode(mel) - encoded).max() < 0.05 * np.abs(encoded).max()
+    want = executor.decoder(encoded).step(TOKENS)
+    for session in (coreml.decoder(encoded), PackagedWhisper(built["fp16"], engine="coreml").decoder(encoded)):
+        got = session.step(TOKENS)
+        assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+        assert (got.argmax(-1) == want.argmax(-1)).all()
