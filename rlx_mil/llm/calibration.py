@@ -27,7 +27,8 @@ def builtin_calibration(
     in `model_dir`: the built-in calibration text tokenized by its tokenizer (at most `tokens`
     ids) and its stateless graph over them (`loader`, default `from_pretrained`; of its params
     only those shaped for its length, the RoPE tables, are read: the conversion's own weights
-    are measured). None without a tokenizer, or when the graph has no logits output."""
+    are measured). None without a tokenizer, when the checkpoint has no plain token graph, or
+    when the graph has no logits output."""
     from rlx_mil.compress.builtin_text import builtin_text
     from rlx_mil.llm.text import TextTokenizer
 
@@ -38,7 +39,12 @@ def builtin_calibration(
         return None
     if loader is None:
         from rlx_mil.models.pretrained import from_pretrained as loader
-    graph, params = loader(model_dir, "prefill", seq_len=len(ids))
+    from rlx_mil.errors import RlxMilError
+
+    try:
+        graph, params = loader(model_dir, "prefill", seq_len=len(ids))
+    except RlxMilError:  # not a checkpoint with a plain token graph (e.g. a vision model): as before
+        return None
     from rlx_mil.ir.naming import output_names
 
     if not any("logits" in name for name in output_names(graph)):

@@ -154,6 +154,13 @@ def test_a_decode_step_is_planned_on_the_builtin_calibration_text(tmp_path: Path
     assert "activation-weighted" in comp.plan.summary
     assert builtin_calibration(tmp_path) is None  # no tokenizer there
 
+    def no_token_graph(*args: object, **kwargs: object) -> tuple[object, object]:
+        from rlx_mil.errors import UnsupportedConfigError
+
+        raise UnsupportedConfigError("a vision checkpoint: no token graph")
+
+    assert builtin_calibration(folder, loader=no_token_graph) is None  # as before: generated inputs
+
 
 def test_a_forms_narrower_candidates_join_only_with_measured_sensitivities() -> None:
     from rlx_mil.coreml.deploy import DeployForm
