@@ -282,8 +282,13 @@ def run_chat(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"opening {args.package} ...", file=sys.stderr, flush=True)
     chat_tokenizer = _chat_tokenizer(args.package, "use `rlx-mil generate --prompt`")
+    from rlx_mil.progress import Progress, running_under_ci
+
+    progress = Progress(enabled=interactive and not (args.quiet or running_under_ci()))
+    progress.begin(f"opening {args.package}", unit=" weights")  # the executor counts those it prepares
     from rlx_mil.llm.generate import Session
     session = Session(args.package, engine=args.engine, compute_units=compute_units(args))
+    progress.end(f"engine {session.engine}")
     if chat_tokenizer is None:
         chat_tokenizer = session.tokenizer  # the package carries none: the Session's error says so
     session.tokenizer = chat_tokenizer
