@@ -26,6 +26,9 @@ from rlx_mil.coreai.translate import EntryPoint, translate_program
 from rlx_mil.errors import CoreAITranslationError, ExistingFileError, MilExecError, RlxMilError
 
 ASSET_SUFFIX = ".aimodel"
+#: The asset's metadata key saying the float type it computes in ('fp32' also for an fp16
+#: package: the package's own precision stays under `rlx_mil.precision`).
+COMPUTE_KEY = "rlx_mil.coreai.compute"
 _ENTRIES_FILE = "rlx_mil_entries.json"
 _DESCRIPTION_FILE = "rlx_mil_description.pb"
 TEXT_FOLDER = "rlx_mil_text"
@@ -59,6 +62,7 @@ def save_aimodel(source: Any, output: str | os.PathLike[str], *, precision: str 
         raise CoreAITranslationError("the model has no MIL program to translate")
     translation = translate_program(program, float_dtype=np.float32 if precision == "fp32" else np.float16)
     metadata = dict(model.user_defined_metadata)
+    metadata[COMPUTE_KEY] = precision
     staging = Path(tempfile.mkdtemp(prefix=".rlx_mil_aimodel_", dir=out.parent if out.parent.exists() else None))
     try:
         built = staging / out.name
@@ -269,6 +273,8 @@ def asset_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     return {
         "path": str(root),
         "format": "Core AI asset (.aimodel)",
+        "compute": metadata.get(COMPUTE_KEY, "fp32"),
+        "package_precision": metadata.get("rlx_mil.precision"),
         "default_function": default,
         "functions": {name: {"inputs": tensors(e.inputs), "outputs": e.outputs, "states": tensors(e.states)}
                       for name, e in entries.items()},
@@ -280,8 +286,9 @@ def asset_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def summary_text(summary: Mapping[str, Any]) -> str:
-    lines = [f"{summary['path']}: {summary['format']}, program {summary['program_bytes']} bytes"
-             f" (asset {summary['asset_bytes']} bytes)"]
+    precision = f" of an {summary['package_precision']} package" if summary.get("package_precision") else ""
+    lines = [f"{summary['path']}: {summary['format']}, {summary.get('compute', 'fp32')} compute{precision}, program"
+             f" {summary['program_bytes']} bytes (asset {summary['asset_bytes']} bytes)"]
     for name, info in summary["functions"].items():
         inputs = ", ".join(f"{t['name']} {t['dtype']}{t['shape']}" for t in info["inputs"])
         states = ", ".join(f"{t['name']} {t['dtype']}{t['shape']}" for t in info["states"])

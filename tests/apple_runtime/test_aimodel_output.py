@@ -153,6 +153,9 @@ def test_inspect_shows_the_assets_entry_points(converted: dict[str | None, tuple
     assert set(summary["functions"]) == {"decode", "prefill_8"}
     assert {s["name"] for s in summary["functions"]["decode"]["states"]} == {"key_cache", "value_cache"}
     assert summary["program_bytes"] > 0 and "tokenizer.json" in summary["text_files"]
+    # The fp16 package's asset says what it computes in, beside the package's precision.
+    assert main(["inspect", str(converted["int4"][0])]) == 0
+    assert "fp32 compute of an fp16 package" in capsys.readouterr().out
 
 
 def test_the_api_asset_carries_the_text_files(converted: dict[str | None, tuple[Path, Path]]) -> None:
