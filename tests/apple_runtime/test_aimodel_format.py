@@ -163,3 +163,16 @@ def test_convert_gguf_verifies_on_core_ai_and_writes_an_asset(tmp_path: Path, ca
     assert "the asset on Apple's Core AI runtime against the package on the MIL executor: same tokens" in out
     written = {p.name for p in tmp_path.iterdir()} - {"chat.gguf", "chat.hf"}  # (the helper's own files)
     assert written == {"chat.aimodel"}  # the staged package is gone
+
+
+def test_cli_verify_feeds_integer_inputs_as_indices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`convert --verify` draws an int input as valid indices (0 or 1), not as floats."""
+    g = Graph("rows")
+    g.set_outputs([g.gather(g.param("table", [4, SIDE]), g.input("idx", [3], "i32"), name="y")])
+    g.to_json_file(tmp_path / "rows.json")
+    np.savez(tmp_path / "t.npz", table=np.arange(4 * SIDE, dtype=np.float32).reshape(4, SIDE))
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "rows.json"), "--params", str(tmp_path / "t.npz"), "--precision", "fp32",
+                 "-o", str(tmp_path / "rows.mlpackage"), "--verify", "--engine", "coreai"]) == 0
+    out = capsys.readouterr().out
+    assert "check y: max |converted - reference| = 0 " in out and " ok" in out
