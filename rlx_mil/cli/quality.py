@@ -151,8 +151,13 @@ def measure_stateful(source: Any, metadata: Mapping[str, str], loader: Any, args
     ids, label = found
     compared = "the float model the GGUF codes decode to" if gguf else "the float checkpoint"
     codes = getattr(model, "rlx_mil_codes", None)  # the conversion's own codes: decoded, not encoded again
+    from rlx_mil.progress import Progress, running_under_ci
+
+    progress = Progress(enabled=not (getattr(args, "quiet", False) or running_under_ci()))
+    progress.begin(f"measuring the quality against {compared}", min_seconds=1.0)  # a clock: minutes on a large model
     check = measure_decoder_quality(source, report, ids, label, loader=loader, compared_with=compared, text=graph_text,
                                     codes=codes, thresholds=thresholds_of(args))
+    progress.end()
     return check_and_warn(check)
 
 
