@@ -231,6 +231,10 @@ class _Checker:
                 block = _per_block(f, op)
                 if block:
                     self.add("ane-per-block-int", block, f.name, op, op.outputs[0].name)
+            elif op.type == "add" and _summed_tables(f, op):
+                # A GGUF 5-bit weight held split: its per-block scale is applied at run time.
+                self.add("ane-per-block-int", "5-bit codes as two tables summed, then a per-block scale at run time",
+                         f.name, op, op.outputs[0].name)
             elif op.type in ("linear", "conv", "matmul"):
                 self._notch(f, op)
 
@@ -279,6 +283,12 @@ def _computes_fp32(f: _Function, op: Any) -> bool:
         return False
     # an fp16 program's casts of its fp32 inputs/outputs at the boundary are not compute
     return not (op.type == "cast" and all(o in f.outputs for o in outs))
+
+
+def _summed_tables(f: _Function, op: Any) -> bool:
+    """An `add` of two `constexpr_lut_to_dense` outputs (a weight's code split in two tables)."""
+    names = _arg_names(op, "x") + _arg_names(op, "y")
+    return len(names) == 2 and all(getattr(f.producer.get(n), "type", None) == "constexpr_lut_to_dense" for n in names)
 
 
 def _per_block(f: _Function, op: Any) -> str:

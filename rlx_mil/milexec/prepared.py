@@ -25,7 +25,10 @@ liveness, in-place state writes). The memory mode decides what happens to the we
   weights and ``"lean"`` for the others.
 
 A `constexpr_lut_to_dense` whose output only feeds a `constexpr_blockwise_shift_scale` is part
-of that weight: it is decoded (or streamed) with it, never kept on its own.
+of that weight: it is decoded (or streamed) with it, never kept on its own. So are the two
+tables of a weight held split (`split_chain`: a GGUF 5-bit code as a 4-bit and a 1-bit table
+summed, then scaled at run time): ``"fast"`` runs the chain once and keeps the weight it ends
+in; the other modes run it op by op.
 
 A `linear` that widens or decodes a weight of 2^20 elements or more a block of rows at a time
 splits the rows between `threads` Python threads (default: 2 where there are 2 cores; NumPy and
@@ -211,6 +214,7 @@ class PreparedProgram:
                 continue
             key = _weight_key(op, plan.consts)
             chain = lut_chain(op) if op.op_type == "constexpr_blockwise_shift_scale" else None
+            split = split_chain(op) if op.op_type == "reshape" else None
             out = op.outputs[0]
             # What another function shares: the form it chose (one streamed form, one cache).
             streamed = shared.get(("streamed", *key))
@@ -226,6 +230,7 @@ class PreparedProgram:
                     if isinstance(shared[key][index], np.ndarray):
                         plan.pinned.add(root_key(shared[key][index]))
                 plan.precomputed.update({id(op)} | ({id(chain)} if chain is not None else set()))
+                plan.precomputed.update(id(part) for part in split or ())
             elif streamed is not None:
                 plan.consts[id(out)] = shared.setdefault(("streamed", *key), streamed)
                 plan.precomputed.update({id(op)} | ({id(chain)} if chain is not None else set()))
@@ -241,14 +246,15 @@ class PreparedProgram:
         if streamed is not None:
             return [streamed.fill(np.empty(streamed.shape, np.float32))]
         chain = lut_chain(op) if op.op_type == "constexpr_blockwise_shift_scale" else None
-        for reader in (op, chain) if chain is not None else (op,):
+        parts = split_chain(op) if op.op_type == "reshape" else ([chain, op] if chain is not None else [op])
+        assert parts is not None
+        for reader in parts:
             _unpack_inputs(reader, scratch.plan, {})
         with np.errstate(all="ignore"):
-            if chain is not None:  # the table lookup feeding it, decoded for this op only
-                scratch._execute(chain)
-            scratch._execute(op)
-        if chain is not None:
-            scratch.env.pop(id(chain.outputs[0]), None)
+            for part in parts:  # a table lookup (or a split weight's tables and sums) for this op only
+                scratch._execute(part)
+        for part in parts[:-1]:
+            scratch.env.pop(id(part.outputs[0]), None)
         values = []
         for var in op.outputs:
             value = scratch.env.pop(id(var))
@@ -309,8 +315,12 @@ def _weights(function: Any) -> list[Any]:
     """The ops of `function` that hold weights, in program order: fp16 consts of at least
     WIDEN_MIN elements read by a non-constexpr op, and the top-level constexpr ops."""
     found = []
+    split = {id(part) for op in function.operations if op.op_type == "reshape" for part in (split_chain(op) or [])}
     for op in function.operations:
-        if op.op_type == "const":
+        if id(op) in split:
+            if op.op_type == "reshape" and split_chain(op) is not None:
+                found.append(op)
+        elif op.op_type == "const":
             var = op.outputs[0]
             value = var.val
             if (isinstance(value, np.ndarray) and value.dtype == np.float16 and value.size >= WIDEN_MIN
@@ -319,6 +329,50 @@ def _weights(function: Any) -> list[Any]:
         elif op.op_type.startswith("constexpr_") and not _feeds_chain(op):
             found.append(op)
     return found
+
+
+def split_chain(op: Any) -> list[Any] | None:
+    """The ops of a weight held split (`rlx_mil.compress.prequantized.split_op`) ending in the
+    `reshape` `op`, in program order: two `constexpr_lut_to_dense`, their `add`, `reshape`
+    into blocks, `mul` by the const scale, `add` of the const bias (optional), `reshape`; None
+    when `op` ends no such chain (or a part of it has another reader)."""
+    chain = [op]
+    current = _other_input(op, "x", None)
+    for kind, optional in (("add", True), ("mul", False)):
+        if current is not None and current.op_type == kind and _const_operand(current) is not None:
+            chain.append(current)
+            current = _const_operand(current)
+        elif not optional:
+            return None
+    if current is None or current.op_type != "reshape":
+        return None
+    chain.append(current)
+    summed = _other_input(current, "x", None)
+    if summed is None or summed.op_type != "add":
+        return None
+    tables = [_other_input(summed, key, None) for key in ("x", "y")]
+    if not all(t is not None and t.op_type == "constexpr_lut_to_dense" for t in tables):
+        return None
+    chain += [summed, *tables]
+    inside = {id(part) for part in chain}
+    if any(len(part.outputs[0].child_ops) != 1 or id(part.outputs[0].child_ops[0]) not in inside for part in chain[1:]):
+        return None
+    return chain[::-1]
+
+
+def _other_input(op: Any, key: str, default: Any) -> Any:
+    var = op.inputs.get(key)
+    return default if var is None or isinstance(var, (list, tuple)) else var.op
+
+
+def _const_operand(op: Any) -> Any:
+    """The producer of `op`'s non-const operand when the other one is a const, else None."""
+    x, y = _other_input(op, "x", None), _other_input(op, "y", None)
+    if y is not None and y.op_type == "const" and x is not None:
+        return x
+    if x is not None and x.op_type == "const" and y is not None:
+        return y
+    return None
 
 
 def _feeds_chain(op: Any) -> bool:
@@ -330,6 +384,9 @@ def _feeds_chain(op: Any) -> bool:
 def _weight_key(op: Any, consts: Mapping[int, Any]) -> tuple[Any, ...]:
     """What identifies the weight constexpr `op` computes: its const inputs' memory (those of
     the LUT feeding a LUT-then-scale weight included)."""
+    split = split_chain(op) if op.op_type == "reshape" else None
+    if split is not None:
+        return ("split", *[_identity(consts.get(id(v))) for part in split for v in part.inputs.values()])
     chain = lut_chain(op) if op.op_type == "constexpr_blockwise_shift_scale" else None
     parts = [_identity(consts.get(id(v))) for v in op.inputs.values()]
     if chain is not None:
@@ -364,6 +421,9 @@ def _fp16_bytes(weights: list[list[Any]]) -> int:
 
 def _const_inputs(op: Any) -> list[Any]:
     """The inputs of constexpr `op` (and of the LUT feeding a LUT-then-scale weight)."""
+    split = split_chain(op) if op.op_type == "reshape" else None
+    if split is not None:
+        return [v for part in split for v in part.inputs.values()]
     chain = lut_chain(op) if op.op_type == "constexpr_blockwise_shift_scale" else None
     found = list(op.inputs.values())
     return found + (list(chain.inputs.values()) if chain is not None else [])

@@ -114,10 +114,19 @@ def test_package_holds_split_codes_and_runs(q5_file: Any, precision: str) -> Non
     np.testing.assert_allclose(got, exact, atol=tol * scale, rtol=tol)
     if precision == "fp32":
         for memory in ("fast", "lean"):
-            np.testing.assert_array_equal(prepare(saved, memory=memory).run(ids)["logits"], got)  # type: ignore[arg-type]
+            prepared = prepare(saved, memory=memory)  # type: ignore[arg-type]
+            np.testing.assert_array_equal(prepared.run(ids)["logits"], got)
+            tables = [op for op in prepared._resolved["main"].function.operations if op.op_type == "constexpr_lut_to_dense"]
+            decoded = sum(id(op) in prepared._plans["main"].precomputed for op in tables)
+            # "fast" runs a split weight's tables and sums once (within its cache budget), "lean" every run
+            assert decoded >= len(tables) // 2 if memory == "fast" else decoded == 0, (memory, decoded, len(tables))
     else:  # weight.bin: the former int8 codes made it 1.5-1.64x the file's tensor bytes
         package = (saved / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").stat().st_size
         assert 1.0 <= package / sum(int(t.raw.nbytes) for t in file.tensors.values()) <= 1.06
+        # The Neural Engine holds no per-block scale: preflight says so of each split weight.
+        split = [f for f in rlx_mil.preflight(saved, device="ane") if f.rule == "ane-per-block-int"]
+        assert len(split) == len(report.weights) and all("two tables summed" in f.why for f in split)
+        assert not rlx_mil.preflight(saved, device="gpu")
 
 
 def test_core_ai_runs_the_split_form(q5_file: Any) -> None:
