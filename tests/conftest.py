@@ -82,3 +82,24 @@ def catalogue_models() -> Iterator[CatalogueModels]:
     models = CatalogueModels()
     yield models
     models.close()
+
+
+#: Fixture scopes whose value one test process makes once and its tests then share.
+_SHARED_SCOPES = frozenset({"class", "module", "package"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` each ungrouped test is its own unit of work, so the tests of one
+    module land on every worker, and every worker would make the module's shared fixtures (a
+    converted package, a checkpoint) once more. A test using a module- or class-scoped fixture
+    joins its module's xdist group instead: the module's tests that share one run on one worker,
+    which makes the fixture once. Tests already in a group keep theirs."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        if any(defs and defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
