@@ -200,6 +200,7 @@ class _Checker:
 
     def _tensors(self, f: _Function) -> None:
         named: list[tuple[str, Any]] = [(n, None) for n, _ in f.inputs + f.states]
+        inputs = {n for n, _ in f.inputs}
         named += [(out.name, op) for op in f.ops for out in op.outputs]
         for var, op in named:
             t = f.types.get(var)
@@ -212,10 +213,13 @@ class _Checker:
             if len(t.dims) > 4:
                 self.add("rank-over-4", f"rank {len(t.dims)} tensor {_shape(t)}", f.name, op, var)
             big = max((d for d in t.dims if d is not None), default=0)
+            # A model input or output is the app's interface: no form of the program moves it.
+            interface = (" (a model input: its shape is the interface's)" if op is None and var in inputs else
+                         " (a model output: its shape is the interface's)" if var in f.outputs else "")
             if big > ANY_MAX_DIM:
-                self.add("dim-over-65536", f"dim {big:,} in {_shape(t)}", f.name, op, var)
+                self.add("dim-over-65536", f"dim {big:,} in {_shape(t)}{interface}", f.name, op, var)
             elif big > ANE_MAX_DIM:
-                self.add("dim-over-16384", f"dim {big:,} in {_shape(t)}", f.name, op, var)
+                self.add("dim-over-16384", f"dim {big:,} in {_shape(t)}{interface}", f.name, op, var)
 
     def _ops(self, f: _Function) -> None:
         fp32 = [op for op in f.ops if _computes_fp32(f, op)]

@@ -171,6 +171,7 @@ def test_neural_engine_preflight(built: dict[str, Path]) -> None:
         assert [f.to_text() for f in preflight(built["fp16"] / f"{role}.mlpackage", "ane") if is_finding(f)] == []
     mel = [f for f in preflight(built["fp16"] / "MelSpectrogram.mlpackage", "ane") if is_finding(f)]
     assert [(f.rule, f.var) for f in mel] == [("dim-over-65536", "audio")]
+    assert mel[0].why.endswith("(a model input: its shape is the interface's)")
 
 
 class FakeMLModel:

@@ -64,7 +64,10 @@ def test_wide_vocabulary_decoder_finds_only_the_contracts_logits(wide: tuple[Pat
     from rlx_mil.coreml.preflight import is_finding, preflight
 
     _, folder = wide
-    found = [(f.rule, f.var) for f in preflight(folder / "TextDecoder.mlpackage", "ane") if is_finding(f)]
+    findings = [f for f in preflight(folder / "TextDecoder.mlpackage", "ane") if is_finding(f)]
+    found = [(f.rule, f.var) for f in findings]
+    assert [f.why.endswith("(a model output: its shape is the interface's)") for f in findings] == [
+        var == "logits" for _, var in found]
     # the output and the concatenation that the lowering's output identity copies it from
     assert ("dim-over-16384", "logits") in found
     assert all(rule == "dim-over-16384" and var.startswith("logits") for rule, var in found), found
