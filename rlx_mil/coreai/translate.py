@@ -21,6 +21,42 @@ from rlx_mil.errors import CoreAITranslationError
 
 #: fp16 and bf16 vars are held as this dtype unless the caller asks for another.
 DEFAULT_FLOAT = np.dtype(np.float32)
+#: fp16 constants of at least this many elements (weights) keep two bytes per value in the asset.
+_FP16_STORED_FROM = 1024
+
+
+def _fp16_tables() -> tuple[np.ndarray, np.ndarray]:
+    """For each high byte of an fp16 bit pattern (sign, exponent, top two mantissa bits): A and
+    B with value = A + B * low byte, exactly, in float32."""
+    high = np.arange(256, dtype=np.uint16)
+    sign = np.where(high & 0x80, -1.0, 1.0)
+    exponent = (high >> 2) & 0x1F
+    top = (high & 0x3).astype(np.float64)
+    unit = np.where(exponent == 0, 2.0 ** -24, 2.0 ** (exponent.astype(np.float64) - 25))  # one low-mantissa step
+    lead = np.where(exponent == 0, 0.0, 1024.0)  # the implicit leading bit, in steps
+    a = sign * unit * (lead + top * 256)
+    b = sign * unit
+    special = exponent == 0x1F  # inf / NaN patterns (never weights): kept as such
+    a = np.where(special, np.where(top == 0, sign * np.inf, np.nan), a)
+    b = np.where(special, 0.0, b)
+    return a.astype(np.float32), b.astype(np.float32)
+
+
+def _fp16_weight(array: np.ndarray) -> Any:
+    """An fp16 weight held as float32 but stored in two bytes per value: Core AI's
+    pre-compilation would fold a cast of an fp16 constant into an fp32 one (twice the bytes),
+    so the bit pattern's bytes are stored as 8-bit `lut_to_dense` codes and the value rebuilt as
+    A[high] + B[high] * low (exact in float32)."""
+    bits = np.ascontiguousarray(array).view(np.uint16)
+    high, low = (bits >> 8).astype(np.uint8), (bits & 0xFF).astype(np.uint8)
+    a, b = _fp16_tables()
+    table_shape = [1] * array.ndim + [256, 1]
+    high_codes, low_codes = adapter.constant(high), adapter.constant(low)
+    axis = np.int16(0)
+    lead = adapter.ops.lut_to_dense(high_codes, adapter.constant(a.reshape(table_shape)), axis)
+    step = adapter.ops.lut_to_dense(high_codes, adapter.constant(b.reshape(table_shape)), axis)
+    steps = adapter.ops.lut_to_dense(low_codes, adapter.constant(np.arange(256, dtype=np.float32).reshape(table_shape)), axis)
+    return adapter.ops.broadcasting_add(lead, adapter.ops.broadcasting_mul(step, steps))
 
 
 @dataclass
@@ -142,6 +178,10 @@ class FunctionTranslator:
             raise CoreAITranslationError(f"var '{var.name}' is a string; only ops read strings as parameters")
         array = np.asarray(val)
         dtype = self.held_dtype(var)
+        if array.dtype == np.float16 and dtype == np.float32 and array.size >= _FP16_STORED_FROM:
+            value = _fp16_weight(array)
+            self.env[key] = value
+            return value
         value = adapter.constant(array.astype(dtype, copy=False))
         self.env[key] = value
         self.plain.add(id(value))

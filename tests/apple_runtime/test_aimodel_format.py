@@ -176,3 +176,20 @@ def test_cli_verify_feeds_integer_inputs_as_indices(tmp_path: Path, capsys: pyte
                  "-o", str(tmp_path / "rows.mlpackage"), "--verify", "--engine", "coreai"]) == 0
     out = capsys.readouterr().out
     assert "check y: max |converted - reference| = 0 " in out and " ok" in out
+
+
+def test_an_fp16_packages_dense_weights_keep_two_bytes_in_the_asset(tmp_path: Path) -> None:
+    """fp16 weights are stored as their bit pattern's two bytes and rebuilt exactly in float32
+    (a cast of an fp16 constant would be folded into fp32 ones: twice the bytes)."""
+    g = Graph("dense")
+    g.set_outputs([g.matmul(g.input("x", [4, 64]), g.param("w", [64, 64]), name="y")])
+    w = np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32) * 3
+    w[0, :5] = [0.0, -0.0, 6e-8, -65504.0, 1e-5]  # zeros, a subnormal, the largest, a small normal
+    asset = rlx_mil.save(rlx_mil.convert(g, {"w": w}, precision="fp16", format="aimodel"), tmp_path / "dense")
+    assert (asset / "main.mlirb").stat().st_size < 64 * 64 * 2 + 6_000  # fp16's bytes (fp32's: 16,384)
+    x = np.random.default_rng(4).standard_normal((4, 64)).astype(np.float32)
+    with AssetProgram(asset) as program:
+        got = program.run({"x": x})["y"]
+    # The package rounds x and w to fp16; the asset then computes in float32.
+    exact = x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64)
+    np.testing.assert_allclose(got, exact, rtol=0, atol=1e-6 * float(np.max(np.abs(exact))))
