@@ -67,9 +67,9 @@ def test_codes_decode_to_gguf_bit_for_bit(kind: str, rows: int, blocks: int, see
 
 @pytest.fixture(scope="module")
 def q5_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], Any, Any, dict[str, Any]]:
-    """A 2-layer Llama whose matrices cycle through Q5_0, Q5_1 and Q5_K, its graph and params,
+    """A 1-layer Llama whose matrices cycle through Q5_0, Q5_1 and Q5_K, its graph and params,
     and its packages (fp32, fp16), converted once."""
-    cfg = _config("llama", rope_parameters=None)
+    cfg = _config("llama", rope_parameters=None, num_hidden_layers=1)
     order: dict[str, str] = {}
 
     def pick(name: str, shape: tuple[int, ...]) -> str:
