@@ -498,7 +498,14 @@ def entry() -> int:
     they are installed (about 2 s of CPU at every start, and a version warning)."""
     for name in ("torch", "transformers"):
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
-    return main()
+    code = main()
+    # The command has finished and said so: a Ctrl-C while the interpreter shuts down (its
+    # exit handlers remove the scratch folder; seconds on a busy machine) would only end the
+    # process by the signal, without the one line and with the clean-up cut short.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
 
 
 def _exit_interrupted() -> int:
