@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from models.hf_numpy import FORWARDS
 
 from rlx_mil.cli import main
@@ -439,3 +441,28 @@ def test_encode_limited_keeps_the_first_ids_of_the_whole_encoding(kind: str, tmp
         for limit in (2, 40):
             assert encode_limited(tok.encode, _string_prefix(text), limit) == (whole[:limit], len(whole) > limit)
         assert encode_limited(tok.encode, _string_prefix(text), None) == (whole, False)
+
+
+_PIECES = ["Paris ", "capital", " of", "é", "ab", ",", ".", " ", "x" * 150, "<|im_end|>", "\n", "日本"]
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory: pytest.TempPathFactory) -> TextTokenizer:
+    from .text_fixtures import write_bpe_tokenizer
+
+    return TextTokenizer(write_bpe_tokenizer(tmp_path_factory.mktemp("bpe")))
+
+
+@given(parts=st.lists(st.tuples(st.sampled_from(_PIECES), st.integers(1, 400)), min_size=1, max_size=12),
+       limit=st.integers(2, 80))
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_encode_limited_is_a_prefix_of_the_whole_encoding(bpe: TextTokenizer, parts: list[tuple[str, int]],
+                                                           limit: int) -> None:
+    """Texts of a few characters to tens of thousands, runs of one piece or mixed, special
+    tokens among them: the limited encoding is the whole encoding's start, and says whether
+    it left ids out."""
+    from rlx_mil.llm.evaluate import _string_prefix, encode_limited
+
+    text = "".join(piece * count for piece, count in parts)
+    whole = bpe.encode(text)
+    assert encode_limited(bpe.encode, _string_prefix(text), limit) == (whole[:limit], len(whole) > limit)
