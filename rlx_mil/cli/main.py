@@ -499,9 +499,8 @@ def entry() -> int:
     for name in ("torch", "transformers"):
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
     code = main()
-    # The command has finished and said so: a Ctrl-C while the interpreter shuts down (its
-    # exit handlers remove the scratch folder; seconds on a busy machine) would only end the
-    # process by the signal, without the one line and with the clean-up cut short.
+    # Done and said so: a Ctrl-C during the exit handlers (the scratch folder's removal, seconds
+    # on a busy machine) would end the process by the signal, the clean-up cut short.
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
