@@ -88,13 +88,18 @@ def catalogue_models() -> Iterator[CatalogueModels]:
 _SHARED_SCOPES = frozenset({"class", "module", "package"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
     """Under `--dist loadgroup` each ungrouped test is its own unit of work, so the tests of one
     module land on every worker, and every worker would make the module's shared fixtures (a
     converted package, a checkpoint) once more. A test using a module- or class-scoped fixture
     joins its module's xdist group instead: the module's tests that share one run on one worker,
-    which makes the fixture once. Tests already in a group keep theirs."""
+    which makes the fixture once. Tests already in a group keep theirs.
+
+    xdist (3.8) tells its scheduler a test's group by appending `@group` to the test's node id
+    through `item._nodeid`, which pytest 9 no longer reads (pytest-dev/pytest-xdist#1386): every
+    group was silently ignored, and each worker made the catalogue's conversions. After xdist's
+    hook, a grouped test whose id still lacks the suffix gets it here."""
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
@@ -103,3 +108,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if any(defs and defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values()):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    yield
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers under --dist loadgroup
+        return
+    for item in items:
+        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+        suffix = "@" + "_".join(sorted(names))
+        if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(item.nodeid + suffix)
