@@ -167,6 +167,7 @@ class Progress:
             self._stop.set()
             self._stop = None
         if self._bar is not None:
+            self._bar.refresh()  # the final count is drawn even when the stage beat the redraw clock
             self._bar.close()
             self._bar = None
         if _ACTIVE is self:
