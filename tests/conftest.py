@@ -111,10 +111,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     yield
     if not getattr(config.option, "loadgroup", False):  # set on xdist's workers under --dist loadgroup
         return
+    try:
+        from _pytest.nodeid import NodeId  # pytest 9's node ids; absent before and maybe after
+    except ImportError:
+        return  # groups then work as xdist itself sets them (or are ignored: slower, still correct)
     for item in items:
         names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
         suffix = "@" + "_".join(sorted(names))
         if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
-            from _pytest.nodeid import NodeId
-
             item._id = NodeId.parse(item.nodeid + suffix)
