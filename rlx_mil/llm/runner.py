@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,20 +11,10 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.coreml.metadata import FunctionTable, PackageMetadataError
+from rlx_mil.coreml.runtime import coreml_available
 from rlx_mil.errors import RlxMilError
 from rlx_mil.fileio import check_package_tree
 from rlx_mil.ir.naming import IO_NAMES_METADATA_KEY
-
-
-def coreml_available() -> bool:
-    """True where `MLModel.predict` works (macOS with the Core ML runtime)."""
-    if sys.platform != "darwin":
-        return False
-    try:
-        from coremltools.libcoremlpython import _MLModelProxy  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def io_name_maps(model: Any, function_name: str | None = None) -> tuple[dict[str, str], dict[str, str]]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rlx_mil.coreml.runtime import coreml_available
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.speech.model import N_AUDIO_CTX, N_FRAMES, N_SAMPLES
 from rlx_mil.speech.packages import DECODER, ENCODER, MEL, STATEFUL_DECODER
@@ -29,17 +29,6 @@ _MASKED = -1e4
 ENGINES = ("auto", "coreml", "milexec")
 #: The key of a Core ML state in a session's state dict.
 _COREML_STATE = "coreml_state"
-
-
-def coreml_available() -> bool:
-    """True where `MLModel.predict` works (macOS with the Core ML runtime)."""
-    if sys.platform != "darwin":
-        return False
-    try:
-        from coremltools.libcoremlpython import _MLModelProxy  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def engine_for(engine: str) -> str:
