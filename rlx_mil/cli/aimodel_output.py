@@ -7,10 +7,13 @@ AI runtime instead of the MIL executor."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 FORMATS = ("mlpackage", "aimodel")
 #: What runs the package in `--verify` (`rlx_mil.models.verify.VERIFY_ENGINES`).
@@ -60,6 +63,33 @@ def check_verify_engine(args: argparse.Namespace) -> None:
     require("--verify --engine coreai")
 
 
+class _WithoutLinesStarting:
+    """A text stream passing whole lines on to `stream`, except those starting with `prefix`."""
+
+    def __init__(self, stream: TextIO, prefix: str) -> None:
+        self._stream, self._prefix, self._pending = stream, prefix, ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            if not line.startswith(self._prefix):
+                self._stream.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def finish(self) -> None:
+        """Pass on a last line that had no newline."""
+        if self._pending and not self._pending.startswith(self._prefix):
+            self._stream.write(self._pending)
+        self._pending = ""
+
+    def isatty(self) -> bool:
+        return bool(getattr(self._stream, "isatty", lambda: False)())
+
+
 def wrap(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """`handler` writing a Core AI asset when the arguments ask for one."""
 
@@ -83,10 +113,16 @@ def wrap(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
         staging = Path(tempfile.mkdtemp(prefix=".rlx_mil_convert_", dir=asset.parent))
         try:
             args.output = staging / (asset.stem + ".mlpackage")
-            code = handler(args)
+            filtered = _WithoutLinesStarting(sys.stdout, f"wrote {args.output}")
+            try:
+                with contextlib.redirect_stdout(filtered):
+                    code = handler(args)  # its "wrote" line would name the hidden package
+            finally:
+                filtered.finish()
             if code != 0:
                 return code
-            save_aimodel(args.output, asset, overwrite=True)
+            # Not overwrite=True: another conversion may have written `asset` since the check above.
+            save_aimodel(args.output, asset, overwrite=bool(getattr(args, "overwrite", False)))
             size = sum(f.stat().st_size for f in asset.rglob("*") if f.is_file())
             print(f"wrote {asset} (Core AI asset, {size} bytes; fp32 compute)")
             if getattr(args, "verify", False):

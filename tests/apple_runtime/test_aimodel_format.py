@@ -146,6 +146,8 @@ def test_cli_format_aimodel_without_suffix_verifies_the_asset(graph_files: tuple
     assert "the asset on Apple's Core AI runtime against the package on the MIL executor" in out
     assert "fp16 package; ok" in out
     assert [p.name for p in tmp_path.iterdir()] == ["m.aimodel"]
+    # the one "wrote" line names the asset, not the package staged beside it and removed
+    assert [line.split(" (")[0] for line in out.splitlines() if line.startswith("wrote ")] == [f"wrote {tmp_path / 'm.aimodel'}"]
 
 
 def test_convert_gguf_verifies_on_core_ai_and_writes_an_asset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
