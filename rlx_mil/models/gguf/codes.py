@@ -37,7 +37,7 @@ llama.cpp's decode| — is measured while its codes are made and reported per te
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,17 @@ class Fields:
     q: np.ndarray
     scale: np.ndarray
     bias: np.ndarray | None
+
+
+def _decoded_slabs(raw_rows: np.ndarray, n: int, k: int, nbytes: int, fmt: Format) -> Iterator[tuple[int, int, np.ndarray, Fields]]:
+    """(first row, rows, their blocks, the blocks decoded by `fmt`) for slabs of about
+    SLAB_ELEMENTS weights: a tensor is never decoded whole."""
+    step = max(1, SLAB_ELEMENTS // k)
+    for r0 in range(0, n, step):
+        rows = np.ascontiguousarray(raw_rows[r0:r0 + step])
+        count = rows.shape[0]
+        blocks = rows.reshape(-1, nbytes)
+        yield r0, count, blocks, fmt.decode(blocks, count)
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -270,12 +281,7 @@ def encode(raw_rows: np.ndarray, type_name: str, shape: tuple[int, int], store: 
     scales = np.empty((n, groups), np.float64)
     offsets = np.empty((n, groups), np.float64) if fmt.int_offset is not None or fmt.biased else None
     sq_error = sq_norm = max_error = 0.0
-    step = max(1, SLAB_ELEMENTS // k)
-    for r0 in range(0, n, step):
-        rows = np.ascontiguousarray(raw_rows[r0:r0 + step])
-        count = rows.shape[0]
-        blocks = rows.reshape(-1, nbytes)
-        f = fmt.decode(blocks, count)
+    for r0, count, blocks, f in _decoded_slabs(raw_rows, n, k, nbytes, fmt):
         q, scale, offset = _tables(fmt, f, store)
         stored_scale = scale.astype(store).astype(np.float32)
         if lut:
@@ -328,12 +334,7 @@ def _split(raw_rows: np.ndarray, fmt: Format, shape: tuple[int, int], store: typ
     codes = LutScaleCodes(indices=np.empty((0, 0), np.uint8), lut=(fmt.lut_low + np.arange(16)).astype(np.int8),
                           scale=scales, bits=4, sq_error=0.0, sq_norm=0.0, max_error=0.0)
     sq_error = sq_norm = max_error = 0.0
-    step = max(1, SLAB_ELEMENTS // k)
-    for r0 in range(0, n, step):
-        rows = np.ascontiguousarray(raw_rows[r0:r0 + step])
-        count = rows.shape[0]
-        blocks = rows.reshape(-1, nbytes)
-        f = fmt.decode(blocks, count)
+    for r0, count, blocks, f in _decoded_slabs(raw_rows, n, k, nbytes, fmt):
         q = (f.q - fmt.lut_low).astype(np.uint8)
         scale = f.scale.astype(store)  # float64 products of exact fields: one rounding
         bias = None if f.bias is None else f.bias.astype(store)
