@@ -19,6 +19,23 @@ def _synth() -> Graph:
     return g
 
 
+def _synth_split() -> Graph:
+    """Codes of 5 and 7 bits (29 and 100 entries), which iOS18+ holds split (a 4- / 6-bit vector
+    LUT of entry pairs and a 1-bit select)."""
+    g = Graph("synth_split")
+    rng = np.random.default_rng(11)
+    x = g.input("x", [2, 12])
+    outs = []
+    for entries, d in ((29, 3), (100, 2)):
+        indices = rng.integers(0, entries, size=(5, 12 // d))
+        indices[0, 0], indices[-1, -1] = entries - 1, 0
+        idx = g.constant(indices.astype(np.uint8), "u8")
+        outs.append(g.synth_matmul(x, idx, g.param(f"codebook{entries}", [entries, d]), d, entries, name=f"y{entries}"))
+    g.set_outputs(outs)
+    return g
+
+
 CASES: dict[str, Callable[[], Graph]] = {
     "synth": _synth,
+    "synth_split": _synth_split,
 }

@@ -15,8 +15,9 @@ import rlx_mil
 from rlx_mil import milexec, reference
 from rlx_mil.errors import AttributeValueError, EvaluationError, ShapeError
 from rlx_mil.ir.graph import Graph
-from rlx_mil.lowering.rules.codebook import lut_bits
-from rlx_mil.testing import Tolerance, compare
+from rlx_mil.lowering.rules.codebook import LUT_BITS, code_bits, lut_bits
+from rlx_mil.lowering.target import Precision
+from rlx_mil.testing import DEFAULT_TOLERANCES, Tolerance, compare
 
 from .conftest import convert_and_cleanup, emitted_ops
 
@@ -66,8 +67,11 @@ def test_vector_palettization_matches_the_loop_at_every_index_width(
         assert ok, f"{name} ({entries} entries, {lut_bits(entries)}-bit indices): {detail}"
 
 
-def test_package_holds_the_codes_not_the_weight(tmp_path: Path) -> None:
-    n, k, d, entries = 256, 512, 4, 16
+@pytest.mark.parametrize("entries", [16, 29, 100])
+def test_package_holds_the_codes_not_the_weight(tmp_path: Path, entries: int) -> None:
+    """16 entries are 4-bit indices; 29 and 100 need 5 and 7 bits, which no index type has: held
+    split, they still cost their own width, not the 6 / 8 bits the next index type would."""
+    n, k, d = 256, 512, 4
     rng = np.random.default_rng(0)
     indices = rng.integers(0, entries, size=(n, k // d))
     g = Graph("synth_size")
@@ -77,9 +81,39 @@ def test_package_holds_the_codes_not_the_weight(tmp_path: Path) -> None:
                                 target="iOS18", precision="fp16")
     path = rlx_mil.save(model, tmp_path / "synth.mlpackage")
     size = (path / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").stat().st_size
-    codes = n * (k // d) * lut_bits(entries) // 8 + entries * d * 2  # 4-bit indices + fp16 codebook
+    codes = n * (k // d) * code_bits(entries) // 8 + entries * d * 2  # tightly packed codes + fp16 codebook
     assert size <= 1.1 * codes, (size, codes)
-    assert size < 0.1 * n * k * 2  # the fp16 weight would be 10x larger
+    if lut_bits(entries) != code_bits(entries):  # what rounding up to the next index type would store
+        assert size < n * (k // d) * lut_bits(entries) // 8
+    assert size < n * k * 2 / 4  # the fp16 weight: 16 bits an element against <= 7 / 4 here
+
+
+@settings(max_examples=6, deadline=None)
+@given(entries=st.sampled_from([17, 18, 31, 32, 65, 97, 128]), d=st.integers(1, 4), n=st.integers(1, 5),
+       blocks=st.integers(1, 4), precision=st.sampled_from(["fp16", "fp32"]), seed=st.integers(0, 2**16))
+def test_split_codes_rebuild_the_codebook_entries_exactly(
+    entries: int, d: int, n: int, blocks: int, precision: str, seed: int,
+) -> None:
+    """The split form selects codebook entries, never computes them: the weight is the codebook's
+    rows bit for bit (rounded to fp16 under fp16, as any const is), every index reachable."""
+    assert code_bits(entries) not in LUT_BITS
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(0, entries, size=(n, blocks))
+    indices.flat[: 2] = [entries - 1, 0][: indices.size]  # the last entry (high bit set) and the first
+    codebook = (rng.standard_normal((entries, d)) * 10.0 ** rng.integers(-3, 4, size=(entries, 1))).astype(np.float32)
+    x = rng.standard_normal((2, blocks * d)).astype(np.float32)
+    g = _graph(indices, entries, d, 2)
+    params = {"codebook": codebook, "codebook2": codebook}
+    model = convert_and_cleanup(g, params, target="iOS18", precision=precision)
+    ops = emitted_ops(model)
+    assert "select" in ops and "constexpr_lut_to_dense" in ops
+    got = milexec.run(model, {"x": x})
+    stored = codebook.astype(np.float16 if precision == "fp16" else np.float32)
+    np.testing.assert_array_equal(got["w"].astype(np.float32), _loop_weight(indices, stored).astype(np.float32))
+    want = reference.evaluate(g, {"x": x}, params)
+    tol = Tolerance(1e-6, 1e-5) if precision == "fp32" else DEFAULT_TOLERANCES[Precision.FP16]
+    ok, _, detail = compare(got["y"], want["y"], tol)
+    assert ok, f"{entries} entries {precision}: {detail}"
 
 
 def test_bad_codebooks_and_indices_are_typed_errors() -> None:

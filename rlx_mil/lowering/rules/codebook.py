@@ -1,8 +1,13 @@
 """SynthMatMul and SynthReconstruct. With the indices and codebook known at conversion, iOS18+
 holds them as Core ML vector palettization: one `constexpr_lut_to_dense` (the codebook padded
-to a power-of-two number of entries, `vector_axis=1`, indices at 1-8 bits) rebuilding the
-`[n, k]` weight, fed to `linear` - the package keeps the codes, not the weight. Older targets
-get the decoded weight; run-time indices or codebooks `gather` the rows at run time."""
+to a power-of-two number of entries, `vector_axis=1`, indices at 1, 2, 3, 4, 6 or 8 bits)
+rebuilding the `[n, k]` weight, fed to `linear` - the package keeps the codes, not the weight.
+A code that needs 5 or 7 bits (17-32 or 65-128 entries) has no index type of its own; rounding
+it up to 6 or 8 bits would store 1.2x / 1.14x the codes' bytes, so it is held split instead
+(`_split_vector_lut`): the low 4 / 6 bits index a table whose entry j is the pair (codebook[j],
+codebook[j + 2^low]) and a 1-bit index picks one half of the pair with a `select` at run time.
+Older targets get the decoded weight; run-time indices or codebooks `gather` the rows at run
+time."""
 
 from __future__ import annotations
 
@@ -28,6 +33,12 @@ def lut_bits(num_entries: int) -> int:
     return next(bits for bits in LUT_BITS if 2**bits >= num_entries)
 
 
+def code_bits(num_entries: int) -> int:
+    """The bits a code of `num_entries` entries needs (at least 1): what the package stores,
+    as one index (a width in `LUT_BITS`) or split into `code_bits - 1` low bits and 1 high bit."""
+    return max(1, (num_entries - 1).bit_length())
+
+
 def _known_indices(ctx: LowerContext, kind: SynthKind, i: int) -> np.ndarray | None:
     value = ctx.known_value(i)
     if value is None:
@@ -41,22 +52,62 @@ def _known_indices(ctx: LowerContext, kind: SynthKind, i: int) -> np.ndarray | N
     return idx
 
 
-def _vector_lut(ctx: LowerContext, kind: SynthKind, idx: np.ndarray, codebook: np.ndarray) -> Any:
-    """`[n, k]` weight as one iOS18 `constexpr_lut_to_dense` (vector palettization)."""
-    from coremltools.converters.mil import Builder as mb
+def _index_dtype(bits: int) -> Any:
     from coremltools.converters.mil.mil import types
 
-    bits = lut_bits(kind.num_entries)
+    return np.uint8 if bits == 8 else getattr(types, f"np_uint{bits}_dtype")
+
+
+def _vector_lut(ctx: LowerContext, kind: SynthKind, idx: np.ndarray, codebook: np.ndarray) -> Any:
+    """`[n, k]` weight as one iOS18 `constexpr_lut_to_dense` (vector palettization), or held
+    split where the code needs 5 or 7 bits."""
+    from coremltools.converters.mil import Builder as mb
+
+    bits = code_bits(kind.num_entries)
+    if bits not in LUT_BITS:
+        return _split_vector_lut(ctx, kind, idx, codebook, bits)
     lut = np.zeros((2**bits, kind.entry_dim), ctx.float_dtype)
     lut[: kind.num_entries] = codebook.astype(ctx.float_dtype)
-    dtype = np.uint8 if bits == 8 else getattr(types, f"np_uint{bits}_dtype")
-    return mb.constexpr_lut_to_dense(indices=idx.astype(dtype), lut=lut.reshape(1, 1, 2**bits, kind.entry_dim),
+    return mb.constexpr_lut_to_dense(indices=idx.astype(_index_dtype(bits)), lut=lut.reshape(1, 1, 2**bits, kind.entry_dim),
                                      vector_axis=1, name=ctx.name("weight"))
+
+
+def _split_vector_lut(ctx: LowerContext, kind: SynthKind, idx: np.ndarray, codebook: np.ndarray, bits: int) -> Any:
+    """A `bits`-wide code (5 or 7) as `bits - 1` low bits and 1 high bit, each an index type
+    Core ML has. The low bits index a vector LUT whose entry j is codebook rows j and
+    j + 2^(bits-1) side by side (`[n, blocks * 2d]`); the high bit, decoded to 0 / 1 and cast
+    to bool, `select`s the second half of each pair. A select moves values, so the weight is
+    the codebook's entries exactly (in fp16 as in fp32, whatever they hold); the package stores
+    `bits` bits a code plus the codebook (GGUF's split, `compress.prequantized.split_op`, adds
+    its two tables instead, which only integer codes allow)."""
+    from coremltools.converters.mil import Builder as mb
+
+    d = kind.entry_dim
+    half = 1 << (bits - 1)
+    n, blocks = idx.shape
+    table = np.zeros((2 * half, d), ctx.float_dtype)
+    table[: kind.num_entries] = codebook.astype(ctx.float_dtype)
+    pairs = np.concatenate([table[:half], table[half:]], axis=1)  # entry j: (row j, row j + half)
+    low = mb.constexpr_lut_to_dense(indices=(idx & (half - 1)).astype(_index_dtype(bits - 1)),
+                                    lut=pairs.reshape(1, 1, half, 2 * d), vector_axis=1, name=ctx.name("weight_pairs"))
+    high = mb.constexpr_lut_to_dense(indices=(idx >> (bits - 1)).astype(_index_dtype(1)),
+                                     lut=np.asarray([0, 1], ctx.float_dtype).reshape(1, 1, 2, 1),
+                                     name=ctx.name("weight_high"))
+    pick = mb.cast(x=mb.reshape(x=high, shape=np.asarray([n, blocks, 1], np.int32), name=ctx.name("weight_high_3d")),
+                   dtype="bool", name=ctx.name("weight_pick"))
+    pairs_3d = mb.reshape(x=low, shape=np.asarray([n, blocks, 2 * d], np.int32), name=ctx.name("weight_pairs_3d"))
+    first = mb.slice_by_size(x=pairs_3d, begin=np.asarray([0, 0, 0], np.int32), size=np.asarray([n, blocks, d], np.int32),
+                             name=ctx.name("weight_first"))
+    second = mb.slice_by_size(x=pairs_3d, begin=np.asarray([0, 0, d], np.int32), size=np.asarray([n, blocks, d], np.int32),
+                              name=ctx.name("weight_second"))
+    picked = mb.select(cond=pick, a=second, b=first, name=ctx.name("weight_picked"))
+    return mb.reshape(x=picked, shape=np.asarray([n, blocks * d], np.int32), name=ctx.name("weight"))
 
 
 def synth_weight_var(ctx: LowerContext, kind: SynthKind) -> tuple[Any, bool]:
     """The `[n, k]` weight of a node with inputs (.., indices, codebook) as the last two, and
-    whether it is a const (compressed or decoded) `linear` can take."""
+    whether it is a const (compressed or decoded) `linear` can take (a split code is not: its
+    `select` runs at run time)."""
     from coremltools.converters.mil import Builder as mb
 
     i_idx, i_cb = ctx.num_inputs - 2, ctx.num_inputs - 1
@@ -66,7 +117,8 @@ def synth_weight_var(ctx: LowerContext, kind: SynthKind) -> tuple[Any, bool]:
     if idx is not None and codebook is not None:
         cb = np.asarray(codebook, np.float32)
         if ctx.target >= Target.IOS18:
-            return _vector_lut(ctx, kind, idx, cb), True
+            weight = _vector_lut(ctx, kind, idx, cb)
+            return weight, weight.op.op_type == "constexpr_lut_to_dense"
         weight = cb[idx].reshape(n, blocks * kind.entry_dim)
         return ctx.const(weight, "weight"), True
     flat = gather_indices(ctx, kind.num_entries, i_idx, "indices")
@@ -80,7 +132,9 @@ def synth_weight_var(ctx: LowerContext, kind: SynthKind) -> tuple[Any, bool]:
     notes=(
         "indices and codebook known: iOS18+ one `constexpr_lut_to_dense` (vector palettization: the"
         " codebook padded to 2^b entries, b in 1,2,3,4,6,8, `vector_axis=1`) rebuilding W [n, k], then"
-        " `linear` (the package holds the b-bit codes and the codebook); iOS15-17 the decoded W as a"
+        " `linear` (the package holds the b-bit codes and the codebook); a 5- or 7-bit code (17-32 or"
+        " 65-128 entries) is held split: a 4- / 6-bit `constexpr_lut_to_dense` of codebook row pairs and"
+        " a 1-bit one cast to bool that `select`s each pair's half, then `matmul`; iOS15-17 the decoded W as a"
         " `linear` const. Run-time indices or codebook: `gather` of codebook rows, `reshape`,"
         " `matmul` with transpose_y."
     ),
