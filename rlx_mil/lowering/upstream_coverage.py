@@ -9,6 +9,7 @@ have its reason here (a test checks both ways, so a kind that gains a lowering d
 from __future__ import annotations
 
 from rlx_mil.ir.ops import OP_TYPES
+from rlx_mil.ir.serde.custom import READ_FORMS, READ_LIMITS, REFUSED_NAMES
 from rlx_mil.ir.serde.upstream_kinds import SOURCE_COMMIT, UPSTREAM_OP_KINDS
 from rlx_mil.lowering.registry import registered_rules
 
@@ -67,22 +68,15 @@ REFUSED: dict[str, str] = {
         "a fixed-point I32 FFT whose per-stage shift / saturation (`FftQScale`) has no exact form in"
         " Core ML's int32 arithmetic; not lowered"
     ),
+}
+
+
+#: Kinds whose meaning depends on a name they carry: the names read as IR ops lower, the rest
+#: are refused by name (`custom_names_markdown` lists both).
+BY_NAME: dict[str, str] = {
     "Custom": (
-        "a user-registered op whose meaning lives in upstream's run-time op registry under its `name` (attrs"
-        " are an opaque blob). The names upstream's Core ML backend knows whose kernels have an exact IR"
-        " form are read as it: `onnx.ScatterND` (ScatterNd, reduction = attrs[0..4] as a little-endian"
-        " i32: 0 none, 1 add, 2 mul, 3 max, 4 min), `onnx.Mod` (Binary Mod), `onnx.IsNaN` (x != x),"
-        " `onnx.GatherND` and `onnx.GatherElements` (on the indices clamped as their kernels clamp them),"
-        " `onnx.OneHot` (Compare / Where on the declared depth), `onnx.CumProd` (CumProd, Reverse for its"
-        " reverse flag), `onnx.Einsum` (Transpose / Reshape onto all labels, Mul, Reduce Sum) and"
-        " `onnx.ScatterElements` (non-finite data zeroed, indices clamped, not wrapped); the forms those"
-        " kernels do not compute as ONNX (a run-time CumProd axis, an Einsum ellipsis, diagonal or"
-        " disagreeing label sizes, ScatterElements index shapes mapped by count, integer ScatterElements"
-        " data) are refused by name. Refused by name: its `collective.*` ops (host transport over a"
-        " process group not in the graph); `onnx.NonZero` (output length depends on the values); the TTS"
-        " alignment helpers `onnx.ConcatFromSequence`, `onnx.KittenConcatFromSequence`,"
-        " `onnx.ExpandI64Align`, `onnx.AlignmentRange`, `onnx.VocoderWaveformSlice` (I64 durations and"
-        " frame counts read at run time); every other name"
+        f"{len(READ_FORMS)} names upstream's kernels define are read as IR ops and lower; {len(REFUSED_NAMES)}"
+        " more, and every other name, are refused by name: see \"Custom names\" below"
     ),
 }
 
@@ -94,14 +88,16 @@ def lowered_kinds() -> set[str]:
 
 def upstream_kinds_markdown() -> str:
     lowered = lowered_kinds()
-    refused = [kind for kind in UPSTREAM_OP_KINDS if kind not in lowered]
+    refused = [kind for kind in UPSTREAM_OP_KINDS if kind not in lowered and kind not in BY_NAME]
+    by_name = [kind for kind in UPSTREAM_OP_KINDS if kind in BY_NAME]
     lines = [
         "",
         "## Every upstream op kind",
         "",
         f"The {len(UPSTREAM_OP_KINDS)} kinds of upstream's newest `OpKind` (commit `{SOURCE_COMMIT[:7]}`):"
-        f" {len(UPSTREAM_OP_KINDS) - len(refused)} lower (rows above), {len(refused)} are refused by name"
-        " when a graph is read (`UnsupportedOpFormatError`), for the reason given.",
+        f" {len(UPSTREAM_OP_KINDS) - len(refused) - len(by_name)} lower (rows above), {len(refused)} are refused"
+        " by name when a graph is read (`UnsupportedOpFormatError`), for the reason given, and"
+        f" {len(by_name)} ({', '.join(by_name)}) lowers or is refused by the name it carries.",
         "",
         "| upstream kind | rlx_mil | why refused |",
         "|---|---|---|",
@@ -109,7 +105,35 @@ def upstream_kinds_markdown() -> str:
     for kind in UPSTREAM_OP_KINDS:
         if kind in lowered:
             lines.append(f"| {kind} | lowered | — |")
+        elif kind in BY_NAME:
+            lines.append(f"| {kind} | by name | {BY_NAME[kind]} |")
         else:
             lines.append(f"| {kind} | refused | {REFUSED.get(kind, 'no reason recorded')} |")
+    lines.append("")
+    return "\n".join(lines) + custom_names_markdown()
+
+
+def custom_names_markdown() -> str:
+    """The `Custom` names: each read one with the IR form it becomes (and the forms of it that
+    are refused), each refused one with the reason (`rlx_mil.ir.serde.custom`)."""
+    lines = [
+        "",
+        "### Custom names",
+        "",
+        "A `Custom { name, num_inputs, attrs }` op means what upstream's run-time op registry holds under"
+        " its name (the attrs are an opaque blob). Upstream's Core ML backend lowers `onnx.ScatterND`"
+        " itself and runs the other names it knows on the host between Core ML segments; rlx_mil emits"
+        " one program, so it reads a name whose kernel has an exact IR form as that form (which then"
+        " lowers as the rows above say) and refuses the others by name when the graph is read.",
+        "",
+        "| Custom name | rlx_mil | read as / why refused | refused forms |",
+        "|---|---|---|---|",
+    ]
+    for name, form in READ_FORMS.items():
+        lines.append(f"| `{name}` | lowered | {form} | {READ_LIMITS.get(name, '—')} |")
+    for name, why in REFUSED_NAMES.items():
+        lines.append(f"| `{name}` | refused | {why} | — |")
+    lines.append("| any other name | refused | what it computes lives only in a run-time op registry the graph does"
+                 " not carry | — |")
     lines.append("")
     return "\n".join(lines)

@@ -367,3 +367,19 @@ def test_onnx_scatter_elements_reads_as_upstreams_kernel(dims: list[int], axis: 
     np.testing.assert_allclose(reference.evaluate(g, feeds)["out"], want, rtol=1e-6)
     got = milexec.run(convert_and_cleanup(g, {}, target="iOS18", precision="fp32"), feeds)["out"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_custom_names_table_is_what_the_reader_does() -> None:
+    """Every name the coverage doc's Custom table reads is one the reader reads; every name it
+    refuses is refused by name with the table's reason in the error."""
+    from rlx_mil.ir.serde.custom import EINSUM_NAME, READ_AS, READ_FORMS, REFUSED_NAMES
+
+    assert set(READ_FORMS) == set(READ_AS) | {EINSUM_NAME}
+    assert not set(READ_FORMS) & set(REFUSED_NAMES)
+    for name, why in REFUSED_NAMES.items():
+        for num_inputs in (1, 2, 3):
+            with pytest.raises(UnsupportedOpFormatError) as err:
+                graph_from_json(_custom_json({"name": name, "num_inputs": num_inputs, "attrs": []}))
+            assert name in str(err.value) and why in str(err.value)
+    with pytest.raises(UnsupportedOpFormatError, match="run-time op registry"):
+        graph_from_json(_custom_json({"name": "acme.Frobnicate", "num_inputs": 3, "attrs": []}))

@@ -38,7 +38,9 @@ their attrs (never added to a graph) that the reader hands to the matching `add_
   is 1-D (and the updates have the indices' shape): other shapes and integer data (the kernel's
   flat I64 path) are refused by name.
 
-Every other name is refused by name."""
+The names upstream knows and rlx_mil does not read are refused by name with the reason in
+`REFUSED_NAMES`; every other name is refused by name too. `READ_FORMS`, `READ_LIMITS` and
+`REFUSED_NAMES` are the coverage doc's table of Custom names."""
 
 from __future__ import annotations
 
@@ -97,6 +99,72 @@ READ_AS: dict[str, tuple[int, Callable[[bytes, str], Op]]] = {
 #: Names read with another input count as well (CumProd's axis may be an operand).
 OTHER_ARITIES = {CUM_PROD_NAME: 2}
 
+#: Each name read here and the IR form it becomes (the coverage doc's table of Custom names).
+READ_FORMS: dict[str, str] = {
+    SCATTER_ND_NAME: "ScatterNd; reduction = attrs[0..4] as a little-endian i32 (0 none, 1 add, 2 mul, 3 max, 4 min)",
+    "onnx.Mod": "Binary Mod (the kernel's remainder is C fmod for either `fmod` byte; integer b = 0 gives 0)",
+    IS_NAN_NAME: "Compare Ne of the input with itself",
+    GATHER_ND_NAME: "GatherNd (batch_dims = attrs[0..4]) on the indices truncated, wrapped once and clamped as the"
+                    " kernel reads them",
+    GATHER_ELEMENTS_NAME: "GatherElements (axis = attrs[0..4]) on the indices read as for GatherND",
+    ONE_HOT_NAME: "Compare / Where of the indices against positions along the declared output's axis (attrs[0..4])",
+    CUM_PROD_NAME: "CumProd (exclusive = attrs[4]), between two Reverses when attrs[5] is set; the axis from a"
+                   " Constant input 1 or attrs[0..4]",
+    EINSUM_NAME: "each operand Transposed / Reshaped onto all labels, their Mul, a Reduce Sum over the labels the"
+                 " output drops (the equation is the attrs' UTF-8)",
+    SCATTER_ELEMENTS_NAME: "ScatterElements (axis = attrs[0..4], reduction = attrs[4..8]) after the kernel's zeroing of"
+                           " non-finite data, on indices clamped as it clamps them",
+}
+
+#: The forms of a read name that its kernel does not compute as one IR op would: refused by name.
+READ_LIMITS: dict[str, str] = {
+    SCATTER_ND_NAME: "a reduction code outside 0..4",
+    GATHER_ND_NAME: "a dynamic size on an indexed axis (the clamp needs it)",
+    GATHER_ELEMENTS_NAME: "a dynamic size on the axis (the clamp needs it)",
+    ONE_HOT_NAME: "dynamic shapes, or an output not one rank above the indices",
+    CUM_PROD_NAME: "an axis computed at run time",
+    EINSUM_NAME: "an ellipsis (the kernel refuses it too), a label repeated within a term (a diagonal), a label"
+                 " whose sizes disagree (the kernel then strides past an operand's data)",
+    SCATTER_ELEMENTS_NAME: "index shapes the kernel maps by count (not ONNX's mapping), integer data (a flat I64"
+                           " path that ignores the axis), dynamic shapes",
+}
+
+_COLLECTIVE = (
+    "host transport over a process group (all-reduce, send, ...) whose size and rank are not in the graph:"
+    " one Core ML program cannot drive it"
+)
+_NO_KERNEL = (
+    "upstream's Core ML backend names it (its integer dtype overrides) but registers no kernel for it: the op"
+    " comes from an application's own registry, which the graph does not carry"
+)
+_KITTEN = (
+    "a Kitten TTS alignment helper on I64 durations read at run time: per-trip rows whose lengths are the"
+    " duration values, laid end to end (positions are run-time prefix sums) and zero-filled; not read"
+)
+
+#: Names upstream knows (its `collective.*` kernels, rlx-cpu's ONNX reference kernels, the names
+#: its Core ML backend's host path types) that are refused by name, with the reason. Any other
+#: name is refused as well: what it computes lives only in a run-time registry.
+REFUSED_NAMES: dict[str, str] = {
+    **{f"collective.{op}": _COLLECTIVE for op in (
+        "all_reduce", "all_gather", "reduce_scatter", "copy_to_parallel", "reduce_from_parallel", "broadcast",
+        "reduce", "all_to_all", "ppermute", "send", "recv")},
+    "onnx.NonZero": "its output length is the count of non-zero values, known only at run time",
+    "onnx.ConcatFromSequence": _KITTEN,
+    "onnx.KittenConcatFromSequence": _KITTEN + " (an alias of onnx.ConcatFromSequence)",
+    "onnx.ExpandI64Align": (
+        "a Kitten TTS helper: the first n entries of an I64 alignment buffer, n read from an I64 input at run"
+        " time, zero after; expressible (Range, Compare, Where) but not read yet"),
+    "onnx.AlignmentRange": (
+        "a Kitten TTS helper: i where i < frame_count (an I64 input read at run time), 0 after; expressible"
+        " (Range, Compare, Where) but not read yet"),
+    "onnx.VocoderWaveformSlice": (
+        "a Kitten TTS helper: the waveform from sample 10 to align_frames * 600 - 10 (a hop hard-coded for one"
+        " model, the frame count read at run time) copied into the declared output; not read"),
+    **dict.fromkeys(("onnx.DynamicQuantizeLinearExport", "onnx.QMatMul", "onnx.QMatMulBaked",
+                     "onnx.DynamicQuantizeLSTM", "onnx.AlignmentScatterIndices", "onnx.F0IfSelect"), _NO_KERNEL),
+}
+
 
 @dataclass(frozen=True)
 class ScatterElementsAttrs(Op):
@@ -148,9 +216,11 @@ def decode_custom(content: object, path: str) -> Op:
     reading = READ_AS.get(name) if isinstance(name, str) else None
     if reading is None or num_inputs not in (reading[0], OTHER_ARITIES.get(str(name))):
         known = ", ".join([*(f"{n!r} ({arity} inputs)" for n, (arity, _) in READ_AS.items()), repr(EINSUM_NAME)])
+        why = REFUSED_NAMES.get(name) if isinstance(name, str) else None
         raise UnsupportedOpFormatError(
-            f"{path}: upstream Custom op {name!r} ({describe(num_inputs)} inputs) is not supported by rlx_mil:"
-            f" its meaning lives in upstream's run-time op registry; only {known} are read"
+            f"{path}: upstream Custom op {name!r} ({describe(num_inputs)} inputs) is not supported by rlx_mil: "
+            + (f"{why}" if why else "its meaning lives in upstream's run-time op registry")
+            + f"; only {known} are read"
         )
     assert isinstance(content, dict)
     return reading[1](_attrs_bytes(content, path), path)
