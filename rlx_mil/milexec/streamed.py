@@ -139,13 +139,16 @@ class ShiftScaleWeight:
     """The output of one `constexpr_blockwise_shift_scale` op, decoded on request."""
 
     def __init__(self, data: np.ndarray | NibbleCodes, scale: np.ndarray, offset: np.ndarray | None,
-                 round_fp16: bool, lut: np.ndarray | None = None) -> None:
+                 round_fp16: bool, lut: np.ndarray | None = None, bias: np.ndarray | None = None) -> None:
         #: the integer codes, or with `lut` the indices into it.
         self.data = data
         #: a table of integers (float32, 1-D) the codes index; None: the codes are the values.
         self.lut = None if lut is None else lut.astype(np.float32).reshape(-1)
         self.scale = scale.astype(np.float32)
         self.offset = None if offset is None else offset.astype(np.float32)
+        #: added after the scaling (and its rounding), then rounded again: the run-time `add`
+        #: of a weight held split (`rlx_mil.milexec.split_weight`); None for a plain one.
+        self.bias = None if bias is None else bias.astype(np.float32)
         self.shape: tuple[int, ...] = tuple(data.shape)
         self.size = int(data.size)
         self.round_fp16 = round_fp16
@@ -221,7 +224,7 @@ class ShiftScaleWeight:
     def nbytes(self) -> int:
         """Bytes the codes and the float32 scales (and offsets) hold."""
         codes = self.data.nbytes
-        return int(codes + self.scale.nbytes + (self.offset.nbytes if self.offset is not None else 0))
+        return int(codes + sum(p.nbytes for p in (self.scale, self.offset, self.bias) if p is not None))
 
     @property
     def row_step(self) -> int:
@@ -253,7 +256,7 @@ class ShiftScaleWeight:
 
     def _rows(self, start: int, stop: int, out: np.ndarray, scratch: np.ndarray) -> np.ndarray:
         params = [_row_params(p, self.row_block, start, stop) if p is not None else None
-                  for p in (self.scale, self.offset)]
+                  for p in (self.scale, self.offset, self.bias)]
         if isinstance(self.data, NibbleCodes):
             codes = scratch.view(np.int8 if self.data.signed else np.uint8)[: out.size].reshape(out.shape)
             data = self.data.block_into(start, stop, codes)
@@ -265,7 +268,7 @@ class ShiftScaleWeight:
         """Rows `rows` (int array, any shape) along axis 0: shape rows.shape + shape[1:]."""
         flat = rows.reshape(-1).astype(np.int64)
         blocks = flat // self.row_block
-        params = [p[blocks] if p is not None else None for p in (self.scale, self.offset)]
+        params = [p[blocks] if p is not None else None for p in (self.scale, self.offset, self.bias)]
         out = np.empty((flat.size, *self.shape[1:]), np.float32)
         data = self.data.take(flat) if isinstance(self.data, NibbleCodes) else self.data[flat]
         self._decode(data, params, out, None)
@@ -283,7 +286,7 @@ class ShiftScaleWeight:
 
     def _decode(self, data: np.ndarray, params: list[np.ndarray | None], out: np.ndarray,
                 scratch: np.ndarray | None) -> np.ndarray:
-        scale, offset = params
+        scale, offset, bias = params
         if self.lut is None:
             np.copyto(out, data)  # integers are exact in float32
         else:  # every index is inside the table (its width's range): "clip" never clips
@@ -301,6 +304,11 @@ class ShiftScaleWeight:
             elif self.fast_rounding:
                 round_into(out, scratch.view(np.int32))
             else:
+                round_exact_into(out, scratch.view(np.int32))
+        if bias is not None:  # the split form's run-time add, in float32, then rounded as declared
+            np.add(view, _blocked(out, bias)[1], out=view)
+            if self.round_fp16:
+                assert scratch is not None
                 round_exact_into(out, scratch.view(np.int32))
         return out
 
