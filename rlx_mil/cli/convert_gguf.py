@@ -126,13 +126,14 @@ def run(args: argparse.Namespace) -> int:
     quality = gguf_quality(args, info.metadata)
     if args.verify:
         from rlx_mil.cli.quality import verify_quality
-        from rlx_mil.compress import dequantized_params, report_of
+        from rlx_mil.compress import report_of
+        from rlx_mil.models.verify import STORED_WEIGHTS, package_weights
 
         report = report_of(info.metadata)
-        if report is not None:  # the package computes with the codes: verify against their decode
-            params = dequantized_params(params, report)
-            print(f"verify: fidelity (the package on {engine_label(args.engine)} vs the NumPy reference on its own"
-                  " codes):")
+        if report is not None:  # the package computes with its codes: verify against what they decode to
+            params = package_weights(params, path, report)
+            print(f"verify: fidelity (the package on {engine_label(args.engine)} vs the NumPy reference on"
+                  f" {STORED_WEIGHTS}):")
         else:
             print(f"verify: the package on {engine_label(args.engine)} vs the NumPy reference:")
         checks = verify_package(graph, params, path, example_inputs(graph, _vocab_size(graph)), args.precision,

@@ -244,7 +244,13 @@ def run(args: argparse.Namespace) -> int:
     )
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.llm.convert_hf import convert_checkpoint
-    from rlx_mil.models.verify import engine_label, example_inputs, verify_package
+    from rlx_mil.models.verify import (
+        STORED_WEIGHTS,
+        engine_label,
+        example_inputs,
+        package_weights,
+        verify_package,
+    )
 
     # a Whisper folder's -o is the folder the openai_whisper-<variant> folder goes into: it may exist
     if is_whisper_folder(Path(args.model_dir)):
@@ -282,13 +288,14 @@ def run(args: argparse.Namespace) -> int:
     write_report(args, info.metadata, quality)
     if args.verify:
         vocab = _vocab_size(graph) if _takes_tokens(graph) else 1
-        if getattr(args, "compress", None):
-            # A compressed package computes with the dequantized weights: verify against those.
-            from rlx_mil.compress import dequantized_params, report_of
+        from rlx_mil.compress import report_of
 
-            params = dequantized_params(params, report_of(info.metadata))
-            print(f"verify: fidelity (the package on {engine_label(args.engine)} vs the NumPy reference on its own"
-                  " compressed weights):")
+        report = report_of(info.metadata)
+        if report is not None:
+            # A compressed package computes with the weights its codes decode to: verify against those.
+            params = package_weights(params, path, report)
+            print(f"verify: fidelity (the package on {engine_label(args.engine)} vs the NumPy reference on"
+                  f" {STORED_WEIGHTS}):")
         else:
             print(f"verify: the package on {engine_label(args.engine)} vs the NumPy reference:")
         checks = verify_package(graph, params, path, example_inputs(graph, vocab), args.precision, engine=args.engine)

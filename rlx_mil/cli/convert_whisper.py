@@ -145,10 +145,11 @@ def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
     checks: list[Any] = []
 
     def verify(role: str, graph: Graph, params: Mapping[str, Any], path: Path) -> None:
-        if role != "MelSpectrogram" and convert.get("compress"):
-            from rlx_mil.compress import dequantized_params, report_of
+        if role != "MelSpectrogram" and convert.get("compress"):  # fidelity: what the package's codes decode to
+            from rlx_mil.compress import report_of
+            from rlx_mil.models.verify import package_weights
 
-            params = dequantized_params(params, report_of(package_info(path).metadata))
+            params = package_weights(params, path, report_of(package_info(path).metadata))
         for check in verify_package(graph, params, path, verify_inputs(role, graph), convert["precision"]):
             print(f"{role}: {check.to_text()}")
             checks.append(check)

@@ -221,21 +221,21 @@ def _convert(args: argparse.Namespace) -> int:
 
 def _verify_graph_package(args: argparse.Namespace, graph: Any, params: Any, model: Any) -> int:
     """`convert --verify`: the saved package on example inputs (through --engine) against the
-    NumPy reference (on the compressed weights' decode when the package is compressed)."""
+    NumPy reference (on the weights the saved package stores, decoded from its own codes, when
+    it is compressed)."""
     from rlx_mil.cli.convert_hf import _takes_tokens, _vocab_size
-    from rlx_mil.compress import dequantized_params, report_of
-    from rlx_mil.models.verify import engine_label, example_inputs, verify_package
+    from rlx_mil.compress import report_of
+    from rlx_mil.models import verify
 
     report = report_of(model.user_defined_metadata)
-    if report is not None:
-        params = dequantized_params(params, report)
-    what = " on its own compressed weights" if report is not None else ""
-    print(f"verify: the package on {engine_label(args.engine)} vs the NumPy reference{what}:")
+    params = verify.package_weights(params, args.output, report)
+    what = f" on {verify.STORED_WEIGHTS}: fidelity" if report is not None else ""
+    print(f"verify: the package on {verify.engine_label(args.engine)} vs the NumPy reference{what}:")
     try:
-        inputs = example_inputs(graph, _vocab_size(graph) if _takes_tokens(graph) else 2)
+        inputs = verify.example_inputs(graph, _vocab_size(graph) if _takes_tokens(graph) else 2)
     except ValueError as err:  # a dynamic input dim
         raise RlxMilError(f"--verify needs every input's shape ({err}): bind it with --dim") from None
-    checks = verify_package(graph, params, args.output, inputs, args.precision, engine=args.engine)
+    checks = verify.verify_package(graph, params, args.output, inputs, args.precision, engine=args.engine)
     for check in checks:
         print(check.to_text())
     return EXIT_OK if all(c.ok for c in checks) else EXIT_ERROR

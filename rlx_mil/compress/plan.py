@@ -427,12 +427,11 @@ class WeightCompressor:
 
     def _emit(self, key: tuple[str, str], codes: LinearCodes | PaletteCodes | LutScaleCodes, entry: WeightReport,
               op_name: Callable[[], str]) -> Any:
-        """The constexpr var of `codes` in this function's program, recorded in the report."""
-        if isinstance(codes, LutScaleCodes):
-            var = lut_scale_op(codes, op_name(), self.store)
-        else:
-            build = linear_op if isinstance(codes, LinearCodes) else palette_op
-            var = build(codes, self.target, op_name(), self.store)  # type: ignore[arg-type]
+        """The constexpr var of `codes` in this function's program, recorded (with its op's name) in the report."""
+        build: Any = linear_op if isinstance(codes, LinearCodes) else palette_op
+        var = lut_scale_op(codes, op_name(), self.store) if isinstance(codes, LutScaleCodes) else build(
+            codes, self.target, op_name(), self.store)
+        entry.ops += [var.op.name] if var.op.name not in entry.ops else []  # this function's name for it
         self.weights.append(entry)
         self._done[key] = var
         self.codes[entry.name] = codes

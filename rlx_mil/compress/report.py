@@ -30,6 +30,10 @@ class WeightReport:
     #: Why the weight got this scheme when it is not simply the configured one (a block or
     #: group size fitted to its shape, an automatic choice, ...).
     note: str = ""
+    #: The MIL ops the lowering named for this weight's decoding op (one per function or chunk
+    #: that names it differently): how `rlx_mil.milexec.stored_weights` finds the codes the
+    #: package holds (a Neural Engine rewrite may add `_conv` / `_part<i>` to them).
+    ops: list[str] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:

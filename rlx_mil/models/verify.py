@@ -49,6 +49,22 @@ class OutputCheck:
         return text
 
 
+#: What a fidelity check's reference computes with when the package is compressed.
+STORED_WEIGHTS = "the weights the package stores (decoded from its own codes)"
+
+
+def package_weights(params: Mapping[str, Any], package: Any, report: Any) -> Mapping[str, Any]:
+    """`params` as the saved `package` (a `.mlpackage`, or the packages of a chunked set)
+    computes with them: each weight its compression `report` lists decoded from the codes the
+    package stores, when read (`rlx_mil.milexec.stored_weights`); `params` itself when
+    `report` is None (an uncompressed package)."""
+    if report is None:
+        return params
+    from rlx_mil.milexec.stored_weights import package_params
+
+    return package_params(params, package, report)
+
+
 def example_inputs(graph: Graph, vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Plausible feeds for a model graph's inputs: token ids below `vocab_size`, positions
     continuing the KV cache, random caches, a padded attention mask for batches > 1, SigLIP2

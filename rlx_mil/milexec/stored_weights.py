@@ -1,0 +1,284 @@
+"""The float weights a saved package holds, decoded from its own stored codes, by the original
+(IR) weight name.
+
+A check of a compressed package must judge the codes the package holds, not weights encoded
+again from the report's scheme names: an encoder fitted on calibration data (GPTQ-style rounding,
+activation-weighted k-means) gives other codes without that data, and a re-encoding would judge
+weights the package does not hold. `StoredWeights(package, weights)` reads the package's
+program (weights mapped from its weight file, 4-bit blobs packed: `loader.load_program`) and
+decodes a weight when it is read, one at a time, with the executor's own kernels: the
+`constexpr_*` op that holds it (`lut_to_dense`, `blockwise_shift_scale`, `affine_dequantize`,
+`sparse_to_dense`, ... and any chain of them) and the run-time ops of a GGUF code held split in
+two tables (`rlx_mil.compress.prequantized.split_op`). Nothing decoded is kept.
+
+Which op holds a weight: the compression report records the name the lowering gave each
+weight's decoding op (`WeightReport.ops`); a package from before that names them by the
+weight's MIL identifier. The Neural Engine form's rewrites rebuild a projection's weight as
+`<op>_conv` (`[O, C, 1, 1]`) and cut a wide one into `<op>_part<i>` (optionally `_conv_part<i>`,
+with a `_<k>` suffix where a name was taken); the pieces are joined along the axis they were cut.
+Functions of a multifunction package and the packages of a chunked set are searched in order.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from rlx_mil.errors import MilExecError
+from rlx_mil.milexec.executor import PRECISION_MODELS, PrecisionModel, _Interpreter
+from rlx_mil.milexec.loader import FourBitCodes, load_program
+from rlx_mil.milexec.protoread import read_program
+
+
+class WeightPlace(Protocol):
+    """What locating a weight needs (a `rlx_mil.compress.WeightReport` is one)."""
+
+    name: str
+    #: "kn": a [K, N] matmul weight stored as the [N, K] `linear` weight; "dense": as given.
+    layout: str
+    shape: list[int]
+    ops: list[str]
+
+
+def _identifier(name: str) -> str:
+    from rlx_mil.ir.naming import mil_identifier
+
+    return mil_identifier(name)
+
+
+class _Function:
+    """One function of one package: its ops by name and their program order."""
+
+    def __init__(self, where: str, function: Any) -> None:
+        self.where = where
+        self.function = function
+        self.by_name: dict[str, Any] = {}
+        self.order: dict[int, int] = {}
+        for index, op in enumerate(function.operations):
+            self.by_name.setdefault(op.name, op)
+            self.order[id(op)] = index
+
+
+class StoredWeights(Mapping[str, np.ndarray]):
+    """By weight name, the float32 values a saved package's compressed weights decode to (see
+    the module doc). `packages`: a `.mlpackage` path, or the packages of a chunked set in
+    order; `weights`: the compressed weights to find (a compression report's `weights`).
+    `precision_model` as for `milexec.run`: "declared" rounds each decoded weight to the dtype
+    its op declares (an fp16 package's weights are fp16 values, as on the device); "float32"
+    keeps the decode's float32 arithmetic (what `dequantized_params` computes).
+
+    A weight is decoded when read and not kept: the caller holds at most one at a time beyond
+    what it keeps itself. Every weight is located when the mapping is made, so a package that
+    lacks one raises `MilExecError` naming it before anything is decoded."""
+
+    def __init__(
+        self,
+        packages: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        weights: Iterable[WeightPlace],
+        *,
+        precision_model: PrecisionModel = "declared",
+    ) -> None:
+        if precision_model not in PRECISION_MODELS:
+            raise MilExecError(f"precision_model must be one of {PRECISION_MODELS}, got {precision_model!r}")
+        import rlx_mil.milexec.kernels  # noqa: F401  (registers every kernel)
+
+        self.precision_model = precision_model
+        paths = [packages] if isinstance(packages, (str, os.PathLike)) else list(packages)
+        self._functions: list[_Function] = []
+        for path in paths:
+            program = read_program(path, packed_4bit=True) or load_program(path, packed_4bit=True)
+            default = getattr(program, "default_function_name", None)
+            names = sorted(program.functions, key=lambda n: n != default)  # the default function first
+            for name in names:
+                self._functions.append(_Function(f"{Path(path).name}:{name}", program.functions[name]))
+        self._places: dict[str, tuple[WeightPlace, _Function, list[Any]]] = {}
+        missing = []
+        for weight in weights:
+            if weight.name in self._places:
+                continue
+            found = self._locate(weight)
+            if found is None:
+                missing.append(weight.name)
+            else:
+                self._places[weight.name] = (weight, *found)
+        if missing:
+            shown = ", ".join(repr(n) for n in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise MilExecError(
+                f"{', '.join(str(p) for p in paths)}: no op of the package holds the compressed weight"
+                f"{'s' if len(missing) > 1 else ''} {shown} its compression report lists (a damaged or"
+                " rewritten program?)"
+            )
+
+    # -- locating ---------------------------------------------------------------------------
+    def _locate(self, weight: WeightPlace) -> tuple[_Function, list[Any]] | None:
+        """The function and the op(s) holding `weight`: one op, or the pieces it was cut into."""
+        names = list(weight.ops) or [_identifier(weight.name)]
+        for function in self._functions:
+            for base in names:
+                for candidate in (base, f"{base}_conv"):
+                    op = function.by_name.get(candidate)
+                    if op is not None:
+                        return function, [op]
+                pieces = _pieces(function, base)
+                if pieces:
+                    return function, pieces
+        return None
+
+    # -- Mapping ----------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> np.ndarray:
+        weight, function, ops = self._places[name]
+        values = [self._decode(function, op) for op in ops]
+        return _assemble(weight, values, function.where, [op.name for op in ops])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._places)
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._places
+
+    def op_names(self, name: str) -> list[str]:
+        """The ops `name` is decoded from (`package:function:op`), for messages."""
+        _, function, ops = self._places[name]
+        return [f"{function.where}:{op.name}" for op in ops]
+
+    # -- decoding ---------------------------------------------------------------------------
+    def _decode(self, function: _Function, root: Any) -> np.ndarray:
+        """The output of `root` computed from the constants it depends on: every op between
+        them, in program order, through the executor's kernels."""
+        cone: dict[int, Any] = {}
+        stack = [root]
+        while stack:
+            op = stack.pop()
+            if id(op) in cone:
+                continue
+            cone[id(op)] = op
+            for var in _input_vars(op):
+                producer = var.op
+                if producer is None:
+                    raise MilExecError(f"{function.where}: op {root.name!r} reads the input {var.name!r}: it is not a"
+                                       " stored weight")
+                if producer.op_type != "const":
+                    stack.append(producer)
+        scratch = _Interpreter(self.precision_model, None, False, None, track_nonfinite=False)
+        try:
+            for op in sorted(cone.values(), key=lambda o: function.order.get(id(o), -1)):
+                if op.blocks:
+                    raise MilExecError(f"{function.where}: op {root.name!r} depends on a control-flow op"
+                                       f" {op.name!r}: it is not a stored weight")
+                for var in _input_vars(op):
+                    if var.op is not None and var.op.op_type == "const" and isinstance(var.val, FourBitCodes):
+                        scratch.env[id(var)] = var.val.unpacked()
+                with np.errstate(all="ignore"):
+                    scratch._execute(op)
+            value = scratch.env[id(root.outputs[0])]
+        finally:
+            scratch.env.clear()
+        return np.asarray(value, np.float32)
+
+
+def _input_vars(op: Any) -> list[Any]:
+    found: list[Any] = []
+    for value in op.inputs.values():
+        found.extend(value if isinstance(value, (list, tuple)) else [value])
+    return found
+
+
+_PIECE = re.compile(r"(_conv)?_part(\d+)(_\d+)?$")
+
+
+def _pieces(function: _Function, base: str) -> list[Any]:
+    """The pieces a rewrite cut `base` into (`<base>[_conv]_part<i>[_<k>]`), in order of i:
+    the first full set (pieces 0..n-1 of one cut) found."""
+    cuts: dict[tuple[str, str], dict[int, Any]] = {}
+    for name, op in function.by_name.items():
+        if not name.startswith(base):
+            continue
+        match = _PIECE.fullmatch(name[len(base):])
+        if match is None or op.op_type == "const":
+            continue
+        cuts.setdefault((match.group(1) or "", match.group(3) or ""), {})[int(match.group(2))] = op
+    for _, parts in sorted(cuts.items()):
+        if sorted(parts) == list(range(len(parts))):
+            return [parts[i] for i in range(len(parts))]
+    return []
+
+
+def _storage_shape(weight: WeightPlace) -> tuple[int, ...]:
+    shape = tuple(int(d) for d in weight.shape)
+    return (shape[-1], shape[-2]) if weight.layout == "kn" else shape
+
+
+def _dropped_unit_dims(value: np.ndarray, rank: int) -> np.ndarray:
+    """`value` without the unit dims after its first `rank` (a conv weight's `[O, C, 1, 1]`)."""
+    if value.ndim > rank and all(d == 1 for d in value.shape[rank:]):
+        return value.reshape(value.shape[:rank])
+    return value
+
+
+def _assemble(weight: WeightPlace, values: list[np.ndarray], where: str, ops: list[str]) -> np.ndarray:
+    """The weight in its Param's shape from the decoded values of its op or pieces."""
+    storage = _storage_shape(weight)
+    if len(values) == 1 and values[0].size == int(np.prod(storage, dtype=np.int64)):
+        whole = values[0].reshape(storage)
+    else:
+        parts = [_dropped_unit_dims(v, len(storage)) for v in values]
+        axes = {a for p in parts for a in range(len(storage)) if p.ndim == len(storage) and p.shape[a] != storage[a]}
+        if len(axes) != 1 or any(p.ndim != len(storage) for p in parts):
+            raise MilExecError(f"{where}: the pieces {ops} of weight {weight.name!r} (shapes"
+                               f" {[list(p.shape) for p in parts]}) do not make its {list(storage)}")
+        whole = np.concatenate(parts, axis=axes.pop())
+        if whole.shape != storage:
+            raise MilExecError(f"{where}: the pieces {ops} of weight {weight.name!r} join to {list(whole.shape)},"
+                               f" not its {list(storage)}")
+    if weight.layout == "kn":
+        whole = whole.T
+    return np.ascontiguousarray(whole.reshape(tuple(int(d) for d in weight.shape)), dtype=np.float32)
+
+
+class PackageParams(Mapping[str, Any]):
+    """`params` with every weight `stored` holds replaced by the package's decoded value (on
+    access, one at a time): what the package computes with, for the reference evaluator.
+    The other weights (kept in float) are `params`' own."""
+
+    def __init__(self, params: Mapping[str, Any], stored: StoredWeights) -> None:
+        self._params = params
+        self.stored = stored
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.stored:
+            return self.stored[name]
+        return self._params[name]
+
+    def __contains__(self, name: object) -> bool:  # without decoding the weight (Mapping's would)
+        return name in self._params
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        meta = getattr(self._params, "shape_of", None)
+        return tuple(meta(name)) if callable(meta) else tuple(np.shape(self._params[name]))
+
+
+def package_params(
+    params: Mapping[str, Any],
+    packages: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    report: Any,
+    *,
+    precision_model: PrecisionModel = "declared",
+) -> PackageParams:
+    """`params` as the saved package computes with them: each weight `report` (the package's
+    `rlx_mil.compress.CompressionReport`) lists as compressed decoded from the package's own
+    codes when read (`StoredWeights`), the others unchanged."""
+    return PackageParams(params, StoredWeights(packages, report.weights, precision_model=precision_model))
