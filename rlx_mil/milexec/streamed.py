@@ -165,6 +165,8 @@ class ShiftScaleWeight:
         #: the fp16 rounding by `round_split_into` (checked on every value the codes give).
         self.split_rounding = (self.fast_rounding and spread is not None and spread[1] - spread[0] <= SPLIT_CHECK_SPAN
                                and split_rounding_holds(*spread))
+        #: the bias's sum rounds by `round_into`: see `_sum_in_range`.
+        self.fast_sum = self.fast_rounding and spread is not None and self._sum_in_range(*spread)
 
     @classmethod
     def of(cls, op: Any, lookup: Any, round_fp16: bool) -> ShiftScaleWeight | None:
@@ -219,6 +221,20 @@ class ShiftScaleWeight:
         spread = max(abs(low), abs(high))
         nonzero = scale[scale > 0]
         return (not nonzero.size or float(nonzero.min()) >= FP16_NORMAL_MIN) and float(scale.max(initial=0)) * spread <= FP16_MAX
+
+    def _sum_in_range(self, low: int, high: int) -> bool:
+        """The sum of an fp16 product and an fp16 bias lies in [-FP16_MAX, FP16_MAX] (a finite
+        bias, and the largest products plus the largest bias inside it): there `round_into`
+        is NumPy's cast. Both terms are multiples of 2^-24, so a sum below the normal range
+        is an fp16 subnormal exactly, which `round_into` (and the float32 add) leave as is."""
+        if self.bias is None:
+            return True
+        bias = np.abs(self.bias)
+        if not np.isfinite(bias).all():
+            return False
+        # the product as rounded to fp16 may exceed the exact one by 2^-11 of it
+        largest = float(np.abs(self.scale).max(initial=0)) * max(abs(low), abs(high)) * (1 + 2.0**-10)
+        return largest + float(bias.max(initial=0)) <= FP16_MAX
 
     @property
     def nbytes(self) -> int:
@@ -309,7 +325,7 @@ class ShiftScaleWeight:
             np.add(view, _blocked(out, bias)[1], out=view)
             if self.round_fp16:
                 assert scratch is not None
-                round_exact_into(out, scratch.view(np.int32))
+                (round_into if self.fast_sum else round_exact_into)(out, scratch.view(np.int32))
         return out
 
 

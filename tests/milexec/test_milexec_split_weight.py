@@ -66,7 +66,19 @@ def _chain(c: dict[str, Any], name: str, dt: Any) -> Any:
     return mb.reshape(x=values, shape=np.asarray([ROWS, COLS], np.int32), name=name)
 
 
-CODES = {"q5_0": _codes(1, True, False), "q5_1": _codes(2, False, True)}
+def _plain(seed: int) -> dict[str, Any]:
+    """Scales and biases of a real file's range (the fast roundings hold), one block's sums
+    fp16 subnormals: scale 2^-14 plus a bias of -1021 * 2^-24 (code 1 gives 3 * 2^-24)."""
+    rng = np.random.default_rng(seed)
+    c = _codes(seed, False, True)
+    c["scale"] = (rng.random(c["scale"].shape) * 0.01 + 1e-3).astype(np.float16)
+    c["bias"] = (-rng.random(c["scale"].shape) * 0.1).astype(np.float16)
+    c["scale"][5, 0], c["bias"][5, 0] = 2.0**-14, -1021 * 2.0**-24
+    c["low"][5, :BLOCK], c["high"][5, :BLOCK] = np.arange(BLOCK) % 3, 0
+    return c
+
+
+CODES = {"q5_0": _codes(1, True, False), "q5_1": _codes(2, False, True), "q5_k": _plain(3)}
 
 
 @pytest.fixture(scope="module", params=["fp16", "fp32"])
@@ -81,9 +93,10 @@ def package(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     @mb.program(input_specs=[mb.TensorSpec((3, COLS), dtype=io), mb.TensorSpec((5,), dtype=types.int32)],
                 opset_version=ct.target.iOS18)
     def prog(x: Any, ids: Any) -> Any:
-        q5_0, q5_1 = (_chain(CODES[name], f"w_{name}", dt) for name in ("q5_0", "q5_1"))
+        q5_0, q5_1, q5_k = (_chain(CODES[name], f"w_{name}", dt) for name in ("q5_0", "q5_1", "q5_k"))
         return (mb.linear(x=x, weight=q5_0, name="y0"), mb.linear(x=x, weight=q5_1, name="y1"),
-                mb.gather(x=q5_1, indices=ids, axis=0, name="rows"))
+                mb.linear(x=x, weight=q5_k, name="yk"), mb.gather(x=q5_1, indices=ids, axis=0, name="rows"),
+                mb.gather(x=q5_k, indices=ids, axis=0, name="rows_k"))
 
     model = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
                        compute_precision=ct.precision.FLOAT16 if fp16 else ct.precision.FLOAT32,
@@ -103,12 +116,16 @@ def test_streamed_weight_equals_the_ops(package: Any) -> None:
     function = milexec.load_program(path).functions["main"]
     consts = {id(op.outputs[0]): op.outputs[0].val for op in function.operations if op.op_type == "const"}
     chains = {op.name: split_chain(op) for op in function.operations if op.op_type == "reshape"}
-    for name in ("q5_0", "q5_1"):
+    for name in ("q5_0", "q5_1", "q5_k"):
         chain = chains[f"w_{name}"]
         assert chain is not None and len(chain) == (7 if CODES[name]["bias"] is not None else 6)
         weight = split_weight(chain, lambda var: consts[id(var)], round_fp16=fp16)
         assert weight is not None and weight.data.dtype == np.int8
+        # the bias's sum rounds by the integer form only where the scales and biases allow it
+        assert name == "q5_0" or weight.fast_sum == (fp16 and name == "q5_k")
         want = _weight(CODES[name], fp16)
+        if name == "q5_k" and fp16:
+            assert np.array_equal(want[5, :3], np.array([-1021, 3, 1027]) * 2.0**-24)  # subnormal sums
         np.testing.assert_array_equal(weight.dense().view(np.int32), want.view(np.int32))  # NaNs and -0 too
         out = np.empty((40, COLS), np.float32)
         np.testing.assert_array_equal(weight.rows_into(3, 43, out).view(np.int32), want[3:43].view(np.int32))
@@ -142,8 +159,8 @@ def test_prepared_runs_equal_the_plain_run(package: Any, memory: str) -> None:
     plan = program._plans["main"]
     function = program._resolved["main"].function
     tables = [op for op in function.operations if op.op_type == "constexpr_lut_to_dense"]
-    assert len(tables) == 4 and all(id(op) in plan.precomputed for op in tables)  # no run decodes op by op
+    assert len(tables) == 6 and all(id(op) in plan.precomputed for op in tables)  # no run decodes op by op
     held = [v for v in plan.consts.values() if isinstance(v, ShiftScaleWeight)]
-    # "fast" decodes what its budget (1.5x the fp16 bytes: one of the two) holds, streams the rest
+    # "fast" decodes what its budget (1.5x the fp16 bytes: two of the three) holds, streams the rest
     cached = program.prepared_bytes // (4 * ROWS * COLS)
-    assert (len(held), cached) == ((2, 0) if memory == "lean" else (1, 1))
+    assert (len(held), cached) == ((3, 0) if memory == "lean" else (1, 2))
