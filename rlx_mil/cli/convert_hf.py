@@ -321,6 +321,11 @@ def _run_whisper(args: argparse.Namespace) -> int:
     if args.engine == "coreai":
         raise InvalidOptionError("--verify --engine coreai verifies one .mlpackage; a Whisper folder (three packages)"
                                  " verifies on the MIL executor: drop --engine coreai")
+    # --compress-calibration of a Whisper folder is audio the autoN plan measures on
+    # (rlx_mil.speech.calibration), not token ids: the speech conversion reads it.
+    args.speech_calibration, args.compress_calibration = args.compress_calibration, None
+    if args.speech_calibration is not None and getattr(args, "compress", None) is None:
+        raise InvalidOptionError("--compress-calibration needs --compress")
     return run_whisper(args, convert_kwargs(args))
 
 

@@ -160,6 +160,7 @@ def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
         compress=convert.get("compress"), deploy=convert.get("deploy", "plain"),
         cache_len=args.cache_len, stateful=bool(args.stateful),
         overwrite=args.overwrite, progress=progress, on_graph=verify if args.verify else None,
+        calibration=[args.speech_calibration] if getattr(args, "speech_calibration", None) else None,
     )
     stateful_ok = True
     if args.verify and args.stateful:

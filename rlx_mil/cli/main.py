@@ -64,8 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="with --compress autoN: widen every weight whose estimated relative error exceeds E")
         p.add_argument("--compress-calibration", type=Path, metavar="FILE",
                        help="calibration inputs (.npz of the graph's inputs; for convert-hf also a .txt tokenized with"
-                       " the checkpoint's tokenizer): activation-aware autoN choices, and the text the quality check"
-                       " against the original model runs on (default: a built-in English text)")
+                       " the checkpoint's tokenizer; for a Whisper folder an audio file): what autoN measures on, and"
+                       " the quality check's text (default: a built-in English text / speech-shaped signal)")
         from rlx_mil.cli.quality import add_quality_flags
 
         add_quality_flags(p)

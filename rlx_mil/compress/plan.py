@@ -8,7 +8,6 @@ scales, biases) are protected; other float weights of rank >= 2 are ordinary wei
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -29,7 +28,14 @@ from rlx_mil.compress.prequantized import (
     lut_scale_op,
 )
 from rlx_mil.compress.report import CompressionReport, WeightReport
-from rlx_mil.compress.schemes import CHECK_AUTO_LIMIT, CompressionConfig, LinearScheme, Scheme, parse_scheme
+from rlx_mil.compress.schemes import (
+    CHECK_AUTO_LIMIT,
+    CompressionConfig,
+    LinearScheme,
+    Scheme,
+    parse_scheme,
+    unmatched_rules,
+)
 from rlx_mil.compress.sensitivity import (  # noqa: F401  (MIN_SAMPLE, measure_sample: part of this module's interface)
     KL_UNIT,
     MIN_SAMPLE,
@@ -40,7 +46,7 @@ from rlx_mil.compress.sensitivity import (  # noqa: F401  (MIN_SAMPLE, measure_s
     measure_sample,
 )
 from rlx_mil.compress.shared import current as shared_session
-from rlx_mil.errors import CompressionError, InvalidOptionError
+from rlx_mil.errors import CompressionError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.ops import Param
 from rlx_mil.lowering.context import WeightSource
@@ -147,23 +153,6 @@ def store_dtype(precision: Precision) -> type[np.floating[Any]]:
     return np.float16 if precision is Precision.FP16 else np.float32
 
 
-def unmatched_rules(config: CompressionConfig, roles: Mapping[str, str], graph_name: str) -> None:
-    """Refuse rules that match no weight of the graph: a mistyped key (`lm_haed=none`) or
-    pattern would otherwise be ignored without a word. The message names every such rule."""
-    dead = [rule for rule in config.rules if not any(rule.matches(name) for name in roles)]
-    if not dead:
-        return
-    problems = []
-    for rule in dead:
-        hint = difflib.get_close_matches(rule.pattern.lower(), ["embeddings", "lm_head", "min_size", "default"], n=1)
-        near = difflib.get_close_matches(rule.pattern, list(roles), n=1, cutoff=0.8)
-        extra = f" (did you mean the option {hint[0]!r}?)" if hint else (f" (did you mean {near[0]!r}?)" if near else "")
-        problems.append(f"rule {rule.label!r} matches no weight{extra}")
-    raise InvalidOptionError(
-        f"compression rules match no weight of graph {graph_name!r} ({len(roles)} weights):\n  - " + "\n  - ".join(problems)
-    )
-
-
 class WeightCompressor:
     """Compresses each selected float weight when the lowering turns it into a constant."""
 
@@ -186,7 +175,8 @@ class WeightCompressor:
         self.reasons: dict[str, str] = {}
         if not config.rules_checked:
             unmatched_rules(config, self.roles, graph.name)
-        defaults = []  # weights that take the config's default scheme (what autoN may change)
+        self.auto_names: list[str] = []  # the weights taking the config's default (what autoN may change)
+        defaults = self.auto_names
         for name, role in self.roles.items():
             scheme, why = self._choose(name, role)
             if scheme is None:
@@ -203,7 +193,12 @@ class WeightCompressor:
             self.shared.held += [params, config]
         # What identifies this compression across the functions of one conversion.
         self._shared_key = (id(params), id(config.calibration), config.describe(), target, precision)
-        if config.auto is not None:
+        if config.auto is not None and config.plan is not None:  # planned across graphs: this one's part
+            from rlx_mil.compress.across import part_of_plan
+            self.plan = part_of_plan(config.plan, defaults, graph.name)
+            self.schemes.update(self.plan.schemes)
+            self.notes = dict(self.plan.notes)
+        elif config.auto is not None:
             plan_key = (self._shared_key, tuple(sorted(defaults)))
             planned = self.shared.plans.get(plan_key) if self.shared else None
             if planned is None:
@@ -240,7 +235,9 @@ class WeightCompressor:
         own = role in ("embedding", "lm_head") and scheme is not self.config.default
         return scheme, f"{role}: the config's {role} scheme" if own else ""
 
-    def _plan_auto(self, names: list[str]) -> None:
+    def auto_weights(self, names: list[str]) -> tuple[dict[str, Callable[[], np.ndarray]], dict[str, str], int, int]:
+        """What autoN plans `names` from: a reader of each storage-layout array, the roles (a tied
+        embedding is the LM head), the bytes of the other float weights, the fp16 bytes of all."""
         if self.params is None:
             raise CompressionError(f"auto{self.config.auto} compression chooses from the weights' values: pass params")
         params = self.params
@@ -258,21 +255,24 @@ class WeightCompressor:
                 return arr.reshape(arr.shape[-2:]).T if _predicted_layout(self.graph, name, users) == "kn" else arr
             return read
 
-        importance = None
-        if self.config.calibration is not None:
-            from rlx_mil.compress.calibration import activation_importance
-
-            importance = activation_importance(self._calibration_graph(), self._calibration_params(), self.calibration_inputs())
-        assert self.config.auto is not None
-        # A tied embedding is also the LM head: its error reaches the logits directly.
-        roles = dict(self.roles)
+        roles = dict(self.roles)  # a tied embedding is also the LM head: its error reaches the logits
         for node in self.graph:
             if isinstance(node.op, Param) and roles.get(node.op.name) == "embedding" and any(
                 p in _MATMUL_WEIGHT.get(self.graph.node(u).op.type_name, ()) for u, p, _ in _uses(self.graph, node.id, users)
             ):
                 roles[node.op.name] = "lm_head"
-        measure, sample, unit = self._output_sensitivity(names, reader, sum(count.values()))
-        self.plan = plan_auto(self.config.auto, {n: reader(n) for n in names}, roles, self.target,
+        return {n: reader(n) for n in names}, roles, fixed, total
+
+    def _plan_auto(self, names: list[str]) -> None:
+        readers, roles, fixed, total = self.auto_weights(names)
+        importance = None
+        if self.config.calibration is not None:
+            from rlx_mil.compress.calibration import activation_importance
+
+            importance = activation_importance(self._calibration_graph(), self._calibration_params(), self.calibration_inputs())
+        elements = sum(int(np.prod(self.sizes[n], dtype=np.int64)) for n, r in self.roles.items() if r != "integer")
+        measure, sample, unit = self._output_sensitivity(names, lambda n: readers[n], elements)
+        self.plan = plan_auto(self.config.auto or 4, readers, roles, self.target,
                               store_dtype(self.precision), fixed, total, self.config.budget, self.config.max_error, importance,
                               self.config.candidates, measure, sample, loss_target=self._loss_target(unit), loss_unit=unit,
                               narrower=self.config.narrower)

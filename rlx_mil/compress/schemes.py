@@ -34,6 +34,7 @@ compressed otherwise) and weights below `min_size`, or keep a weight in float (`
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import re
 from collections.abc import Mapping, Sequence
@@ -372,6 +373,10 @@ class CompressionConfig:
     #: this config (the packages of a speech folder, each holding part of the weights), so a
     #: graph none of whose weights a rule names is not refused for it.
     rules_checked: bool = field(default=False, compare=False, hash=False)
+    #: With `auto`: a plan made across several graphs with one budget over them all (an
+    #: `AutoPlan` holding every graph's weights; a speech folder's packages,
+    #: `rlx_mil.compress.across`): each graph's weights take its schemes, no plan per graph.
+    plan: Any = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0:
@@ -554,3 +559,20 @@ def parse_compress(spec: Any) -> CompressionConfig | None:
             rules.append(_rule(entry[0], entry[1]))
         return CompressionConfig(rules=tuple(rules), **kwargs)
     raise InvalidOptionError(f"compress must be a string, scheme, CompressionConfig or mapping, got {type(spec).__name__}")
+
+
+def unmatched_rules(config: CompressionConfig, roles: Mapping[str, str], graph_name: str) -> None:
+    """Refuse rules that match no weight of the graph: a mistyped key (`lm_haed=none`) or
+    pattern would otherwise be ignored without a word. The message names every such rule."""
+    dead = [rule for rule in config.rules if not any(rule.matches(name) for name in roles)]
+    if not dead:
+        return
+    problems = []
+    for rule in dead:
+        hint = difflib.get_close_matches(rule.pattern.lower(), ["embeddings", "lm_head", "min_size", "default"], n=1)
+        near = difflib.get_close_matches(rule.pattern, list(roles), n=1, cutoff=0.8)
+        extra = f" (did you mean the option {hint[0]!r}?)" if hint else (f" (did you mean {near[0]!r}?)" if near else "")
+        problems.append(f"rule {rule.label!r} matches no weight{extra}")
+    raise InvalidOptionError(
+        f"compression rules match no weight of graph {graph_name!r} ({len(roles)} weights):\n  - " + "\n  - ".join(problems)
+    )

@@ -19,6 +19,8 @@ N_FRAMES = 3000
 #: Encoder positions per window (one per two mel frames, 20 ms each).
 N_AUDIO_CTX = 1500
 SAMPLE_RATE = 16_000
+#: The packages of a WhisperKit folder (`rlx_mil.speech.packages`).
+MEL, ENCODER, DECODER = "MelSpectrogram", "AudioEncoder", "TextDecoder"
 
 
 class DecoderSession(Protocol):

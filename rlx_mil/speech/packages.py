@@ -17,10 +17,10 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,8 +36,12 @@ from rlx_mil.models.whisper_checkpoint import (
 )
 from rlx_mil.models.whisper_mel import build_log_mel
 from rlx_mil.progress import Progress
+from rlx_mil.speech.model import DECODER, ENCODER, MEL
 
-MEL, ENCODER, DECODER = "MelSpectrogram", "AudioEncoder", "TextDecoder"
+if TYPE_CHECKING:
+    from rlx_mil.compress import CompressionConfig
+    from rlx_mil.speech.calibration import SpeechCalibration
+
 STATEFUL_DECODER = "TextDecoderStateful"
 #: WhisperKit's decoder cache, `Constants.maxTokenContext`: 448 / 2 slots (the default
 #: `cache_len` is half the checkpoint's `max_target_positions`).
@@ -92,6 +96,7 @@ def convert_whisper(
     stateful: bool = False,
     overwrite: bool = False,
     name: str | None = None,
+    calibration: Sequence[str | os.PathLike[str]] | None = None,
     progress: Progress | None = None,
     on_graph: Callable[[str, Graph, Mapping[str, Any], Path], None] | None = None,
 ) -> WhisperPackages:
@@ -100,7 +105,10 @@ def convert_whisper(
     name). `compress` applies to the encoder and decoder weights (the mel front end has only its
     DFT basis and filter bank, kept exact); the mel front end follows `precision` (its log is
     taken so that an fp16 program floors silence at -10 as Whisper does).
-    `on_graph(role, graph, params, package)` is called after each package is saved (`--verify`)."""
+    `on_graph(role, graph, params, package)` is called after each package is saved (`--verify`).
+    With `compress` autoN, one plan covers the encoder's and decoder's weights
+    (`rlx_mil.speech.folder_plan`), measured on the audio files `calibration` (else a built-in
+    speech-shaped signal)."""
     if precision not in ("fp16", "fp32"):
         raise InvalidOptionError(f"precision must be 'fp16' or 'fp32', got {precision!r}")
     progress = progress or Progress(enabled=False)
@@ -109,6 +117,9 @@ def convert_whisper(
     if cache_len is None:  # WhisperKit's 224 for Whisper's 448 positions
         cache_len = checkpoint.spec.max_target_positions // 2
     check_cache_len(checkpoint.spec, cache_len)
+    from rlx_mil.speech.calibration import speech_calibration
+
+    heard = speech_calibration(calibration)  # the files read (and refused) before any conversion
     progress.end(f"Whisper ({checkpoint.layout} layout): d_model {checkpoint.spec.d_model},"
                  f" {checkpoint.spec.encoder_layers} + {checkpoint.spec.decoder_layers} layers,"
                  f" {checkpoint.spec.num_mel_bins} mels")
@@ -124,7 +135,7 @@ def convert_whisper(
     try:
         written = _write_packages(checkpoint, staging, folder, precision=precision, target=target, compress=compress,
                                   deploy=deploy, cache_len=cache_len, stateful=stateful, progress=progress,
-                                  on_graph=on_graph)
+                                  on_graph=on_graph, calibration=heard)
         write_folder_files(checkpoint, staging)
         staging.chmod(0o777 & ~_umask())
         if folder.exists():
@@ -157,7 +168,8 @@ def _umask() -> int:
 
 def _write_packages(checkpoint: WhisperCheckpoint, staging: Path, folder: Path, *, precision: str, target: str,
                     compress: Any, deploy: str, cache_len: int, stateful: bool, progress: Progress,
-                    on_graph: Callable[[str, Graph, Mapping[str, Any], Path], None] | None) -> dict[str, Path]:
+                    on_graph: Callable[[str, Graph, Mapping[str, Any], Path], None] | None,
+                    calibration: SpeechCalibration) -> dict[str, Path]:
     """Convert and save the packages into `staging`; returns their paths in `folder` (where
     they will be once the staging folder is renamed)."""
     from rlx_mil import api
@@ -166,6 +178,13 @@ def _write_packages(checkpoint: WhisperCheckpoint, staging: Path, folder: Path, 
     written: dict[str, Path] = {}
     built = graphs(checkpoint, cache_len, fp16_io)
     compress = folder_compression(compress, deploy, [built[ENCODER][0], built[DECODER][0]])
+    config = _auto_config(compress, deploy)
+    if config is not None:  # autoN: one plan over both packages' weights
+        from rlx_mil.speech.folder_plan import plan_folder
+
+        progress.begin(f"planning auto{config.auto} across the packages")
+        compress = plan_folder(config, checkpoint, built, calibration, target=target, precision=precision)
+        progress.end(compress.plan.summary.split("; ")[0])
     for role, (graph, params) in built.items():
         progress.begin(f"converting {role}")
         # WhisperKit reads one `logits` output: the Neural Engine form keeps it whole (split_logits)
@@ -209,6 +228,19 @@ def folder_compression(compress: Any, deploy: str, graphs_: list[Graph]) -> Any:
         roles.update(param_roles(graph))
     unmatched_rules(config, roles, "the speech folder")
     return dataclasses.replace(config, rules_checked=True)
+
+
+def _auto_config(compress: Any, deploy: str) -> CompressionConfig | None:
+    """`compress` as an autoN config a folder plan takes (the deployment form's candidates and
+    budget applied), else None (not autoN, or with max_error: planned per package)."""
+    from rlx_mil.compress import parse_compress
+    from rlx_mil.coreml.deploy import DeployForm
+    from rlx_mil.coreml.deploy.compression import form_compression
+
+    config = parse_compress(form_compression(compress, DeployForm.parse(deploy)))
+    if config is None or config.auto is None or config.max_error is not None or config.plan is not None:
+        return None
+    return config
 
 
 def _describe(model: Any, role: str, checkpoint: WhisperCheckpoint) -> None:
