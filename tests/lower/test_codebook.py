@@ -67,10 +67,12 @@ def test_vector_palettization_matches_the_loop_at_every_index_width(
         assert ok, f"{name} ({entries} entries, {lut_bits(entries)}-bit indices): {detail}"
 
 
-@pytest.mark.parametrize("entries", [16, 29, 100])
-def test_package_holds_the_codes_not_the_weight(tmp_path: Path, entries: int) -> None:
+@pytest.mark.parametrize(("entries", "target"), [(16, "iOS18"), (29, "iOS18"), (100, "iOS18"), (5, "iOS16"), (29, "iOS16"),
+                                                (100, "iOS17")])
+def test_package_holds_the_codes_not_the_weight(tmp_path: Path, entries: int, target: str) -> None:
     """16 entries are 4-bit indices; 29 and 100 need 5 and 7 bits, which no index type has: held
-    split, they still cost their own width, not the 6 / 8 bits the next index type would."""
+    split, they still cost their own width, not the 6 / 8 bits the next index type would. iOS16-17
+    (no vector LUT, no 3-bit index) hold the indices as integer codes at their own width too."""
     n, k, d = 256, 512, 4
     rng = np.random.default_rng(0)
     indices = rng.integers(0, entries, size=(n, k // d))
@@ -78,7 +80,8 @@ def test_package_holds_the_codes_not_the_weight(tmp_path: Path, entries: int) ->
     g.set_outputs([g.synth_matmul(g.input("x", [1, k]), g.constant(indices.astype(np.uint8), "u8"),
                                   g.param("codebook", [entries, d]), d, entries, name="y")])
     model = convert_and_cleanup(g, {"codebook": rng.standard_normal((entries, d)).astype(np.float32)},
-                                target="iOS18", precision="fp16")
+                                target=target, precision="fp16")
+    assert "constexpr_lut_to_dense" in emitted_ops(model)
     path = rlx_mil.save(model, tmp_path / "synth.mlpackage")
     size = (path / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").stat().st_size
     codes = n * (k // d) * code_bits(entries) // 8 + entries * d * 2  # tightly packed codes + fp16 codebook
@@ -88,15 +91,16 @@ def test_package_holds_the_codes_not_the_weight(tmp_path: Path, entries: int) ->
     assert size < n * k * 2 / 4  # the fp16 weight: 16 bits an element against <= 7 / 4 here
 
 
-@settings(max_examples=6, deadline=None)
-@given(entries=st.sampled_from([17, 18, 31, 32, 65, 97, 128]), d=st.integers(1, 4), n=st.integers(1, 5),
-       blocks=st.integers(1, 4), precision=st.sampled_from(["fp16", "fp32"]), seed=st.integers(0, 2**16))
-def test_split_codes_rebuild_the_codebook_entries_exactly(
-    entries: int, d: int, n: int, blocks: int, precision: str, seed: int,
+@settings(max_examples=8, deadline=None)
+@given(entries=st.sampled_from([5, 8, 17, 18, 31, 32, 65, 97, 128, 256]), d=st.integers(1, 4), n=st.integers(1, 5),
+       blocks=st.integers(1, 4), precision=st.sampled_from(["fp16", "fp32"]),
+       target=st.sampled_from(["iOS16", "iOS17", "iOS18"]), seed=st.integers(0, 2**16))
+def test_held_codes_rebuild_the_codebook_entries_exactly(
+    entries: int, d: int, n: int, blocks: int, precision: str, target: str, seed: int,
 ) -> None:
-    """The split form selects codebook entries, never computes them: the weight is the codebook's
-    rows bit for bit (rounded to fp16 under fp16, as any const is), every index reachable."""
-    assert code_bits(entries) not in LUT_BITS
+    """The held forms select or gather codebook entries, never compute them: the weight is the
+    codebook's rows bit for bit (rounded to fp16 under fp16, as any const is), every index
+    reachable - iOS18's split vector LUT (5 / 7 bits) and iOS16-17's integer codes + gather."""
     rng = np.random.default_rng(seed)
     indices = rng.integers(0, entries, size=(n, blocks))
     indices.flat[: 2] = [entries - 1, 0][: indices.size]  # the last entry (high bit set) and the first
@@ -104,16 +108,20 @@ def test_split_codes_rebuild_the_codebook_entries_exactly(
     x = rng.standard_normal((2, blocks * d)).astype(np.float32)
     g = _graph(indices, entries, d, 2)
     params = {"codebook": codebook, "codebook2": codebook}
-    model = convert_and_cleanup(g, params, target="iOS18", precision=precision)
+    model = convert_and_cleanup(g, params, target=target, precision=precision)
     ops = emitted_ops(model)
-    assert "select" in ops and "constexpr_lut_to_dense" in ops
+    assert "constexpr_lut_to_dense" in ops
+    if target == "iOS18" and code_bits(entries) not in LUT_BITS:
+        assert "select" in ops
+    elif target != "iOS18":
+        assert "gather" in ops
     got = milexec.run(model, {"x": x})
     stored = codebook.astype(np.float16 if precision == "fp16" else np.float32)
     np.testing.assert_array_equal(got["w"].astype(np.float32), _loop_weight(indices, stored).astype(np.float32))
     want = reference.evaluate(g, {"x": x}, params)
     tol = Tolerance(1e-6, 1e-5) if precision == "fp32" else DEFAULT_TOLERANCES[Precision.FP16]
     ok, _, detail = compare(got["y"], want["y"], tol)
-    assert ok, f"{entries} entries {precision}: {detail}"
+    assert ok, f"{entries} entries {target} {precision}: {detail}"
 
 
 def test_bad_codebooks_and_indices_are_typed_errors() -> None:

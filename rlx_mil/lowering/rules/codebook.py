@@ -6,8 +6,9 @@ A code that needs 5 or 7 bits (17-32 or 65-128 entries) has no index type of its
 it up to 6 or 8 bits would store 1.2x / 1.14x the codes' bytes, so it is held split instead
 (`_split_vector_lut`): the low 4 / 6 bits index a table whose entry j is the pair (codebook[j],
 codebook[j + 2^low]) and a 1-bit index picks one half of the pair with a `select` at run time.
-Older targets get the decoded weight; run-time indices or codebooks `gather` the rows at run
-time."""
+iOS16-17 have no vector LUT: the indices are held at their own width as integer codes and
+`gather` the codebook's rows at run time; iOS15 (no constexpr ops) gets the decoded weight.
+Run-time indices or codebooks `gather` the rows at run time."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from rlx_mil.ir import ops
 from rlx_mil.ir.ops.codebook import SynthKind
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
-from rlx_mil.lowering.rules.quant_support import finish, linear
+from rlx_mil.lowering.rules.quant_support import finish, integer_codes, linear
 from rlx_mil.lowering.rules.shape import gather_indices
 from rlx_mil.lowering.target import Target
 
@@ -104,6 +105,20 @@ def _split_vector_lut(ctx: LowerContext, kind: SynthKind, idx: np.ndarray, codeb
     return mb.reshape(x=picked, shape=np.asarray([n, blocks * d], np.int32), name=ctx.name("weight"))
 
 
+def _held_indices(ctx: LowerContext, kind: SynthKind, idx: np.ndarray, codebook: np.ndarray) -> Any:
+    """iOS16-17 (no vector LUT): the indices held at their own width as integer codes
+    (`integer_codes`: an identity-table `constexpr_lut_to_dense`, or two summed for 3, 5 and 7
+    bits), cast to int32, `gather` of the codebook's rows at run time."""
+    from coremltools.converters.mil import Builder as mb
+
+    n, blocks = idx.shape
+    codes = integer_codes(ctx, idx, code_bits(kind.num_entries), "weight_codes")
+    flat = mb.reshape(x=codes, shape=np.asarray([n * blocks], np.int32), name=ctx.name("weight_codes_flat"))
+    flat = mb.cast(x=flat, dtype="int32", name=ctx.name("weight_indices"))
+    rows = mb.gather(x=ctx.const(codebook, "codebook"), indices=flat, axis=0, name=ctx.name("weight_rows"))
+    return mb.reshape(x=rows, shape=np.asarray([n, blocks * kind.entry_dim], np.int32), name=ctx.name("weight"))
+
+
 def synth_weight_var(ctx: LowerContext, kind: SynthKind) -> tuple[Any, bool]:
     """The `[n, k]` weight of a node with inputs (.., indices, codebook) as the last two, and
     whether it is a const (compressed or decoded) `linear` can take (a split code is not: its
@@ -119,6 +134,8 @@ def synth_weight_var(ctx: LowerContext, kind: SynthKind) -> tuple[Any, bool]:
         if ctx.target >= Target.IOS18:
             weight = _vector_lut(ctx, kind, idx, cb)
             return weight, weight.op.op_type == "constexpr_lut_to_dense"
+        if ctx.target >= Target.IOS16:
+            return _held_indices(ctx, kind, idx, cb), False
         weight = cb[idx].reshape(n, blocks * kind.entry_dim)
         return ctx.const(weight, "weight"), True
     flat = gather_indices(ctx, kind.num_entries, i_idx, "indices")
@@ -134,9 +151,10 @@ def synth_weight_var(ctx: LowerContext, kind: SynthKind) -> tuple[Any, bool]:
         " codebook padded to 2^b entries, b in 1,2,3,4,6,8, `vector_axis=1`) rebuilding W [n, k], then"
         " `linear` (the package holds the b-bit codes and the codebook); a 5- or 7-bit code (17-32 or"
         " 65-128 entries) is held split: a 4- / 6-bit `constexpr_lut_to_dense` of codebook row pairs and"
-        " a 1-bit one cast to bool that `select`s each pair's half, then `matmul`; iOS15-17 the decoded W as a"
-        " `linear` const. Run-time indices or codebook: `gather` of codebook rows, `reshape`,"
-        " `matmul` with transpose_y."
+        " a 1-bit one cast to bool that `select`s each pair's half, then `matmul`; iOS16-17 the indices"
+        " at their own width as identity-table `constexpr_lut_to_dense` codes (3/5/7 bits as two summed),"
+        " `cast` to int32, `gather` of codebook rows, `matmul`; iOS15 the decoded W as a `linear` const."
+        " Run-time indices or codebook: `gather` of codebook rows, `reshape`, `matmul` with transpose_y."
     ),
 )
 def lower_synth_matmul(op: ops.SynthMatMul, ctx: LowerContext) -> Any:
@@ -151,9 +169,9 @@ def lower_synth_matmul(op: ops.SynthMatMul, ctx: LowerContext) -> Any:
 
 @lowering(
     notes=(
-        "W [n, k] (upstream's shape inference). Known indices and codebook: iOS18+ the"
-        " `constexpr_lut_to_dense` of SynthMatMul, older targets the decoded const; otherwise `gather`"
-        " of codebook rows + `reshape`."
+        "W [n, k] (upstream's shape inference). Known indices and codebook: held as for SynthMatMul"
+        " (iOS18+ vector LUT, 5 / 7 bits split; iOS16-17 integer codes + `gather`; iOS15 the decoded"
+        " const); otherwise `gather` of codebook rows + `reshape`."
     ),
 )
 def lower_synth_reconstruct(op: ops.SynthReconstruct, ctx: LowerContext) -> Any:

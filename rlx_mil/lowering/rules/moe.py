@@ -24,6 +24,7 @@ from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import lowering
 from rlx_mil.lowering.rules.dequant_matmul import GGUF_AFFINE, gguf_codes
 from rlx_mil.lowering.rules.elementwise import convert, to_float
+from rlx_mil.lowering.rules.quant_support import integer_codes
 from rlx_mil.lowering.rules.shape import gather_indices
 from rlx_mil.lowering.target import Target
 from rlx_mil.reference.moe import clamped_experts, mlx_codes, moe_weights
@@ -191,36 +192,10 @@ def _mlx_weight(ctx: LowerContext, codes: np.ndarray, scales: np.ndarray, biases
         data = codes_kn.astype(types.np_uint4_dtype if bits == 4 else np.uint8)
         return mb.constexpr_blockwise_shift_scale(data=data, scale=s.astype(ctx.float_dtype),
                                                   offset=(-b / s).astype(ctx.float_dtype), name=ctx.name("experts"))
-    widths = (1, 2, 3, 4, 6, 8) if ctx.target >= Target.IOS18 else (1, 2, 4, 6, 8)
-    grouped = codes_kn.reshape(experts, groups, block, n)
-    if bits in widths:
-        values = _code_table(ctx, grouped, bits, 1, "codes")
-    else:
-        # No table width of `bits` (5 bits; 3 before iOS18): the code is low + high * 2^low with
-        # both parts at table widths (4 + 1, 2 + 1), two exact tables summed, so the package
-        # holds `bits` bits per code rather than the next width up.
-        low = max(w for w in widths if w < bits and bits - w in widths)
-        values = mb.add(x=_code_table(ctx, grouped & ((1 << low) - 1), low, 1, "codes_low"),
-                        y=_code_table(ctx, grouped >> low, bits - low, 1 << low, "codes_high"), name=ctx.name("codes"))
+    values = integer_codes(ctx, codes_kn.reshape(experts, groups, block, n), bits, "codes")
     w = mb.mul(x=values, y=s[:, :, None].astype(ctx.float_dtype), name=ctx.name("times_scale"))
     w = mb.add(x=w, y=b[:, :, None].astype(ctx.float_dtype), name=ctx.name("plus_bias"))
     return mb.reshape(x=w, shape=np.asarray([experts, k, n], np.int32), name=ctx.name("experts"))
-
-
-def _code_table(ctx: LowerContext, codes: np.ndarray, bits: int, step: int, suffix: str) -> Any:
-    """`codes * step` held as `bits`-bit indices into the table `[0, step, 2 step, ..]` (an exact
-    `constexpr_lut_to_dense`; iOS18's sub-byte index types, or iOS16's packed bit stream)."""
-    from coremltools.converters.mil import Builder as mb
-    from coremltools.converters.mil.mil import types
-
-    table = (np.arange(2**bits, dtype=np.float32) * step).astype(ctx.float_dtype)
-    if ctx.target >= Target.IOS18:
-        dtype = np.uint8 if bits == 8 else getattr(types, f"np_uint{bits}_dtype")
-        return mb.constexpr_lut_to_dense(indices=codes.astype(dtype), lut=table.reshape(*(1,) * codes.ndim, -1, 1),
-                                         name=ctx.name(suffix))
-    stream = ((codes.reshape(-1, 1) >> np.arange(bits)) & 1).astype(np.uint8)
-    return mb.constexpr_lut_to_dense(lut=table, indices=np.packbits(stream.reshape(-1), bitorder="little"),
-                                     shape=np.asarray(codes.shape, np.uint32), name=ctx.name(suffix))
 
 
 @lowering(

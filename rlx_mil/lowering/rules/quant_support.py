@@ -14,6 +14,7 @@ from rlx_mil.ir.graph import Graph, Node
 from rlx_mil.ir.ops import QuantKind
 from rlx_mil.lowering.context import LowerContext
 from rlx_mil.lowering.registry import PARAM_LAYOUT_HOOKS
+from rlx_mil.lowering.target import Target
 from rlx_mil.reference.quant import E2M1, E4M3FN, E5M2, unpack_nibbles
 
 # --------------------------------------------------------------------------------------------
@@ -254,3 +255,35 @@ def pad_rows(codes: np.ndarray, padded_k: int) -> np.ndarray:
     return np.concatenate([codes, np.zeros((padded_k - k, *codes.shape[1:]), codes.dtype)], axis=0)
 
 
+
+
+def integer_codes(ctx: LowerContext, codes: np.ndarray, bits: int, suffix: str) -> Any:
+    """Integer `codes` in [0, 2^bits) as constexpr table lookups giving them back as floats of the
+    program's type, exactly (iOS16+). At a table width the target has (1, 2, 3, 4, 6, 8 from
+    iOS18; no 3 before) one `constexpr_lut_to_dense` of the identity table; otherwise (5 and 7
+    bits; 3 before iOS18) the code is low + high * 2^low with both parts at table widths (4 + 1,
+    6 + 1, 2 + 1), two exact tables summed, so the package holds `bits` bits per code rather
+    than the next width up."""
+    widths = (1, 2, 3, 4, 6, 8) if ctx.target >= Target.IOS18 else (1, 2, 4, 6, 8)
+    if bits in widths:
+        return _code_table(ctx, codes, bits, 1, suffix)
+    low = max(w for w in widths if w < bits and bits - w in widths)
+    return mil_builder().add(x=_code_table(ctx, codes & ((1 << low) - 1), low, 1, f"{suffix}_low"),
+                             y=_code_table(ctx, codes >> low, bits - low, 1 << low, f"{suffix}_high"),
+                             name=ctx.name(suffix))
+
+
+def _code_table(ctx: LowerContext, codes: np.ndarray, bits: int, step: int, suffix: str) -> Any:
+    """`codes * step` held as `bits`-bit indices into the table `[0, step, 2 step, ..]` (an exact
+    `constexpr_lut_to_dense`; iOS18's sub-byte index types, or iOS16's packed bit stream)."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    table = (np.arange(2**bits, dtype=np.float32) * step).astype(ctx.float_dtype)
+    if ctx.target >= Target.IOS18:
+        dtype = np.uint8 if bits == 8 else getattr(types, f"np_uint{bits}_dtype")
+        return mb.constexpr_lut_to_dense(indices=codes.astype(dtype), lut=table.reshape(*(1,) * codes.ndim, -1, 1),
+                                         name=ctx.name(suffix))
+    stream = ((codes.reshape(-1, 1) >> np.arange(bits)) & 1).astype(np.uint8)
+    return mb.constexpr_lut_to_dense(lut=table, indices=np.packbits(stream.reshape(-1), bitorder="little"),
+                                     shape=np.asarray(codes.shape, np.uint32), name=ctx.name(suffix))
