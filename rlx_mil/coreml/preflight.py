@@ -20,6 +20,7 @@ from rlx_mil.coreml.preflight_rules import (
     ANE_MAX_DIM,
     ANE_UNSUPPORTED_OPS,
     ANY_MAX_DIM,
+    DATA_MOVEMENT_OPS,
     DEVICES,
     IOS_MAX_WEIGHT_FILE,
     MACOS_MAX_WEIGHT_FILE,
@@ -34,6 +35,7 @@ from rlx_mil.errors import InvalidOptionError, RlxMilError
 
 # MIL protobuf data types (coremltools.proto.MIL_pb2.DataType).
 _FP16, _FP32, _UINT4 = 10, 11, 35
+_DTYPE_BYTES = {1: 1, 10: 2, 11: 4, 13: 2, 21: 1, 23: 4, 31: 1}
 _DTYPE_NAMES = {1: "bool", 10: "fp16", 11: "fp32", 13: "bf16", 21: "int8", 23: "int32", 25: "int4", 31: "uint8",
                 35: "uint4", 36: "uint2", 37: "uint1", 38: "uint6", 39: "uint3"}
 _CT_VERSION = "com.github.apple.coremltools.version"
@@ -202,9 +204,14 @@ class _Checker:
         named: list[tuple[str, Any]] = [(n, None) for n, _ in f.inputs + f.states]
         inputs = {n for n, _ in f.inputs}
         named += [(out.name, op) for op in f.ops for out in op.outputs]
+        copied = _interface_copies(f, ANE_MAX_DIM if self.device == "ane" else ANY_MAX_DIM)
         for var, op in named:
             t = f.types.get(var)
             if t is None or f.storage(var):
+                continue
+            if var in copied:
+                if copied[var]:
+                    self.add("interface-copy", copied[var], f.name, op, var)
                 continue
             if f.gather_table(var):
                 if any(d is not None and d > ANE_MAX_DIM for d in t.dims):
@@ -273,6 +280,70 @@ class _Checker:
             if flexible:
                 self.add("flexible-shape-state", f"states {[n for n, _ in f.states]} with flexible inputs {flexible}",
                          f.name)
+
+
+def _wide(t: _Tensor | None, limit: int) -> bool:
+    return t is not None and any(d is not None and d > limit for d in t.dims)
+
+
+def _moves_data(f: _Function, op: Any, inputs: set[str]) -> bool:
+    """A data-movement op, or a cast at the program's boundary (an fp16 program's cast of an fp32
+    input or output, as `_computes_fp32` counts it: the conversion of the copy)."""
+    if op.type == "cast":
+        read = [v for key in op.inputs for v in _arg_names(op, key)]
+        return any(v in inputs for v in read) or any(o.name in f.outputs for o in op.outputs)
+    return op.type in DATA_MOVEMENT_OPS
+
+
+def _interface_copies(f: _Function, limit: int) -> dict[str, str]:
+    """The tensors wider than `limit` that no compute op reads or writes: each group of them
+    that data-movement ops link holds a model input or output, every one is made by a
+    data-movement op (or is the input) and read only by data-movement ops (or is the output),
+    so the only ops touching them cut the input into, or join the output from, pieces within
+    `limit`. Maps each to the note's text for the model's input or output, "" for the others
+    (the copies between them)."""
+    inputs = {n for n, _ in f.inputs}
+    wide = {v for v, t in f.types.items() if _wide(t, limit) and not f.storage(v) and not f.gather_table(v)}
+    notes: dict[str, str] = {}
+    seen: set[str] = set()
+    for start in sorted(wide & (inputs | f.outputs)):
+        if start in seen:
+            continue
+        group, todo, ok = {start}, [start], True
+        ops: dict[int, Any] = {}
+        while todo:
+            var = todo.pop()
+            producer = f.producer.get(var)
+            links = [user for user, _ in f.consumers.get(var, [])] + ([producer] if producer is not None else [])
+            if producer is None and var not in inputs:
+                ok = False  # a state
+            for op in links:
+                if not _moves_data(f, op, inputs):
+                    ok = False
+                    continue
+                ops[id(op)] = op
+                touched = [o.name for o in op.outputs] + [v for key in op.inputs for v in _arg_names(op, key)]
+                for other in touched:
+                    if other in wide and other not in group:
+                        group.add(other)
+                        todo.append(other)
+        seen |= group
+        if not ok:
+            continue
+        kinds = sorted({op.type for op in ops.values()})
+        for var in group:
+            notes[var] = ""
+            if var not in inputs and var not in f.outputs:
+                continue
+            t = f.types[var]
+            size = _DTYPE_BYTES.get(t.dtype, 4)
+            for d in t.dims:
+                size *= d or 1
+            role = "model input" if var in inputs else "model output"
+            verb = "cut into" if var in inputs else "joined from"
+            notes[var] = (f"{role} {_shape(t)} only moved ({', '.join(kinds)}): {verb} pieces within {limit:,};"
+                          f" a copy of {size:,} bytes per prediction, no compute op reads or writes it")
+    return notes
 
 
 def _shape(t: _Tensor) -> str:

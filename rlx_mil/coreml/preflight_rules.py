@@ -37,6 +37,10 @@ def on_notch(payload: int) -> bool:
 #: Ops the Neural Engine does not run (they fall back to the CPU/GPU).
 ANE_UNSUPPORTED_OPS = frozenset({"lstm", "gru", "rnn"})
 ANE_GATHER_OPS = frozenset({"gather", "gather_nd", "gather_along_axis"})
+#: Ops that only move or view data (no arithmetic): a model input they cut into pieces, or a
+#: model output they join from pieces, is no compute op's tensor (rule "interface-copy").
+DATA_MOVEMENT_OPS = frozenset({"reshape", "slice_by_index", "slice_by_size", "split", "concat", "identity",
+                               "expand_dims", "squeeze", "transpose"})
 
 ANEMLL = "Anemll (github.com/Anemll/Anemll): LM head split into <= 16,384-row pieces, --chunk"
 NOTCH = "kasper0406/stablehlo-coreml#110 (ANE kernel-DMA 1 MiB notch)"
@@ -60,8 +64,8 @@ _RULES = (
          "apple/ml-ane-transformers; pytorch/executorch#15833 (5-D attention mis-computes on iOS 26)",
          'deploy="ane" (--deploy ane): channels-first [B, C, 1, S], per-head attention'),
     Rule("dim-over-16384", ("ane",), "error",
-         "a tensor dimension above 16,384 (the Neural Engine's limit)",
-         ANEMLL + "; microsoft/onnxruntime#19543",
+         "a tensor a compute op reads or writes with a dimension above 16,384 (the Neural Engine's limit)",
+         ANEMLL + "; microsoft/onnxruntime#19543; FluidInference/FluidAudio#121 (the compiler's per-layer ranges)",
          'deploy="ane" (--deploy ane): the LM head and wide matmuls split into <= 16,384-wide pieces'),
     Rule("dim-over-65536", ("ane", "gpu"), "warning",
          "a tensor dimension above 65,536 (the largest any Core ML compute unit is known to take)",
@@ -71,6 +75,19 @@ _RULES = (
          "a constant table read by gather (an embedding lookup): exempt from the dimension and op rules",
          ANEMLL + " (the embeddings live in a package of their own; the lookup is not Neural Engine work)",
          "none needed"),
+    Rule("interface-copy", ("ane", "gpu"), "note",
+         "a model input or output wider than the device's limit that only data-movement ops (reshape, slice, concat,"
+         " identity) touch, cutting it into or joining it from pieces within the limit: no compute op reads or"
+         " writes it (the limit is checked per layer); the copy itself, one per prediction, is outside the Neural"
+         " Engine's range and runs on the CPU or GPU (not checked on a device)",
+         "the Neural Engine compiler's per-layer check (FluidInference/FluidAudio#121: \"Invalid layer: Tensor"
+         " dimensions N1D1C1H1W240000 are not within supported range, N[1-65536]D[1-16384]C[1-65536]H[1-16384]"
+         "W[1-16384]\", a waveform read by compute layers); argmaxinc/WhisperKit Models.swift ModelComputeOptions"
+         " (MelSpectrogram, audio [480000], on .cpuAndGPU; TextDecoder, logits [1, 1, 51865], on"
+         " .cpuAndNeuralEngine)",
+         "none needed for an interface the app fixes (WhisperKit's); run a model whose wide input is raw audio on"
+         " CPU_AND_GPU as WhisperKit does; a narrower interface (logits in pieces, deploy=\"ane\" for LLMs)"
+         " avoids even the copy"),
     Rule("ane-unsupported-op", ("ane",), "warning",
          "an op the Neural Engine does not run (RNN ops; gather of a computed tensor): it falls back to CPU/GPU",
          "apple/coremltools#1780 (maintainer: RNN/LSTM not on the Neural Engine); hollance/neural-engine"

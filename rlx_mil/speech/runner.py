@@ -29,6 +29,11 @@ _MASKED = -1e4
 ENGINES = ("auto", "coreml", "milexec")
 #: The key of a Core ML state in a session's state dict.
 _COREML_STATE = "coreml_state"
+#: Where Core ML runs each package unless told otherwise: WhisperKit's defaults
+#: (`ModelComputeOptions` in its Models.swift, macOS 14 / iOS 17 on). The mel front end reads the
+#: 480,000-sample `audio`, which no Neural Engine layer takes (`rlx-mil preflight`'s
+#: `interface-copy` note), so it never asks for the Neural Engine; the encoder and decoders do.
+COMPUTE_UNITS = {MEL: "CPU_AND_GPU", ENCODER: "CPU_AND_NE", DECODER: "CPU_AND_NE", STATEFUL_DECODER: "CPU_AND_NE"}
 
 
 def engine_for(engine: str) -> str:
@@ -86,10 +91,12 @@ def _input_shapes(package: Path) -> dict[str, tuple[int, ...]]:
 
 
 class PackagedWhisper:
-    """A WhisperKit folder written by `convert_whisper`, ready to transcribe."""
+    """A WhisperKit folder written by `convert_whisper`, ready to transcribe. With the Core ML
+    engine, `compute_units` (a `coremltools.ComputeUnit` name) runs every package; None, each on
+    WhisperKit's own (`COMPUTE_UNITS`)."""
 
     def __init__(self, folder: str | os.PathLike[str], *, stateful: bool = False, engine: str = "milexec",
-                 compute_units: str = "ALL") -> None:
+                 compute_units: str | None = None) -> None:
         from rlx_mil.fileio import check_package_tree
         from rlx_mil.milexec.prepared import prepare
 
@@ -109,9 +116,10 @@ class PackagedWhisper:
         self.layers = int(config["decoder_layers"])
         self.stateful = stateful
         decoder = STATEFUL_DECODER if stateful else DECODER
-        paths = [self.folder / f"{role}.mlpackage" for role in (MEL, ENCODER, decoder)]
-        programs: list[Any] = ([CoreMLProgram(p, compute_units) for p in paths] if self.engine == "coreml"
-                               else [prepare(p) for p in paths])
+        roles = (MEL, ENCODER, decoder)
+        programs: list[Any] = ([CoreMLProgram(self.folder / f"{role}.mlpackage", compute_units or COMPUTE_UNITS[role])
+                                for role in roles] if self.engine == "coreml"
+                               else [prepare(self.folder / f"{role}.mlpackage") for role in roles])
         self._mel, self._encoder, self._decoder = programs
         shapes = _input_shapes(self.folder / f"{DECODER}.mlpackage")
         self.cache_len = shapes["key_cache"][-1]

@@ -161,17 +161,20 @@ def test_stateful_decoder_matches_the_numpy_forward(built: dict[str, Path]) -> N
     assert (logits.argmax(-1) == teacher.argmax(-1)).all()
 
 
-def test_neural_engine_preflight(built: dict[str, Path]) -> None:
-    """AudioEncoder and TextDecoder break no Neural Engine rule; the MelSpectrogram breaks one,
-    the length of its own `audio [480000]` input, which WhisperKit's contract fixes (its
-    tensors are chunks of 160 samples, its reflect padding a permutation matmul, no gather)."""
-    from rlx_mil.coreml.preflight import is_finding, preflight
+@pytest.mark.parametrize("device", ["ane", "gpu"])
+def test_the_three_packages_pass_preflight(built: dict[str, Path], device: str) -> None:
+    """No package of the WhisperKit folder breaks a rule; the MelSpectrogram's `audio [480000]`,
+    which WhisperKit's contract fixes, is only cut into 3000 rows of 160 samples and a few short
+    slices (the frames Whisper's reflect padding reaches): the `interface-copy` note, no compute
+    op reads it."""
+    from rlx_mil.coreml.preflight import preflight
 
     for role in ("AudioEncoder", "TextDecoder"):
-        assert [f.to_text() for f in preflight(built["fp16"] / f"{role}.mlpackage", "ane") if is_finding(f)] == []
-    mel = [f for f in preflight(built["fp16"] / "MelSpectrogram.mlpackage", "ane") if is_finding(f)]
-    assert [(f.rule, f.var) for f in mel] == [("dim-over-65536", "audio")]
-    assert mel[0].why.endswith("(a model input: its shape is the interface's)")
+        assert [f.to_text() for f in preflight(built["fp16"] / f"{role}.mlpackage", device)] == []
+    [mel] = preflight(built["fp16"] / "MelSpectrogram.mlpackage", device)
+    assert (mel.rule, mel.severity, mel.var) == ("interface-copy", "note", "audio")
+    assert mel.why.startswith("model input fp16[480000] only moved (reshape, slice_by_size): cut into pieces within")
+    assert "a copy of 960,000 bytes per prediction" in mel.why
 
 
 class FakeMLModel:
@@ -179,6 +182,7 @@ class FakeMLModel:
     executor: the plumbing of the Core ML engine (feed dtypes, functions, state) on Linux."""
 
     fed: list[dict[str, np.dtype]] = []
+    units: dict[str, object] = {}  # package -> the compute units it was loaded with
     real: Any = None  # coremltools' own, for the spec reads that load no model
 
     def __new__(cls, path: str, *args: Any, **options: Any) -> Any:
@@ -190,6 +194,7 @@ class FakeMLModel:
         from rlx_mil.milexec.prepared import prepare
 
         self.path, self.function_name, self.program = path, function_name, prepare(Path(path))
+        FakeMLModel.units[Path(path).stem] = compute_units
 
     def get_spec(self) -> object:
         import coremltools as ct
@@ -215,7 +220,7 @@ def test_the_core_ml_engine_runs_what_the_executor_runs(built: dict[str, Path], 
     monkeypatch.setattr(runner, "coreml_available", lambda: True)
     FakeMLModel.real = ct.models.MLModel
     monkeypatch.setattr(ct.models, "MLModel", FakeMLModel)
-    FakeMLModel.fed = []
+    FakeMLModel.fed, FakeMLModel.units = [], {}
     coreml = PackagedWhisper(built["fp16"], stateful=stateful, engine="auto")
     assert (executor.engine, coreml.engine) == ("milexec", "coreml")
     mel = coreml.log_mel(speechlike(2))
@@ -228,6 +233,13 @@ def test_the_core_ml_engine_runs_what_the_executor_runs(built: dict[str, Path], 
     assert FakeMLModel.fed[0] == {"audio": np.float16}  # WhisperKit's fp16 interface, cast for Core ML
     if not stateful:
         assert FakeMLModel.fed[-1]["key_cache"] == np.float16 and FakeMLModel.fed[-1]["input_ids"] == np.int32
+    # WhisperKit's compute units: the mel front end off the Neural Engine, the rest on it
+    decoder = "TextDecoderStateful" if stateful else "TextDecoder"
+    assert FakeMLModel.units == {"MelSpectrogram": ct.ComputeUnit.CPU_AND_GPU, "AudioEncoder": ct.ComputeUnit.CPU_AND_NE,
+                                 decoder: ct.ComputeUnit.CPU_AND_NE}
+    FakeMLModel.units = {}
+    PackagedWhisper(built["fp16"], stateful=stateful, engine="coreml", compute_units="CPU_ONLY").log_mel(speechlike(2))
+    assert set(FakeMLModel.units.values()) == {ct.ComputeUnit.CPU_ONLY}
 
 
 def test_the_core_ml_engine_is_refused_where_core_ml_does_not_run(built: dict[str, Path]) -> None:
