@@ -61,6 +61,10 @@ class Translator(Protocol):
 
     def run_block(self, block: Any, block_inputs: Sequence[Any]) -> list[Any]: ...
 
+    def transposed_weight(self, var: Any) -> Any | None: ...
+
+    def stored_constant(self, array: np.ndarray, dtype: np.dtype) -> Any: ...
+
 
 class RuleContext:
     """What a rule sees of one MIL op: its inputs as Core AI values or const values, its

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.coreai import adapter
+from rlx_mil.coreai import adapter, weight_layout
 from rlx_mil.coreai.registry import INEXPRESSIBLE, RULES, RuleContext
 from rlx_mil.errors import CoreAITranslationError
 
@@ -130,6 +130,9 @@ class FunctionTranslator:
         #: ids of the values that are graph arguments or constants (not made by an op).
         self.plain: set[int] = set()
         self.symbols: dict[Any, int] = {}
+        #: ids of the vars read as `x @ W^T` weights, and their transposed values once made.
+        self.linear_weights: set[int] = weight_layout.weight_vars(function)
+        self._transposed: dict[int, Any] = {}
 
     # -- dtypes ---------------------------------------------------------------------------------
     def held_dtype(self, var: Any) -> np.dtype:
@@ -176,16 +179,26 @@ class FunctionTranslator:
             raise CoreAITranslationError(f"var '{var.name}' is used before it is defined")
         if isinstance(val, str):
             raise CoreAITranslationError(f"var '{var.name}' is a string; only ops read strings as parameters")
-        array = np.asarray(val)
-        dtype = self.held_dtype(var)
-        if array.dtype == np.float16 and dtype == np.float32 and array.size >= _FP16_STORED_FROM:
-            value = _fp16_weight(array)
-            self.env[key] = value
-            return value
-        value = adapter.constant(array.astype(dtype, copy=False))
+        value = self.stored_constant(np.asarray(val), self.held_dtype(var))
         self.env[key] = value
+        return value
+
+    def stored_constant(self, array: np.ndarray, dtype: np.dtype) -> Any:
+        """A constant held as `dtype`; a large fp16 one keeps two bytes per value."""
+        if array.dtype == np.float16 and dtype == np.float32 and array.size >= _FP16_STORED_FROM:
+            return _fp16_weight(array)
+        value = adapter.constant(array.astype(dtype, copy=False))
         self.plain.add(id(value))
         return value
+
+    def transposed_weight(self, var: Any) -> Any | None:
+        """W^T of a weight var read as `x @ W^T`, transposed at translation time
+        (`weight_layout`); None when it cannot be (the caller transposes activations)."""
+        if id(var) not in self.linear_weights:
+            return None
+        if id(var) not in self._transposed:
+            self._transposed[id(var)] = weight_layout.transposed(self, var)
+        return self._transposed[id(var)]
 
     def bind(self, var: Any, value: Any) -> None:
         self.env[id(var)] = value

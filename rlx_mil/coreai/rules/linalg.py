@@ -31,26 +31,35 @@ def _matmul(ctx: RuleContext, x: Any, y: Any) -> Any:
 
 @rule("matmul")
 def matmul(ctx: RuleContext) -> Any:
-    x, y = ctx.v("x"), ctx.v("y")
+    x = ctx.v("x")
     if ctx.param("transpose_x", False):
         x = _swap_last(ctx, x)
-    if ctx.param("transpose_y", False):
-        y = _swap_last(ctx, y)
+    # A stored weight read as x @ W^T is transposed at translation time (`weight_layout`).
+    y = ctx.translator.transposed_weight(ctx.var("y")) if ctx.param("transpose_y", False) else None
+    if y is None:
+        y = ctx.v("y")
+        if ctx.param("transpose_y", False):
+            y = _swap_last(ctx, y)
     product, _ = _matmul(ctx, x, y)
     return ctx.reshape(product, ctx.out_shape())
 
 
 @rule("linear")
 def linear(ctx: RuleContext) -> Any:
-    """x @ W^T + b computed as (W @ x^T)^T: only activations are transposed, so the weight
-    stays the one constant (a tied embedding is stored once, as in the package)."""
+    """x @ W^T + b as x @ (W^T), W^T made at translation time from the stored weight
+    (`weight_layout`: the Linux runtime's fast form; a tied embedding's gather reads the same
+    transposed copy). A weight computed at run time: (W @ x^T)^T, transposing activations only."""
     x = ctx.v("x")
-    weight = ctx.v("weight")
     x_shape = adapter.shape_of(x)
     rows = int(np.prod(x_shape[:-1], dtype=np.int64)) if len(x_shape) > 1 else 1
     flat = ctx.reshape(x, [rows, x_shape[-1]])
-    product = ctx.ops.broadcasting_batch_matmul(weight, ctx.ops.transpose(flat, np.asarray([1, 0], np.uint32)))
-    product = ctx.reshape(ctx.ops.transpose(product, np.asarray([1, 0], np.uint32)), ctx.out_shape())
+    transposed = ctx.translator.transposed_weight(ctx.var("weight"))
+    if transposed is not None:
+        product = ctx.reshape(ctx.ops.broadcasting_batch_matmul(flat, transposed), ctx.out_shape())
+    else:
+        weight = ctx.v("weight")
+        product = ctx.ops.broadcasting_batch_matmul(weight, ctx.ops.transpose(flat, np.asarray([1, 0], np.uint32)))
+        product = ctx.reshape(ctx.ops.transpose(product, np.asarray([1, 0], np.uint32)), ctx.out_shape())
     if ctx.has("bias") and not (ctx.is_const("bias") and not np.any(ctx.const("bias"))):
         product = ctx.ops.broadcasting_add(product, ctx.v("bias"))
     return product

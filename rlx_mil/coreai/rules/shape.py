@@ -359,11 +359,18 @@ def wrap_indices(ctx: RuleContext, indices: Any, dim: int) -> Any:
 def gather(ctx: RuleContext) -> Any:
     if int(ctx.param("batch_dims", 0)) != 0:
         raise ctx.fail("batch_dims > 0 is not supported")
-    x = ctx.v("x")
     shape = ctx.in_shape("x")
     axis = int(ctx.param("axis", 0)) % len(shape)
     indices = wrap_indices(ctx, ctx.v("indices"), shape[axis])
     index_shape = ctx.in_shape("indices")
+    transposed = ctx.translator.transposed_weight(ctx.var("x")) if axis == 0 and len(shape) == 2 else None
+    if transposed is not None and all(d >= 0 for d in index_shape):
+        # A tied embedding: its rows are the columns of the transposed copy `linear` reads.
+        count = int(np.prod(index_shape, dtype=np.int64))
+        columns = ctx.ops.broadcast_to(ctx.reshape(indices, [1, count]), np.asarray([shape[1], count], np.uint32))
+        rows = ctx.ops.transpose(ctx.ops.gather_along_axis(transposed, columns, np.int32(1)), np.asarray([1, 0], np.uint32))
+        return ctx.reshape(rows, [*index_shape, shape[1]])
+    x = ctx.v("x")
     perm = [axis, *[a for a in range(len(shape)) if a != axis]]
     moved = x if axis == 0 else ctx.ops.transpose(x, np.asarray(perm, np.uint32))
     gathered = ctx.ops.gather_nd(moved, ctx.reshape(indices, [*index_shape, 1]))
