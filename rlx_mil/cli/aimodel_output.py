@@ -2,7 +2,13 @@
 the command converts as usual into a temporary `.mlpackage` beside the output (verified as
 usual with `--verify`), which is then written as Apple's Core AI asset (`rlx_mil.coreai`) and
 removed. `--verify --engine coreai` runs the verification of the package through Apple's Core
-AI runtime instead of the MIL executor."""
+AI runtime instead of the MIL executor.
+
+`--precision` is the package's precision in both formats; `--compute` is what the asset
+computes in: fp32 by default (Apple's Linux runtime accumulates fp16 matmuls in fp16 and runs
+fp16 5-275x slower, so fp32 is what runs and verifies here), fp16 for an asset meant for a
+Mac's GPU or Neural Engine (it needs `--precision fp16`: an fp32 package's asset computes in
+fp32)."""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ from typing import TextIO
 FORMATS = ("mlpackage", "aimodel")
 #: What runs the package in `--verify` (`rlx_mil.models.verify.VERIFY_ENGINES`).
 VERIFY_ENGINES = ("milexec", "coreai")
+#: The float types a Core AI asset computes in (`--compute`).
+COMPUTE_TYPES = ("fp32", "fp16")
 
 
 def add_format_argument(p: argparse.ArgumentParser) -> None:
@@ -27,6 +35,10 @@ def add_format_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=VERIFY_ENGINES, default="milexec",
                    help="with --verify: what runs the package against the NumPy reference: the MIL executor"
                         " (default) or Apple's Core AI runtime (the coreai extra; fp32 compute)")
+    p.add_argument("--compute", choices=COMPUTE_TYPES, default=None,
+                   help="with --format aimodel: the float type the asset computes in: fp32 (default; what Apple's"
+                        " Linux runtime runs and verifies faithfully) or fp16 (an asset for a Mac's GPU / Neural"
+                        " Engine; needs --precision fp16)")
 
 
 def output_format(args: argparse.Namespace) -> str:
@@ -45,6 +57,23 @@ def output_format(args: argparse.Namespace) -> str:
 
 def wants_aimodel(args: argparse.Namespace) -> bool:
     return output_format(args) == "aimodel"
+
+
+def asset_compute(args: argparse.Namespace) -> str:
+    """'fp32' or 'fp16': what the asset computes in (`--compute`, default fp32); refused with a
+    typed error naming the option where it contradicts the others."""
+    from rlx_mil.errors import InvalidOptionError
+
+    chosen = getattr(args, "compute", None)
+    if chosen is None:
+        return "fp32"
+    if not wants_aimodel(args):
+        raise InvalidOptionError("--compute says what a Core AI asset computes in: add --format aimodel"
+                                 " (or -o NAME.aimodel)")
+    if chosen == "fp16" and getattr(args, "precision", "fp16") != "fp16":
+        raise InvalidOptionError(f"--compute fp16 needs --precision fp16 (got --precision {args.precision}: an fp32"
+                                 " package's asset computes in fp32)")
+    return str(chosen)
 
 
 def check_verify_engine(args: argparse.Namespace) -> None:
@@ -95,6 +124,7 @@ def wrap(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
 
     def run(args: argparse.Namespace) -> int:
         check_verify_engine(args)  # before any conversion work
+        compute = asset_compute(args)
         if not wants_aimodel(args):
             return handler(args)
         from rlx_mil.coreai import require
@@ -122,11 +152,11 @@ def wrap(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
             if code != 0:
                 return code
             # Not overwrite=True: another conversion may have written `asset` since the check above.
-            save_aimodel(args.output, asset, overwrite=bool(getattr(args, "overwrite", False)))
+            save_aimodel(args.output, asset, precision=compute, overwrite=bool(getattr(args, "overwrite", False)))
             size = sum(f.stat().st_size for f in asset.rglob("*") if f.is_file())
-            print(f"wrote {asset} (Core AI asset, {size} bytes; fp32 compute)")
+            print(f"wrote {asset} (Core AI asset, {size} bytes; {compute} compute)")
             if getattr(args, "verify", False):
-                return verify_asset(args.output, asset)
+                return verify_asset(args.output, asset, compute)
             return 0
         finally:
             args.output = asset
@@ -139,11 +169,12 @@ def wrap(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
 VERIFY_STEPS = 8
 
 
-def verify_asset(package: Path, asset: Path) -> int:
+def verify_asset(package: Path, asset: Path, compute: str = "fp32") -> int:
     """`--verify` of an asset: the package was checked against the reference; the asset, run by
-    Apple's Core AI runtime (fp32 compute), must then give the package's greedy tokens (an LLM)
-    or its outputs on example inputs, the package run by the MIL executor: within 1e-4 relative
-    for an fp32 package; an fp16 package (which the asset computes in fp32, rounding only at its
+    Apple's Core AI runtime (`compute`: fp32, or fp16 as the Linux runtime computes it, fp16
+    accumulation included), must then give the package's greedy tokens (an LLM) or its outputs
+    on example inputs, the package run by the MIL executor: within 1e-4 relative for an fp32
+    package; an fp16 package (which an fp32-compute asset runs in fp32, rounding only at its
     casts) within the fp16 tolerance of `rlx_mil.models.verify`."""
     import numpy as np
 
@@ -161,8 +192,8 @@ def verify_asset(package: Path, asset: Path) -> int:
         want = Session(package, engine="milexec").generate(prompt, VERIFY_STEPS)
         got = Session(asset).generate(prompt, VERIFY_STEPS)
         same = got == want
-        print(f"verify: {VERIFY_STEPS} greedy steps, the asset on Apple's Core AI runtime against the package on the"
-              f" MIL executor: {'same tokens' if same else f'DIFFER ({got} vs {want})'}")
+        print(f"verify: {VERIFY_STEPS} greedy steps, the asset on Apple's Core AI runtime ({compute} compute) against"
+              f" the package on the MIL executor: {'same tokens' if same else f'DIFFER ({got} vs {want})'}")
         return 0 if same else 1
     from rlx_mil import milexec
 
@@ -180,6 +211,7 @@ def verify_asset(package: Path, asset: Path) -> int:
         worst = max(worst, float(np.max(np.abs(np.asarray(actual[name], np.float64) - value))) / scale)
     limit = RELATIVE_TOLERANCE[precision]
     ok = worst <= limit
-    print(f"verify: the asset on Apple's Core AI runtime against the package on the MIL executor: max deviation"
-          f" {worst:.2g} of the output's scale (limit {limit:g}, {precision} package; {'ok' if ok else 'FAILED'})")
+    print(f"verify: the asset on Apple's Core AI runtime ({compute} compute) against the package on the MIL executor:"
+          f" max deviation {worst:.2g} of the output's scale (limit {limit:g}, {precision} package;"
+          f" {'ok' if ok else 'FAILED'})")
     return 0 if ok else 1

@@ -42,7 +42,8 @@ def save_aimodel(source: Any, output: str | os.PathLike[str], *, precision: str 
                  overwrite: bool = False) -> Path:
     """Write `source` (a converted MLModel or a saved `.mlpackage` path) as the Core AI asset
     `output` (`.aimodel`). `precision` is the float type of the asset's compute ('fp32', or
-    'fp16' for a device asset: Apple's Linux runtime accumulates fp16 in fp16)."""
+    'fp16' for a device asset of an fp16 package: Apple's Linux runtime accumulates fp16 in
+    fp16; `--compute` on the convert commands)."""
     from rlx_mil.coreml.package_info import open_model
     from rlx_mil.milexec.loader import resolve_source
     from rlx_mil.milexec.protoread import read_model
@@ -56,6 +57,11 @@ def save_aimodel(source: Any, output: str | os.PathLike[str], *, precision: str 
         raise RlxMilError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
     adapter.require()
     model, path = open_model(source)
+    if precision == "fp16" and model.user_defined_metadata.get("rlx_mil.precision") == "fp32":
+        from rlx_mil.errors import InvalidOptionError
+
+        raise InvalidOptionError("fp16 compute needs an fp16 package (convert with precision='fp16'); an fp32"
+                                 " package's asset computes in fp32")
     resolved = resolve_source(model if path is None else path, None, None, read_model)
     program = resolved.program
     if program is None:

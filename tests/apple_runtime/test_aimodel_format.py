@@ -121,6 +121,8 @@ def test_cli_verify_engine_coreai(graph_files: tuple[Path, Path], tmp_path: Path
     (["-o", "{d}/x.mlpackage", "--format", "aimodel"], r"--format='aimodel' contradicts the output's suffix"),
     (["-o", "{d}/x.aimodel", "--format", "mlpackage"], r"--format='mlpackage' contradicts the output's suffix"),
     (["-o", "{d}/x.mlpackage", "--engine", "coreai"], r"--engine coreai says what runs --verify's checks"),
+    (["-o", "{d}/x.mlpackage", "--compute", "fp16"], r"--compute says what a Core AI asset computes in: add --format"),
+    (["-o", "{d}/x.aimodel", "--precision", "fp32", "--compute", "fp16"], r"--compute fp16 needs --precision fp16"),
 ])
 def test_cli_refuses_contradictions_up_front(graph_files: tuple[Path, Path], tmp_path: Path, extra: list[str],
                                              message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,7 +145,7 @@ def test_cli_format_aimodel_without_suffix_verifies_the_asset(graph_files: tuple
     assert main(["convert", str(graph), "--params", str(weights), "-o", str(tmp_path / "m"), "--format", "aimodel",
                  "--verify"]) == 0  # fp16 package: the asset (fp32 compute) is held to the fp16 tolerance
     out = capsys.readouterr().out
-    assert "the asset on Apple's Core AI runtime against the package on the MIL executor" in out
+    assert "the asset on Apple's Core AI runtime (fp32 compute) against the package on the MIL executor" in out
     assert "fp16 package; ok" in out
     assert [p.name for p in tmp_path.iterdir()] == ["m.aimodel"]
     # the one "wrote" line names the asset, not the package staged beside it and removed
@@ -162,7 +164,7 @@ def test_convert_gguf_verifies_on_core_ai_and_writes_an_asset(tmp_path: Path, ca
     out = capsys.readouterr().out
     assert "greedy steps, the package on Apple's Core AI runtime (fp32 compute) against the NumPy reference" in out
     assert "Apple's Core AI runtime, fp32 compute) after prompt" in out
-    assert "the asset on Apple's Core AI runtime against the package on the MIL executor: same tokens" in out
+    assert "the asset on Apple's Core AI runtime (fp32 compute) against the package on the MIL executor: same tokens" in out
     written = {p.name for p in tmp_path.iterdir()} - {"chat.gguf", "chat.hf"}  # (the helper's own files)
     assert written == {"chat.aimodel"}  # the staged package is gone
 
@@ -195,3 +197,42 @@ def test_an_fp16_packages_dense_weights_keep_two_bytes_in_the_asset(tmp_path: Pa
     # The package rounds x and w to fp16; the asset then computes in float32.
     exact = x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64)
     np.testing.assert_allclose(got, exact, rtol=0, atol=1e-6 * float(np.max(np.abs(exact))))
+
+
+def test_cli_compute_fp16_writes_an_fp16_compute_asset(graph_files: tuple[Path, Path], params: dict[str, np.ndarray],
+                                                       tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--compute fp16` (with the default --precision fp16): the asset computes in fp16 (its
+    inputs and outputs are fp16, its metadata and `inspect` say so), verified on Apple's Linux
+    runtime (which accumulates fp16 in fp16) against the package with the fp16 tolerance;
+    without `--compute` the asset of the same package computes in fp32."""
+    from rlx_mil.coreai.asset import asset_summary
+
+    graph, weights = graph_files
+    capsys.readouterr()
+    assert main(["convert", str(graph), "--params", str(weights), "-o", str(tmp_path / "half.aimodel"), "--compute",
+                 "fp16", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "Core AI asset" in out and "; fp16 compute)" in out
+    assert "the asset on Apple's Core AI runtime (fp16 compute) against the package" in out and "; ok" in out
+    assert main(["convert", str(graph), "--params", str(weights), "-o", str(tmp_path / "full.aimodel")]) == 0
+    half, full = asset_summary(tmp_path / "half.aimodel"), asset_summary(tmp_path / "full.aimodel")
+    assert (half["compute"], full["compute"]) == ("fp16", "fp32")
+    assert half["package_precision"] == full["package_precision"] == "fp16"
+    assert half["functions"]["main"]["inputs"][0]["dtype"] == "float16"
+    assert full["functions"]["main"]["inputs"][0]["dtype"] == "float32"
+    assert main(["inspect", str(tmp_path / "half.aimodel")]) == 0
+    assert "fp16 compute of an fp16 package" in capsys.readouterr().out
+    x = np.random.default_rng(5).standard_normal((ROWS, SIDE)).astype(np.float32)
+    with AssetProgram(tmp_path / "half.aimodel") as program:
+        got = program.run({"x": x})["y"]
+    assert got.dtype == np.float16
+    want = np.maximum(x @ params["w"], 0)
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=0, atol=2e-2 * float(np.max(np.abs(want))))
+
+
+def test_fp16_compute_of_an_fp32_package_is_refused(model: object, tmp_path: Path) -> None:
+    from rlx_mil.coreai.asset import save_aimodel
+
+    with pytest.raises(InvalidOptionError, match="fp16 compute needs an fp16 package"):
+        save_aimodel(model, tmp_path / "x.aimodel", precision="fp16")
+    assert not (tmp_path / "x.aimodel").exists()

@@ -1,8 +1,9 @@
 """Every op-catalogue case, converted to a Core ML package, also runs through Apple's Core AI
-runtime (the program translated by `rlx_mil.coreai`, fp32 compute also for fp16 packages) and
-gives the reference's numbers within the row's tolerance. A case Core AI cannot run is listed
-in `CANNOT_RUN` with the reason; the test fails when such a case starts to run, so the list
-cannot go stale."""
+runtime (the saved package's program translated by `rlx_mil.coreai`, as `rlx-mil run
+PKG.mlpackage --engine coreai` reads it; fp32 compute also for fp16 packages) and gives the
+reference's numbers within the row's tolerance. A case Core AI cannot run is listed in
+`CANNOT_RUN` with the reason, and docs/coreai.md lists the same cases: the test fails when a
+listed case starts to run, when an unlisted one stops running, and when the two lists differ."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 pytest.importorskip("coreai", reason="needs the coreai extra: pip install -e \".[coreai]\" (Python >= 3.11)")
 
 from catalogue import CATALOGUE_GROUP, ROWS, CatalogueModels, random_leaves
+from documented_limits import documented_cannot_run
 
 from rlx_mil import reference
 from rlx_mil.coreai.engine import CoreAIBatch, CoreAIProgram
@@ -32,14 +34,20 @@ def _target(case: str) -> Target:
 
 
 @pytest.fixture(scope="module")
-def core_ai(catalogue_models: CatalogueModels) -> Iterator[dict[str, CoreAIBatch]]:
-    """precision -> every case that runs, translated into one asset (saving and loading an
+def core_ai(catalogue_models: CatalogueModels, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[dict[str, CoreAIBatch]]:
+    """precision -> every case that runs, saved as a package (with its metadata: the io names
+    `rlx-mil run` maps) and translated from disk, all into one asset (saving and loading an
     asset costs more than translating a small program: one per case took 2.5x as long)."""
+    import rlx_mil
+
+    folder = tmp_path_factory.mktemp("catalogue_packages")
     batches: dict[str, CoreAIBatch] = {}
     try:
         for precision in ("fp32", "fp16"):
-            sources = {case: catalogue_models.model(case, _target(case), precision) for case in sorted(ROWS)
-                       if case not in CANNOT_RUN}
+            sources = {case: str(rlx_mil.save(catalogue_models.model(case, _target(case), precision),
+                                              folder / f"{case}-{precision}.mlpackage"))
+                       for case in sorted(ROWS) if case not in CANNOT_RUN}
             batches[precision] = CoreAIBatch(sources)
         yield batches
     finally:
@@ -74,3 +82,7 @@ def test_catalogue_case_runs_through_core_ai(case: str, precision: str, catalogu
     if prec in row.differs and problems:
         return  # the executor differs from the reference here too, for the row's stated reason
     assert not problems, f"{case} {precision} through Core AI: " + "; ".join(problems)
+
+
+def test_the_docs_list_the_cases_core_ai_cannot_run() -> None:
+    assert documented_cannot_run()["catalogue case"] == set(CANNOT_RUN)

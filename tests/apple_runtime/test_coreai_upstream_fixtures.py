@@ -1,9 +1,13 @@
 """Every graph serialised by upstream RLX, converted in fp32, also runs through Apple's Core AI
 runtime and gives the reference's numbers within 1e-4 relative (its largest deviation, scaled
-by the output's largest magnitude)."""
+by the output's largest magnitude): the program held in memory (as `--verify --engine coreai`
+translates it) and the saved package (as `rlx-mil run PKG.mlpackage --engine coreai` reads
+it). A fixture Core AI cannot run is listed in `CANNOT_RUN` and in docs/coreai.md; the test
+fails when a listed one runs, an unlisted one fails, or the lists differ."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +16,14 @@ import pytest
 pytest.importorskip("coreai", reason="needs the coreai extra: pip install -e \".[coreai]\" (Python >= 3.11)")
 
 from conftest import upstream_fixture_paths
+from documented_limits import documented_cannot_run
 from graph_data import leaf_values
 
 import rlx_mil
 import rlx_mil.lowering.program
 from rlx_mil import reference
-from rlx_mil.coreai.engine import CoreAIProgram
+from rlx_mil.coreai.engine import CoreAIBatch, CoreAIProgram
+from rlx_mil.errors import CoreAITranslationError
 from rlx_mil.ir.graph import Graph
 from rlx_mil.testing import supported_targets
 
@@ -27,15 +33,45 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+#: fixture (file stem) -> why Core AI cannot run its program here (none today).
+CANNOT_RUN: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def saved_packages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoreAIBatch]:
+    """Every fixture's fp32 package saved, all translated from disk into one asset."""
+    folder = tmp_path_factory.mktemp("upstream_coreai")
+    sources = {}
+    for path in FIXTURES:
+        graph = Graph.from_json_file(path)
+        _, params = leaf_values(graph)
+        model = rlx_mil.convert(graph, params, target=supported_targets(graph)[-1], precision="fp32")
+        sources[path.stem] = str(rlx_mil.save(model, folder / f"{path.stem}.mlpackage"))
+    with CoreAIBatch(sources) as batch:
+        yield batch
+
+
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
-def test_fixture_runs_through_core_ai(path: Path) -> None:
+def test_fixture_runs_through_core_ai(path: Path, saved_packages: CoreAIBatch) -> None:
     graph = Graph.from_json_file(path)
     inputs, params = leaf_values(graph)
     target = supported_targets(graph)[-1]
     model = rlx_mil.convert(graph, params, target=target, precision="fp32")
+    if path.stem in CANNOT_RUN:
+        with pytest.raises(CoreAITranslationError):
+            CoreAIProgram(model).close()
+        return
     want = reference.evaluate(graph, inputs, params)
     with CoreAIProgram(model) as program:
-        got = program.run(inputs)
+        _check(path, program.run(inputs), want)
+    _check(path, saved_packages.program(path.stem).run(inputs), want)
+
+
+def test_the_docs_list_the_fixtures_core_ai_cannot_run() -> None:
+    assert documented_cannot_run()["upstream fixture"] == set(CANNOT_RUN)
+
+
+def _check(path: Path, got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
     assert set(got) == set(want)
     for name, value in want.items():
         expected = np.asarray(value, np.float64)
