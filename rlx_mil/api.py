@@ -259,7 +259,8 @@ def convert(
     a preset ("int8", "int4", "lut4", ...), a per-weight config string or mapping, or an
     `rlx_mil.compress.CompressionConfig` (see docs/compression.md). The model then carries a
     `rlx_mil.compress.CompressionReport` (`rlx_mil.compress.report_of(model)`, also in its
-    metadata), and `rlx_mil.compress.dequantized_params` gives the weights it computes with.
+    metadata); once saved, `rlx_mil.milexec.stored_weights.package_params(params, path, report)`
+    gives the weights the package computes with, decoded from its own codes.
     `pass_pipeline` defaults to the Core ML passes that can change an rlx_mil program
     (`rlx_mil.coreml.pipeline`); `default_pass_pipeline(precision)` is Core ML's full one.
 

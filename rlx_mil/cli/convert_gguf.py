@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     info = package_info(path)
     print(f"wrote {path} ({info.num_ops} ops, {human_bytes(info.package_bytes)}) in {time.perf_counter() - start:.1f} s")
     print_compression(info.metadata)
-    quality = gguf_quality(args, info.metadata)
+    quality = gguf_quality(args, info.metadata, package=path)
     if args.verify:
         from rlx_mil.cli.quality import verify_quality
         from rlx_mil.compress import report_of
@@ -166,13 +166,13 @@ def run_stateful(args: argparse.Namespace) -> int:
     )
     if chunk_bytes is not None:
         seconds = time.perf_counter() - start
-        quality = gguf_quality(args, result.metadata(), printed=False)
+        quality = gguf_quality(args, result.metadata(), printed=False, package=args.output)
         return report_chunked(args, args.model, result, seconds, loader=from_gguf, quality=quality)
     info = package_info(args.output)
     print(f"wrote {args.output} (functions {', '.join(info.functions)}; {info.weight_bytes} bytes of weights)"
           f" in {time.perf_counter() - start:.1f} s")
     print_compression(info.metadata)
-    quality = gguf_quality(args, info.metadata, model=result)
+    quality = gguf_quality(args, info.metadata, model=result, package=args.output)
     if args.verify:
         from rlx_mil.cli.quality import verify_quality
 
@@ -182,15 +182,17 @@ def run_stateful(args: argparse.Namespace) -> int:
     return 0
 
 
-def gguf_quality(args: argparse.Namespace, metadata: Any, printed: bool = True, model: Any = None) -> Any:
+def gguf_quality(args: argparse.Namespace, metadata: Any, printed: bool = True, model: Any = None,
+                 package: Any = None) -> Any:
     """The quality check of a package whose weights were encoded anew (--requantize, --deploy
     ane's default, --compress) against the float model the file's own codes decode to; printed,
-    written to --report, warned about. None when the file's codes were kept (they are the model)."""
+    written to --report, warned about. None when the file's codes were kept (they are the model).
+    The compressed side is what the saved `package` stores (`measure_stateful`)."""
     from rlx_mil.cli.quality import measure_stateful, print_summary, write_report
 
     quality = None
     if requantize_spec(args) is not None or getattr(args, "compress", None):
-        quality = measure_stateful(args.model, metadata, gguf_loader(args), args, gguf=True, model=model)
+        quality = measure_stateful(args.model, metadata, gguf_loader(args), args, gguf=True, model=model, package=package)
     if printed:
         print_summary(quality)
     write_report(args, metadata, quality)

@@ -522,13 +522,13 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any], max_
     if chunk_bytes is not None:
         seconds = time.perf_counter() - start
         metadata = result.metadata()
-        quality = measure_stateful(args.model_dir, metadata, from_pretrained, args)
+        quality = measure_stateful(args.model_dir, metadata, from_pretrained, args, package=args.output)
         write_report(args, metadata, quality)
         return report_chunked(args, args.model_dir, result, seconds, quality=quality)
     info = package_info(args.output)
     names = ", ".join(info.functions)
     print(f"wrote {args.output} (functions {names}; {info.weight_bytes} bytes of weights) in {time.perf_counter() - start:.1f} s")
-    quality = measure_stateful(args.model_dir, info.metadata, from_pretrained, args, model=result)
+    quality = measure_stateful(args.model_dir, info.metadata, from_pretrained, args, model=result, package=args.output)
     print_summary(quality)
     write_report(args, info.metadata, quality)
     if args.verify:
@@ -575,9 +575,9 @@ def verify_stateful_command(model: Any, package: Any, precision: str, metadata: 
     Apple's Core AI runtime ("coreai")."""
     from rlx_mil.compress import report_of
     from rlx_mil.llm.package import verify_stateful
-    from rlx_mil.models.verify import engine_label
+    from rlx_mil.models.verify import STORED_WEIGHTS, engine_label
 
-    weights = "the package's own compressed weights (fidelity)" if report_of(metadata) is not None else "its weights"
+    weights = f"{STORED_WEIGHTS} (fidelity)" if report_of(metadata) is not None else "its weights"
     print(f"verify: {VERIFY_STEPS} greedy steps, the package on {engine_label(engine)} against the NumPy reference"
           f" of the checkpoint's plain graph on {weights} (teacher-forced on the reference's tokens)", flush=True)
     progress = Progress(enabled=not (quiet or running_under_ci()))

@@ -124,10 +124,12 @@ def check_inputs_of(model_dir: Path, args: argparse.Namespace, length: int) -> t
 
 
 def measure_stateful(source: Any, metadata: Mapping[str, str], loader: Any, args: argparse.Namespace, *,
-                     gguf: bool = False, model: Any = None) -> QualityCheck | None:
+                     gguf: bool = False, model: Any = None, package: Any = None) -> QualityCheck | None:
     """The quality check of a stateful (or GGUF) package, with its warning: the package's
     compression against the original model on text. None when nothing was compressed (the
-    caller asks only when something was encoded anew: a GGUF file's kept codes are the model)."""
+    caller asks only when something was encoded anew: a GGUF file's kept codes are the model).
+    The compressed weights are those the saved `package` (or chunked set) stores, decoded from
+    its codes; without one, the conversion's codes (`model`'s)."""
     from rlx_mil.compress import report_of
     from rlx_mil.llm.quality_check import (
         check_and_warn,
@@ -151,12 +153,18 @@ def measure_stateful(source: Any, metadata: Mapping[str, str], loader: Any, args
     ids, label = found
     compared = "the float model the GGUF codes decode to" if gguf else "the float checkpoint"
     codes = getattr(model, "rlx_mil_codes", None)  # the conversion's own codes: decoded, not encoded again
+    stored = None
+    if package is not None:  # what the saved package holds, read from it
+        from rlx_mil.llm.chunked import package_files
+        from rlx_mil.milexec.stored_weights import StoredWeights
+
+        stored = StoredWeights(package_files(package), report.weights)
     from rlx_mil.progress import Progress, running_under_ci
 
     progress = Progress(enabled=not (getattr(args, "quiet", False) or running_under_ci()))
     progress.begin(f"measuring the quality against {compared}", min_seconds=1.0)  # a clock: minutes on a large model
     check = measure_decoder_quality(source, report, ids, label, loader=loader, compared_with=compared, text=graph_text,
-                                    codes=codes, thresholds=thresholds_of(args))
+                                    codes=codes, thresholds=thresholds_of(args), stored=stored)
     progress.end()
     return check_and_warn(check)
 

@@ -157,6 +157,14 @@ def is_chunked_set(path: str | os.PathLike[str]) -> bool:
     return Path(path).is_dir() and (Path(path) / MANIFEST).is_file()
 
 
+def package_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The `.mlpackage`s of `path`: itself, or a chunked set's in order."""
+    if not is_chunked_set(path):
+        return [Path(path)]
+    chunked = read_chunked_set(path)
+    return [chunked.package(i) for i in range(len(chunked.chunks))]
+
+
 def _bad(folder: Path, why: str) -> RlxMilError:
     return RlxMilError(f"{folder / MANIFEST}: not a valid chunked-set manifest ({why}); re-convert the set")
 

@@ -167,20 +167,25 @@ def _save_asset(model: Any, output: Path, overwrite: bool) -> None:
 
 def reference_logits(
     model_dir: str | os.PathLike[str], tokens: Sequence[int], compression: Any = None, loader: Any = None,
-    codes: dict[str, Any] | None = None,
+    codes: dict[str, Any] | None = None, stored: Mapping[str, Any] | None = None,
 ) -> Any:
     """Last-position logits `[vocab]` of the checkpoint's plain (stateless) graph over `tokens`,
-    run by the NumPy reference. `compression` (the package's `CompressionReport`) makes the
-    reference use the dequantized weights; `loader` builds the graph and params instead of
-    `from_pretrained` (same signature). `codes`: the weights' codes by name, decoded instead of
-    encoding the weights; those encoded here are added to it (a later call encodes none again)."""
+    run by the NumPy reference. `stored` (a saved package's `StoredWeights`, by weight name)
+    replaces the weights it holds: the package's own decoded codes. Else `compression` (a
+    `CompressionReport`) makes the reference use the dequantized weights: `codes` (by name) are
+    decoded, the others encoded again and added to `codes`. `loader` builds the graph and params
+    instead of `from_pretrained` (same signature)."""
     import numpy as np
 
     from rlx_mil.models.pretrained import from_pretrained
     from rlx_mil.reference import evaluate
 
     graph, params = (loader or from_pretrained)(model_dir, "prefill", seq_len=len(tokens), last_logits=True)
-    if compression is not None:
+    if stored is not None:
+        from rlx_mil.milexec.stored_weights import PackageParams
+
+        params = PackageParams(params, stored)
+    elif compression is not None:
         from rlx_mil.compress import dequantized_params
 
         params = dequantized_params(params, compression, remember=codes)
@@ -223,11 +228,15 @@ def verify_stateful(
     each step compares the package's logits with the reference's over the whole sequence, then
     both go on with the reference's token (`prompt` None: 5 ids spread over the vocabulary).
     `opened` is called once the package is open on the executor, `report` with one line per
-    step; `codes` (the conversion's, by weight name) are decoded instead of encoding the
-    weights. Returns the `GreedyComparison`; it stops at the first step that fails."""
+    step. With `compression` (the package's report) the reference computes with the weights the
+    saved package stores, decoded from its own codes (`rlx_mil.milexec.stored_weights`; a
+    chunked set's packages searched in order); `codes` is unused (kept for callers). Returns the
+    `GreedyComparison`; it stops at the first step that fails."""
     import numpy as np
 
+    from rlx_mil.llm.chunked import package_files
     from rlx_mil.llm.generate import Session
+    from rlx_mil.milexec.stored_weights import StoredWeights
     from rlx_mil.testing import GreedyComparison, compare_greedy_step
 
     exact = precision == "fp32"
@@ -241,14 +250,14 @@ def verify_stateful(
         opened()
     if prompt is None:
         prompt = [1 + (7 * i) % (session.vocab - 1) for i in range(5)]
-    # Each step builds the graph anew; the compressed weights are encoded once (or come as the
-    # conversion's `codes`), not once per step.
-    kept: dict[str, Any] = dict(codes or {})
+    # Each step builds the graph anew; the package's program is read once, each stored weight
+    # decoded when the reference reads it.
+    stored = None if compression is None else StoredWeights(package_files(package), compression.weights)
     comparison = GreedyComparison(f"{Path(package).name} ({mode}) after prompt {list(prompt)}")
     tokens = list(prompt)
     logits = session.feed(tokens)
     for step in range(1, steps + 1):
-        want = reference_logits(model_dir, tokens, compression, loader, kept)
+        want = reference_logits(model_dir, tokens, compression, loader, stored=stored)
         if not np.isfinite(logits).all() and np.isfinite(want).all():
             warn_nonfinite_logits(package, session, tokens, step)
         result = compare_greedy_step(step, logits, want, precision)

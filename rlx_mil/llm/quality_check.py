@@ -75,12 +75,15 @@ def measure_decoder_quality(
     text: bool = True,
     codes: Any = None,
     thresholds: QualityThresholds = DEFAULT_THRESHOLDS,
+    stored: Any = None,
 ) -> QualityCheck:
     """The compressed weights (`compression`: the package's `CompressionReport`) against the
     original ones, teacher-forced over `ids` in the NumPy reference. `loader(source, "prefill",
     seq_len=...)` gives the plain graph and the original weights (a GGUF file's params read as
-    the float its codes decode to, whatever they were re-quantized to). `codes` (the
-    conversion's, by weight name) are decoded instead of encoding the weights again."""
+    the float its codes decode to, whatever they were re-quantized to). The compressed side
+    computes with `stored` (a saved package's `StoredWeights`: its own codes, decoded) when
+    given, else with `codes` (the conversion's, by weight name) decoded, the others encoded
+    again."""
     from rlx_mil.compress import dequantized_params
     from rlx_mil.compress.report import worst_weights
     from rlx_mil.reference import evaluate
@@ -90,7 +93,13 @@ def measure_decoder_quality(
     feeds = {"input_ids": np.asarray([list(ids)], np.int32)}
     graph, params = loader(source, "prefill", seq_len=len(ids))
     want = np.asarray(evaluate(graph, feeds, params)["logits"], np.float32)
-    got = np.asarray(evaluate(graph, feeds, dequantized_params(params, compression, codes))["logits"], np.float32)
+    if stored is not None:
+        from rlx_mil.milexec.stored_weights import PackageParams
+
+        compressed: Any = PackageParams(params, stored)
+    else:
+        compressed = dequantized_params(params, compression, codes)
+    got = np.asarray(evaluate(graph, feeds, compressed)["logits"], np.float32)
     return judge_outputs({"logits": want}, {"logits": got}, feeds, compared_with=compared_with, inputs_label=inputs_label,
                          worst=worst_weights(compression), text=text, thresholds=thresholds)
 

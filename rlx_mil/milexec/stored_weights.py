@@ -68,9 +68,11 @@ class StoredWeights(Mapping[str, np.ndarray]):
     """By weight name, the float32 values a saved package's compressed weights decode to (see
     the module doc). `packages`: a `.mlpackage` path, or the packages of a chunked set in
     order; `weights`: the compressed weights to find (a compression report's `weights`).
-    `precision_model` as for `milexec.run`: "declared" rounds each decoded weight to the dtype
-    its op declares (an fp16 package's weights are fp16 values, as on the device); "float32"
-    keeps the decode's float32 arithmetic (what `dequantized_params` computes).
+    `precision_model` as for `milexec.run`: "float32" (the default) keeps the decode's float32
+    arithmetic: the values the codes denote, what `rlx_mil.compress.dequantized_params` computes
+    for them (for a GGUF code held split in an fp16 program, its run-time ops unrounded);
+    "declared" rounds each op of the decode to the dtype it declares (an fp16 package's weights
+    as fp16 values, as the device holds them).
 
     A weight is decoded when read and not kept: the caller holds at most one at a time beyond
     what it keeps itself. Every weight is located when the mapping is made, so a package that
@@ -81,7 +83,7 @@ class StoredWeights(Mapping[str, np.ndarray]):
         packages: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         weights: Iterable[WeightPlace],
         *,
-        precision_model: PrecisionModel = "declared",
+        precision_model: PrecisionModel = "float32",
     ) -> None:
         if precision_model not in PRECISION_MODELS:
             raise MilExecError(f"precision_model must be one of {PRECISION_MODELS}, got {precision_model!r}")
@@ -244,11 +246,11 @@ def _assemble(weight: WeightPlace, values: list[np.ndarray], where: str, ops: li
 
 
 class PackageParams(Mapping[str, Any]):
-    """`params` with every weight `stored` holds replaced by the package's decoded value (on
-    access, one at a time): what the package computes with, for the reference evaluator.
+    """`params` with every weight `stored` (a `StoredWeights`) holds replaced by the package's
+    decoded value (on access, one at a time): what the package computes with, for the reference evaluator.
     The other weights (kept in float) are `params`' own."""
 
-    def __init__(self, params: Mapping[str, Any], stored: StoredWeights) -> None:
+    def __init__(self, params: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
         self._params = params
         self.stored = stored
 
@@ -276,7 +278,7 @@ def package_params(
     packages: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     report: Any,
     *,
-    precision_model: PrecisionModel = "declared",
+    precision_model: PrecisionModel = "float32",
 ) -> PackageParams:
     """`params` as the saved package computes with them: each weight `report` (the package's
     `rlx_mil.compress.CompressionReport`) lists as compressed decoded from the package's own

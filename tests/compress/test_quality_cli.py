@@ -33,7 +33,7 @@ def test_int8_reports_its_quality_on_the_builtin_text_without_warning(
     line = next(x for x in out.splitlines() if x.startswith("quality vs the float checkpoint"))
     assert "tokens of the built-in held-out English text" in line and "ppl x" in line
     assert "verify: quality (the compressed weights vs the original model" in out
-    assert "own compressed weights (fidelity)" in out
+    assert "the weights the package stores (decoded from its own codes) (fidelity)" in out
     body = json.loads(report.read_text())
     quality = body["quality"]
     assert quality["ok"] and quality["decoder"]["positions"] > 100

@@ -90,3 +90,30 @@ def test_fidelity_fails_a_broken_program(tmp_path: Path, monkeypatch: pytest.Mon
                  "--precision", "fp32", "--verify", "--allow-quality-loss"]) == 1
     printed = capsys.readouterr().out
     assert "fidelity" in printed and "MISMATCH" in printed
+
+
+@pytest.mark.usefixtures("fitted_encoder")
+def test_the_stateful_check_computes_with_the_stored_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The greedy steps and the quality check of a stateful package read its stored codes; the
+    package's logits are the reference's on those, not on the weights encoded again."""
+    from rlx_mil.llm.generate import Session
+    from rlx_mil.llm.package import reference_logits
+    from rlx_mil.milexec.stored_weights import StoredWeights
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+    folder = write_random_checkpoint(tmp_path / "qwen3", TINY_CONFIGS["qwen3"])
+    out = tmp_path / "m.mlpackage"
+    assert main(["convert-hf", str(folder), "--stateful", "--max-context", "16", "--prefill", "4", "--quiet",
+                 "--precision", "fp32", "-o", str(out), "--verify", "--compress", "int4;min_size=0",
+                 "--allow-quality-loss"]) == 0
+    printed = capsys.readouterr().out
+    assert "on the weights the package stores (decoded from its own codes) (fidelity)" in printed and "FAIL" not in printed
+    report = report_of(package_info(out).metadata)
+    assert report is not None
+    tokens = [3, 17, 42, 5]
+    got = Session(out, engine="milexec", precision_model="float32").feed(tokens)
+    stored = reference_logits(folder, tokens, report, stored=StoredWeights(out, report.weights))
+    encoded_again = reference_logits(folder, tokens, report)
+    scale = float(np.abs(stored).max())
+    assert float(np.abs(got - stored).max()) < 1e-4 * scale
+    assert float(np.abs(got - encoded_again).max()) > 1e-3 * scale
