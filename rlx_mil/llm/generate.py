@@ -257,6 +257,12 @@ class Session:
         """Whether the package is a chunked set (several packages run one after another)."""
         return self._chunks is not None
 
+    @property
+    def executor_program(self) -> Any:
+        """The program the MIL executor runs (weights mapped from the package); None for another engine."""
+        prepared = getattr(self, "_prepared", None)
+        return None if prepared is None else prepared.program
+
     def io_names_of(self, function: str | None) -> Any:
         """The interface-name mapping of `function` that runs of it take (None: names as stored)."""
         return self._io_names.get(function) or None

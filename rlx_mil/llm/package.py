@@ -250,9 +250,12 @@ def verify_stateful(
         opened()
     if prompt is None:
         prompt = [1 + (7 * i) % (session.vocab - 1) for i in range(5)]
-    # Each step builds the graph anew; the package's program is read once, each stored weight
-    # decoded when the reference reads it.
-    stored = None if compression is None else StoredWeights(package_files(package), compression.weights)
+    # Each step builds the graph anew; the package's program is read once, and
+    # each stored weight decoded when the reference reads it (from the session's own program where
+    # it has one: the codes are not held twice).
+    program = session.executor_program
+    stored = None if compression is None else StoredWeights(
+        package_files(package) if program is None else program, compression.weights)
     comparison = GreedyComparison(f"{Path(package).name} ({mode}) after prompt {list(prompt)}")
     tokens = list(prompt)
     logits = session.feed(tokens)

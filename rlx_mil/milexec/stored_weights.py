@@ -67,7 +67,9 @@ class _Function:
 class StoredWeights(Mapping[str, np.ndarray]):
     """By weight name, the float32 values a saved package's compressed weights decode to (see
     the module doc). `packages`: a `.mlpackage` path, or the packages of a chunked set in
-    order; `weights`: the compressed weights to find (a compression report's `weights`).
+    order, or a program loaded already (`load_program(path, packed_4bit=True)`, a prepared
+    session's, which then holds the only copy of the codes); `weights`: the compressed weights
+    to find (a compression report's `weights`).
     `precision_model` as for `milexec.run`: "float32" (the default) keeps the decode's float32
     arithmetic: the values the codes denote, what `rlx_mil.compress.dequantized_params` computes
     for them (for a GGUF code held split in an fp16 program, its run-time ops unrounded);
@@ -80,7 +82,7 @@ class StoredWeights(Mapping[str, np.ndarray]):
 
     def __init__(
         self,
-        packages: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        packages: Any,
         weights: Iterable[WeightPlace],
         *,
         precision_model: PrecisionModel = "float32",
@@ -90,14 +92,19 @@ class StoredWeights(Mapping[str, np.ndarray]):
         import rlx_mil.milexec.kernels  # noqa: F401  (registers every kernel)
 
         self.precision_model = precision_model
-        paths = [packages] if isinstance(packages, (str, os.PathLike)) else list(packages)
+        paths = [packages] if isinstance(packages, (str, os.PathLike)) or hasattr(packages, "functions") \
+            else list(packages)
         self._functions: list[_Function] = []
         for path in paths:
-            program = read_program(path, packed_4bit=True) or load_program(path, packed_4bit=True)
+            if hasattr(path, "functions"):  # a program loaded already (a prepared session's): not read again
+                program, where = path, "the program"
+            else:
+                program = read_program(path, packed_4bit=True) or load_program(path, packed_4bit=True)
+                where = Path(path).name
             default = getattr(program, "default_function_name", None)
             names = sorted(program.functions, key=lambda n: n != default)  # the default function first
             for name in names:
-                self._functions.append(_Function(f"{Path(path).name}:{name}", program.functions[name]))
+                self._functions.append(_Function(f"{where}:{name}", program.functions[name]))
         self._places: dict[str, tuple[WeightPlace, _Function, list[Any]]] = {}
         missing = []
         for weight in weights:
