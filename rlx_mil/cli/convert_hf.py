@@ -244,13 +244,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.llm.convert_hf import convert_checkpoint
-    from rlx_mil.models.verify import (
-        STORED_WEIGHTS,
-        engine_label,
-        example_inputs,
-        package_weights,
-        verify_package,
-    )
+    from rlx_mil.models import verify
 
     # a Whisper folder's -o is the folder the openai_whisper-<variant> folder goes into: it may exist
     if is_whisper_folder(Path(args.model_dir)):
@@ -290,15 +284,13 @@ def run(args: argparse.Namespace) -> int:
         vocab = _vocab_size(graph) if _takes_tokens(graph) else 1
         from rlx_mil.compress import report_of
 
-        report = report_of(info.metadata)
-        if report is not None:
-            # A compressed package computes with the weights its codes decode to: verify against those.
-            params = package_weights(params, path, report)
-            print(f"verify: fidelity (the package on {engine_label(args.engine)} vs the NumPy reference on"
-                  f" {STORED_WEIGHTS}):")
-        else:
-            print(f"verify: the package on {engine_label(args.engine)} vs the NumPy reference:")
-        checks = verify_package(graph, params, path, example_inputs(graph, vocab), args.precision, engine=args.engine)
+        report = report_of(info.metadata)  # compressed: the reference computes with what its codes decode to
+        params = verify.package_weights(params, path, report)
+        on = "fidelity (the package" if report is not None else "the package"
+        weights = f" on {verify.STORED_WEIGHTS})" if report is not None else ""
+        print(f"verify: {on} on {verify.engine_label(args.engine)} vs the NumPy reference{weights}:")
+        inputs = verify.example_inputs(graph, vocab)
+        checks = verify.verify_package(graph, params, path, inputs, args.precision, engine=args.engine)
         for check in checks:
             print(check.to_text())
         if not all(c.ok for c in checks):
