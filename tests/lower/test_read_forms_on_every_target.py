@@ -108,6 +108,22 @@ def _scatter_elements() -> tuple[Graph, Feeds]:
                "upd": r.standard_normal((1, 4)).astype(np.float32)}
 
 
+def _alignment_range() -> tuple[Graph, Feeds]:
+    g = _graph([("frames", [1], "I64")], _custom("onnx.AlignmentRange", 1, []), [7], "I64")
+    return g, {"frames": np.asarray([4], np.int64)}
+
+
+def _expand_i64_align() -> tuple[Graph, Feeds]:
+    g = _graph([("data", [5], "I64"), ("n", [1], "I64")], _custom("onnx.ExpandI64Align", 2, []), [2, 4], "I64")
+    return g, {"data": np.asarray([7, -3, 2, 9, 4], np.int64), "n": np.asarray([6], np.int64)}
+
+
+def _vocoder_waveform_slice() -> tuple[Graph, Feeds]:
+    g = _graph([("wave", [1, 2, 1300], "F32"), ("frames", [1], "I64")], _custom("onnx.VocoderWaveformSlice", 2, []),
+               [1, 2, 1250])
+    return g, {"wave": _rng().standard_normal((1, 2, 1300)).astype(np.float32), "frames": np.asarray([2], np.int64)}
+
+
 def _complex() -> tuple[Graph, Feeds]:
     nodes = [
         _node(0, {"Input": {"name": "z"}}, [], [2, 6], "C64"),
@@ -125,7 +141,8 @@ def _complex() -> tuple[Graph, Feeds]:
 CASES: dict[str, Callable[[], tuple[Graph, Feeds]]] = {
     "onnx.ScatterND": _scatter_nd, "onnx.Mod": _mod, "onnx.IsNaN": _is_nan, "onnx.GatherND": _gather_nd,
     "onnx.GatherElements": _gather_elements, "onnx.OneHot": _one_hot, "onnx.CumProd": _cum_prod,
-    "onnx.Einsum": _einsum, "onnx.ScatterElements": _scatter_elements, "C64": _complex,
+    "onnx.Einsum": _einsum, "onnx.ScatterElements": _scatter_elements, "onnx.AlignmentRange": _alignment_range,
+    "onnx.ExpandI64Align": _expand_i64_align, "onnx.VocoderWaveformSlice": _vocoder_waveform_slice, "C64": _complex,
 }
 
 

@@ -38,6 +38,9 @@ their attrs (never added to a graph) that the reader hands to the matching `add_
   is 1-D (and the updates have the indices' shape): other shapes and integer data (the kernel's
   flat I64 path) are refused by name.
 
+`onnx.AlignmentRange`, `onnx.ExpandI64Align` and `onnx.VocoderWaveformSlice` (Kitten TTS
+helpers) are read as Compare / Where forms (`custom_alignment.py`).
+
 The names upstream knows and rlx_mil does not read are refused by name with the reason in
 `REFUSED_NAMES`; every other name is refused by name too. `READ_FORMS`, `READ_LIMITS` and
 `REFUSED_NAMES` are the coverage doc's table of Custom names."""
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 from rlx_mil.errors import UnsupportedOpFormatError
@@ -58,6 +62,13 @@ from rlx_mil.ir.ops.reduce import CumProd, Reduce, ReduceOp
 from rlx_mil.ir.ops.scatter import GatherElements, GatherNd, ScatterElements, ScatterNd, ScatterNdReduction
 from rlx_mil.ir.ops.shape import Concat, Narrow, Reshape, Reverse, Transpose
 from rlx_mil.ir.serde.codecs import describe, fail, json_array
+from rlx_mil.ir.serde.custom_alignment import (
+    ALIGNMENT_HELPERS,
+    ALIGNMENT_RANGE_NAME,
+    EXPAND_I64_ALIGN_NAME,
+    VOCODER_WAVEFORM_SLICE_NAME,
+    AlignmentHelper,
+)
 from rlx_mil.ir.shape import Shape, Static
 
 SCATTER_ND_NAME = "onnx.ScatterND"
@@ -79,6 +90,10 @@ def _scatter_nd(attrs: bytes, path: str) -> ScatterNd:
     return ScatterNd(_REDUCTIONS[code])
 
 
+def _alignment_helper(helper: str, attrs: bytes, path: str) -> Op:
+    return AlignmentHelper(helper)
+
+
 #: name -> (num_inputs, the IR op from the attrs bytes).
 READ_AS: dict[str, tuple[int, Callable[[bytes, str], Op]]] = {
     SCATTER_ND_NAME: (3, _scatter_nd),
@@ -94,6 +109,8 @@ READ_AS: dict[str, tuple[int, Callable[[bytes, str], Op]]] = {
         _i32(attrs, 0), _scatter_nd(attrs[4:8], path).reduction if len(attrs) >= 8 else ScatterNdReduction.NONE)),
     CUM_PROD_NAME: (1, lambda attrs, path: CumProdAttrs(_i32(attrs, 0), len(attrs) > 4 and attrs[4] != 0,
                                                         len(attrs) > 5 and attrs[5] != 0)),
+    # `add_alignment_helper` builds the nodes (custom_alignment.py).
+    **{helper: (arity, partial(_alignment_helper, helper)) for helper, arity in ALIGNMENT_HELPERS.items()},
 }
 
 #: Names read with another input count as well (CumProd's axis may be an operand).
@@ -114,6 +131,13 @@ READ_FORMS: dict[str, str] = {
                  " output drops (the equation is the attrs' UTF-8)",
     SCATTER_ELEMENTS_NAME: "ScatterElements (axis = attrs[0..4], reduction = attrs[4..8]) after the kernel's zeroing of"
                            " non-finite data, on indices clamped as it clamps them",
+    ALIGNMENT_RANGE_NAME: "a Kitten TTS helper: Where(position < frame count, position, 0) over the declared output"
+                          " (Constant positions, Compare, Where)",
+    EXPAND_I64_ALIGN_NAME: "a Kitten TTS helper: Where(position < shape[0], data, 0), the data flattened and cut or"
+                           " zero-padded to the declared output (Reshape, Narrow / Concat, Compare, Where)",
+    VOCODER_WAVEFORM_SLICE_NAME: "a Kitten TTS helper: the F32 wave's time axis from sample 10 (Narrow, zero Concat),"
+                                 " kept where t < frames * 600 - 20 (the kernel's hard-coded hop and trims; Compare,"
+                                 " Where)",
 }
 
 #: The forms of a read name that its kernel does not compute as one IR op would: refused by name.
@@ -127,6 +151,10 @@ READ_LIMITS: dict[str, str] = {
                  " whose sizes disagree (the kernel then strides past an operand's data)",
     SCATTER_ELEMENTS_NAME: "index shapes the kernel maps by count (not ONNX's mapping), integer data (a flat I64"
                            " path that ignores the axis), dynamic shapes",
+    ALIGNMENT_RANGE_NAME: "dynamic shapes",
+    EXPAND_I64_ALIGN_NAME: "dynamic shapes",
+    VOCODER_WAVEFORM_SLICE_NAME: "dynamic shapes, a non-F32 wave, an output whose rank or sizes off the time axis"
+                                 " differ from the wave's (the kernel then copies rows of another stride)",
 }
 
 _COLLECTIVE = (
@@ -138,8 +166,9 @@ _NO_KERNEL = (
     " comes from an application's own registry, which the graph does not carry"
 )
 _KITTEN = (
-    "a Kitten TTS alignment helper on I64 durations read at run time: per-trip rows whose lengths are the"
-    " duration values, laid end to end (positions are run-time prefix sums) and zero-filled; not read"
+    "a Kitten TTS helper laying per-token rows of I64 durations end to end (positions are run-time prefix sums);"
+    " its trip count is clamped to a process-wide active-token count the host sets before each inference"
+    " (`set_active_token_count`), which the graph does not carry"
 )
 
 #: Names upstream knows (its `collective.*` kernels, rlx-cpu's ONNX reference kernels, the names
@@ -152,15 +181,6 @@ REFUSED_NAMES: dict[str, str] = {
     "onnx.NonZero": "its output length is the count of non-zero values, known only at run time",
     "onnx.ConcatFromSequence": _KITTEN,
     "onnx.KittenConcatFromSequence": _KITTEN + " (an alias of onnx.ConcatFromSequence)",
-    "onnx.ExpandI64Align": (
-        "a Kitten TTS helper: the first n entries of an I64 alignment buffer, n read from an I64 input at run"
-        " time, zero after; expressible (Range, Compare, Where) but not read yet"),
-    "onnx.AlignmentRange": (
-        "a Kitten TTS helper: i where i < frame_count (an I64 input read at run time), 0 after; expressible"
-        " (Range, Compare, Where) but not read yet"),
-    "onnx.VocoderWaveformSlice": (
-        "a Kitten TTS helper: the waveform from sample 10 to align_frames * 600 - 10 (a hop hard-coded for one"
-        " model, the frame count read at run time) copied into the declared output; not read"),
     **dict.fromkeys(("onnx.DynamicQuantizeLinearExport", "onnx.QMatMul", "onnx.QMatMulBaked",
                      "onnx.DynamicQuantizeLSTM", "onnx.AlignmentScatterIndices", "onnx.F0IfSelect"), _NO_KERNEL),
 }

@@ -59,6 +59,7 @@ from rlx_mil.ir.serde.custom import (
     custom_operands,
     decode_custom,
 )
+from rlx_mil.ir.serde.custom_alignment import AlignmentHelper, add_alignment_helper
 from rlx_mil.ir.serde.forms import OP_FORMS, UNSUPPORTED_UPSTREAM_OPS, needs_newest
 from rlx_mil.ir.serde.payloads import ExtractedPayloads, extract_payloads
 from rlx_mil.ir.serde.versions import NEWEST, V0_2_2
@@ -438,6 +439,9 @@ def _build_graph(document: object, root: str, state: _DecodeState) -> Any:
             elif isinstance(op, CumProdAttrs):
                 ids.append(add_cum_prod(graph.add_node, lambda i: graph.nodes[i], op, inputs, shape,
                                         f"nodes[{index}]", node_name, origin))
+            elif isinstance(op, AlignmentHelper):
+                ids.append(add_alignment_helper(graph.add_node, [graph.nodes[i].shape for i in inputs], op.helper,
+                                                inputs, shape, f"nodes[{index}]", node_name, origin))
             elif isinstance(op, OneHotAxis):
                 ids.append(add_one_hot(graph.add_node, [graph.nodes[i].shape for i in inputs], op.axis, inputs, shape,
                                        f"nodes[{index}]", node_name, origin))
