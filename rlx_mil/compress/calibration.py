@@ -78,6 +78,35 @@ def activation_importance(graph: Graph, params: Mapping[str, Any], inputs: Mappi
     return {n: s / uses[n] for n, s in sums.items()}
 
 
+def input_activations(graph: Graph, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Param name -> the activation rows its matmul multiplies ([positions, input width],
+    float32; a weight used by several matmuls of that width gets all their rows), from one
+    float run of the reference on the calibration inputs. Weights that share an input share
+    the array (q/k/v projections: one), so this holds about one model's activations, not one
+    per weight: what error-compensating fits build their Hessians from."""
+    from rlx_mil.reference import evaluate_all
+
+    values = evaluate_all(graph, inputs, params)
+    rows: dict[int, np.ndarray] = {}
+    found: dict[str, list[np.ndarray]] = {}
+    for node in graph:
+        ports = _MATMULS.get(node.op.type_name)
+        if ports is None or len(node.inputs) <= ports[1]:
+            continue
+        name = _weight_param(graph, node.inputs[ports[1]])
+        act = values.get(node.inputs[ports[0]])
+        if name is None or act is None or act.ndim < 1:
+            continue
+        if node.inputs[ports[0]] not in rows:
+            rows[node.inputs[ports[0]]] = np.asarray(act, np.float32).reshape(-1, act.shape[-1])
+        x = rows[node.inputs[ports[0]]]
+        if found.get(name) and found[name][0].shape[1] != x.shape[1]:
+            continue
+        found.setdefault(name, []).append(x)
+    del values
+    return {n: xs[0] if len(xs) == 1 else np.concatenate(xs) for n, xs in found.items()}
+
+
 #: Token positions of the generated check inputs when an input's sequence length is not fixed.
 CHECK_TOKENS = 16
 

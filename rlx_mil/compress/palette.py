@@ -59,10 +59,12 @@ def quantile_seeds(values: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray
 
 
 def lloyd_1d(values: np.ndarray, counts: np.ndarray, seeds: np.ndarray, max_iter: int = MAX_ITERATIONS) -> np.ndarray:
-    """Lloyd iterations on sorted weighted 1-D data until no centroid moves; sorted centroids.
+    """Lloyd iterations on sorted weighted 1-D data (integer counts or float weights) until
+    no centroid moves; sorted centroids.
 
     A centroid whose cluster is empty stays where it is (as in the reference Lloyd)."""
-    cum_n = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+    # Counts may be float weights (an activation-weighted fit): summed as they are.
+    cum_n = np.concatenate([[0], np.cumsum(counts, dtype=np.int64 if counts.dtype.kind in "iub" else np.float64)])
     cum_s = np.concatenate([[0.0], np.cumsum(values * counts, dtype=np.float64)])
     centroids = np.sort(seeds.astype(np.float64))
     for _ in range(max_iter):

@@ -18,6 +18,7 @@ from rlx_mil.compress.auto import AutoPlan, plan_auto
 from rlx_mil.compress.code_store import CodeStore, CodeWriter, WriterFactory
 from rlx_mil.compress.emit import check_target, compressed_bytes, linear_op, palette_op
 from rlx_mil.compress.fit import fit_to_shape
+from rlx_mil.compress.fitting import CalibrationFit
 from rlx_mil.compress.linear import LinearCodes, quantize_linear
 from rlx_mil.compress.palette import PaletteCodes, palettize
 from rlx_mil.compress.prequantized import (
@@ -214,8 +215,8 @@ class WeightCompressor:
         #: the conversion-time checks decode instead of encoding the weights again.
         self.codes: dict[str, LinearCodes | PaletteCodes | LutScaleCodes] = {}
         self.weights: list[WeightReport] = []
-        # Large codes live in a temporary file while the program (and the model) holds them.
-        self.store = CodeStore()
+        self.store = CodeStore()  # large codes: in a temporary file while the program holds them
+        self.fit = CalibrationFit.of(self, encode)  # codes fitted to the calibration activations (`fit=`)
 
     def _choose(self, name: str, role: str) -> tuple[Scheme | PrequantizedScheme | None, str]:
         source = self.config.prequantized.get(name)
@@ -337,7 +338,7 @@ class WeightCompressor:
         def measure(name: str, scheme: Scheme) -> float:
             storage = reader(name)()
             fitted, _ = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
-            back = encode(storage, fitted, self.precision, name).dequantize()
+            back = self.fit.encode(storage, fitted, name).dequantize()
             shape = np.shape(params[name])
             value = (back.T if _predicted_layout(self.graph, name, users) == "kn" else back).reshape(shape)
             got = evaluate(graph, inputs, Replaced(params, name, value))
@@ -413,7 +414,7 @@ class WeightCompressor:
             scheme, fitted = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
             note = "; ".join(filter(None, [self.notes.get(name, "") or note, fitted]))
             check_target(scheme, self.target, name)
-            codes = encode(storage, scheme, self.precision, name, self.store.writer)
+            codes = self.fit.encode(storage, scheme, name, self.store.writer)
         after = lut_scale_bytes(codes) if isinstance(codes, LutScaleCodes) else compressed_bytes(codes, self.target)
         param_shape = storage.shape[::-1] if param_layout == "kn" else storage.shape
         entry = WeightReport(
@@ -530,12 +531,10 @@ class WeightCompressor:
         return errors
 
 
-def encode(
-    storage: np.ndarray, scheme: Scheme, precision: Precision, name: str, code_writer: WriterFactory = CodeWriter,
-) -> LinearCodes | PaletteCodes:
-    if isinstance(scheme, LinearScheme):
-        return quantize_linear(storage, scheme, store_dtype(precision), name, code_writer)
-    return palettize(storage, scheme, store_dtype(precision), name, code_writer)
+def encode(storage: np.ndarray, scheme: Scheme, precision: Precision, name: str,
+           code_writer: WriterFactory = CodeWriter) -> LinearCodes | PaletteCodes:
+    quantize: Any = quantize_linear if isinstance(scheme, LinearScheme) else palettize
+    return quantize(storage, scheme, store_dtype(precision), name, code_writer)
 
 
 class DequantizedParams(Mapping[str, np.ndarray]):

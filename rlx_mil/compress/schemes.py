@@ -59,6 +59,9 @@ DEFAULT_MIN_SIZE = 2048
 #: The conversion-time output check runs by default while the graph's weights as float32 take
 #: at most this many bytes (a 256M-parameter model): it holds them whole, as read and decoded.
 CHECK_AUTO_LIMIT = 2**30
+#: `fit=`: how codes use the calibration activations (`rlx_mil.compress.fitting`): not at all,
+#: activation-weighted tables, error-compensating (GPTQ-style) rounding, or both.
+FIT_MODES = ("off", "weighted", "gptq", "on")
 
 
 @dataclass(frozen=True)
@@ -377,6 +380,8 @@ class CompressionConfig:
     #: `AutoPlan` holding every graph's weights; a speech folder's packages,
     #: `rlx_mil.compress.across`): each graph's weights take its schemes, no plan per graph.
     plan: Any = field(default=None, compare=False, hash=False)
+    #: `FIT_MODES`: codes fitted to the calibration activations (needs `calibration`).
+    fit: str = "off"
 
     def __post_init__(self) -> None:
         if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0:
@@ -391,6 +396,8 @@ class CompressionConfig:
         for option in ("max_kl", "min_top1"):
             if getattr(self, option) is not None:
                 object.__setattr__(self, option, check_target(option, getattr(self, option)))
+        if self.fit not in FIT_MODES:
+            raise InvalidOptionError(f"fit takes {'/'.join(FIT_MODES)}, got {self.fit!r}")
         if (self.budget is not None or self.max_error is not None) and self.auto is None:
             raise InvalidOptionError("budget / max_error choose an automatic mix: use them with autoN (e.g. auto4)")
 
@@ -414,6 +421,8 @@ class CompressionConfig:
                 parts.append(f"{option}={getattr(self, option):g}")
         if self.check is not None:
             parts.append("check=on" if self.check else "check=off")
+        if self.fit != "off":
+            parts.append(f"fit={self.fit}")
         if self.embeddings is not SAME_AS_DEFAULT:
             parts.append(f"embeddings={_label(self.embeddings)}")
         if self.lm_head is not SAME_AS_DEFAULT:
@@ -481,7 +490,7 @@ def _parse_text(text: str) -> CompressionConfig:
             continue
         if item.startswith(("re:", "glob:")) or ("=" in item and item.split("=", 1)[0].strip().lower().replace("-", "_")
                                                  not in ("default", "embeddings", "lm_head", "min_size", "budget", "max_error", "max_kl", "min_top1",
-                                                            "check")):
+                                                            "check", "fit")):
             if "=" not in item:
                 raise InvalidOptionError(f"compression rule {item!r} needs PATTERN=SCHEME")
             pattern, scheme = item.rsplit("=", 1)
@@ -500,6 +509,8 @@ def _parse_text(text: str) -> CompressionConfig:
                 fields[key] = check_target(key, value)
             elif key == "check":
                 fields[key] = _switch(value, key)
+            elif key == "fit":
+                fields[key] = value.lower()
             else:
                 fields[key] = _scheme_value(value, key)
         else:
@@ -530,7 +541,7 @@ def parse_compress(spec: Any) -> CompressionConfig | None:
         return _parse_text(spec)
     if isinstance(spec, Mapping):
         unknown = set(spec) - {"default", "embeddings", "lm_head", "min_size", "rules", "budget", "max_error", "calibration",
-                               "check", "max_kl", "min_top1"}
+                               "check", "max_kl", "min_top1", "fit"}
         if unknown:
             raise InvalidOptionError(f"compress mapping: unknown keys {sorted(map(str, unknown))}")
         kwargs: dict[str, Any] = {}
@@ -542,7 +553,7 @@ def parse_compress(spec: Any) -> CompressionConfig | None:
                     kwargs[key] = parse_scheme(AUTO_START.get(kwargs["auto"], "int8"))
                 else:
                     kwargs[key] = _scheme_value(spec[key], key)
-        for key in ("min_size", "budget", "max_error", "calibration", "max_kl", "min_top1"):
+        for key in ("min_size", "budget", "max_error", "calibration", "max_kl", "min_top1", "fit"):
             if key in spec:
                 kwargs[key] = spec[key]
         if "check" in spec:

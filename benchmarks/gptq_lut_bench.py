@@ -1,0 +1,204 @@
+"""Error-compensating (GPTQ-style) rounding onto Neural Engine palettes, in NumPy, on SmolLM2.
+
+Measures, on the real SmolLM2-135M-Instruct weights (`real_checkpoints.smollm2`), what a
+weight's rounding does to the model when the codes are chosen with the calibration
+activations' second moments instead of nearest-value rounding:
+
+* ``lut4s``: `lut4-scaled` as the product encodes it (`rlx_mil.compress.plan.encode`);
+* ``lut4s-aw``: its table fitted by k-means weighted by E[x_j^2] of the layer's inputs;
+* ``lut4s-gptq``: the same table and scales, codes rounded column by column with the
+  inverse-Hessian error feedback (H = X^T X of the calibration activations);
+* mixes of the above with `lut6` / `int8` as the ANE `auto4` plan chooses them.
+
+The model runs as a float32 NumPy Llama forward (checked against `rlx_mil.reference` on the
+first tokens), calibrated on the built-in calibration text (all its tokens) and measured on the
+built-in held-out text (256 tokens, as the conversion's check): teacher-forced top-1 (all / where
+the float model's top-2 gap is >= 0.5), mean KL and the perplexity ratio against the float model.
+
+    python benchmarks/gptq_lut_bench.py [--cache DIR] [--configs lut4s lut4s-gptq ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_checkpoints
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class Llama:
+    """A float32 NumPy Llama forward over one sequence, optionally recording each linear's input."""
+
+    def __init__(self, folder: Path) -> None:
+        import json
+
+        from safetensors.numpy import load_file
+
+        cfg = json.loads((folder / "config.json").read_text())
+        self.cfg = cfg
+        self.w: dict[str, np.ndarray] = {k: v.astype(np.float32) for k, v in load_file(folder / "model.safetensors").items()}
+        self.layers = int(cfg["num_hidden_layers"])
+        self.heads, self.kv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
+        self.hd = int(cfg["hidden_size"]) // self.heads
+        self.eps = float(cfg["rms_norm_eps"])
+        self.theta = float(cfg.get("rope_theta", 10000.0))
+
+    def linear_names(self) -> list[str]:
+        return [f"model.layers.{i}.{'self_attn' if p[0] in 'qkvo' else 'mlp'}.{p}.weight"
+                for i in range(self.layers) for p in LINEARS]
+
+    def _norm(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + self.eps) * g
+
+    def forward(self, ids: np.ndarray, w: dict[str, np.ndarray] | None = None, record: dict[str, Any] | None = None,
+                head: np.ndarray | None = None) -> np.ndarray:
+        w = self.w if w is None else w
+        t = ids.size
+        x = self.w["model.embed_tokens.weight"][ids] if head is None else head[ids]
+        inv = 1.0 / self.theta ** (np.arange(0, self.hd, 2) / self.hd)
+        ang = np.arange(t)[:, None] * inv[None, :]
+        cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+
+        def rope(z: np.ndarray) -> np.ndarray:
+            h = self.hd // 2
+            rot = np.concatenate([-z[..., h:], z[..., :h]], -1)
+            return (z * cos + rot * sin).astype(np.float32)
+
+        def lin(name: str, a: np.ndarray) -> np.ndarray:
+            if record is not None:
+                record.setdefault(name, []).append(a)
+            return a @ w[name].T
+
+        mask = np.triu(np.full((t, t), -np.inf, np.float32), 1)
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            h = self._norm(x, self.w[p + "input_layernorm.weight"])
+            q = lin(p + "self_attn.q_proj.weight", h).reshape(t, self.heads, self.hd).transpose(1, 0, 2)
+            k = lin(p + "self_attn.k_proj.weight", h).reshape(t, self.kv, self.hd).transpose(1, 0, 2)
+            v = lin(p + "self_attn.v_proj.weight", h).reshape(t, self.kv, self.hd).transpose(1, 0, 2)
+            q, k = rope(q), rope(k)
+            rep = self.heads // self.kv
+            k, v = np.repeat(k, rep, 0), np.repeat(v, rep, 0)
+            s = q @ k.transpose(0, 2, 1) / np.sqrt(self.hd) + mask
+            s = np.exp(s - s.max(-1, keepdims=True))
+            s /= s.sum(-1, keepdims=True)
+            o = (s @ v).transpose(1, 0, 2).reshape(t, -1)
+            x = x + lin(p + "self_attn.o_proj.weight", o)
+            h = self._norm(x, self.w[p + "post_attention_layernorm.weight"])
+            g = lin(p + "mlp.gate_proj.weight", h)
+            u = lin(p + "mlp.up_proj.weight", h)
+            x = x + lin(p + "mlp.down_proj.weight", (g / (1 + np.exp(-g)) * u).astype(np.float32))
+        x = self._norm(x, self.w["model.norm.weight"])
+        table = self.w["model.embed_tokens.weight"] if head is None else head
+        return x @ table.T
+
+
+def quality(want: np.ndarray, got: np.ndarray, ids: np.ndarray) -> dict[str, float]:
+    def logsm(z: np.ndarray) -> np.ndarray:
+        z = z.astype(np.float64)
+        z = z - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+    lw, lg = logsm(want), logsm(got)
+    same = got.argmax(-1) == want.argmax(-1)
+    top2 = np.sort(want, -1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) >= 0.5
+    nxt = ids[1:]
+    rows = np.arange(nxt.size)
+    nll_w, nll_g = -lw[rows, nxt].mean(), -lg[rows, nxt].mean()
+    return {"top1": float(same.mean()), "gap": float(same[clear].mean()),
+            "kl": float(np.mean(np.sum(np.exp(lw) * (lw - lg), -1))), "ppl": float(np.exp(nll_g - nll_w))}
+
+
+def product_encode(w: np.ndarray, spec: str) -> np.ndarray:
+    from rlx_mil.compress import parse_scheme
+    from rlx_mil.compress.fit import fit_to_shape
+    from rlx_mil.compress.plan import encode
+    from rlx_mil.lowering.target import Precision, Target
+
+    scheme = parse_scheme(spec)
+    assert scheme is not None
+    fitted, _ = fit_to_shape(scheme, tuple(w.shape), Target.IOS18)  # type: ignore[arg-type]
+    return encode(w, fitted, Precision.FP16, "w").dequantize().astype(np.float32)
+
+
+def fitted_encode(w: np.ndarray, spec: str, hessian: np.ndarray | None, mode: str) -> np.ndarray:
+    from rlx_mil.compress import parse_scheme
+    from rlx_mil.compress.fit import fit_to_shape
+    from rlx_mil.compress.fitting import FitOptions, fit_codes
+    from rlx_mil.lowering.target import Precision, Target
+
+    scheme = parse_scheme(spec)
+    assert scheme is not None
+    fitted, _ = fit_to_shape(scheme, tuple(w.shape), Target.IOS18)  # type: ignore[arg-type]
+    from rlx_mil.compress.plan import store_dtype
+
+    options = FitOptions(weighted="aw" in mode, gptq="gptq" in mode)
+    return fit_codes(w, fitted, store_dtype(Precision.FP16), "w", hessian, options).dequantize().astype(np.float32)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", type=Path, default=Path("/work/cache/rlx_mil_bench"))
+    parser.add_argument("--configs", nargs="+", default=["lut4s", "lut4s-gptq"])
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--cal-tokens", type=int, default=0, help="calibration tokens (0: all of the text)")
+    parser.add_argument("--mix", default="", help="name-pattern=spec;... overriding the layers' scheme")
+    args = parser.parse_args(argv)
+    from rlx_mil.compress.builtin_text import builtin_text
+    from rlx_mil.llm.text import TextTokenizer
+
+    folder = real_checkpoints.smollm2(args.cache)
+    tok = TextTokenizer(folder)
+    held = np.asarray(tok.encode(builtin_text("heldout"))[:args.tokens])
+    cal = np.asarray(tok.encode(builtin_text("calibration")))
+    if args.cal_tokens:
+        cal = cal[:args.cal_tokens]
+    model = Llama(folder)
+    t0 = time.perf_counter()
+    want = model.forward(held)
+    z = want.astype(np.float64) - want.max(-1, keepdims=True)
+    lsm = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    print(f"float model perplexity on the held-out text: {np.exp(-lsm[np.arange(held.size - 1), held[1:]].mean()):.2f}")
+    record: dict[str, Any] = {}
+    model.forward(cal, record=record)
+    hess = {}
+    for name, xs in record.items():
+        x = np.concatenate(xs).astype(np.float64)
+        hess[name] = x.T @ x / x.shape[0]
+    del record
+    print(f"float forward + hessians: {time.perf_counter() - t0:.1f} s ({cal.size} calibration tokens)", flush=True)
+    head = model.w["model.embed_tokens.weight"]
+    head8 = product_encode(head, "int8")
+    mix = [tuple(item.split("=")) for item in args.mix.split(";") if item]
+    for config in args.configs:
+        base, _, mode = config.partition("+")
+        t0 = time.perf_counter()
+        new = dict(model.w)
+        for name in model.linear_names():
+            spec = {"lut4s": "lut4-scaled", "lut6s": "lut6-scaled", "lut3s": "lut3-scaled"}.get(base, base)
+            for pattern, s in mix:
+                if pattern in name:
+                    spec = s
+            if mode:
+                new[name] = fitted_encode(model.w[name], spec, hess[name], mode)
+            else:
+                new[name] = product_encode(model.w[name], spec)
+        secs = time.perf_counter() - t0
+        got = model.forward(held, new, head=head8)
+        q = quality(want, got, held)
+        print(f"{config} {args.mix}: top-1 {q['top1']:.3f} / {q['gap']:.3f}, KL {q['kl']:.4f}, ppl x{q['ppl']:.3f}"
+              f" ({secs:.0f} s encode)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

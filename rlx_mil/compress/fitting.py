@@ -1,0 +1,313 @@
+"""Codes fitted to calibration activations: activation-weighted tables and error-compensating
+(GPTQ-style) rounding.
+
+A linear weight W ([out, in], y = x W^T) compressed to Q changes the layer's output on inputs X
+by X (W - Q)^T; its expected squared size is the sum over rows r of (w_r - q_r) H (w_r - q_r)^T
+with H = E[x^T x] ([in, in], the second moment of the calibration activations). Plain rounding
+minimises each element's own error, as if H were the identity; two fits here use H instead:
+
+* **activation-weighted tables** (``weighted``): a palette's entries are fitted by a 1-D
+  k-means in which element (r, j) counts ``H_jj`` times (times the row's squared scale for a
+  scaled table): the diagonal of the objective, AWQ's E[x_j^2] per input feature;
+* **error-compensating rounding** (``gptq``, Frantar et al. 2022): the columns are rounded
+  one at a time, in order of decreasing ``H_jj``, each onto the row's grid (its palette
+  entries, times its scale, or its integer levels), and the error each rounding makes is
+  spread over the columns not yet rounded through the inverse Hessian's Cholesky factor, so
+  later codes compensate for it. The grid (table, scales) stays what the scheme fitted; the
+  codes change. ``H`` gets 1 % of its mean diagonal added (the calibration text may have fewer
+  tokens than inputs; its rank is then below `in`).
+
+Both need H of the weight's input; `rlx_mil.compress.calibration.input_hessians` computes it.
+The codes are ordinary codes of the scheme: the package holds and decodes them as any other,
+but they depend on the calibration text (a check must decode the package's codes, not encode
+the weights again). Holds one weight in float64 while fitting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from rlx_mil.compress.code_store import CodeWriter, WriterFactory
+from rlx_mil.compress.linear import LinearCodes, finite_slab, quantize_linear, rows_view
+from rlx_mil.compress.palette import (
+    PaletteCodes,
+    group_rows,
+    lloyd_1d,
+    palettize,
+    quantile_seeds,
+    weighted_sse,
+)
+from rlx_mil.compress.schemes import LinearScheme, PaletteScheme, Scheme
+from rlx_mil.errors import CompressionError
+
+#: The share of H's mean diagonal added to its diagonal before inverting.
+DAMPING = 0.01
+#: Columns rounded between two updates of the rest of the weight (GPTQ's lazy batch).
+COLUMN_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """What a fit uses the calibration Hessian for."""
+
+    weighted: bool = True
+    gptq: bool = True
+
+
+def _check_hessian(hessian: np.ndarray, width: int, name: str) -> np.ndarray:
+    h = np.asarray(hessian, np.float64)
+    if h.shape != (width, width):
+        raise CompressionError(f"weight {name!r}: its calibration Hessian is {list(h.shape)}, its input width {width}")
+    if not np.isfinite(h).all():
+        raise CompressionError(f"weight {name!r}: its calibration Hessian holds non-finite values")
+    return h
+
+
+def weighted_table(values: np.ndarray, weights: np.ndarray, k: int) -> np.ndarray:
+    """A sorted k-entry table minimising sum(weights * (values - nearest entry)^2): weighted
+    Lloyd from weighted-quantile and evenly spaced seeds, the better of the two."""
+    flat = values.reshape(-1).astype(np.float64)
+    wts = np.broadcast_to(weights, values.shape).reshape(-1).astype(np.float64)
+    order = np.argsort(flat, kind="stable")
+    flat, wts = flat[order], wts[order]
+    keep = wts > 0
+    if np.count_nonzero(keep) <= k:  # nothing (or little) weighs: an unweighted table
+        flat, wts = flat, np.ones_like(wts)
+    else:
+        flat, wts = flat[keep], wts[keep]
+    distinct, start = np.unique(flat, return_index=True)
+    summed = np.add.reduceat(wts, start)
+    if distinct.size <= k:
+        return np.concatenate([distinct, np.full(k - distinct.size, distinct[-1])])
+    runs = [lloyd_1d(distinct, summed, quantile_seeds(distinct, summed, k)),
+            lloyd_1d(distinct, summed, np.linspace(distinct[0], distinct[-1], k))]
+    errors = [weighted_sse(distinct, summed, c) for c in runs]
+    return runs[int(np.argmin(errors))]
+
+
+class _Grid:
+    """Each row's representable values and rounding onto them (one column at a time)."""
+
+    def round(self, column: np.ndarray, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """(codes, decoded values) of `column` (all rows of input column j)."""
+        raise NotImplementedError
+
+
+class _PaletteGrid(_Grid):
+    def __init__(self, luts: np.ndarray, per_group: int, scale: np.ndarray | None) -> None:
+        self.luts = luts.astype(np.float64)  # [groups, k], sorted
+        self.group = np.arange(luts.shape[0] * per_group) // per_group if luts.shape[0] > 1 else None
+        self.scale = None if scale is None else scale.astype(np.float64)
+        mids = (self.luts[:, :-1] + self.luts[:, 1:]) / 2
+        self.mids = mids if self.group is None else mids[self.group]
+
+    def round(self, column: np.ndarray, j: int) -> tuple[np.ndarray, np.ndarray]:
+        u = column if self.scale is None else column / self.scale
+        if self.group is None:
+            idx = np.searchsorted(self.mids[0], u, side="left")
+            value = self.luts[0][idx]
+        else:
+            idx = np.sum(u[:, None] > self.mids, axis=1)
+            value = self.luts[self.group, idx]
+        return idx, value if self.scale is None else value * self.scale
+
+
+class _LinearGrid(_Grid):
+    def __init__(self, codes: LinearCodes, channels: int) -> None:
+        self.scheme = codes.scheme
+        blocks = codes.scale.reshape(codes.scale.shape[0], -1).shape[1]
+        self.block = max(1, codes.data.reshape(codes.data.shape[0], -1).shape[1] // blocks)
+        self.scale = np.broadcast_to(codes.scale.reshape(codes.scale.shape[0], -1).astype(np.float64), (channels, blocks))
+        off = codes.offset
+        self.offset = None if off is None else np.broadcast_to(
+            off.reshape(off.shape[0], -1).astype(np.float64), (channels, blocks))
+
+    def round(self, column: np.ndarray, j: int) -> tuple[np.ndarray, np.ndarray]:
+        b = j // self.block
+        s = self.scale[:, b]
+        z = None if self.offset is None else self.offset[:, b]
+        qmin, qmax = self.scheme.quant_range
+        q = column / s
+        if z is not None and self.scheme.float_offset:
+            q = np.rint(q + z)
+        else:
+            q = np.rint(q) + (0.0 if z is None else z)
+        q = np.clip(q, qmin, qmax)
+        return q, s * (q - (0.0 if z is None else z))
+
+
+def compensated_codes(rows: np.ndarray, hessian: np.ndarray, grid: _Grid, damping: float = DAMPING) -> np.ndarray:
+    """GPTQ: the codes of `rows` ([out, in], float64, consumed) rounded onto `grid` column by
+    column in order of decreasing H_jj, each rounding's error fed forward through the upper
+    Cholesky factor of H^-1 (H damped by `damping` x its mean diagonal). Columns no
+    calibration input reached (H_jj = 0) are rounded plainly and pass no error on."""
+    out, width = rows.shape
+    h = hessian.copy()
+    diag = np.diag(h).copy()
+    dead = diag <= 0
+    h[dead, :] = 0
+    h[:, dead] = 0
+    h[dead, dead] = 1
+    h[np.diag_indices(width)] += damping * (float(np.mean(diag[~dead])) if (~dead).any() else 1.0)
+    order = np.argsort(-diag, kind="stable")
+    h = h[order][:, order]
+    w = rows[:, order]
+    try:
+        upper = np.linalg.cholesky(np.linalg.inv(h)).T
+    except np.linalg.LinAlgError:  # not positive definite even damped: plain rounding
+        upper = np.eye(width)
+    codes = np.empty((out, width), np.float64)
+    for i1 in range(0, width, COLUMN_BLOCK):
+        i2 = min(i1 + COLUMN_BLOCK, width)
+        block = w[:, i1:i2]
+        errors = np.empty((out, i2 - i1))
+        for i in range(i2 - i1):
+            col = order[i1 + i]
+            code, value = grid.round(block[:, i], int(col))
+            codes[:, col] = code
+            err = (block[:, i] - value) / upper[i1 + i, i1 + i]
+            errors[:, i] = err
+            block[:, i + 1:] -= np.outer(err, upper[i1 + i, i1 + i + 1:i2])
+        w[:, i2:] -= errors @ upper[i1:i2, i2:]
+    return codes
+
+
+def _weighted_luts(u: np.ndarray, weights: np.ndarray, per_group: int, k: int, store: type[np.floating]) -> np.ndarray:
+    groups = u.shape[0] // per_group
+    luts = np.empty((groups, k), store)
+    for g in range(groups):
+        part = slice(g * per_group, (g + 1) * per_group)
+        luts[g] = np.sort(weighted_table(u[part], weights[part], k).astype(store))
+    return luts
+
+
+def fit_palette(
+    weight: np.ndarray, scheme: PaletteScheme, store: type[np.floating], name: str, hessian: np.ndarray,
+    options: FitOptions = FitOptions(), code_writer: WriterFactory = CodeWriter,
+) -> PaletteCodes:
+    """`scheme`'s codes of `weight` (storage [out, in]) fitted with the calibration Hessian."""
+    shape = tuple(int(d) for d in weight.shape)
+    rows = finite_slab(rows_view(weight), name, 0).astype(np.float64)
+    channels, width = rows.shape
+    h = _check_hessian(hessian, width, name)
+    k = 1 << scheme.bits
+    per_group = group_rows(scheme, shape, name)
+    scale = None
+    if scheme.channel_scale:
+        peak = np.max(np.abs(rows), axis=1).astype(store)
+        peak[peak == 0] = 1
+        scale = peak
+        u = rows / peak.astype(np.float64)[:, None]
+    else:
+        u = rows
+    if options.weighted:
+        importance = np.maximum(np.diag(h), 0.0)[None, :]
+        row_weight = np.ones((channels, 1)) if scale is None else np.square(scale.astype(np.float64))[:, None]
+        luts = _weighted_luts(u, importance * row_weight, per_group, k, store)
+    else:
+        plain = palettize(u.astype(store).reshape(shape), replace(scheme, channel_scale=False), store, name)
+        luts = plain.lut
+    grid = _PaletteGrid(luts, per_group, scale)
+    if options.gptq:
+        idx = compensated_codes(rows.copy(), h, grid)
+    else:
+        idx = np.stack([grid.round(rows[:, j], j)[0] for j in range(width)], axis=1)
+    writer = code_writer((channels, width), np.dtype(np.uint8))
+    writer.put(0, idx.astype(np.uint8))
+    codes = PaletteCodes(writer.result().reshape(shape), luts, scheme, 0.0, float(np.sum(rows * rows)), channel_scale=scale)
+    codes.sq_error = float(np.sum(np.square(codes.dequantize().reshape(channels, width).astype(np.float64) - rows)))
+    return codes
+
+
+def fit_linear(
+    weight: np.ndarray, scheme: LinearScheme, store: type[np.floating], name: str, hessian: np.ndarray,
+    options: FitOptions = FitOptions(), code_writer: WriterFactory = CodeWriter,
+) -> LinearCodes:
+    """`scheme`'s codes of `weight` with the scales of plain quantization and the codes
+    rounded with error compensation (`options.gptq`; else plain rounding)."""
+    plain = quantize_linear(weight, scheme, store, name, code_writer)
+    if not options.gptq:
+        return plain
+    rows = rows_view(np.asarray(weight)).astype(np.float64)
+    h = _check_hessian(hessian, rows.shape[1], name)
+    grid = _LinearGrid(plain, rows.shape[0])
+    q = compensated_codes(rows.copy(), h, grid)
+    data = plain.data.reshape(rows.shape)
+    data[...] = q.astype(data.dtype)
+    plain.sq_error = float(np.sum(np.square(plain.dequantize().reshape(rows.shape).astype(np.float64) - rows)))
+    return plain
+
+
+def fit_codes(
+    weight: np.ndarray, scheme: Scheme, store: type[np.floating], name: str, hessian: np.ndarray,
+    options: FitOptions = FitOptions(), code_writer: WriterFactory = CodeWriter,
+) -> LinearCodes | PaletteCodes:
+    """`scheme`'s codes of `weight` (output channels on axis 0, the input on the rest)
+    fitted to its input's calibration Hessian."""
+    if np.ndim(weight) < 2:
+        raise CompressionError(f"weight {name!r}: fitting to activations takes a matmul weight (2-D or more), got {list(np.shape(weight))}")
+    if isinstance(scheme, LinearScheme):
+        return fit_linear(weight, scheme, store, name, hessian, options, code_writer)
+    return fit_palette(weight, scheme, store, name, hessian, options, code_writer)
+
+
+#: `fit=` (`rlx_mil.compress.schemes.FIT_MODES`) -> what the fit uses H for.
+FIT_OPTIONS = {"weighted": FitOptions(weighted=True, gptq=False), "gptq": FitOptions(weighted=False, gptq=True),
+               "on": FitOptions(weighted=True, gptq=True)}
+
+
+class CalibrationFit:
+    """A conversion's fitted codes: the calibration activations of every matmul weight's input
+    (`rlx_mil.compress.calibration.input_activations`, gathered at the first weight asked for),
+    each weight's H = X^T X / n built when it is encoded."""
+
+    def __init__(self, options: FitOptions | None, activations: Callable[[], Mapping[str, np.ndarray]],
+                 store: type[np.floating], plain: Callable[..., LinearCodes | PaletteCodes]) -> None:
+        self.options = options
+        self.store = store
+        self._gather = activations
+        self._plain = plain
+        self._rows: Mapping[str, np.ndarray] | None = None
+
+    @classmethod
+    def of(cls, compressor: Any, plain: Callable[..., LinearCodes | PaletteCodes]) -> CalibrationFit:
+        """The fit a `WeightCompressor`'s config asks for (none without calibration inputs);
+        `plain(storage, scheme, precision, name, code_writer)` encodes where there is none."""
+        from rlx_mil.lowering.target import Precision
+
+        config = compressor.config
+        options = FIT_OPTIONS.get(config.fit) if config.calibration is not None else None
+
+        def gather() -> Mapping[str, np.ndarray]:
+            from rlx_mil.compress.calibration import input_activations
+
+            return input_activations(compressor._calibration_graph(), compressor._calibration_params(),
+                                     compressor.calibration_inputs())
+        precision = compressor.precision
+        return cls(options, gather, np.float16 if precision is Precision.FP16 else np.float32,
+                   lambda storage, scheme, name, writer: plain(storage, scheme, precision, name, writer))
+
+    def hessian(self, name: str, width: int) -> np.ndarray | None:
+        """E[x^T x] of the input of weight `name` (None: no fit, or no matmul input of `width`)."""
+        if self.options is None:
+            return None
+        if self._rows is None:
+            self._rows = self._gather()
+        x = self._rows.get(name)
+        if x is None or x.shape[1] != width or x.shape[0] == 0:
+            return None
+        x64 = x.astype(np.float64)
+        return x64.T @ x64 / x.shape[0]
+
+    def encode(self, storage: np.ndarray, scheme: Scheme, name: str,
+               code_writer: WriterFactory = CodeWriter) -> LinearCodes | PaletteCodes:
+        """`scheme`'s codes of `storage` fitted to its input's activations, else (no fit asked
+        for, or no activations of that width) encoded plainly."""
+        h = self.hessian(name, rows_view(storage).shape[1]) if np.ndim(storage) >= 2 else None
+        if h is None or self.options is None:
+            return self._plain(storage, scheme, name, code_writer)
+        return fit_codes(storage, scheme, self.store, name, h, self.options, code_writer)
