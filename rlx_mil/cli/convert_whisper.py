@@ -164,11 +164,12 @@ def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
     )
     stateful_ok = True
     if args.verify and args.stateful:
-        # the cache state is fp16 whatever the precision; compressed weights are reported, not judged
+        # the cache state is fp16 whatever the precision; a compressed decoder against the weights it stores
         error, agree = verify_stateful(args.model_dir, written.folder, convert["precision"])
-        stateful_ok = bool(convert.get("compress")) or (agree and error <= STATEFUL_TOLERANCE)
-        print(f"TextDecoderStateful: 4 tokens against the reference decoder: max |logit error| {error:.3g} of the"
-              f" largest logit, argmax {'agrees' if agree else 'differs'}: {'ok' if stateful_ok else 'FAIL'}")
+        stateful_ok = agree and error <= STATEFUL_TOLERANCE
+        weights = " (on the weights the package stores)" if convert.get("compress") else ""
+        print(f"TextDecoderStateful: 4 tokens against the reference decoder{weights}: max |logit error| {error:.3g} of"
+              f" the largest logit, argmax {'agrees' if agree else 'differs'}: {'ok' if stateful_ok else 'FAIL'}")
     total = 0
     for role, path in written.packages.items():
         info = package_info(path)
@@ -182,11 +183,12 @@ def verify_stateful(checkpoint_dir: Path, folder: Path, precision: str, steps: i
     """`--verify` of the stateful decoder: `steps` tokens through it (the executor) against the
     reference semantics of WhisperKit's one-token decoder graph, fed the same tokens and a
     random encoder output. Returns (max |logit error| relative to the largest logit, whether
-    every step's argmax agrees, near-ties within twice that error counted as agreeing)."""
+    every step's argmax agrees, near-ties within twice that error counted as agreeing). A
+    compressed decoder's reference computes with the weights its package stores."""
     from rlx_mil import reference
     from rlx_mil.models.whisper import build_text_decoder
     from rlx_mil.models.whisper_checkpoint import ParamsOf, open_whisper
-    from rlx_mil.speech.packages import feeds_for_step
+    from rlx_mil.speech.packages import STATEFUL_DECODER, feeds_for_step
     from rlx_mil.speech.runner import PackagedWhisper
 
     checkpoint = open_whisper(checkpoint_dir)
@@ -196,7 +198,13 @@ def verify_stateful(checkpoint_dir: Path, folder: Path, precision: str, steps: i
     tokens = [spec.decoder_start_token_id, *rng.integers(0, spec.vocab_size, steps - 1).tolist()]
     got = PackagedWhisper(folder, stateful=True).decoder(encoded).step(tokens)
     graph, names = build_text_decoder(spec, steps)
-    params = ParamsOf(checkpoint.params, names)
+    params: Mapping[str, Any] = ParamsOf(checkpoint.params, names)
+    package = folder / f"{STATEFUL_DECODER}.mlpackage"
+    from rlx_mil.compress import report_of
+    from rlx_mil.coreml.package_info import package_info
+    from rlx_mil.models.verify import package_weights
+
+    params = package_weights(params, package, report_of(package_info(package).metadata))
     keys = np.zeros((1, spec.kv_width, 1, steps), np.float32)
     values = keys.copy()
     channels_first = np.ascontiguousarray(encoded.T.reshape(1, spec.d_model, 1, spec.n_audio_ctx))

@@ -60,8 +60,8 @@ def _matmuls(rows: int, cols: int, transposed: bool) -> Graph:
     return g
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(scheme=st.sampled_from(SCHEMES), rows=st.sampled_from([32, 64, 96]), cols=st.sampled_from([16, 48, 64]),
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scheme=st.sampled_from(SCHEMES), rows=st.sampled_from([32, 64]), cols=st.sampled_from([16, 48]),
        transposed=st.booleans(), fp16=st.booleans(), seed=st.integers(0, 2**16))
 def test_stored_weights_are_the_dequantized_weights(tmp_path: Path, scheme: str, rows: int, cols: int, transposed: bool,
                                                     fp16: bool, seed: int) -> None:
@@ -76,12 +76,11 @@ def test_stored_weights_are_the_dequantized_weights(tmp_path: Path, scheme: str,
     ("int8", {"target": "iOS17"}),  # constexpr_affine_dequantize
     ("lut4", {"target": "iOS16"}),  # the iOS16 LUT, indices packed
     ("4bit", {"deploy": "ane"}),  # lut4-scaled, [O, C, 1, 1] conv weights, the head cut in two
-    ("int4", {"deploy": "ane"}),
 ])
 def test_every_target_and_the_neural_engine_form(tmp_path: Path, compress: str, options: dict[str, Any]) -> None:
     # A head wider than 16,384 for the Neural Engine form (it cuts it in two); small otherwise.
     wide = options.get("deploy") == "ane"
-    config = TinyLM(vocab=16400 if wide else 256, hidden=32, heads=2, kv_heads=1, intermediate=64, layers=1)
+    config = TinyLM(vocab=16400 if wide else 256, hidden=16, heads=2, kv_heads=1, intermediate=32, layers=1, seq=4)
     graph = tiny_lm(config)
     params = tiny_lm_params(graph, config)
     path, report = _saved(tmp_path, graph, params, compress=compress, precision="fp16", **options)
