@@ -42,6 +42,12 @@ class Case:
     before: Callable[[], None] | None = None
     during: Callable[[subprocess.Popen[str]], None] | None = None
     json_out: bool = False
+    #: an interrupt that may land before the interpreter installs any handler: ended by the
+    #: signal itself (status -2; 130 to a shell) with nothing on stderr also counts.
+    silent_ok: bool = False
+    #: `interrupt_after` counts from the moment a bare interpreter would be up (measured just
+    #: before the case): the command's own first moments, whatever the machine's load.
+    after_interpreter_start: bool = False
     result: dict[str, Any] = field(default_factory=dict)
 
 
@@ -425,6 +431,19 @@ def cases(fx: dict[str, Path], work: Path) -> list[Case]:
         absent=(demo_out,))
     add("Ctrl-C during transcribe", [*tr, fx["long_wav"]], codes=(130,), interrupt_after=8.0)
     add("Ctrl-C during generate", [*gen, "--prompt", "Hi", "-n", "10000"], codes=(130, 0), interrupt_after=3.0)
+    # Ctrl-C while a command starts (imports, argument parsing): one line and 130, or, sent
+    # before the interpreter set up its handler, the signal's own end with nothing printed.
+    early_out = h / "int" / "early.mlpackage"
+    starting = {"--help": ["--help"], "convert-hf": ["convert-hf", fx["chat"], "-o", early_out, "--max-context", "32",
+                                                     "--prefill", "8"],
+                "generate": [*gen, "--prompt", "Hi", "-n", "4"], "chat": ["chat", pkg, "--engine", "milexec"],
+                "eval": [*ev, "--text", line], "preflight": ["preflight", pkg], "inspect": ["inspect", pkg]}
+    for label, argv in starting.items():
+        add(f"Ctrl-C right after spawn: {label}", argv, codes=(130, -2, 0), interrupt_after=0.0, silent_ok=True,
+            absent=(early_out,))
+        for delay in (0.0, 0.02, 0.05, 0.1):
+            add(f"Ctrl-C {delay:.2f} s into the command: {label}", argv, codes=(130, 0), interrupt_after=delay,
+                after_interpreter_start=True, absent=(early_out,))
     twin = h / "twin" / "m.mlpackage"
     add("two conversions to one destination", ["convert-hf", fx["chat"], "-o", twin, "--stateful", "--max-context",
                                                "32", "--prefill", "8", "-q"], codes=(0, 1), during=_twin_run,

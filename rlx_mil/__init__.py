@@ -2,6 +2,27 @@
 
 from __future__ import annotations
 
+import sys as _sys
+
+# The `rlx-mil` command (its console script, or `python -m rlx_mil.cli`): a Ctrl-C from here
+# until the command's own handling starts (`rlx_mil.cli.main.main`, after the arguments are
+# parsed) ends the process with one line and status 130, not with a traceback out of whichever
+# import it hit. The first lines of the package, so that the window left is the interpreter's
+# own start. A library import (any other program) changes no signal handler.
+if _sys.argv and (_sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1] in ("rlx-mil", "rlx-mil.exe")
+                  or "rlx_mil.cli" in getattr(_sys, "orig_argv", ())[1:3]):
+    import _signal
+
+    def _interrupted_while_starting(signum: int, frame: object) -> None:
+        import os
+
+        command = next((a for a in _sys.argv[1:2] if a[:1].isalpha()), "")
+        os.write(2, f"rlx-mil{' ' + command if command else ''}: interrupted\n".encode())
+        os._exit(130)
+
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:  # not ignored by the parent
+        _signal.signal(_signal.SIGINT, _interrupted_while_starting)
+
 import importlib as _importlib
 import logging as _logging
 from typing import TYPE_CHECKING

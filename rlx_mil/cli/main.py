@@ -16,12 +16,14 @@ from typing import Any
 from rlx_mil.cli import aimodel_output
 from rlx_mil.cli.aimodel_output import add_format_argument
 from rlx_mil.cli.arguments import DEFAULT_EVAL_TOKENS, DEPLOY_FORMS, TARGETS, compute_units, token_limit
+from rlx_mil.cli.interrupts import EXIT_INTERRUPTED, exit_interrupted, interrupted, own_interrupt_handling
 from rlx_mil.errors import RlxMilError
 
 # Nothing heavy is imported at module level: `--help`, `--version` and usage errors answer
 # before NumPy, the IR or coremltools load (tests/test_cli_startup.py checks it).
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 70
+__all__ = ["EXIT_ERROR", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "entry", "main"]
 
 
 def _version() -> str:
@@ -235,7 +237,8 @@ def _verify_graph_package(args: argparse.Namespace, graph: Any, params: Any, mod
         inputs = verify.example_inputs(graph, _vocab_size(graph) if _takes_tokens(graph) else 2)
     except ValueError as err:  # a dynamic input dim
         raise RlxMilError(f"--verify needs every input's shape ({err}): bind it with --dim") from None
-    checks = verify.verify_package(graph, params, args.output, inputs, args.precision, engine=args.engine)
+    checks = verify.verify_package(graph, params, args.output, inputs, args.precision, engine=args.engine,
+                                   progress=_progress(args))
     for check in checks:
         print(check.to_text())
     return EXIT_OK if all(c.ok for c in checks) else EXIT_ERROR
@@ -507,32 +510,6 @@ def entry() -> int:
     return code
 
 
-def _exit_interrupted() -> int:
-    """130, and the process does end with it. A Ctrl-C that passed through code an extension
-    runs with `PyRun_String` (pybind11's `py::exec`) on its way to us sets CPython's "unhandled
-    KeyboardInterrupt" flag, and the interpreter then ends by killing itself with SIGINT
-    (status -2 to a parent) although we handled it; running any string resets that flag."""
-    import ctypes
-
-    try:
-        ctypes.pythonapi.PyRun_SimpleString(b"pass")
-    except (AttributeError, OSError):  # not CPython
-        pass
-    return EXIT_INTERRUPTED
-
-
-def _interrupted(err: BaseException) -> bool:
-    """Whether a KeyboardInterrupt is among `err`'s causes."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        if isinstance(current, KeyboardInterrupt):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
-
-
 def _failed(args: argparse.Namespace, where: str, line: str) -> None:
     """The failure's line on stderr; with --json, also a JSON object on stdout, so that what
     a --json command prints is JSON whatever the outcome."""
@@ -562,6 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("convert", "convert-hf", "convert-gguf"):
         handler = aimodel_output.wrap(handler)
     where = f"rlx-mil {args.command}"
+    own_interrupt_handling()
     try:
         with warnings.catch_warnings():
             # Warnings (NeuralEngineWarning, PrecisionWarning...) are diagnostics: one line
@@ -586,11 +564,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _failed(args, where, "error: out of memory")
     except KeyboardInterrupt:
         _failed(args, where, "interrupted")
-        return _exit_interrupted()
+        return exit_interrupted()
     except Exception as err:  # a bug: say so in one line, the traceback on request
-        if _interrupted(err):  # Ctrl-C inside code that wraps what it catches (a class's __set_name__...)
+        if interrupted(err):  # Ctrl-C inside code that wraps what it catches (a class's __set_name__...)
             _failed(args, where, "interrupted")
-            return _exit_interrupted()
+            return exit_interrupted()
         if os.environ.get("RLX_MIL_TRACEBACK"):
             traceback.print_exc()
         _failed(args, where, f"internal error (please report it; RLX_MIL_TRACEBACK=1 shows where):"
