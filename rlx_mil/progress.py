@@ -49,6 +49,35 @@ def tick(unit: str, n: int = 1) -> None:
         active.advance(n)
 
 
+#: The unit of a stage that writes or copies bytes (`count_bytes`): its bar shows sizes and a rate.
+BYTES = " bytes"
+
+
+def counting(unit: str) -> bool:
+    """Whether a stage is running and counts `unit` (deep code skips the work of counting else)."""
+    active = _ACTIVE
+    return active is not None and active._unit == unit
+
+
+def stage_running() -> bool:
+    return _ACTIVE is not None
+
+
+def count_bytes(total: int) -> None:
+    """The running stage writes (or copies) about `total` bytes from now on: its bar counts them
+    (`121M/269M [00:01<00:01, 110MB/s]`), whatever it counted before; deep code reports them with
+    `tick(BYTES, n)`. Nothing when no stage runs or it counts bytes already."""
+    active = _ACTIVE
+    if active is None or total <= 0 or active._unit == BYTES:
+        return
+    active._unit = BYTES
+    bar = active._bar
+    if bar is not None:
+        _counting(bar)
+        bar.unit, bar.unit_scale, bar.unit_divisor = "B", True, 1024
+        bar.reset(total=total)
+
+
 def expect(unit: str, total: int) -> None:
     """Set the total of the running stage counting `unit`, when it has none yet (its ETA)."""
     active = _ACTIVE

@@ -165,3 +165,157 @@ def test_verify_counts_its_steps_on_a_terminal(monkeypatch: pytest.MonkeyPatch) 
     assert not any(f.startswith("verify: step") for f in frames), frames
     assert any(f.startswith("  verify: greedy steps: 8 steps (") for f in frames), frames
     assert frames[-1].startswith("verify: compared 8 greedy steps") and frames[-1].endswith(": ok"), frames
+
+
+class _Drained:
+    """What a pseudo-terminal shows, read while it is written (a conversion's bars would fill
+    the terminal's buffer and block the writer)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.master, self.stream = _terminal()
+        os.set_blocking(self.master, True)
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:  # the terminal closed
+                return
+            if not data:
+                return
+            self._chunks.append(data)
+
+    def frames(self) -> list[str]:
+        self.stream.close()
+        self._reader.join(5)
+        os.close(self.master)
+        return _frames(b"".join(self._chunks).decode("utf-8", "replace"))
+
+
+def _weights_graph(n: int = 4, width: int = 256) -> tuple[object, dict[str, np.ndarray]]:
+    from rlx_mil import Graph
+
+    g = Graph("block")
+    h = g.input("x", [1, 2, width])
+    for i in range(n):
+        h = g.matmul(h, g.param(f"w{i}", [width, width]), name=f"h{i}")
+    g.set_outputs([h])
+    rng = np.random.default_rng(0)
+    return g, {f"w{i}": rng.standard_normal((width, width)).astype(np.float32) for i in range(n)}
+
+
+def _byte_counts(frames: list[str], stage: str) -> list[tuple[float, float]]:
+    """(written, total) in KiB of each frame of `stage` whose bar counts bytes."""
+    scale = {"": 1 / 1024, "k": 1.0, "M": 1024.0}
+    found = []
+    for f in frames:
+        m = re.search(rf"{stage}.*\| *([\d.]+)([kM]?)/([\d.]+)([kM]?) \[.*B/s", f)
+        if m:
+            found.append((float(m.group(1)) * scale[m.group(2)], float(m.group(3)) * scale[m.group(4)]))
+    return found
+
+
+def test_writing_the_weights_counts_their_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weight file's bytes on the bar of the stage writing it, against their total: a
+    joined package's stage, and a one-function conversion's (its serialisation stage)."""
+    import rlx_mil
+    from rlx_mil.coreml import weight_writes
+    from rlx_mil.coreml.patches import passes_shown_on
+
+    g, params = _weights_graph()
+    real = weight_writes.blob_bytes
+
+    def slowly(var: object) -> int:  # a weight a frame: the bar draws between the writes
+        time.sleep(0.08)
+        return real(var)
+
+    monkeypatch.setattr(weight_writes, "blob_bytes", slowly)
+    monkeypatch.setattr(progress_module, "REFRESH_SECONDS", 0.02)
+    terminal = _Drained()
+    progress = Progress(stream=terminal.stream)
+    try:
+        rlx_mil.convert_functions({"a": g, "b": g}, params, progress=progress)
+        with passes_shown_on(progress):
+            rlx_mil.convert(g, params)
+        progress.end()
+    finally:
+        frames = terminal.frames()
+    weights = 4 * 256 * 256 * 2 / 1024  # KiB of fp16 weights, each written once however many functions use it
+    for stage in ("joining 2 functions", "Core ML conversion"):
+        counts = _byte_counts(frames, stage)
+        assert counts and all(total == pytest.approx(weights, rel=0.02) for _, total in counts), (stage, frames)
+        written = [w for w, _ in counts]
+        assert written == sorted(written) and len(set(written)) >= 3 and written[-1] == pytest.approx(weights), (stage, frames)
+
+
+def test_a_save_that_copies_the_weights_counts_their_bytes(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    """A package saved across file systems (no hard link): the copy's bytes on the save's bar."""
+    from pathlib import Path
+
+    import rlx_mil
+    from rlx_mil.coreml import saving
+
+    g, params = _weights_graph(n=2, width=512)
+    model = rlx_mil.convert(g, params)
+
+    def no_link(src: object, dst: object) -> None:
+        raise OSError(18, "Invalid cross-device link")
+
+    real_tick = saving.tick
+
+    def slow_tick(unit: str, n: int = 1) -> None:
+        time.sleep(0.1)
+        real_tick(unit, n)
+
+    monkeypatch.setattr(saving.os, "link", no_link)
+    monkeypatch.setattr(saving, "tick", slow_tick)
+    monkeypatch.setattr(progress_module, "REFRESH_SECONDS", 0.02)
+    terminal = _Drained()
+    progress = Progress(stream=terminal.stream)
+    try:
+        progress.begin("writing the package")
+        out = rlx_mil.save(model, Path(str(tmp_path)) / "m.mlpackage")
+        progress.end()
+    finally:
+        frames = terminal.frames()
+    counts = _byte_counts(frames, "writing the package")
+    weights = sum(f.stat().st_size for f in (out / "Data" / "com.apple.CoreML" / "weights").iterdir()) / 1024
+    assert counts and all(total == pytest.approx(weights, rel=0.02) for _, total in counts), frames
+    assert counts[-1][0] == pytest.approx(weights, rel=0.02) and len({w for w, _ in counts}) >= 2, frames
+
+
+def test_graph_verify_counts_the_executors_ops(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    """`convert --verify` of a graph: the executor's run over the package counts its ops."""
+    from pathlib import Path
+
+    import rlx_mil
+    from rlx_mil.milexec import executor
+    from rlx_mil.models.verify import example_inputs, verify_package
+
+    g, params = _weights_graph(n=6, width=32)
+    out = Path(str(tmp_path)) / "m.mlpackage"
+    rlx_mil.save(rlx_mil.convert(g, params, precision="fp32"), out)
+    real = executor._Interpreter._execute
+
+    def slowly(self: object, op: object) -> None:
+        time.sleep(0.05)
+        real(self, op)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(executor._Interpreter, "_execute", slowly)
+    monkeypatch.setattr(progress_module, "REFRESH_SECONDS", 0.02)
+    terminal = _Drained()
+    try:
+        checks = verify_package(g, params, out, example_inputs(g, 2), "fp32", progress=Progress(stream=terminal.stream))
+    finally:
+        frames = terminal.frames()
+    assert all(c.ok for c in checks)
+    found = [m.groups() for f in frames if (m := re.search(r"verify: the package on the executor: .*\| *(\d+)/(\d+) \[.*ops/s", f))]
+    counts = [int(n) for n, _ in found]
+    # six linears and the output's identity, each counted as it runs
+    assert {int(total) for _, total in found} == {7}, frames
+    assert counts == sorted(counts) and len(set(counts)) >= 3 and counts[-1] == 7, frames

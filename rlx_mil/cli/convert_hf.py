@@ -290,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
         weights = f" on {verify.STORED_WEIGHTS})" if report is not None else ""
         print(f"verify: {on} on {verify.engine_label(args.engine)} vs the NumPy reference{weights}:")
         inputs = verify.example_inputs(graph, vocab)
-        checks = verify.verify_package(graph, params, path, inputs, args.precision, engine=args.engine)
+        checks = verify.verify_package(graph, params, path, inputs, args.precision, args.engine, progress)
         for check in checks:
             print(check.to_text())
         if not all(c.ok for c in checks):

@@ -35,7 +35,9 @@ from rlx_mil.coreml.metadata import (
     write_io_names,
 )
 from rlx_mil.coreml.pipeline import DEAD_CODE_ELIMINATION, passless_programs_left_alone
+from rlx_mil.coreml.weight_writes import BLOB_MIN_ELEMENTS, program_blob_bytes
 from rlx_mil.errors import ConversionError, InvalidOptionError, RlxMilError
+from rlx_mil.progress import count_bytes
 
 
 def merged_metadata(metas: Mapping[str, Mapping[str, str]], default_function: str) -> dict[str, str]:
@@ -140,6 +142,7 @@ def join_programs(functions: Mapping[str, PassedFunction], default_function: str
     # exporters' two validations of the whole program and the early error check are skipped.
     program.validate = _validated
     program._check_early_error_out_for_invalid_program = _validated
+    count_bytes(program_blob_bytes(program.functions.values()))  # the running stage's bar, if any
     with passless_programs_left_alone():  # the passes are skipped: nothing to validate or print
         try:
             model = mil_convert(
@@ -205,8 +208,7 @@ def share_weights(program: Any) -> int:
     return len(groups)
 
 
-#: coremltools writes consts of at least this many elements to the weight file.
-_BLOB_MIN = 10
+_BLOB_MIN = BLOB_MIN_ELEMENTS
 
 
 def _buffer_key(value: np.ndarray) -> tuple[Any, ...]:

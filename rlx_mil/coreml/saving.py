@@ -46,7 +46,7 @@ from rlx_mil.errors import (
     file_access_error,
 )
 from rlx_mil.fileio import apply_default_modes
-from rlx_mil.progress import detail
+from rlx_mil.progress import BYTES, count_bytes, detail, stage_running, tick
 
 #: Written in the staging folder once the staged package is complete and synced.
 COMPLETE_FILE = "complete"
@@ -188,6 +188,11 @@ class _LinkingShutil:
                 return dst
             except OSError:
                 pass  # another file system, or one without hard links
+            if stage_running():  # the weights copied: the running stage's bar counts their bytes
+                count_bytes(sum(f.stat().st_size for f in self._linked_folder.iterdir() if f.is_file()))
+                copy_counting_bytes(Path(src), Path(dst))
+                self._real.copystat(src, dst)
+                return dst
         return str(self._real.copy2(src, dst))
 
     def copytree(self, src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
@@ -196,6 +201,19 @@ class _LinkingShutil:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
+
+
+def copy_counting_bytes(src: Path, dst: Path, block: int = 8 << 20) -> None:
+    """Copy file `src` to `dst`, a block at a time, each block counted on the running stage."""
+    buffer = bytearray(block)
+    view = memoryview(buffer)
+    with open(src, "rb") as source, open(dst, "wb") as target:
+        while True:
+            n = source.readinto(buffer)
+            if not n:
+                break
+            target.write(view[:n])
+            tick(BYTES, n)
 
 
 @contextmanager

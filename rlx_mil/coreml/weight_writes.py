@@ -41,6 +41,7 @@ import numpy as np
 from rlx_mil.compress.code_store import writing_without_copies
 from rlx_mil.coreml import patches
 from rlx_mil.errors import FileAccessError
+from rlx_mil.progress import BYTES, count_bytes, counting, stage_running, tick
 
 #: The manifest description coremltools gives the weights folder of an ML Program package.
 WEIGHTS_ITEM_DESCRIPTION = "CoreML Model Weights"
@@ -51,9 +52,16 @@ def _writer(original: Any) -> Any:
 
     def write(output_var: Any, blob_writer: Any) -> Any:
         val = output_var.val
+        if stage_running() and not counting(BYTES):
+            # The first weight of a one-function conversion: its stage's bar counts the weight
+            # file's bytes from here (a joined package's stage counts them already, `join_programs`).
+            count_bytes(function_blob_bytes(output_var))
         try:
             with writing_without_copies(val):
-                return _write(output_var, val, blob_writer)
+                offset = _write(output_var, val, blob_writer)
+            if counting(BYTES):
+                tick(BYTES, blob_bytes(output_var))
+            return offset
         except RuntimeError as err:
             # coremltools' C++ file writer reports a failed write (full disk, a file-size
             # limit, an I/O error) as a RuntimeError without the OS's reason.
@@ -77,6 +85,51 @@ def _writer(original: Any) -> Any:
 
     write.rlx_mil_direct = True  # type: ignore[attr-defined]
     return write
+
+
+def blob_bytes(var: Any) -> int:
+    """About the bytes the weight file takes for const `var` (sub-byte codes packed; the
+    blob's 64-byte header and alignment left out)."""
+    from coremltools.converters.mil.mil import types
+
+    val = var.val
+    if not isinstance(val, np.ndarray):
+        return 0
+    dtype = var.dtype
+    if types.is_sub_byte(dtype):
+        return (val.size * int(dtype.get_bitwidth()) + 7) // 8
+    return int(val.nbytes)
+
+
+#: coremltools writes consts of at least this many elements to the weight file.
+BLOB_MIN_ELEMENTS = 10
+
+
+def program_blob_bytes(functions: Any) -> int:
+    """About the bytes of the weight file the blocks `functions` are written to (a const shared
+    across them by `weight_id` counted once)."""
+    total, seen = 0, set()
+    for function in functions:
+        for op in function.operations:
+            if op.op_type != "const":
+                continue
+            value = op.outputs[0].val
+            if not isinstance(value, np.ndarray) or value.size < BLOB_MIN_ELEMENTS:
+                continue
+            weight_id = getattr(op, "weight_id", None)
+            key = weight_id if weight_id is not None else id(op)
+            if key not in seen:
+                seen.add(key)
+                total += blob_bytes(op.outputs[0])
+    return total
+
+
+def function_blob_bytes(var: Any) -> int:
+    """`program_blob_bytes` of the function holding const `var` (0 if it is in none)."""
+    block = getattr(var.op, "enclosing_block", None)
+    while block is not None and getattr(block, "outer_op", None) is not None:
+        block = block.outer_op.enclosing_block
+    return program_blob_bytes([block]) if block is not None else 0
 
 
 #: Consts smaller than this keep their arrays (a map costs a page-rounded region and a mapping).

@@ -27,6 +27,10 @@ from rlx_mil.milexec.plan import Plan, build_plan, root_key
 from rlx_mil.milexec.protoread import read_model
 from rlx_mil.milexec.registry import KERNELS, OpContext, declared_dtype
 from rlx_mil.milexec.streamed import materialize
+from rlx_mil.progress import counting, expect, tick
+
+#: The unit a running stage counts the ops of a run in (`convert --verify`'s bar).
+OPS = " ops"
 
 if TYPE_CHECKING:
     from coremltools.converters.mil.mil import Block, Operation, Var
@@ -178,10 +182,16 @@ class _Interpreter:
             for var, value in zip(block.inputs, block_inputs, strict=True):
                 self._bind(var, value)
         plan = self.plan if block_inputs is None else None  # liveness covers the top-level block
+        count = block_inputs is None and counting(OPS)  # a stage's bar counts the run's ops
+        if count:
+            expect(OPS, sum(op.op_type != "const" and (plan is None or id(op) not in plan.precomputed)
+                            for op in block.operations))
         for op in block.operations:
             if op.op_type == "const" or (plan is not None and id(op) in plan.precomputed):
                 continue
             self._execute(op)
+            if count:
+                tick(OPS)
             if plan is not None:
                 for var in plan.free_after.get(id(op), ()):
                     self._drop(var)

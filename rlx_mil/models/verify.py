@@ -13,6 +13,7 @@ import numpy as np
 
 from rlx_mil.errors import Fp16OverflowWarning, InvalidOptionError, MilExecError
 from rlx_mil.ir import DType, Graph, Input
+from rlx_mil.progress import Progress
 from rlx_mil.testing import GreedyComparison, compare_greedy_step
 
 #: Largest |converted - reference| allowed, relative to the output's largest magnitude. fp16
@@ -110,22 +111,30 @@ def verify_package(
     inputs: Mapping[str, np.ndarray],
     precision: str,
     engine: str = "milexec",
+    progress: Progress | None = None,
 ) -> list[OutputCheck]:
     """Run the saved package through the NumPy MIL executor (or, `engine="coreai"`, Apple's
-    Core AI runtime) and compare each output with `rlx_mil.reference.evaluate`."""
+    Core AI runtime) and compare each output with `rlx_mil.reference.evaluate`. `progress`
+    shows the reference's run (a clock) and the package's (the executor's ops counted)."""
     from rlx_mil import milexec, reference
+    from rlx_mil.milexec.executor import OPS
 
     if engine not in VERIFY_ENGINES:
         raise InvalidOptionError(f"engine must be one of {VERIFY_ENGINES}, got {engine!r}")
+    stages = progress or Progress(enabled=False)
+    stages.begin("verify: the NumPy reference", min_seconds=1.0)
     want = reference.evaluate(graph, inputs, params)
     if engine == "coreai":
         from rlx_mil.coreai.engine import run as coreai_run
 
+        stages.begin("verify: the package on Apple's Core AI runtime", min_seconds=1.0)
         got = coreai_run(package, inputs)
         origins: list[str] = []
     else:
+        stages.begin("verify: the package on the executor", unit=OPS, min_seconds=1.0)
         result = milexec.execute(package, inputs)
         got, origins = result.outputs, result.nonfinite_origins
+    stages.end()
     warn_nonfinite(package, got, want, origins)
     limit = RELATIVE_TOLERANCE[precision]
     checks = []
