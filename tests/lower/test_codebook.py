@@ -91,6 +91,26 @@ def test_package_holds_the_codes_not_the_weight(tmp_path: Path, entries: int, ta
     assert size < n * k * 2 / 4  # the fp16 weight: 16 bits an element against <= 7 / 4 here
 
 
+@pytest.mark.parametrize("target", ["iOS16", "iOS18"])
+def test_known_indices_stay_codes_with_a_run_time_codebook(tmp_path: Path, target: str) -> None:
+    """A codebook fed at run time leaves no const weight, but the known indices are still held at
+    their 5 bits, not as int32."""
+    n, blocks, d, entries = 128, 64, 2, 29
+    rng = np.random.default_rng(3)
+    indices = rng.integers(0, entries, size=(n, blocks))
+    g = Graph("synth_live")
+    g.set_outputs([g.synth_matmul(g.input("x", [2, blocks * d]), g.constant(indices.astype(np.uint8), "u8"),
+                                  g.input("codebook", [entries, d]), d, entries, name="y")])
+    model = convert_and_cleanup(g, {}, target=target, precision="fp32")
+    assert "constexpr_lut_to_dense" in emitted_ops(model)
+    size = (rlx_mil.save(model, tmp_path / "s.mlpackage") / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").stat().st_size
+    assert size <= 1.1 * n * blocks * 5 // 8, size
+    feeds = {"x": rng.standard_normal((2, blocks * d)).astype(np.float32),
+             "codebook": rng.standard_normal((entries, d)).astype(np.float32)}
+    ok, _, detail = compare(milexec.run(model, feeds)["y"], reference.evaluate(g, feeds)["y"], Tolerance(1e-6, 1e-5))
+    assert ok, detail
+
+
 @settings(max_examples=8, deadline=None)
 @given(entries=st.sampled_from([5, 8, 17, 18, 31, 32, 65, 97, 128, 256]), d=st.integers(1, 4), n=st.integers(1, 5),
        blocks=st.integers(1, 4), precision=st.sampled_from(["fp16", "fp32"]),

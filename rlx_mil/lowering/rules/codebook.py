@@ -105,17 +105,19 @@ def _split_vector_lut(ctx: LowerContext, kind: SynthKind, idx: np.ndarray, codeb
     return mb.reshape(x=picked, shape=np.asarray([n, blocks * d], np.int32), name=ctx.name("weight"))
 
 
-def _held_indices(ctx: LowerContext, kind: SynthKind, idx: np.ndarray, codebook: np.ndarray) -> Any:
-    """iOS16-17 (no vector LUT): the indices held at their own width as integer codes
-    (`integer_codes`: an identity-table `constexpr_lut_to_dense`, or two summed for 3, 5 and 7
-    bits), cast to int32, `gather` of the codebook's rows at run time."""
+def _held_indices(ctx: LowerContext, kind: SynthKind, idx: np.ndarray, codebook: Any) -> Any:
+    """The indices held at their own width as integer codes (`integer_codes`: an identity-table
+    `constexpr_lut_to_dense`, or two summed for 3, 5 and 7 bits), cast to int32, `gather` of the
+    codebook's rows (a const, or a run-time var) at run time: iOS16-17 (no vector LUT), and any
+    iOS16+ target whose codebook is known only at run time."""
     from coremltools.converters.mil import Builder as mb
 
     n, blocks = idx.shape
     codes = integer_codes(ctx, idx, code_bits(kind.num_entries), "weight_codes")
     flat = mb.reshape(x=codes, shape=np.asarray([n * blocks], np.int32), name=ctx.name("weight_codes_flat"))
     flat = mb.cast(x=flat, dtype="int32", name=ctx.name("weight_indices"))
-    rows = mb.gather(x=ctx.const(codebook, "codebook"), indices=flat, axis=0, name=ctx.name("weight_rows"))
+    table = ctx.const(codebook, "codebook") if isinstance(codebook, np.ndarray) else codebook
+    rows = mb.gather(x=table, indices=flat, axis=0, name=ctx.name("weight_rows"))
     return mb.reshape(x=rows, shape=np.asarray([n, blocks * kind.entry_dim], np.int32), name=ctx.name("weight"))
 
 
@@ -138,6 +140,8 @@ def synth_weight_var(ctx: LowerContext, kind: SynthKind) -> tuple[Any, bool]:
             return _held_indices(ctx, kind, idx, cb), False
         weight = cb[idx].reshape(n, blocks * kind.entry_dim)
         return ctx.const(weight, "weight"), True
+    if idx is not None and ctx.target >= Target.IOS16:  # a run-time codebook: the indices stay codes
+        return _held_indices(ctx, kind, idx, ctx.var(i_cb)), False
     flat = gather_indices(ctx, kind.num_entries, i_idx, "indices")
     flat = mb.reshape(x=flat, shape=np.asarray([n * blocks], np.int32), name=ctx.name("flat_indices"))
     rows = mb.gather(x=ctx.var(i_cb), indices=flat, axis=0, name=ctx.name("rows"))
@@ -154,7 +158,8 @@ def synth_weight_var(ctx: LowerContext, kind: SynthKind) -> tuple[Any, bool]:
         " a 1-bit one cast to bool that `select`s each pair's half, then `matmul`; iOS16-17 the indices"
         " at their own width as identity-table `constexpr_lut_to_dense` codes (3/5/7 bits as two summed),"
         " `cast` to int32, `gather` of codebook rows, `matmul`; iOS15 the decoded W as a `linear` const."
-        " Run-time indices or codebook: `gather` of codebook rows, `reshape`, `matmul` with transpose_y."
+        " Run-time codebook with known indices: iOS16+ the indices as those integer codes, `gather` of the"
+        " codebook's rows; run-time indices: `gather`, `reshape`, `matmul` with transpose_y."
     ),
 )
 def lower_synth_matmul(op: ops.SynthMatMul, ctx: LowerContext) -> Any:
@@ -171,7 +176,7 @@ def lower_synth_matmul(op: ops.SynthMatMul, ctx: LowerContext) -> Any:
     notes=(
         "W [n, k] (upstream's shape inference). Known indices and codebook: held as for SynthMatMul"
         " (iOS18+ vector LUT, 5 / 7 bits split; iOS16-17 integer codes + `gather`; iOS15 the decoded"
-        " const); otherwise `gather` of codebook rows + `reshape`."
+        " const); a run-time codebook `gather`s by the held indices (iOS16+) or by run-time indices."
     ),
 )
 def lower_synth_reconstruct(op: ops.SynthReconstruct, ctx: LowerContext) -> Any:
