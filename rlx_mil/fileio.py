@@ -21,6 +21,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from rlx_mil import interrupts
 from rlx_mil.errors import (
     IsADirectoryPathError,
     MissingFileError,
@@ -203,6 +204,7 @@ def atomic_output_file(path: str | os.PathLike[str], *, overwrite: bool, what: s
             stream.flush()
             os.fsync(stream.fileno())
         apply_default_modes(tmp_name)
+        interrupts.check()  # a Ctrl-C a library swallowed: nothing is installed
         if not overwrite and (dest.exists() or dest.is_symlink()):  # appeared meanwhile
             raise ExistingFileError(f"{dest} exists; pass --overwrite to replace it")
         os.replace(tmp_name, dest)

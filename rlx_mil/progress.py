@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
+from rlx_mil import interrupts
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -44,6 +46,7 @@ REFRESH_SECONDS = 0.5
 
 def tick(unit: str, n: int = 1) -> None:
     """Count `n` items of `unit` (" ops", " weights", ...) on the running stage, if it counts those."""
+    interrupts.check()
     active = _ACTIVE
     if active is not None and active._unit == unit:
         active.advance(n)
@@ -97,6 +100,7 @@ def complete(unit: str) -> None:
 
 def detail(text: str) -> None:
     """Show `text` (what the running stage does now: a pass name) beside its bar."""
+    interrupts.check()
     active = _ACTIVE
     if active is not None and active._bar is not None:
         now = time.perf_counter()
@@ -156,6 +160,7 @@ class Progress:
         `REFRESH_SECONDS`."""
         global _ACTIVE
         self.end()
+        interrupts.check()
         if not self.enabled:
             return
         self._stage = stage
@@ -183,6 +188,7 @@ class Progress:
                 return
 
     def advance(self, n: int = 1) -> None:
+        interrupts.check()
         if self._bar is not None:
             _counting(self._bar)
             self._bar.update(n)

@@ -23,7 +23,7 @@ MAX_LINES = 600
 #: Shared modules with no rlx_mil imports beyond each other; any stage, the IR included, may use
 #: them. They sit below the IR: one importing the IR would let an IR module reach back up
 #: through it (what the IR needs of names and values lives in `rlx_mil.ir.naming` / `.values`).
-SHARED = ("rlx_mil.errors", "rlx_mil.fileio", "rlx_mil.progress", "rlx_mil.version", "rlx_mil.units",
+SHARED = ("rlx_mil.errors", "rlx_mil.fileio", "rlx_mil.interrupts", "rlx_mil.progress", "rlx_mil.version", "rlx_mil.units",
           "rlx_mil.mil_walk")
 
 #: stage -> the stages it must not import (besides `rlx_mil.cli`, which nothing imports).

@@ -11,7 +11,10 @@ def own_interrupt_handling() -> None:
     import signal
 
     if getattr(signal.getsignal(signal.SIGINT), "__name__", "") == "_interrupted_while_starting":
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # a KeyboardInterrupt that a library swallows is raised again (rlx_mil.interrupts)
+        from rlx_mil import interrupts
+
+        interrupts.install()
 
 
 def exit_interrupted() -> int:

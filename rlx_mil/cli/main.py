@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlx_mil import interrupts
 from rlx_mil.cli import aimodel_output
 from rlx_mil.cli.aimodel_output import add_format_argument
 from rlx_mil.cli.arguments import DEFAULT_EVAL_TOKENS, DEPLOY_FORMS, TARGETS, compute_units, token_limit
@@ -563,10 +564,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemoryError:
         _failed(args, where, "error: out of memory")
     except KeyboardInterrupt:
+        interrupts.handled()
         _failed(args, where, "interrupted")
         return exit_interrupted()
     except Exception as err:  # a bug: say so in one line, the traceback on request
-        if interrupted(err):  # Ctrl-C inside code that wraps what it catches (a class's __set_name__...)
+        # Ctrl-C inside code that wraps what it catches (a class's __set_name__...), or that
+        # turned it into another error
+        if interrupted(err) or interrupts.pending():
+            interrupts.handled()
             _failed(args, where, "interrupted")
             return exit_interrupted()
         if os.environ.get("RLX_MIL_TRACEBACK"):

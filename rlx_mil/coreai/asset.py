@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil import interrupts
 from rlx_mil.coreai import adapter
 from rlx_mil.coreai.translate import EntryPoint, translate_program
 from rlx_mil.errors import CoreAITranslationError, ExistingFileError, MilExecError, RlxMilError
@@ -78,6 +79,7 @@ def save_aimodel(source: Any, output: str | os.PathLike[str], *, precision: str 
         text = _text_folder(path)
         if text is not None:
             shutil.copytree(text, built / TEXT_FOLDER)
+        interrupts.check()  # a Ctrl-C a library swallowed: nothing is installed
         if out.exists() or out.is_symlink():
             if not overwrite:  # another save wrote it between our check and now
                 raise ExistingFileError(f"{out} exists (pass overwrite=True / --overwrite to replace it)")

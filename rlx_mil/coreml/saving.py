@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rlx_mil import interrupts
 from rlx_mil.coreml import patches
 from rlx_mil.coreml.weight_writes import package_weights_folder
 from rlx_mil.errors import (
@@ -262,6 +263,7 @@ def check_destination(dest: Path, overwrite: bool) -> None:
 def _install(staged: Path, dest: Path, staging: Path, exists: bool) -> None:
     """Move the finished package `staged` to `dest`, swapping out an existing one atomically
     where the file system can (else by two renames, undone if the second fails)."""
+    interrupts.check()  # the last moment a Ctrl-C a library swallowed can still stop the save
     if exists and dest.is_dir() and not dest.is_symlink() and exchange(staged, dest):
         return  # the old package is now at `staged`, deleted with the staging folder
     if exists:

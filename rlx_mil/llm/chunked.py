@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlx_mil import interrupts
 from rlx_mil.coreml.metadata import LLMContract, PackageMetadataError
 from rlx_mil.errors import ExistingFileError, InvalidOptionError, RlxMilError
 from rlx_mil.ir import Graph
@@ -398,6 +399,7 @@ def _move_into_place(folder: Path, out: Path, staging: Path) -> None:
     apply_default_modes(folder)
     fsync_tree(folder)
     (staging / COMPLETE_FILE).write_bytes(b"")
+    interrupts.check()  # a Ctrl-C a library swallowed: nothing is installed
     if out.is_dir() and not out.is_symlink() and exchange(folder, out):
         return  # the old set is now in the staging folder, removed with it
     if out.exists() or out.is_symlink():

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from rlx_mil import interrupts
 from rlx_mil.coreml.output_pieces import assemble
 from rlx_mil.errors import MilExecError
 from rlx_mil.input_contract import range_problem
@@ -131,6 +132,7 @@ class _Interpreter:
         inputs: Mapping[str, Any],
         states: MutableMapping[str, np.ndarray] | None,
     ) -> ExecutionResult:
+        interrupts.check()  # a Ctrl-C a library swallowed stops the next run
         function = resolved.function
         if self.plan is None or not self.plan.checked:
             _require_kernels(function)

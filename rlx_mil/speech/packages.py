@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlx_mil import interrupts
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
 from rlx_mil.models.whisper import build_audio_encoder, build_text_decoder, check_cache_len
@@ -138,6 +139,7 @@ def convert_whisper(
                                   on_graph=on_graph, calibration=heard)
         write_folder_files(checkpoint, staging)
         staging.chmod(0o777 & ~_umask())
+        interrupts.check()  # a Ctrl-C a library swallowed: nothing is installed
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)
