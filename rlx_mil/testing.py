@@ -121,6 +121,7 @@ def compare(got: np.ndarray, want: np.ndarray, tol: Tolerance) -> tuple[bool, fl
 
 def supported_targets(graph: Graph) -> list[Target]:
     """Targets for which every op of `graph` has a lowering rule."""
+    import rlx_mil.lowering.program  # noqa: F401  (its import registers every rule; `rlx_mil` loads it lazily)
     from rlx_mil.ir.ops import Constant, Input, Param
     from rlx_mil.lowering.registry import registered_rules
 

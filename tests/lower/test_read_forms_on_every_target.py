@@ -11,7 +11,6 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-import rlx_mil.lowering.program  # noqa: F401  (registers the rules supported_targets reads)
 from rlx_mil import milexec, reference
 from rlx_mil.ir.graph import Graph
 from rlx_mil.ir.json_io import graph_from_json
