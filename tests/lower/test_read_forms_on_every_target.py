@@ -123,6 +123,12 @@ def _vocoder_waveform_slice() -> tuple[Graph, Feeds]:
     return g, {"wave": _rng().standard_normal((1, 2, 1300)).astype(np.float32), "frames": np.asarray([2], np.int64)}
 
 
+def _non_zero() -> tuple[Graph, Feeds]:
+    g = _graph([("x", [3, 4], "F32")], _custom("onnx.NonZero", 1, []), [2, 5], "I64")
+    x = np.asarray([[0, 1.5, 0, 0], [2, 0, 0, -1], [0, 0, 3, 0]], np.float32)
+    return g, {"x": x}
+
+
 def _complex() -> tuple[Graph, Feeds]:
     nodes = [
         _node(0, {"Input": {"name": "z"}}, [], [2, 6], "C64"),
@@ -141,7 +147,8 @@ CASES: dict[str, Callable[[], tuple[Graph, Feeds]]] = {
     "onnx.ScatterND": _scatter_nd, "onnx.Mod": _mod, "onnx.IsNaN": _is_nan, "onnx.GatherND": _gather_nd,
     "onnx.GatherElements": _gather_elements, "onnx.OneHot": _one_hot, "onnx.CumProd": _cum_prod,
     "onnx.Einsum": _einsum, "onnx.ScatterElements": _scatter_elements, "onnx.AlignmentRange": _alignment_range,
-    "onnx.ExpandI64Align": _expand_i64_align, "onnx.VocoderWaveformSlice": _vocoder_waveform_slice, "C64": _complex,
+    "onnx.ExpandI64Align": _expand_i64_align, "onnx.VocoderWaveformSlice": _vocoder_waveform_slice,
+    "onnx.NonZero": _non_zero, "C64": _complex,
 }
 
 

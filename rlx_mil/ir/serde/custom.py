@@ -39,7 +39,8 @@ their attrs (never added to a graph) that the reader hands to the matching `add_
   flat I64 path) are refused by name.
 
 `onnx.AlignmentRange`, `onnx.ExpandI64Align` and `onnx.VocoderWaveformSlice` (Kitten TTS
-helpers) are read as Compare / Where forms (`custom_alignment.py`).
+helpers) are read as Compare / Where forms (`custom_alignment.py`), `onnx.NonZero` as its
+kernel's fixed-size form (`custom_nonzero.py`).
 
 The names upstream knows and rlx_mil does not read are refused by name with the reason in
 `REFUSED_NAMES`; every other name is refused by name too. `READ_FORMS`, `READ_LIMITS` and
@@ -69,6 +70,7 @@ from rlx_mil.ir.serde.custom_alignment import (
     VOCODER_WAVEFORM_SLICE_NAME,
     AlignmentHelper,
 )
+from rlx_mil.ir.serde.custom_nonzero import NON_ZERO_NAME, NonZeroRead
 from rlx_mil.ir.shape import Shape, Static
 
 SCATTER_ND_NAME = "onnx.ScatterND"
@@ -111,6 +113,8 @@ READ_AS: dict[str, tuple[int, Callable[[bytes, str], Op]]] = {
                                                         len(attrs) > 5 and attrs[5] != 0)),
     # `add_alignment_helper` builds the nodes (custom_alignment.py).
     **{helper: (arity, partial(_alignment_helper, helper)) for helper, arity in ALIGNMENT_HELPERS.items()},
+    # `add_non_zero` builds the nodes (custom_nonzero.py).
+    NON_ZERO_NAME: (1, lambda attrs, path: NonZeroRead()),
 }
 
 #: Names read with another input count as well (CumProd's axis may be an operand).
@@ -131,6 +135,9 @@ READ_FORMS: dict[str, str] = {
                  " output drops (the equation is the attrs' UTF-8)",
     SCATTER_ELEMENTS_NAME: "ScatterElements (axis = attrs[0..4], reduction = attrs[4..8]) after the kernel's zeroing of"
                            " non-finite data, on indices clamped as it clamps them",
+    NON_ZERO_NAME: "the kernel's fixed-size form: row-major coordinates of the first cols non-zeros laid out [rank,"
+                   " cols] in the declared output, 0 elsewhere (Compare, exclusive Cumsum, Where, Reduce Sum,"
+                   " integer Div / Mod)",
     ALIGNMENT_RANGE_NAME: "a Kitten TTS helper: Where(position < frame count, position, 0) over the declared output"
                           " (Constant positions, Compare, Where)",
     EXPAND_I64_ALIGN_NAME: "a Kitten TTS helper: Where(position < shape[0], data, 0), the data flattened and cut or"
@@ -151,6 +158,8 @@ READ_LIMITS: dict[str, str] = {
                  " whose sizes disagree (the kernel then strides past an operand's data)",
     SCATTER_ELEMENTS_NAME: "index shapes the kernel maps by count (not ONNX's mapping), integer data (a flat I64"
                            " path that ignores the axis), dynamic shapes",
+    NON_ZERO_NAME: "dynamic shapes, a scalar input (the kernel indexes its strides out of range), more than"
+                   " 2^24 output-column x element pairs",
     ALIGNMENT_RANGE_NAME: "dynamic shapes",
     EXPAND_I64_ALIGN_NAME: "dynamic shapes",
     VOCODER_WAVEFORM_SLICE_NAME: "dynamic shapes, a non-F32 wave, an output whose rank or sizes off the time axis"
@@ -178,7 +187,6 @@ REFUSED_NAMES: dict[str, str] = {
     **{f"collective.{op}": _COLLECTIVE for op in (
         "all_reduce", "all_gather", "reduce_scatter", "copy_to_parallel", "reduce_from_parallel", "broadcast",
         "reduce", "all_to_all", "ppermute", "send", "recv")},
-    "onnx.NonZero": "its output length is the count of non-zero values, known only at run time",
     "onnx.ConcatFromSequence": _KITTEN,
     "onnx.KittenConcatFromSequence": _KITTEN + " (an alias of onnx.ConcatFromSequence)",
     **dict.fromkeys(("onnx.DynamicQuantizeLinearExport", "onnx.QMatMul", "onnx.QMatMulBaked",

@@ -60,6 +60,7 @@ from rlx_mil.ir.serde.custom import (
     decode_custom,
 )
 from rlx_mil.ir.serde.custom_alignment import AlignmentHelper, add_alignment_helper
+from rlx_mil.ir.serde.custom_nonzero import NonZeroRead, add_non_zero
 from rlx_mil.ir.serde.forms import OP_FORMS, UNSUPPORTED_UPSTREAM_OPS, needs_newest
 from rlx_mil.ir.serde.payloads import ExtractedPayloads, extract_payloads
 from rlx_mil.ir.serde.versions import NEWEST, V0_2_2
@@ -438,6 +439,9 @@ def _build_graph(document: object, root: str, state: _DecodeState) -> Any:
                                       shape, f"nodes[{index}]", node_name, origin))
             elif isinstance(op, CumProdAttrs):
                 ids.append(add_cum_prod(graph.add_node, lambda i: graph.nodes[i], op, inputs, shape,
+                                        f"nodes[{index}]", node_name, origin))
+            elif isinstance(op, NonZeroRead):
+                ids.append(add_non_zero(graph.add_node, [graph.nodes[i].shape for i in inputs], inputs, shape,
                                         f"nodes[{index}]", node_name, origin))
             elif isinstance(op, AlignmentHelper):
                 ids.append(add_alignment_helper(graph.add_node, [graph.nodes[i].shape for i in inputs], op.helper,
