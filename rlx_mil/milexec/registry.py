@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from rlx_mil.errors import MilExecError
-from rlx_mil.milexec.streamed import ShiftScaleWeight, materialize
+from rlx_mil.milexec.streamed import StreamedWeight, materialize
 
 if TYPE_CHECKING:
     from coremltools.converters.mil.mil import Block, Operation, Var
@@ -113,12 +113,12 @@ class OpContext:
             raise self.error(f"required input '{name}' is missing")
         return materialize(self._lookup(var))
 
-    def streamed(self, name: str) -> ShiftScaleWeight | None:
+    def streamed(self, name: str) -> StreamedWeight | None:
         """Input `name` when a prepared run streams it (`rlx_mil.milexec.streamed`): a kernel
         that reads it a block of rows at a time asks for it here instead of `raw`."""
         var = self._var(name)
         value = self._lookup(var) if var is not None else None
-        return value if isinstance(value, ShiftScaleWeight) else None
+        return value if isinstance(value, StreamedWeight) else None
 
     def val(self, name: str) -> np.ndarray:
         """The input for computing: fp16 upcast to float32, other dtypes as stored."""

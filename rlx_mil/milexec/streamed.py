@@ -135,112 +135,13 @@ class NibbleCodes:
         return out
 
 
-class ShiftScaleWeight:
-    """The output of one `constexpr_blockwise_shift_scale` op, decoded on request."""
+class StreamedWeight:
+    """A weight a prepared run decodes on request (see the module doc): `data` holds its codes
+    (`NibbleCodes` or an integer array) and `shape` its shape; subclasses decode rows."""
 
-    def __init__(self, data: np.ndarray | NibbleCodes, scale: np.ndarray, offset: np.ndarray | None,
-                 round_fp16: bool, lut: np.ndarray | None = None, bias: np.ndarray | None = None) -> None:
-        #: the integer codes, or with `lut` the indices into it.
-        self.data = data
-        #: a table of integers (float32, 1-D) the codes index; None: the codes are the values.
-        self.lut = None if lut is None else lut.astype(np.float32).reshape(-1)
-        self.scale = scale.astype(np.float32)
-        self.offset = None if offset is None else offset.astype(np.float32)
-        #: added after the scaling (and its rounding), then rounded again: the run-time `add`
-        #: of a weight held split (`rlx_mil.milexec.split_weight`); None for a plain one.
-        self.bias = None if bias is None else bias.astype(np.float32)
-        self.shape: tuple[int, ...] = tuple(data.shape)
-        self.size = int(data.size)
-        self.round_fp16 = round_fp16
-        #: rows per block of the scale along axis 0: row ranges start on a multiple of it.
-        self.row_block = self.shape[0] // max(1, self.scale.shape[0]) if self.shape else 1
-        if self.lut is not None:
-            low, high = int(self.lut.min(initial=0)), int(self.lut.max(initial=0))
-        elif isinstance(data, NibbleCodes):
-            low, high = (-8, 7) if data.signed else (0, 15)
-        else:
-            low, high = int(data.min(initial=0)), int(data.max(initial=0))
-        spread = self._integer_range(low, high)
-        self.fast_rounding = round_fp16 and spread is not None and self._in_normal_range(*spread)
-        #: the fp16 rounding by `round_split_into` (checked on every value the codes give).
-        self.split_rounding = (self.fast_rounding and spread is not None and spread[1] - spread[0] <= SPLIT_CHECK_SPAN
-                               and split_rounding_holds(*spread))
-        #: the bias's sum rounds by `round_into`: see `_sum_in_range`.
-        self.fast_sum = self.fast_rounding and spread is not None and self._sum_in_range(*spread)
-
-    @classmethod
-    def of(cls, op: Any, lookup: Any, round_fp16: bool) -> ShiftScaleWeight | None:
-        """The streamed form of `op`, or None when its inputs are not the plain blockwise kind
-        (integer codes, or indices into one integer table, see `lut_chain`). 4-bit codes read
-        with `load_program(..., packed_4bit=True)` stay packed."""
-        from rlx_mil.milexec.loader import FourBitCodes, release
-
-        chain = lut_chain(op)
-        lut = None
-        if chain is not None:
-            indices, lut = lookup(chain.inputs["indices"]), lookup(chain.inputs["lut"])
-            if not isinstance(indices, np.ndarray) or not isinstance(lut, np.ndarray) or not _one_table(lut, indices):
-                return None
-            data = indices
-        elif _produced_by_const(op.inputs["data"]):
-            data = lookup(op.inputs["data"])
-        else:
-            return None
-        scale = lookup(op.inputs["scale"])
-        offset = lookup(op.inputs["offset"]) if op.inputs.get("offset") is not None else None
-        # A 4-bit offset (or table) is small: its codes, unpacked.
-        scale, offset, lut = (v.unpacked() if isinstance(v, FourBitCodes) else v for v in (scale, offset, lut))
-        params = [p for p in (scale, offset) if p is not None]
-        if not isinstance(data, np.ndarray) or data.ndim == 0 or data.dtype.kind not in "iu" \
-                or not isinstance(scale, np.ndarray):
-            return None
-        if any(not isinstance(p, np.ndarray) or p.ndim != data.ndim
-               or any(b == 0 or n % b for n, b in zip(data.shape, p.shape, strict=True)) for p in params):
-            return None
-        weight = cls(_codes(data) if isinstance(data, FourBitCodes) else data, scale, offset, round_fp16, lut)
-        # Held as float32 and repacked now: the file's pages are read once, then dropped.
-        for param in (*params, data.packed if isinstance(data, FourBitCodes) else data):
-            release(param)
-        return weight
-
-    def _integer_range(self, low: int, high: int) -> tuple[int, int] | None:
-        """The range of data - offset (an integer when the offset is), or None (a fractional
-        offset)."""
-        if self.offset is None:
-            return low, high
-        if not np.isfinite(self.offset).all() or not np.array_equal(self.offset, np.round(self.offset)):
-            return None
-        return low - int(self.offset.max(initial=0)), high - int(self.offset.min(initial=0))
-
-    def _in_normal_range(self, low: int, high: int) -> bool:
-        """Every nonzero value scale * k, k in [low, high] an integer, lies in [2^-14, 65504]
-        (the fast forms of the fp16 rounding hold there): nonzero |k| >= 1."""
-        scale = np.abs(self.scale)
-        if not np.isfinite(scale).all():
-            return False
-        spread = max(abs(low), abs(high))
-        nonzero = scale[scale > 0]
-        return (not nonzero.size or float(nonzero.min()) >= FP16_NORMAL_MIN) and float(scale.max(initial=0)) * spread <= FP16_MAX
-
-    def _sum_in_range(self, low: int, high: int) -> bool:
-        """The sum of an fp16 product and an fp16 bias lies in [-FP16_MAX, FP16_MAX] (a finite
-        bias, and the largest products plus the largest bias inside it): there `round_into`
-        is NumPy's cast. Both terms are multiples of 2^-24, so a sum below the normal range
-        is an fp16 subnormal exactly, which `round_into` (and the float32 add) leave as is."""
-        if self.bias is None:
-            return True
-        bias = np.abs(self.bias)
-        if not np.isfinite(bias).all():
-            return False
-        # the product as rounded to fp16 may exceed the exact one by 2^-11 of it
-        largest = float(np.abs(self.scale).max(initial=0)) * max(abs(low), abs(high)) * (1 + 2.0**-10)
-        return largest + float(bias.max(initial=0)) <= FP16_MAX
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the codes and the float32 scales (and offsets) hold."""
-        codes = self.data.nbytes
-        return int(codes + sum(p.nbytes for p in (self.scale, self.offset, self.bias) if p is not None))
+    data: np.ndarray | NibbleCodes
+    shape: tuple[int, ...]
+    size: int
 
     @property
     def row_step(self) -> int:
@@ -270,6 +171,156 @@ class ShiftScaleWeight:
                 out[lo - start:hi - start] = whole[lo - block:hi - block]
         return out
 
+    def dense(self) -> np.ndarray:
+        """The whole weight, float32 (its values rounded as declared)."""
+        out = np.empty(self.shape, np.float32)
+        return self.fill(out)
+
+    def fill(self, out: np.ndarray) -> np.ndarray:
+        """The whole weight into float32 `out`, a block of rows at a time (no temporary of
+        the weight's size)."""
+        return self.rows_into(0, self.shape[0], out)
+
+    def _rows(self, start: int, stop: int, out: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+        """Rows [start, stop) (one block of `row_step`) into float32 `out`."""
+        raise NotImplementedError
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows `rows` (int array, any shape) along axis 0: shape rows.shape + shape[1:]."""
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        raise NotImplementedError
+
+
+class ShiftScaleWeight(StreamedWeight):
+    """The output of one `constexpr_blockwise_shift_scale` op, decoded on request."""
+
+    def __init__(self, data: np.ndarray | NibbleCodes, scale: np.ndarray, offset: np.ndarray | None,
+                 round_fp16: bool, lut: np.ndarray | None = None, bias: np.ndarray | None = None) -> None:
+        #: the integer codes, or with `lut` the indices into it.
+        self.data = data
+        #: a table (float32, 1-D: integers, or fp16 values) the codes index; None: the codes
+        #: are the values.
+        self.lut = None if lut is None else lut.astype(np.float32).reshape(-1)
+        self.scale = scale.astype(np.float32)
+        self.offset = None if offset is None else offset.astype(np.float32)
+        #: added after the scaling (and its rounding), then rounded again: the run-time `add`
+        #: of a weight held split (`rlx_mil.milexec.split_weight`); None for a plain one.
+        self.bias = None if bias is None else bias.astype(np.float32)
+        self.shape: tuple[int, ...] = tuple(data.shape)
+        self.size = int(data.size)
+        self.round_fp16 = round_fp16
+        #: rows per block of the scale along axis 0: row ranges start on a multiple of it.
+        self.row_block = self.shape[0] // max(1, self.scale.shape[0]) if self.shape else 1
+        spread: tuple[int, int] | None = None
+        if self.lut is not None and not (np.isfinite(self.lut).all() and np.array_equal(self.lut, np.round(self.lut))):
+            # a table of fractions (lut4-scaled): scale * value, each an fp16 value
+            self.fast_rounding = round_fp16 and self.offset is None and self._table_in_normal_range()
+        else:
+            if self.lut is not None:
+                low, high = int(self.lut.min(initial=0)), int(self.lut.max(initial=0))
+            elif isinstance(data, NibbleCodes):
+                low, high = (-8, 7) if data.signed else (0, 15)
+            else:
+                low, high = int(data.min(initial=0)), int(data.max(initial=0))
+            spread = self._integer_range(low, high)
+            self.fast_rounding = round_fp16 and spread is not None and self._in_normal_range(*spread)
+        #: the fp16 rounding by `round_split_into` (checked on every value the codes give).
+        self.split_rounding = (self.fast_rounding and spread is not None and spread[1] - spread[0] <= SPLIT_CHECK_SPAN
+                               and split_rounding_holds(*spread))
+        #: the bias's sum rounds by `round_into`: see `_sum_in_range`.
+        self.fast_sum = self.fast_rounding and spread is not None and self._sum_in_range(*spread)
+
+    @classmethod
+    def of(cls, op: Any, lookup: Any, round_fp16: bool, round_table: bool = False) -> ShiftScaleWeight | None:
+        """The streamed form of `op`, or None when its inputs are not the plain blockwise kind
+        (integer codes, or indices into one table, see `lut_chain`). 4-bit codes read
+        with `load_program(..., packed_4bit=True)` stay packed. `round_table`: the table's
+        lookup is fp16 as the program runs it (a float table's values round to fp16)."""
+        from rlx_mil.milexec.loader import FourBitCodes, release
+
+        chain = lut_chain(op)
+        lut = None
+        if chain is not None:
+            indices, lut = lookup(chain.inputs["indices"]), lookup(chain.inputs["lut"])
+            if not isinstance(indices, np.ndarray) or not isinstance(lut, np.ndarray) or not _one_table(lut, indices):
+                return None
+            if round_table and lut.dtype.kind == "f":
+                lut = lut.astype(np.float16)  # the lookup's values as the program holds them
+            data = indices
+        elif _produced_by_const(op.inputs["data"]):
+            data = lookup(op.inputs["data"])
+        else:
+            return None
+        scale = lookup(op.inputs["scale"])
+        offset = lookup(op.inputs["offset"]) if op.inputs.get("offset") is not None else None
+        # A 4-bit offset (or table) is small: its codes, unpacked.
+        scale, offset, lut = (v.unpacked() if isinstance(v, FourBitCodes) else v for v in (scale, offset, lut))
+        params = [p for p in (scale, offset) if p is not None]
+        if not isinstance(data, np.ndarray) or data.ndim == 0 or data.dtype.kind not in "iu" \
+                or not isinstance(scale, np.ndarray):
+            return None
+        if any(not isinstance(p, np.ndarray) or p.ndim != data.ndim
+               or any(b == 0 or n % b for n, b in zip(data.shape, p.shape, strict=True)) for p in params):
+            return None
+        weight = cls(codes_of(data) if isinstance(data, FourBitCodes) else data, scale, offset, round_fp16, lut)
+        # Held as float32 and repacked now: the file's pages are read once, then dropped.
+        for param in (*params, data.packed if isinstance(data, FourBitCodes) else data):
+            release(param)
+        return weight
+
+    def _integer_range(self, low: int, high: int) -> tuple[int, int] | None:
+        """The range of data - offset (an integer when the offset is), or None (a fractional
+        offset)."""
+        if self.offset is None:
+            return low, high
+        if not np.isfinite(self.offset).all() or not np.array_equal(self.offset, np.round(self.offset)):
+            return None
+        return low - int(self.offset.max(initial=0)), high - int(self.offset.min(initial=0))
+
+    def _in_normal_range(self, low: int, high: int) -> bool:
+        """Every nonzero value scale * k, k in [low, high] an integer, lies in [2^-14, 65504]
+        (the fast forms of the fp16 rounding hold there): nonzero |k| >= 1."""
+        scale = np.abs(self.scale)
+        if not np.isfinite(scale).all():
+            return False
+        spread = max(abs(low), abs(high))
+        nonzero = scale[scale > 0]
+        return (not nonzero.size or float(nonzero.min()) >= FP16_NORMAL_MIN) and float(scale.max(initial=0)) * spread <= FP16_MAX
+
+    def _table_in_normal_range(self) -> bool:
+        """Every nonzero product of a table value and a scale lies in [2^-14, 65504], where
+        `round_into` is NumPy's cast: the smallest nonzero magnitudes' product and the largest
+        ones' bound them."""
+        assert self.lut is not None
+        table, scale = np.abs(self.lut), np.abs(self.scale)
+        if not np.isfinite(scale).all():
+            return False
+        small = [float(v[v > 0].min(initial=np.inf)) for v in (table, scale)]
+        return small[0] * small[1] >= FP16_NORMAL_MIN and float(table.max(initial=0)) * float(scale.max(initial=0)) <= FP16_MAX
+
+    def _sum_in_range(self, low: int, high: int) -> bool:
+        """The sum of an fp16 product and an fp16 bias lies in [-FP16_MAX, FP16_MAX] (a finite
+        bias, and the largest products plus the largest bias inside it): there `round_into`
+        is NumPy's cast. Both terms are multiples of 2^-24, so a sum below the normal range
+        is an fp16 subnormal exactly, which `round_into` (and the float32 add) leave as is."""
+        if self.bias is None:
+            return True
+        bias = np.abs(self.bias)
+        if not np.isfinite(bias).all():
+            return False
+        # the product as rounded to fp16 may exceed the exact one by 2^-11 of it
+        largest = float(np.abs(self.scale).max(initial=0)) * max(abs(low), abs(high)) * (1 + 2.0**-10)
+        return largest + float(bias.max(initial=0)) <= FP16_MAX
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the codes and the float32 scales (and offsets) hold."""
+        codes = self.data.nbytes
+        return int(codes + sum(p.nbytes for p in (self.scale, self.offset, self.bias) if p is not None))
+
     def _rows(self, start: int, stop: int, out: np.ndarray, scratch: np.ndarray) -> np.ndarray:
         params = [_row_params(p, self.row_block, start, stop) if p is not None else None
                   for p in (self.scale, self.offset, self.bias)]
@@ -289,16 +340,6 @@ class ShiftScaleWeight:
         data = self.data.take(flat) if isinstance(self.data, NibbleCodes) else self.data[flat]
         self._decode(data, params, out, None)
         return out.reshape((*rows.shape, *self.shape[1:]))
-
-    def dense(self) -> np.ndarray:
-        """The whole weight, float32 (its values rounded as declared)."""
-        out = np.empty(self.shape, np.float32)
-        return self.fill(out)
-
-    def fill(self, out: np.ndarray) -> np.ndarray:
-        """The whole weight into float32 `out`, a block of rows at a time (no temporary of
-        the weight's size)."""
-        return self.rows_into(0, self.shape[0], out)
 
     def _decode(self, data: np.ndarray, params: list[np.ndarray | None], out: np.ndarray,
                 scratch: np.ndarray | None) -> np.ndarray:
@@ -346,12 +387,12 @@ def _produced_by_const(var: Any) -> bool:
 
 
 def _one_table(lut: np.ndarray, indices: np.ndarray) -> bool:
-    """An iOS18 `lut` [1, ..., 1, 2^n, 1] of integers: one table for every index, no vectors."""
+    """An iOS18 `lut` [1, ..., 1, 2^n, 1]: one table for every index, no vectors."""
     return (lut.ndim == indices.ndim + 2 and all(d == 1 for d in lut.shape[:-2]) and lut.shape[-1] == 1
-            and lut.dtype.kind in "iu" and indices.ndim > 0 and indices.dtype.kind in "iu")
+            and lut.dtype.kind in "iuf" and indices.ndim > 0 and indices.dtype.kind in "iu")
 
 
-def _codes(stand_in: Any) -> np.ndarray | NibbleCodes:
+def codes_of(stand_in: Any) -> np.ndarray | NibbleCodes:
     """The codes of a `FourBitCodes` stand-in: packed for a 2-D weight of even width, else
     unpacked."""
     if stand_in.ndim == 2 and stand_in.shape[1] % 2 == 0:
@@ -383,4 +424,4 @@ def _blocked(values: np.ndarray, param: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def materialize(value: Any) -> Any:
     """A streamed weight as its whole float32 array; anything else unchanged."""
-    return value.dense() if isinstance(value, ShiftScaleWeight) else value
+    return value.dense() if isinstance(value, StreamedWeight) else value

@@ -16,7 +16,7 @@ import numpy as np
 
 from rlx_mil.milexec.fp16 import widen_into
 from rlx_mil.milexec.registry import OpContext, as_compute, kernel
-from rlx_mil.milexec.streamed import ShiftScaleWeight, product_rows
+from rlx_mil.milexec.streamed import StreamedWeight, product_rows
 
 #: An fp16 weight of at least this many elements is widened a block of rows at a time into one
 #: cache-sized buffer (`_blocked_linear`) instead of into a float32 copy of the whole weight.
@@ -29,7 +29,7 @@ def _float_or_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a.astype(np.int64), b.astype(np.int64))
 
 
-def _blocked_linear(flat: np.ndarray, weight: np.ndarray | ShiftScaleWeight) -> np.ndarray:
+def _blocked_linear(flat: np.ndarray, weight: np.ndarray | StreamedWeight) -> np.ndarray:
     """`flat @ weight.T` for a 2-D fp16 `weight` widened (or a streamed compressed weight
     decoded) a block of `product_rows` rows at a time into one buffer, or a float32 weight
     multiplied in those same blocks: the same float32 products of the same weight values, each
@@ -43,16 +43,16 @@ def _blocked_linear(flat: np.ndarray, weight: np.ndarray | ShiftScaleWeight) -> 
     return out
 
 
-def _blocked_rows(lhs: np.ndarray, weight: np.ndarray | ShiftScaleWeight, out: np.ndarray, first: int, last: int,
+def _blocked_rows(lhs: np.ndarray, weight: np.ndarray | StreamedWeight, out: np.ndarray, first: int, last: int,
                   step: int) -> None:
     depth = weight.shape[1]
     held = isinstance(weight, np.ndarray) and weight.dtype == np.float32
     block = np.empty((0 if held else min(step, last - first), depth), np.float32)
-    scratch = weight.scratch() if isinstance(weight, ShiftScaleWeight) else None
+    scratch = weight.scratch() if isinstance(weight, StreamedWeight) else None
     for start in range(first, last, step):
         stop = min(last, start + step)
         part = block[: stop - start]
-        if isinstance(weight, ShiftScaleWeight):
+        if isinstance(weight, StreamedWeight):
             weight.rows_into(start, stop, part, scratch)
         elif held:
             part = weight[start:stop]
