@@ -6,7 +6,6 @@ weight its report lists is refused by name."""
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -138,18 +137,33 @@ def test_package_params_replace_only_the_compressed_weights(tmp_path: Path) -> N
 
 
 def test_a_weight_the_program_lacks_is_named(tmp_path: Path) -> None:
+    from rlx_mil.milexec.protoread import read_program
+
     graph = tiny_lm(TinyLM(layers=1))
     params = tiny_lm_params(graph, TinyLM(layers=1))
     path, report = _saved(tmp_path, graph, params, compress="int8", precision="fp32")
+    by_name = {w.name: w for w in report.weights}
+    kept = {w.name: list(w.ops) for w in report.weights}
     lost = report.weights[1]
     lost.ops = ["no_such_op"]
     with pytest.raises(MilExecError, match=rf"compressed weight '{lost.name}'"):
         StoredWeights(path, report.weights)
+    lost.ops = kept[lost.name]
+    # a report naming an op the program computes from its inputs, or another weight's op
+    program = read_program(path)
+    assert program is not None
+    computed = next(op.name for op in program.functions["main"].operations if op.op_type == "linear")
+    by_name["layers.0.mlp.up_proj.weight"].ops = [computed]
+    with pytest.raises(MilExecError, match=rf"{computed}' reads the input"):
+        StoredWeights(path, report.weights)["layers.0.mlp.up_proj.weight"]
+    by_name["layers.0.mlp.up_proj.weight"].ops = kept["layers.0.mlp.up_proj.weight"]
+    by_name["layers.0.self_attn.k_proj.weight"].ops = kept["layers.0.self_attn.q_proj.weight"]  # [64, 64] for [64, 32]
+    with pytest.raises(MilExecError, match=r"of weight 'layers\.0\.self_attn\.k_proj\.weight'"):
+        StoredWeights(path, report.weights)["layers.0.self_attn.k_proj.weight"]
     # A report from before the ops were recorded: the weight's MIL identifier names its op.
-    old = json.loads(report.to_json())
-    assert all(w.pop("ops") for w in old["weights"])
-    by_identifier = [w for w in report.weights if w.ops[0] == w.name.replace(".", "_")]
+    by_identifier = [w for w in report.weights if kept[w.name][0] == w.name.replace(".", "_")]
     assert by_identifier  # the embedding: its op is named after the Param
     for w in by_identifier:
         w.ops = []
-    StoredWeights(path, by_identifier)[by_identifier[0].name]
+    np.testing.assert_array_equal(StoredWeights(path, by_identifier)[by_identifier[0].name],
+                                  dequantized_params(params, report)[by_identifier[0].name])
