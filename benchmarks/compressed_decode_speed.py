@@ -59,14 +59,12 @@ def _q4_0_gguf(folder: Path, source: Path, path: Path) -> None:
         else:
             writer.add_key_value(field.name, field.contents(), kind)
     for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(t.shape))
+        data = np.asarray(t.data)
         if t.tensor_type == gguf.GGMLQuantizationType.Q4_1:
-            dense = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
-            data = gguf.quants.quantize(dense, gguf.GGMLQuantizationType.Q4_0)
-            writer.add_tensor(t.name, data, raw_shape=shape, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+            data = gguf.quants.quantize(gguf.quants.dequantize(data, t.tensor_type), gguf.GGMLQuantizationType.Q4_0)
+            writer.add_tensor(t.name, data, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
         else:
-            writer.add_tensor(t.name, np.asarray(t.data), raw_shape=shape if t.tensor_type not in (
-                gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16) else None, raw_dtype=t.tensor_type)
+            writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
