@@ -404,7 +404,35 @@ def cases(fx: dict[str, Path], work: Path) -> list[Case]:
     fifo_blob = _copy(asset, h / "fifoblob.aimodel")
     (fifo_blob / "main.mlirb").unlink()
     os.mkfifo(fifo_blob / "main.mlirb")
-    assets = {"random bytes": h / "random.aimodel", "an empty folder": empty_asset, "main.mlirb truncated": cut_asset,
+    # the program and its SHA-256 rewritten together (the hash check passes): Apple's runtime
+    # would end the process reading these programs
+    def rewritten(name: str, program: bytes) -> Path:
+        import hashlib
+
+        out = _copy(asset, h / f"{name}.aimodel")
+        (out / "main.mlirb").write_bytes(program)
+        (out / "main.hash").write_bytes(hashlib.sha256(program).digest())
+        return out
+
+    original = (asset / "main.mlirb").read_bytes()
+    unknown_op = rewritten("unknown-op", original.replace(b"primitive.exp_v1", b"primitive.exq_v1", 1))
+    wrong_arity = rewritten("wrong-arity", original.replace(b"primitive.exp_v1", b"primitive.add_v1", 1))
+    not_bytecode = rewritten("not-bytecode", original[:16] + os.urandom(len(original) - 16))
+    huge_entry = rewritten("huge-entry", original)
+    entries = json.loads((huge_entry / "rlx_mil_entries.json").read_text())
+    for entry in entries["entries"].values():
+        for spec in entry["states"].values():
+            spec["shape"] = [1 << 20, 1 << 20, 1 << 20]
+    (huge_entry / "rlx_mil_entries.json").write_text(json.dumps(entries))
+    other_entries = rewritten("other-entries", original)
+    entries = json.loads((other_entries / "rlx_mil_entries.json").read_text())
+    for entry in entries["entries"].values():
+        entry["states"] = {f"{k}_x": v for k, v in entry["states"].items()}
+    (other_entries / "rlx_mil_entries.json").write_text(json.dumps(entries))
+    assets = {"program+hash rewritten: an unknown op": unknown_op, "program+hash rewritten: an op's operands": wrong_arity,
+              "program+hash rewritten: not bytecode": not_bytecode, "entry points: huge state shapes": huge_entry,
+              "entry points: states the program lacks": other_entries,
+              "random bytes": h / "random.aimodel", "an empty folder": empty_asset, "main.mlirb truncated": cut_asset,
               "main.mlirb missing": no_blob, "rlx_mil metadata missing": no_meta,
               "rlx_mil metadata edited": edited_meta, "metadata.json random bytes": garbage_meta,
               "main.mlirb random bytes": random_blob, "a package renamed .aimodel": not_asset,
@@ -412,7 +440,8 @@ def cases(fx: dict[str, Path], work: Path) -> list[Case]:
     for name, path in assets.items():
         add(f"inspect asset: {name}", ["inspect", path, "--json"], json_out=True,
             # inspect describes a malformed LLM contract rather than failing (docs/design.md)
-            codes=(0, 1) if name in ("rlx_mil metadata missing", "rlx_mil metadata edited") else (1, 2))
+            codes=(0, 1) if name in ("rlx_mil metadata missing", "rlx_mil metadata edited") or "rewritten" in name
+            or "entry points" in name else (1, 2))
         add(f"generate asset: {name}", ["generate", path, "--prompt", "Hi", "-n", "2", "-q"])
         add(f"eval asset: {name}", ["eval", path, "--max-tokens", "8", "-q"])
         add(f"run asset: {name}", ["run", path, "--inputs", h / "wrong.npz"])

@@ -20,6 +20,8 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 # core, and OpenBLAS threads that find their cores busy spin against each other (a 16-layer
 # decoder in the executor: 2.7 s alone, 30-45 s beside 5 busy processes, 8 s with one thread).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# Core AI programs checked in a child process are remembered for this run only, not in ~/.cache.
+os.environ.setdefault("RLX_MIL_COREAI_CHECKED", "")
 logging.getLogger("coremltools").setLevel(logging.ERROR)
 
 import pytest  # noqa: E402

@@ -12,6 +12,7 @@ tokenizer files (`rlx_mil_text/`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -25,6 +26,7 @@ from rlx_mil import interrupts
 from rlx_mil.coreai import adapter
 from rlx_mil.coreai.translate import EntryPoint, translate_program
 from rlx_mil.errors import CoreAITranslationError, ExistingFileError, MilExecError, RlxMilError
+from rlx_mil.ir.shape import MAX_TENSOR_ELEMENTS
 
 ASSET_SUFFIX = ".aimodel"
 #: The asset's metadata key saying the float type it computes in ('fp32' also for an fp16
@@ -132,6 +134,11 @@ def _read_entries(path: Path) -> tuple[dict[str, EntryPoint], str]:
                 list(e["outputs"]),
                 {k: (tuple(v["shape"]), np.dtype(v["dtype"])) for k, v in e["states"].items()},
             )
+            for kind, table in (("input", entries[name].inputs), ("state", entries[name].states)):
+                for key, (shape, _) in table.items():
+                    if any(not isinstance(d, int) or d < -1 for d in shape) or math.prod(max(d, 1) for d in shape) > MAX_TENSOR_ELEMENTS:
+                        raise RlxMilError(f"{file}: {name!r} {kind} {key!r} has shape {list(shape)} (dims -1 or more,"
+                                          f" at most {MAX_TENSOR_ELEMENTS:,} elements); write the asset again")
         return entries, str(data["default"])
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise RlxMilError(f"{file}: malformed ({type(err).__name__}: {err}); write the asset again") from None
@@ -164,6 +171,9 @@ class AssetProgram:
         adapter.require()
         self.entries, self.default_function = _read_entries(self.path)
         self.metadata = adapter.read_metadata(self.path)
+        from rlx_mil.coreai.program_check import check_program, program_digest
+
+        check_program(self.path, program_digest(self.path), self.entries)  # the runtime ends a process on a bad one
         self.asset = adapter.LoadedAsset(self.path)
 
     def new_states(self, function_name: str | None = None) -> dict[str, Any]:
