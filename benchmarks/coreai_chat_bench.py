@@ -20,10 +20,11 @@ file), dequantized to float32 into a Hugging Face folder by `real_checkpoints.sm
 sides read one checkpoint and one template. The transformers side runs in `--peer-python` (a
 Python with torch and transformers: the `bench` extra), in a subprocess; rlx_mil's side runs as
 a user runs it, `rlx-mil` commands in subprocesses. Apple's Linux runtime decodes SmolLM2-135M
-at about 0.4 tok/s: keep `-n` small.
+at about 1.8 tok/s in fp32 but 0.04-0.07 tok/s with int4 / lut4 weights (it dequantizes them on
+every call): keep `--compressed-tokens` small. The run takes 45 min on a loaded 2-core machine.
 
     python benchmarks/coreai_chat_bench.py --cache /work/cache/rlx_mil_bench \\
-        --peer-python /path/to/bench-venv/bin/python [-n 16] [--json out.json]
+        --peer-python /path/to/bench-venv/bin/python [-n 16] [--compressed-tokens 8] [--json out.json]
 """
 
 from __future__ import annotations
