@@ -170,10 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"float model perplexity on the held-out text: {np.exp(-lsm[np.arange(held.size - 1), held[1:]].mean()):.2f}")
     record: dict[str, Any] = {}
     model.forward(cal, record=record)
-    hess = {}
-    for name, xs in record.items():
-        x = np.concatenate(xs).astype(np.float64)
-        hess[name] = x.T @ x / x.shape[0]
+    from rlx_mil.compress.fitting import input_hessian
+
+    hess = {name: input_hessian(np.concatenate(xs)) for name, xs in record.items()}
     del record
     print(f"float forward + hessians: {time.perf_counter() - t0:.1f} s ({cal.size} calibration tokens)", flush=True)
     head = model.w["model.embed_tokens.weight"]

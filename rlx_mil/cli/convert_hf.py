@@ -141,7 +141,7 @@ def compress_option(args: argparse.Namespace) -> Any:
     assert config is not None
     if calibration is not None:
         config = dataclasses.replace(config, calibration=calibration_inputs(calibration, args))
-    elif (config.auto is not None or config.fit != "off") and getattr(args, "model_dir", None) is not None:
+    elif (config.auto is not None or config.fit not in (None, "off")) and getattr(args, "model_dir", None) is not None:
         # autoN measures (and fit= fits codes) on text: the built-in calibration text through the plain graph.
         from rlx_mil.llm.calibration import builtin_calibration
 

@@ -189,6 +189,7 @@ class WeightCompressor:
                     defaults.append(name)
         self.notes: dict[str, str] = {}
         self.plan: AutoPlan | None = None
+        self.fit = CalibrationFit.of(self, encode)  # codes fitted to the calibration activations (`fit=`)
         self.shared = shared_session()
         if self.shared is not None:
             self.shared.held += [params, config]
@@ -216,7 +217,6 @@ class WeightCompressor:
         self.codes: dict[str, LinearCodes | PaletteCodes | LutScaleCodes] = {}
         self.weights: list[WeightReport] = []
         self.store = CodeStore()  # large codes: in a temporary file while the program holds them
-        self.fit = CalibrationFit.of(self, encode)  # codes fitted to the calibration activations (`fit=`)
 
     def _choose(self, name: str, role: str) -> tuple[Scheme | PrequantizedScheme | None, str]:
         source = self.config.prequantized.get(name)

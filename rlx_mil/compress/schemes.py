@@ -380,8 +380,9 @@ class CompressionConfig:
     #: `AutoPlan` holding every graph's weights; a speech folder's packages,
     #: `rlx_mil.compress.across`): each graph's weights take its schemes, no plan per graph.
     plan: Any = field(default=None, compare=False, hash=False)
-    #: `FIT_MODES`: codes fitted to the calibration activations (needs `calibration`).
-    fit: str = "off"
+    #: `FIT_MODES`: codes fitted to the calibration activations (needs `calibration`); None:
+    #: the deployment form's choice (`rlx_mil.coreml.deploy.compression`), else off.
+    fit: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0:
@@ -396,7 +397,7 @@ class CompressionConfig:
         for option in ("max_kl", "min_top1"):
             if getattr(self, option) is not None:
                 object.__setattr__(self, option, check_target(option, getattr(self, option)))
-        if self.fit not in FIT_MODES:
+        if self.fit is not None and self.fit not in FIT_MODES:
             raise InvalidOptionError(f"fit takes {'/'.join(FIT_MODES)}, got {self.fit!r}")
         if (self.budget is not None or self.max_error is not None) and self.auto is None:
             raise InvalidOptionError("budget / max_error choose an automatic mix: use them with autoN (e.g. auto4)")
@@ -421,7 +422,7 @@ class CompressionConfig:
                 parts.append(f"{option}={getattr(self, option):g}")
         if self.check is not None:
             parts.append("check=on" if self.check else "check=off")
-        if self.fit != "off":
+        if self.fit not in (None, "off"):
             parts.append(f"fit={self.fit}")
         if self.embeddings is not SAME_AS_DEFAULT:
             parts.append(f"embeddings={_label(self.embeddings)}")

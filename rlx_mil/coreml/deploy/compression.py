@@ -33,6 +33,10 @@ AUTO4: dict[DeployForm, tuple[str, tuple[str, ...], float]] = {
 #: With measured sensitivities, `auto4` per form may also take these (narrower than its start)
 #: for the weights the outputs hardly feel.
 AUTO4_NARROWER: dict[DeployForm, tuple[str, ...]] = {DeployForm.ANE: ("lut3-scaled",)}
+#: `auto4`'s codes per form when the config does not say (`fit=`, `rlx_mil.compress.fitting`):
+#: the Neural Engine's per-channel palettes cannot hold a per-block grid, so their codes are
+#: rounded with error compensation on the calibration text (module doc).
+AUTO4_FIT: dict[DeployForm, str] = {DeployForm.ANE: "gptq"}
 _FOUR_BIT = re.compile(r"^\s*4-?bit\s*$", re.IGNORECASE)
 
 
@@ -68,4 +72,5 @@ def form_compression(compress: Any, form: DeployForm) -> Any:
     if config.budget is None and config.max_error is None:
         config = dataclasses.replace(config, budget=budget)
     return dataclasses.replace(config, default=parse_scheme(start), candidates=candidates,
-                               narrower=AUTO4_NARROWER.get(form, ()))
+                               narrower=AUTO4_NARROWER.get(form, ()),
+                               fit=AUTO4_FIT.get(form) if config.fit is None else config.fit)
