@@ -4,13 +4,16 @@
 |---|---|---|---|
 | `plain` | per-block int4 (block 32; today's default) | `rlx_mil.compress.auto.CANDIDATES` | 0.30x |
 | `gpu` | per-block int4 (block 32): fastest on the GPU, where a 4-bit LUT is 2.3x slower (FluidInference/mobius#81) | int4, uint4-float, int8 (no LUTs) | 0.36x |
-| `ane` | `lut4-scaled`: one 4-bit LUT on max-normalised rows and an fp16 scale per output channel (measured: SmolLM2 top-1 0.52 with an int8 head where grouped `lut4` keeps 0.31); per-block ints run on the GPU/CPU only (coremltools #2510) | lut4-scaled, lut6, lut6-scaled, int8 per channel (no per-block ints); lut3-scaled too with measured sensitivities | 0.40x |
+| `ane` | `lut4-scaled`: one 4-bit LUT on max-normalised rows and an fp16 scale per output channel (measured: SmolLM2 top-1 0.52 with an int8 head where grouped `lut4` keeps 0.31); per-block ints run on the GPU/CPU only (coremltools #2510) | lut4-scaled, lut6, lut6-scaled, int8 per channel (no per-block ints); lut3-scaled too with measured sensitivities; codes rounded with error compensation on the calibration text (`fit=gptq`) | 0.40x |
 
 An explicit scheme (`int4`, `lut4-group8`, ...) is always what it says, and so is an explicit
 budget (`auto4;budget=0.3`, `--compress-budget`). The forms' default budgets are measured
 (docs/compression.md, "Devices"): on SmolLM2-135M-Instruct the GPU's 0.36x holds its Q4_1
 layers exactly (`uint4-float`, 0.3125x of their fp16 bytes) with an 8-bit tied embedding / head
-(teacher-forced top-1 0.975, perplexity x1.003 on held-out text), where 0.30x cannot.
+(teacher-forced top-1 0.975, perplexity x1.003 on held-out text), where 0.30x cannot. The
+Neural Engine's per-channel palettes cannot hold those per-block grids; GPTQ-style rounding
+halves what its `lut4-scaled` layers cost the model (SmolLM2, int8 head: mean KL 0.52 -> 0.26,
+top-1 0.60 -> 0.72; docs/compression.md).
 """
 
 from __future__ import annotations
