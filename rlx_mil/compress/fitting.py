@@ -247,15 +247,16 @@ def fit_linear(
 ) -> LinearCodes:
     """`scheme`'s codes of `weight` with the scales of plain quantization and the codes
     rounded with error compensation (`options.gptq`; else plain rounding)."""
-    plain = quantize_linear(weight, scheme, store, name, code_writer)
     if not options.gptq:
-        return plain
+        return quantize_linear(weight, scheme, store, name, code_writer)
+    plain = quantize_linear(weight, scheme, store, name)  # its scales; the codes are replaced
     rows = rows_view(np.asarray(weight)).astype(np.float64)
     h = _check_hessian(hessian, rows.shape[1], name)
     grid = _LinearGrid(plain, rows.shape[0])
     q = compensated_codes(rows.copy(), h, grid)
-    data = plain.data.reshape(rows.shape)
-    data[...] = q.astype(data.dtype)
+    writer = code_writer(rows.shape, plain.data.dtype)
+    writer.put(0, q.astype(plain.data.dtype))
+    plain.data = writer.result().reshape(plain.data.shape)
     plain.sq_error = float(np.sum(np.square(plain.dequantize().reshape(rows.shape).astype(np.float64) - rows)))
     return plain
 
@@ -284,8 +285,12 @@ class CalibrationFit:
     each weight's H (`input_hessian`) built when it is encoded."""
 
     def __init__(self, options: FitOptions | None, activations: Callable[[], Mapping[str, np.ndarray]],
-                 store: type[np.floating], plain: Callable[..., LinearCodes | PaletteCodes]) -> None:
+                 store: type[np.floating], plain: Callable[..., LinearCodes | PaletteCodes],
+                 skip: frozenset[str] = frozenset()) -> None:
         self.options = options
+        #: Weights encoded plainly whatever the config: an embedding table (also a tied LM head)
+        #: is read by token lookups the head's activations say nothing about.
+        self.skip = skip
         self.store = store
         self._gather = activations
         self._plain = plain
@@ -307,11 +312,12 @@ class CalibrationFit:
                                      compressor.calibration_inputs())
         precision = compressor.precision
         return cls(options, gather, np.float16 if precision is Precision.FP16 else np.float32,
-                   lambda storage, scheme, name, writer: plain(storage, scheme, precision, name, writer))
+                   lambda storage, scheme, name, writer: plain(storage, scheme, precision, name, writer),
+                   frozenset(n for n, role in compressor.roles.items() if role == "embedding"))
 
     def hessian(self, name: str, width: int) -> np.ndarray | None:
         """H (`input_hessian`) of the input of weight `name` (None: no fit, or no matmul input of `width`)."""
-        if self.options is None:
+        if self.options is None or name in self.skip:
             return None
         if self._rows is None:
             self._rows = self._gather()

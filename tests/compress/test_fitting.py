@@ -4,6 +4,8 @@ ordinary codes, and refuse a Hessian that does not fit the weight."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -195,3 +197,36 @@ def test_the_neural_engine_auto4_fits_its_codes_unless_told_otherwise() -> None:
     assert form_compression("auto4;fit=off", DeployForm.ANE).fit == "off"
     assert form_compression("auto4", DeployForm.GPU).fit is None
     assert form_compression("4bit", DeployForm.ANE).fit is None
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4-channel", "lut4-scaled"])
+def test_fitted_codes_go_through_the_code_store(spec: str, tmp_path: Any) -> None:
+    """The conversion's code writer hands back a read-only view of its file: a fit writes its
+    codes through it (it once wrote into the plain codes' view in place)."""
+    from rlx_mil.compress.code_store import CodeStore
+
+    w, x = _layer(13)
+    scheme = parse_scheme(spec)
+    assert scheme is not None
+    store = CodeStore(str(tmp_path), min_bytes=1)
+    fitted = fit_codes(w, scheme, np.float16, "w", x.T @ x / x.shape[0], code_writer=store.writer)
+    memory = fit_codes(w, scheme, np.float16, "w", x.T @ x / x.shape[0])
+    np.testing.assert_array_equal(fitted.dequantize(), memory.dequantize())
+
+
+def test_embedding_tables_are_rounded_plainly() -> None:
+    """A (tied) embedding is read by token lookups its head's activations say nothing about."""
+    import dataclasses
+
+    from rlx_mil.compress import WeightCompressor, parse_compress
+    from rlx_mil.lowering.target import Target
+    from tests.compress.tiny_lm import TinyLM, tiny_lm, tiny_lm_inputs, tiny_lm_params
+
+    config = TinyLM(layers=1)
+    graph = tiny_lm(config)
+    spec = dataclasses.replace(parse_compress("lut4-scaled;fit=gptq"), calibration=tiny_lm_inputs(config))  # type: ignore[arg-type]
+    comp = WeightCompressor(spec, graph, Target.IOS18, Precision.FP16, tiny_lm_params(graph, config))
+    assert comp.fit.hessian("embed_tokens.weight", config.hidden) is None
+    h = comp.fit.hessian("layers.0.self_attn.q_proj.weight", config.hidden)
+    assert h is not None and h.shape == (config.hidden, config.hidden)
+    np.testing.assert_allclose(np.trace(h), 1.0, rtol=1e-6)  # every position counts once
