@@ -153,21 +153,31 @@ def mean_kl(reference: Any, compressed: Any) -> float:
     return float(np.mean(kl)) if kl.size else float("nan")
 
 
-def perplexity(logits: Any, targets: Any) -> float:
-    """exp of the mean negative log-likelihood of `targets` (one token id per position)."""
-    arr = _positions(logits)
+def _target_ids(targets: Any, positions: int, vocab: int) -> np.ndarray:
     ids = np.asarray(targets).reshape(-1).astype(np.int64)
-    if len(ids) != len(arr):
-        raise ValueError(f"{len(ids)} targets for {len(arr)} logit positions")
-    if not len(ids):
-        return float("nan")
-    if ids.min() < 0 or ids.max() >= arr.shape[-1]:
-        raise ValueError(f"target ids must lie in [0, {arr.shape[-1]}), got {ids.min()}..{ids.max()}")
+    if len(ids) != positions:
+        raise ValueError(f"{len(ids)} targets for {positions} logit positions")
+    if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
+        raise ValueError(f"target ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
+    return ids
+
+
+def total_nll(logits: Any, targets: Any) -> float:
+    """Sum over positions of the negative log-likelihood of `targets` (one token id per
+    position), in nats: what `perplexity` averages, kept as a sum so blocks of a long text add."""
+    arr = _positions(logits)
+    ids = _target_ids(targets, len(arr), arr.shape[-1])
     nll = 0.0
     for part in _chunks(len(arr)):
         logp = log_softmax(arr[part])
         nll -= float(np.sum(logp[np.arange(len(logp)), ids[part]]))
-    return math.exp(nll / len(ids))
+    return nll
+
+
+def perplexity(logits: Any, targets: Any) -> float:
+    """exp of the mean negative log-likelihood of `targets` (one token id per position)."""
+    count = len(_positions(logits))
+    return math.exp(total_nll(logits, targets) / count) if count else float("nan")
 
 
 def perplexity_ratio(reference: Any, compressed: Any, targets: Any) -> float:
@@ -264,38 +274,68 @@ class DecoderQuality:
         return {k: (_finite(v) if isinstance(v, float) else v) for k, v in raw.items()}
 
 
+@dataclass
+class DecoderTally:
+    """Running sums of the decoder metrics over blocks of positions judged one after another
+    (a long text's windows, without holding all their logits at once): `add` each block,
+    `result` gives the `DecoderQuality` of all of them -- the numbers one `decoder_quality`
+    call on the blocks concatenated gives, by the same code."""
+
+    positions: int = 0
+    agree: int = 0
+    confident_agree: int = 0
+    confident_positions: int = 0
+    kl_sum: float = 0.0
+    kl_max: float = -math.inf
+    #: Negative log-likelihood sums of the targets; None until a block comes without targets.
+    nll_reference: float | None = 0.0
+    nll_compressed: float | None = 0.0
+
+    def add(self, reference: Any, compressed: Any, targets: Any | None = None) -> None:
+        """Judge one block of positions: `compressed` logits against `reference` logits (shaped
+        ``[..., vocab]`` alike), with `targets` (the next token at each position) the NLLs."""
+        ref, got = _pair(reference, compressed)
+        ids = None if targets is None else _target_ids(targets, len(ref), ref.shape[-1])
+        if ids is None:
+            self.nll_reference = self.nll_compressed = None
+        # One pass over the positions: each side's log-softmax once, for the KL and both
+        # perplexities (a large vocabulary makes these passes the check's main cost after the runs).
+        for part in _chunks(len(ref)):
+            log_p, log_q = log_softmax(ref[part]), log_softmax(got[part])
+            kl = np.maximum(np.sum(np.exp(log_p) * (log_p - log_q), axis=-1), 0.0)  # -1e-17 where they agree
+            self.kl_sum += float(np.sum(kl))
+            self.kl_max = max(self.kl_max, float(np.max(kl)))
+            if ids is not None and self.nll_reference is not None and self.nll_compressed is not None:
+                rows, picked = np.arange(len(log_p)), ids[part]
+                self.nll_reference -= float(np.sum(log_p[rows, picked]))
+                self.nll_compressed -= float(np.sum(log_q[rows, picked]))
+        same = np.argmax(ref, axis=-1) == np.argmax(got, axis=-1)
+        keep = top2_gaps(ref) >= CONFIDENT_GAP
+        self.positions += len(ref)
+        self.agree += int(np.count_nonzero(same))
+        self.confident_agree += int(np.count_nonzero(same & keep))
+        self.confident_positions += int(np.count_nonzero(keep))
+
+    def result(self) -> DecoderQuality:
+        """The metrics over every position added (nan where there are none)."""
+        n = self.positions
+        ppl_ref = ppl_got = None
+        if self.nll_reference is not None and self.nll_compressed is not None:
+            ppl_ref, ppl_got = (math.exp(self.nll_reference / n), math.exp(self.nll_compressed / n)) if n else (math.nan, math.nan)
+        return DecoderQuality(
+            positions=n, top1=self.agree / n if n else math.nan,
+            top1_confident=self.confident_agree / self.confident_positions if self.confident_positions else math.nan,
+            confident_positions=self.confident_positions, mean_kl=self.kl_sum / n if n else math.nan,
+            max_kl=self.kl_max if n else math.nan, perplexity_reference=ppl_ref, perplexity_compressed=ppl_got,
+        )
+
+
 def decoder_quality(reference: Any, compressed: Any, targets: Any | None = None) -> DecoderQuality:
     """All decoder metrics of `compressed` logits against `reference` logits; with `targets`
     (the next token at each position) the perplexities too."""
-    ref, got = _pair(reference, compressed)
-    ids = None
-    if targets is not None:
-        ids = np.asarray(targets).reshape(-1).astype(np.int64)
-        if len(ids) != len(ref):
-            raise ValueError(f"{len(ids)} targets for {len(ref)} logit positions")
-        if len(ids) and (ids.min() < 0 or ids.max() >= ref.shape[-1]):
-            raise ValueError(f"target ids must lie in [0, {ref.shape[-1]}), got {ids.min()}..{ids.max()}")
-    # One pass over the positions: each side's log-softmax once, for the KL and both
-    # perplexities (a large vocabulary makes these passes the check's main cost after the runs).
-    kl = np.empty(len(ref))
-    nll_ref = nll_got = 0.0
-    for part in _chunks(len(ref)):
-        log_p, log_q = log_softmax(ref[part]), log_softmax(got[part])
-        kl[part] = np.sum(np.exp(log_p) * (log_p - log_q), axis=-1)
-        if ids is not None:
-            rows, picked = np.arange(len(log_p)), ids[part]
-            nll_ref -= float(np.sum(log_p[rows, picked]))
-            nll_got -= float(np.sum(log_q[rows, picked]))
-    kl = np.maximum(kl, 0.0)
-    confident, count = confident_top1_agreement(ref, got)
-    ppl_ref = ppl_got = None
-    if ids is not None:
-        ppl_ref, ppl_got = (math.exp(nll_ref / len(ids)), math.exp(nll_got / len(ids))) if len(ids) else (math.nan, math.nan)
-    return DecoderQuality(
-        positions=len(ref), top1=top1_agreement(ref, got), top1_confident=confident, confident_positions=count,
-        mean_kl=float(np.mean(kl)) if kl.size else float("nan"), max_kl=float(np.max(kl)) if kl.size else float("nan"),
-        perplexity_reference=ppl_ref, perplexity_compressed=ppl_got,
-    )
+    tally = DecoderTally()
+    tally.add(reference, compressed, targets)
+    return tally.result()
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ scored tokens. A reference (another package, or the checkpoint folder evaluated 
 reference interpreter in float32) sees the same windows; per scored position `KL(reference ||
 package)` of the next-token distributions is averaged, top-1 agreement is the fraction of
 positions where both pick the same most likely token, and the ratio is package perplexity /
-reference perplexity (1.0: no loss).
+reference perplexity (1.0: no loss). Every one of these is computed by `rlx_mil.compress.quality`
+(`DecoderTally`, `total_nll`), the definitions the conversion's quality check and the speech
+eval use, over blocks of `BLOCK_POSITIONS` positions.
 
 With a token limit only as much of the text is read and encoded as the first tokens need: a
 prefix of the text, encoded, keeps its first `max_tokens` ids once it yields `PREFIX_MARGIN`
@@ -33,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.compress.quality import DecoderTally, total_nll
 from rlx_mil.errors import InvalidOptionError, RlxMilError
 
 #: Tokens `rlx-mil eval` scores when --max-tokens is not given (a warning says so when the text
@@ -42,6 +45,9 @@ DEFAULT_EVAL_TOKENS = 512
 PREFIX_MARGIN = 64
 #: Largest text file read as a whole (a bounded prefix is read under a token limit).
 MAX_TEXT_BYTES = 1 << 30
+
+#: Positions judged together (both sides' logits held for this many positions at a time).
+BLOCK_POSITIONS = 64
 
 #: (window ids) -> an iterator of next-token logits rows, one per predicted position.
 LogitSource = Callable[[Sequence[int]], Iterator[np.ndarray]]
@@ -81,13 +87,6 @@ class EvalResult:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """log softmax over the last axis, in float64."""
-    x = np.asarray(logits, np.float64)
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def windows(ids: Sequence[int], size: int) -> list[list[int]]:
@@ -149,37 +148,45 @@ def evaluate_text(
     parts = windows(ids, window)
     if not parts:
         raise InvalidOptionError(f"the text has {len(ids)} token(s); perplexity needs at least 2")
-    nll = kl = 0.0
-    agree = scored = 0
-    ref_nll = 0.0
+    tally = DecoderTally()
+    nll = 0.0  # without a reference, the package's own NLL (with one, the tally holds it)
+    scored = 0
     for part in parts:
         targets = part[1:]
         ref_iter = reference_rows(part) if reference_rows is not None else None
+        block: list[np.ndarray] = []
+        ref_block: list[np.ndarray] = []
         for i, row in enumerate(package_rows(part)):
-            logp = log_softmax(row.reshape(-1))
-            if not 0 <= targets[i] < logp.size:
-                raise RlxMilError(f"token id {targets[i]} is outside the package's vocabulary of {logp.size}")
-            nll -= float(logp[targets[i]])
-            scored += 1
+            block.append(np.array(row).reshape(-1))  # a copy: a session may reuse its buffer
+            vocab = block[-1].size
+            if not 0 <= targets[i] < vocab:
+                raise RlxMilError(f"token id {targets[i]} is outside the package's vocabulary of {vocab}")
             if ref_iter is not None:
-                ref_row = next(ref_iter).reshape(-1)
-                if ref_row.size != logp.size:
-                    raise RlxMilError(f"the reference's vocabulary ({ref_row.size}) differs from the package's ({logp.size})")
-                logq = log_softmax(ref_row)
-                ref_nll -= float(logq[targets[i]])
-                kl += float(np.sum(np.exp(logq) * (logq - logp)))
-                agree += int(np.argmax(logq) == np.argmax(logp))
+                ref_block.append(np.array(next(ref_iter)).reshape(-1))
+                if ref_block[-1].size != vocab:
+                    raise RlxMilError(f"the reference's vocabulary ({ref_block[-1].size}) differs from the package's ({vocab})")
+            if len(block) == BLOCK_POSITIONS or i == len(targets) - 1:
+                next_ids = targets[i + 1 - len(block):i + 1]
+                if ref_iter is not None:
+                    tally.add(np.stack(ref_block), np.stack(block), next_ids)
+                else:
+                    nll += total_nll(np.stack(block), next_ids)
+                scored += len(block)
+                block, ref_block = [], []
+    if reference_rows is not None and tally.nll_compressed is not None:
+        nll = tally.nll_compressed
     mean_nll = nll / scored
     result = EvalResult(
         tokens=len(ids), scored=scored, windows=len(parts), window=window, perplexity=math.exp(mean_nll),
         mean_nll=mean_nll,
     )
     if reference_rows is not None:
+        judged = tally.result()
         result.reference = reference
-        result.reference_perplexity = math.exp(ref_nll / scored)
-        result.perplexity_ratio = result.perplexity / result.reference_perplexity
-        result.mean_kl = kl / scored
-        result.top1_agreement = agree / scored
+        result.reference_perplexity = judged.perplexity_reference
+        result.perplexity_ratio = judged.perplexity_ratio
+        result.mean_kl = judged.mean_kl
+        result.top1_agreement = judged.top1
     return result
 
 

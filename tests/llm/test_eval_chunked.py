@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from tiny_llm_package import BUCKET, MAX_CONTEXT, VOCAB, tiny_checkpoint, tiny_stateful_package
 
-from rlx_mil.llm.evaluate import evaluate_text, log_softmax, session_logits
+from rlx_mil.compress.quality import log_softmax
+from rlx_mil.llm.evaluate import evaluate_text, session_logits
 from rlx_mil.llm.generate import Session
 from rlx_mil.llm.package import convert_llm_checkpoint
 

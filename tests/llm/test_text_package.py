@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from models.hf_numpy import FORWARDS
 
 from rlx_mil.cli import main
-from rlx_mil.llm.evaluate import log_softmax
+from rlx_mil.compress.quality import log_softmax
 from rlx_mil.llm.generate import Session
 from rlx_mil.llm.package import reference_greedy
 from rlx_mil.llm.text import TextTokenizer
