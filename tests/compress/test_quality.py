@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -146,3 +147,32 @@ def test_decoder_quality_in_one_pass_equals_the_separate_metrics(rows: int, voca
         q.decoder_quality(ref, got, ids[:-1] if rows > 1 else np.array([0, 0]))
     with pytest.raises(ValueError, match="must lie in"):
         q.decoder_quality(ref, got, np.full(rows, vocab))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 90), min_size=1, max_size=5), st.integers(2, 20), st.integers(0, 2**31 - 1))
+def test_decoder_tally_over_blocks_equals_decoder_quality_at_once(sizes: list[int], vocab: int, seed: int) -> None:
+    """What `rlx-mil eval` does to a long text: blocks added one by one give the numbers of one
+    decoder_quality call on them all (confident positions, max KL and perplexities included)."""
+    rng = np.random.default_rng(seed)
+    total = sum(sizes)
+    ref = rng.standard_normal((total, vocab)) * 3
+    ref[::3, 1] = ref[::3, 0] + 0.01  # near-ties: not confident positions
+    got = ref + rng.standard_normal(ref.shape) * 0.5
+    ids = rng.integers(0, vocab, total)
+    tally = q.DecoderTally()
+    bounds = np.cumsum([0, *sizes])
+    for start, stop in itertools.pairwise(bounds):
+        tally.add(ref[start:stop], got[start:stop], ids[start:stop])
+    blocks, once = tally.result(), q.decoder_quality(ref, got, ids)
+    assert (blocks.positions, blocks.top1, blocks.confident_positions) == (once.positions, once.top1, once.confident_positions)
+    if total:
+        assert blocks.top1_confident == once.top1_confident or (math.isnan(blocks.top1_confident) and math.isnan(once.top1_confident))
+        assert blocks.mean_kl == pytest.approx(once.mean_kl, rel=1e-12)
+        assert blocks.max_kl == once.max_kl
+        assert blocks.perplexity_ratio == pytest.approx(once.perplexity_ratio, rel=1e-12)
+        assert blocks.perplexity_compressed == pytest.approx(q.perplexity(got, ids), rel=1e-12)
+        assert q.total_nll(got, ids) == pytest.approx(total * math.log(q.perplexity(got, ids)), rel=1e-12)
+    # One block without targets: no perplexity for the whole (it would cover part of the text).
+    tally.add(ref[:1], got[:1])
+    assert tally.result().perplexity_ratio is None
