@@ -110,6 +110,25 @@ def detail(text: str) -> None:
             active._detail_shown = now
 
 
+def abandon() -> None:
+    """Stop the running stage, if any: its bar cleared and no longer redrawn, no stage line (the
+    command failed or was interrupted, and says so on the line the bar held)."""
+    global _ACTIVE
+    active = _ACTIVE
+    if active is None:
+        return
+    _ACTIVE = None
+    if active._stop is not None:
+        active._stop.set()
+        active._stop = None
+    bar, active._bar, active._stage = active._bar, None, None
+    if bar is not None:
+        try:
+            bar.close()
+        except Exception:  # a terminal gone away: nothing to clear
+            pass
+
+
 class ItemCount:
     """A count of items inside the running stage, shown beside its bar (the stage counts
     something else: the weights a conversion compresses while its ops are counted):

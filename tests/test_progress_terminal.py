@@ -319,3 +319,30 @@ def test_graph_verify_counts_the_executors_ops(monkeypatch: pytest.MonkeyPatch, 
     # six linears and the output's identity, each counted as it runs
     assert {int(total) for _, total in found} == {7}, frames
     assert counts == sorted(counts) and len(set(counts)) >= 3 and counts[-1] == 7, frames
+
+
+def test_a_failed_commands_line_is_not_drawn_over(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C (or an error) while a stage's bar runs: the command's last line stays last; the
+    bar is not redrawn over it."""
+    import sys
+
+    from rlx_mil.cli import main as cli_main
+
+    monkeypatch.setattr(progress_module, "REFRESH_SECONDS", 0.02)
+    terminal = _Drained()
+
+    def interrupted(args: object) -> int:
+        Progress(stream=terminal.stream).begin("scoring", total=10, unit=" tokens")
+        tick(" tokens", 3)
+        time.sleep(0.1)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys.modules["rlx_mil.cli.main"], "_demo", interrupted)
+    monkeypatch.setattr(sys, "stderr", terminal.stream)
+    try:
+        assert cli_main(["demo", "-q"]) == 130
+        time.sleep(0.3)  # redraws would come now
+    finally:
+        monkeypatch.undo()
+        frames = terminal.frames()
+    assert frames[-1] == "rlx-mil demo: interrupted" and any("3/10" in f for f in frames), frames

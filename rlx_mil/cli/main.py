@@ -514,6 +514,9 @@ def entry() -> int:
 def _failed(args: argparse.Namespace, where: str, line: str) -> None:
     """The failure's line on stderr; with --json, also a JSON object on stdout, so that what
     a --json command prints is JSON whatever the outcome."""
+    from rlx_mil.progress import abandon
+
+    abandon()  # a bar still drawn would overwrite the line
     print(f"{where}: {line}", file=sys.stderr)
     if getattr(args, "json", False):
         kind, _, message = line.partition(": ")
