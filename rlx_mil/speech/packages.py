@@ -186,7 +186,7 @@ def _write_packages(checkpoint: WhisperCheckpoint, staging: Path, folder: Path, 
 
         progress.begin(f"planning auto{config.auto} across the packages")
         compress = plan_folder(config, checkpoint, built, calibration, target=target, precision=precision)
-        progress.end(compress.plan.summary.split("; ")[0])
+        progress.end(compress.plan.summary.split(" (one budget")[0])
     for role, (graph, params) in built.items():
         progress.begin(f"converting {role}")
         # WhisperKit reads one `logits` output: the Neural Engine form keeps it whole (split_logits)

@@ -43,8 +43,7 @@ def planned(tmp_path_factory: pytest.TempPathFactory) -> dict:
     wav = speech_wav(root / "speech.wav", 2.0)
     built = graphs(open_whisper(checkpoint), CACHE, True)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(folder_plan, "CANDIDATES", {4: ("int4", "int8")})
-        patch.setattr(folder_plan, "NARROWER", {4: ("int4-channel",)})
+        patch.setattr(folder_plan, "CANDIDATES", {4: ("int4-channel", "int4", "int8")})
         patch.setattr(folder_plan, "MEASURED", {"encoder": 8, "decoder": 8})
         patch.setattr(calibration, "CALIBRATION_SECONDS", 0.5)
         # A decoder target (mean KL 0.001) the budget cannot hold: the decoder takes every byte
