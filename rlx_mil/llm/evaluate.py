@@ -68,6 +68,10 @@ class EvalResult:
     perplexity_ratio: float | None = None
     mean_kl: float | None = None
     top1_agreement: float | None = None
+    #: Top-1 agreement where the reference's best logit beats its second by >= 0.5 (raw top-1
+    #: on a small model is dominated by near-ties), and how many positions those were.
+    confident_top1_agreement: float | None = None
+    confident_positions: int | None = None
     #: Whether the text had more tokens than were scored (a token limit cut it).
     truncated: bool = False
 
@@ -82,6 +86,8 @@ class EvalResult:
                 f"  perplexity {self.reference_perplexity:.4f}, ratio {self.perplexity_ratio:.5f}",
                 f"  mean KL(reference || package) {self.mean_kl:.6g} nats",
                 f"  top-1 agreement {self.top1_agreement:.4%}",
+                f"  confident top-1 agreement {self.confident_top1_agreement:.4%}"
+                f" ({self.confident_positions} positions with a top-2 gap >= 0.5)",
             ]
         return "\n".join(lines)
 
@@ -187,6 +193,8 @@ def evaluate_text(
         result.perplexity_ratio = judged.perplexity_ratio
         result.mean_kl = judged.mean_kl
         result.top1_agreement = judged.top1
+        result.confident_top1_agreement = judged.top1_confident
+        result.confident_positions = judged.confident_positions
     return result
 
 

@@ -72,6 +72,12 @@ def test_eval_numbers_are_the_quality_checks_on_the_same_logits(window: int) -> 
     assert got.scored == want.positions == len(targets)
     assert 0.1 < want.top1 < 0.95  # the near-ties really flip: top-1 is not trivially 0 or 1
     assert got.top1_agreement == want.top1  # a count over the same positions: exact
+    # confident top-1: only where the reference's best logit beats its second by >= 0.5
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    confident = top2[:, 1] - top2[:, 0] >= 0.5
+    assert 0 < got.confident_positions == int(confident.sum()) == want.confident_positions < len(targets)
+    same = ref.argmax(-1) == pkg.argmax(-1)
+    assert got.confident_top1_agreement == pytest.approx(float(same[confident].mean()), rel=1e-12)
     assert got.mean_kl == pytest.approx(want.mean_kl, rel=1e-12)
     assert got.perplexity == pytest.approx(want.perplexity_compressed, rel=1e-12)
     assert got.reference_perplexity == pytest.approx(want.perplexity_reference, rel=1e-12)
@@ -147,5 +153,7 @@ def test_eval_equals_decoder_quality_for_any_text_and_window(length: int, window
     got = evaluate_text(pkg_src, ids, window, ref_src, "ref")
     want = decoder_quality(ref, pkg, targets)
     assert got.top1_agreement == want.top1
+    assert got.confident_positions == want.confident_positions
+    assert got.confident_top1_agreement == want.top1_confident or want.confident_positions == 0
     assert got.mean_kl == pytest.approx(want.mean_kl, rel=1e-12, abs=1e-300)
     assert got.perplexity_ratio == pytest.approx(want.perplexity_ratio, rel=1e-12)
