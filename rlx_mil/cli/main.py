@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--engine", choices=["auto", "coreml", "milexec", "coreai"], default="auto",
                        help="Core ML (macOS), the NumPy MIL executor, or Apple's Core AI runtime (the coreai "
                             "extra; also on Linux); auto: Core ML where it runs")
-        p.add_argument("--compute-units", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"],
+        p.add_argument("--compute-units", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"], type=str.upper,
                        help="where Core ML runs the model (macOS; default ALL; not stored in a package)")
 
     def conversion_flags(p: argparse.ArgumentParser) -> None:
