@@ -418,6 +418,7 @@ def cases(fx: dict[str, Path], work: Path) -> list[Case]:
     unknown_op = rewritten("unknown-op", original.replace(b"primitive.exp_v1", b"primitive.exq_v1", 1))
     wrong_arity = rewritten("wrong-arity", original.replace(b"primitive.exp_v1", b"primitive.add_v1", 1))
     not_bytecode = rewritten("not-bytecode", original[:16] + os.urandom(len(original) - 16))
+    cut_weights = rewritten("cut-weights", original[: len(original) - 1000])  # blobs end past the file's end
     huge_entry = rewritten("huge-entry", original)
     entries = json.loads((huge_entry / "rlx_mil_entries.json").read_text())
     for entry in entries["entries"].values():
@@ -430,7 +431,7 @@ def cases(fx: dict[str, Path], work: Path) -> list[Case]:
         entry["states"] = {f"{k}_x": v for k, v in entry["states"].items()}
     (other_entries / "rlx_mil_entries.json").write_text(json.dumps(entries))
     assets = {"program+hash rewritten: an unknown op": unknown_op, "program+hash rewritten: an op's operands": wrong_arity,
-              "program+hash rewritten: not bytecode": not_bytecode, "entry points: huge state shapes": huge_entry,
+              "program+hash rewritten: not bytecode": not_bytecode, "program+hash rewritten: weights cut off": cut_weights, "entry points: huge state shapes": huge_entry,
               "entry points: states the program lacks": other_entries,
               "random bytes": h / "random.aimodel", "an empty folder": empty_asset, "main.mlirb truncated": cut_asset,
               "main.mlirb missing": no_blob, "rlx_mil metadata missing": no_meta,

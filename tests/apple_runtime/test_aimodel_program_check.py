@@ -49,13 +49,15 @@ def _one_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("edit", ["an unknown op", "bytes that are not Core AI bytecode"])
+@pytest.mark.parametrize("edit", ["an unknown op", "bytes that are not Core AI bytecode", "the weights cut off"])
 def test_a_program_rewritten_with_its_hash_is_refused(asset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                       edit: str) -> None:
     program = (asset / "main.mlirb").read_bytes()
     if edit == "an unknown op":
         assert program.count(b"primitive.batch_matmul_v1") == 1
         program = program.replace(b"primitive.batch_matmul_v1", b"primitive.batch_matmux_v1")
+    elif edit == "the weights cut off":  # the weight blobs (last in the file) end past its end
+        program = program[: len(program) - 200]
     else:
         program = program[:16] + os.urandom(len(program) - 16)  # the header kept
     bad = _rewritten(asset, tmp_path, program)
