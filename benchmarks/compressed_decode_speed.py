@@ -6,8 +6,8 @@ Converts (once, into --out; kept between runs) decode-only stateful packages of
 * SmolLM2-135M-Instruct from its Hugging Face folder (`real_checkpoints.smollm2`): fp16 and
   `--compress` int8, int4 (per block of 32), uint4-float, lut4, lut4-scaled, lut6;
 * its GGUF (Q4_1 layers, Q8_0 embedding) with the file's codes kept;
-* a GGUF with Q4_0 layers written from that folder by `gguf.quants.quantize` (the same model;
-  no Q4_0 file of it ships);
+* GGUFs with Q4_0 and Q5_1 layers (Q5_1: held split) written from its decoded weights by
+  `gguf.quants.quantize` (the same model; no such file of it ships);
 * Gemma 3 270M Q4_K_M (`--gemma FILE`: Q4_K, Q5_0 held split, Q6_K, Q8_0) with its codes
   kept, and its fp16 peer (the same file's weights decoded, `prequantized_weights` off);
 
@@ -42,9 +42,9 @@ def _run(argv: list[str], fp16_gguf: bool = False) -> None:
     subprocess.run([sys.executable, "-c", code, *argv], check=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
 
 
-def _q4_0_gguf(folder: Path, source: Path, path: Path) -> None:
-    """`source` (the SmolLM2 GGUF) with every Q4_1 tensor re-quantized to Q4_0 from the float
-    weights of `folder` (llama.cpp's Q4_0 quantizer as the `gguf` package implements it)."""
+def _requantized_gguf(source: Path, path: Path, kind: str) -> None:
+    """`source` (the SmolLM2 GGUF) with every Q4_1 tensor re-quantized to `kind` (Q4_0, Q5_1)
+    from its decoded weights (llama.cpp's quantizer as the `gguf` package implements it)."""
     import gguf
     import numpy as np
 
@@ -53,16 +53,17 @@ def _q4_0_gguf(folder: Path, source: Path, path: Path) -> None:
     for field in reader.fields.values():
         if field.name.startswith("GGUF.") or field.name == "general.architecture":
             continue
-        kind = field.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
-            writer.add_key_value(field.name, field.contents(), kind, sub_type=field.types[-1])
+        value_type = field.types[0]
+        if value_type == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(field.name, field.contents(), value_type, sub_type=field.types[-1])
         else:
-            writer.add_key_value(field.name, field.contents(), kind)
+            writer.add_key_value(field.name, field.contents(), value_type)
     for t in reader.tensors:
         data = np.asarray(t.data)
         if t.tensor_type == gguf.GGMLQuantizationType.Q4_1:
-            data = gguf.quants.quantize(gguf.quants.dequantize(data, t.tensor_type), gguf.GGMLQuantizationType.Q4_0)
-            writer.add_tensor(t.name, data, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+            target = gguf.GGMLQuantizationType[kind]
+            data = gguf.quants.quantize(gguf.quants.dequantize(data, t.tensor_type), target)
+            writer.add_tensor(t.name, data, raw_dtype=target)
         else:
             writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
@@ -88,7 +89,8 @@ def main() -> int:
     smol = [("fp16", args.out / "smollm2-fp16.mlpackage")]
     smol += [(s, args.out / f"smollm2-{s}.mlpackage") for s in SCHEMES]
     smol += [("gguf Q4_1 / Q8_0 kept", args.out / "smollm2-gguf-q4_1.mlpackage"),
-             ("gguf Q4_0 / Q8_0 kept", args.out / "smollm2-gguf-q4_0.mlpackage")]
+             ("gguf Q4_0 / Q8_0 kept", args.out / "smollm2-gguf-q4_0.mlpackage"),
+             ("gguf Q5_1 (split) / Q8_0 kept", args.out / "smollm2-gguf-q5_1.mlpackage")]
     groups.append(smol)
     if args.gemma is not None:
         groups.append([("gemma fp16", args.out / "gemma-fp16.mlpackage"),
@@ -103,11 +105,12 @@ def main() -> int:
             _run(["convert-hf", str(folder), "-o", str(path), *COMMON, "--compress", f"{label};check=off"])
         elif label.startswith("gguf Q4_1"):
             _run(["convert-gguf", str(source), "-o", str(path), *COMMON])
-        elif label.startswith("gguf Q4_0"):
-            q4_0 = args.out / "SmolLM2-135M-Instruct.Q4_0.gguf"
-            if not q4_0.exists():
-                _q4_0_gguf(folder, source, q4_0)
-            _run(["convert-gguf", str(q4_0), "-o", str(path), *COMMON])
+        elif label.startswith(("gguf Q4_0", "gguf Q5_1")):
+            kind = label.split()[1]
+            file = args.out / f"SmolLM2-135M-Instruct.{kind}.gguf"
+            if not file.exists():
+                _requantized_gguf(source, file, kind)
+            _run(["convert-gguf", str(file), "-o", str(path), *COMMON])
         elif label == "gemma fp16":
             _run(["convert-gguf", str(args.gemma), "-o", str(path), *COMMON], fp16_gguf=True)
         else:
