@@ -53,6 +53,32 @@ def test_an_unknown_option_prints_the_subcommands_usage(capsys: pytest.CaptureFi
     assert err.startswith("usage: rlx-mil preflight ") and "rlx-mil preflight: error: unrecognized arguments: --bogus" in err
 
 
+@pytest.mark.parametrize("argv, typo", [
+    (["generate", "m.mlpackage", "--bogus"], "--bogus"),  # --prompt missing too: the typo is what is named
+    (["convert-hf", "folder", "--stateful", "--compresss=int4"], "--compresss=int4"),
+    (["eval", "m.mlpackage", "-Z"], "-Z"),
+])
+def test_an_unknown_option_is_named_before_a_missing_required_one(
+        argv: list[str], typo: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as usage:
+        main(argv)
+    assert usage.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"rlx-mil {argv[0]}: error: unrecognized arguments: {typo}"
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "m.mlpackage", "--temp", "0", "-n5", "--prompt", "-"],  # abbreviation, joined value, stdin
+    ["generate", "m.mlpackage", "--prompt-ids", "-3"],  # a negative number is a value
+    ["generate", "m.mlpackage", "--prompt=--bogus"],
+])
+def test_known_spellings_are_not_called_unknown(argv: list[str]) -> None:
+    from rlx_mil.cli.arguments import unknown_options
+    from rlx_mil.cli.main import _parser, _subparser
+
+    assert unknown_options(_subparser(_parser(), argv[0]), argv[1:]) == []
+
+
 def test_compute_units_says_where_it_has_no_effect(graph_json: Path, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     package = tmp_path / "m.mlpackage"

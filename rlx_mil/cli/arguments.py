@@ -7,7 +7,7 @@ import argparse
 import math
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 # The choices below mirror their owners' tables, which import NumPy and more
 # (tests/test_cli_startup.py checks that they agree).
@@ -94,3 +94,24 @@ def announce(args: argparse.Namespace, text: str) -> None:
 
     if not running_under_ci():
         print(text, file=sys.stderr, flush=True)
+
+
+def unknown_options(sub: argparse.ArgumentParser, words: Sequence[str]) -> list[str]:
+    """The option-like words of a subcommand's arguments that `sub` does not take. argparse
+    reports a missing required argument before an unrecognized one, so `generate PKG --bogus`
+    would complain about --prompt instead of naming the typo; looking first names it."""
+    known = set(sub._option_string_actions)
+    long_known = [k for k in known if k.startswith("--")]
+    found = []
+    for word in words:
+        if word == "--":
+            break
+        if not word.startswith("-") or word == "-" or sub._negative_number_matcher.match(word):
+            continue
+        name = word.split("=", 1)[0]
+        if name in known or (name.startswith("--") and sub.allow_abbrev and any(k.startswith(name) for k in long_known)):
+            continue
+        if not name.startswith("--") and name[:2] in known:  # -n5: a short option with its value
+            continue
+        found.append(word)
+    return found

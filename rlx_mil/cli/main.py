@@ -531,7 +531,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     traceback RLX_MIL_TRACEBACK=1 prints. Subcommands set `handler` with `set_defaults` (or
     appear in the table below) and inherit all of this.
     """
+    from rlx_mil.cli.arguments import unknown_options
+
     parser = _parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    at = next((i for i, w in enumerate(words) if not w.startswith("-")), None)
+    sub = _subparser(parser, words[at]) if at is not None else parser
+    if sub is not parser and (typos := unknown_options(sub, words[at + 1:] if at is not None else [])):
+        sub.error(f"unrecognized arguments: {' '.join(typos)}")
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the subcommand's usage, not the top-level one, names what it takes
         _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
