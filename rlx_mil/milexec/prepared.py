@@ -480,8 +480,8 @@ def _choose(memory: str, functions: Any) -> str:
         return memory
     weights = [_weights(resolved.function) for resolved in functions]
     compressed = any(op.op_type.startswith("constexpr_") for ops in weights for op in ops)
-    # float32 forms of the weights up to the budget, the rest read from the mapped file (or
-    # their codes: at most half the fp16 bytes).
+    # float32 forms of the weights up to the budget, the rest read from the mapped file or
+    # decoded once into fp16 (a compressed one): the fp16 bytes past the budget, at most half.
     need = min(2 * _fp16_bytes(weights), int(FAST_CACHE_RATIO * _fp16_bytes(weights))) + _fp16_bytes(weights) // 2
     available = _available_bytes()
     if available is None or need <= available // 2:
