@@ -218,6 +218,17 @@ def _decoder_part(config: CompressionConfig, built: Mapping[str, tuple[Graph, Ma
                         lambda loss: f"mean KL {loss:.3g}")
 
 
+def folder_budget(config: CompressionConfig) -> float:
+    """The folder's budget: the user's, else none with a quality target (the search stops at
+    it), else `FOLDER_BUDGETS` / `AUTO_BUDGETS` for the width."""
+    if config.budget is not None:
+        return float(config.budget)
+    if config.max_kl is not None or config.min_top1 is not None:
+        return 1.0
+    bits = config.auto or 4
+    return FOLDER_BUDGETS.get(bits, AUTO_BUDGETS[bits])
+
+
 def plan_folder(config: CompressionConfig, checkpoint: WhisperCheckpoint,
                 built: Mapping[str, tuple[Graph, Mapping[str, Any]]], calibration: SpeechCalibration, *,
                 target: str, precision: str) -> CompressionConfig:
@@ -240,9 +251,7 @@ def plan_folder(config: CompressionConfig, checkpoint: WhisperCheckpoint,
     encoder, encoded = _encoder_part(config, built, spec, checkpoint, mel, tgt, prec, candidates)
     decoder = _decoder_part(config, built, spec, checkpoint, encoded, calibration, tgt, prec, candidates)
     search = config.max_kl is not None or config.min_top1 is not None
-    budget = config.budget if config.budget is not None else (
-        1.0 if search else FOLDER_BUDGETS.get(bits, AUTO_BUDGETS[bits]))
-    plan = plan_across(bits, [encoder, decoder], budget, search)
+    plan = plan_across(bits, [encoder, decoder], folder_budget(config), search)
     plan.summary += f"; measured on {calibration.label}"
     # The stateful decoder reads the tied table whole: it takes the widest of its pieces' schemes.
     for name in list(plan.schemes):

@@ -129,3 +129,12 @@ def test_calibration_audio_needs_compress_and_is_read_before_converting(planned:
     assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path / "c"), "--compress", "auto4",
                  "--compress-calibration", str(planned["wav"])]) != 0
     assert "RuntimeError: planned" in capsys.readouterr().err and seen["label"].endswith("s of speech.wav")
+
+
+def test_the_folder_budget() -> None:
+    # auto4's default for a speech folder is measured (0.33x of the fp16 packages on Whisper base)
+    assert folder_plan.folder_budget(parse_compress("auto4")) == 0.325
+    assert folder_plan.folder_budget(parse_compress("auto6")) == 0.42  # AUTO_BUDGETS where none is measured
+    assert folder_plan.folder_budget(parse_compress("auto4;budget=0.4;max_kl=0.01")) == 0.4
+    assert folder_plan.folder_budget(parse_compress("auto4;max_kl=0.01")) == 1.0  # the target search stops the widening
+
