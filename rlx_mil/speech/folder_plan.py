@@ -38,7 +38,7 @@ from rlx_mil.compress.auto import (
 )
 from rlx_mil.compress.fit import fit_to_shape
 from rlx_mil.compress.plan import WeightCompressor, encode, store_dtype
-from rlx_mil.compress.quality import kl_per_position
+from rlx_mil.compress.quality import cosine, decoder_quality, kl_per_position
 from rlx_mil.compress.schemes import AUTO_BUDGETS, CompressionConfig, Scheme
 from rlx_mil.compress.sensitivity import KL_UNIT, SQUARED_UNIT, Replaced, kl_for_top1, measure_sample
 from rlx_mil.ir import Graph
@@ -114,7 +114,7 @@ class _Package:
 
 def _encoder_part(config: CompressionConfig, built: Mapping[str, tuple[Graph, Mapping[str, Any]]], spec: Any,
                   checkpoint: WhisperCheckpoint, mel: np.ndarray, target: Target, precision: Precision,
-                  candidates: tuple[str, ...]) -> tuple[PlanPart, np.ndarray]:
+                  candidates: tuple[str, ...]) -> tuple[PlanPart, np.ndarray, Callable[[Mapping[str, Scheme]], np.ndarray]]:
     from rlx_mil.reference import evaluate
     graph, params = built[ENCODER]
     package = _Package(config, graph, params, target, precision, candidates)
@@ -132,9 +132,17 @@ def _encoder_part(config: CompressionConfig, built: Mapping[str, tuple[Graph, Ma
         got = evaluate(short, feeds, Replaced(weights, name, value[:positions] if name == table else value))
         return float(np.sum((np.asarray(got["encoder_output_embeds"], np.float64) - want) ** 2)) / scale
 
+    def mixed(schemes: Mapping[str, Scheme]) -> np.ndarray:
+        """The encoder's output with every planned weight as `schemes` give them back."""
+        values = dict(weights)
+        for name in package.names:
+            value = package.value(name, schemes[name])
+            values[name] = value[:positions] if name == table else value
+        return np.asarray(evaluate(short, feeds, values)["encoder_output_embeds"], np.float32)
+
     part = package.part(ENCODER, measure, MEASURED["encoder"], SQUARED_UNIT, 2 * (1 - FOLDER_COSINE),
                         lambda loss: f"cosine {1 - loss / 2:.4f}")
-    return part, want.astype(np.float32)
+    return part, want.astype(np.float32), mixed
 
 
 def _transcript(checkpoint: WhisperCheckpoint, calibration: SpeechCalibration,
@@ -161,7 +169,7 @@ def _transcript(checkpoint: WhisperCheckpoint, calibration: SpeechCalibration,
 
 def _decoder_part(config: CompressionConfig, built: Mapping[str, tuple[Graph, Mapping[str, Any]]], spec: Any,
                   checkpoint: WhisperCheckpoint, encoded: np.ndarray, calibration: SpeechCalibration, target: Target,
-                  precision: Precision, candidates: tuple[str, ...]) -> PlanPart:
+                  precision: Precision, candidates: tuple[str, ...]) -> tuple[PlanPart, Callable[..., Any]]:
     from rlx_mil.reference import evaluate
     graph, params = built[DECODER]
     package = _Package(config, graph, params, target, precision, candidates)
@@ -213,9 +221,26 @@ def _decoder_part(config: CompressionConfig, built: Mapping[str, tuple[Graph, Ma
         got = np.asarray(run(ids, replaced, held)["logits"], np.float64)[0, first - 1:-1]
         return float(np.mean(kl_per_position(want, got)))
 
+    def mixed(schemes: Mapping[str, Scheme], encoded_mix: np.ndarray) -> Any:
+        """The decoder with every planned weight as `schemes` give them back, attending to
+        `encoded_mix`, judged against the float decoder on the float encoder's output."""
+        values = dict(weights)
+        for name in package.names:
+            value = package.value(name, schemes[name])
+            rows = parse_rows_name(name)
+            if rows is None:
+                values[name] = value
+                continue
+            if values[rows[0]] is weights[rows[0]]:
+                values[rows[0]] = weights[rows[0]].copy()
+            values[rows[0]][rows[1]:rows[2]] = value
+        held = evaluate(cross_graph, {"encoder_output_embeds": encoded_mix}, ParamsOf(values, cross_names))
+        got = np.asarray(run(ids, values, held)["logits"], np.float64)[0, first - 1:-1]
+        return decoder_quality(want, got, ids[first:])
+
     bounds = [b for b in (config.max_kl, None if config.min_top1 is None else kl_for_top1(config.min_top1)) if b is not None]
     return package.part(DECODER, measure, MEASURED["decoder"], KL_UNIT, min(bounds) if bounds else FOLDER_KL,
-                        lambda loss: f"mean KL {loss:.3g}")
+                        lambda loss: f"mean KL {loss:.3g}"), mixed
 
 
 def folder_budget(config: CompressionConfig) -> float:
@@ -248,11 +273,16 @@ def plan_folder(config: CompressionConfig, checkpoint: WhisperCheckpoint,
     mel = np.asarray(evaluate(mel_graph, {"audio": samples}, mel_params)["melspectrogram_features"], np.float32)
     positions = max(1, min(spec.n_audio_ctx, -(-len(calibration.samples) // 320)))
     mel = mel.reshape(spec.num_mel_bins, -1)[:, :_STRIDE * positions]
-    encoder, encoded = _encoder_part(config, built, spec, checkpoint, mel, tgt, prec, candidates)
-    decoder = _decoder_part(config, built, spec, checkpoint, encoded, calibration, tgt, prec, candidates)
+    encoder, encoded, encoder_mix = _encoder_part(config, built, spec, checkpoint, mel, tgt, prec, candidates)
+    decoder, decoder_mix = _decoder_part(config, built, spec, checkpoint, encoded, calibration, tgt, prec, candidates)
     search = config.max_kl is not None or config.min_top1 is not None
     plan = plan_across(bits, [encoder, decoder], folder_budget(config), search)
-    plan.summary += f"; measured on {calibration.label}"
+    # The mix as planned, measured on the calibration (both packages together, the decoder on
+    # the mixed encoder's output): what the predictions became.
+    got = encoder_mix(plan.schemes)
+    judged = decoder_mix(plan.schemes, got)
+    plan.summary += (f"; measured on {calibration.label}; the mix on it: encoder cosine {cosine(encoded, got):.4f},"
+                     f" decoder {judged.summary()}")
     # The stateful decoder reads the tied table whole: it takes the widest of its pieces' schemes.
     for name in list(plan.schemes):
         rows = parse_rows_name(name)

@@ -60,6 +60,10 @@ def test_one_budget_is_spent_over_both_packages(planned: dict) -> None:
     summary = config.plan.summary
     assert summary.startswith("auto4 across 2 packages") and f"one budget {BUDGET:g}x over all" in summary
     assert "measured on 0.5 s of speech.wav" in summary  # the user's audio, cut to the calibration length
+    # the mix as planned, measured on that audio: both packages together
+    found = re.search(r"the mix on it: encoder cosine (0\.\d+), decoder top-1 (\d+\.\d) %.*?, KL ([\d.]+), ppl", summary)
+    assert found is not None, summary
+    assert 0.95 < float(found.group(1)) < 1 and 0 < float(found.group(3)) < 1
     before, after, said = {}, {}, {}
     for role in ("AudioEncoder", "TextDecoder"):
         graph, params = planned["built"][role]
