@@ -41,6 +41,7 @@ from rlx_mil.compress.code_store import CodeWriter, WriterFactory
 from rlx_mil.compress.linear import LinearCodes, finite_slab, quantize_linear, rows_view
 from rlx_mil.compress.palette import (
     PaletteCodes,
+    fit_lut,
     group_rows,
     lloyd_1d,
     palettize,
@@ -87,7 +88,8 @@ def _check_hessian(hessian: np.ndarray, width: int, name: str) -> np.ndarray:
 
 def weighted_table(values: np.ndarray, weights: np.ndarray, k: int) -> np.ndarray:
     """A sorted k-entry table minimising sum(weights * (values - nearest entry)^2): weighted
-    Lloyd from weighted-quantile and evenly spaced seeds, the better of the two."""
+    Lloyd from weighted-quantile seeds, evenly spaced seeds and the unweighted table, the best
+    of the three."""
     flat = values.reshape(-1).astype(np.float64)
     wts = np.broadcast_to(weights, values.shape).reshape(-1).astype(np.float64)
     order = np.argsort(flat, kind="stable")
@@ -101,8 +103,10 @@ def weighted_table(values: np.ndarray, weights: np.ndarray, k: int) -> np.ndarra
     summed = np.add.reduceat(wts, start)
     if distinct.size <= k:
         return np.concatenate([distinct, np.full(k - distinct.size, distinct[-1])])
+    # Lloyd is local: also from the unweighted table, so the result never costs more than it.
     runs = [lloyd_1d(distinct, summed, quantile_seeds(distinct, summed, k)),
-            lloyd_1d(distinct, summed, np.linspace(distinct[0], distinct[-1], k))]
+            lloyd_1d(distinct, summed, np.linspace(distinct[0], distinct[-1], k)),
+            lloyd_1d(distinct, summed, fit_lut(flat, k))]
     errors = [weighted_sse(distinct, summed, c) for c in runs]
     return runs[int(np.argmin(errors))]
 

@@ -74,7 +74,7 @@ def lloyd_1d(values: np.ndarray, counts: np.ndarray, seeds: np.ndarray, max_iter
         n = cum_n[edges[1:]] - cum_n[edges[:-1]]
         s = cum_s[edges[1:]] - cum_s[edges[:-1]]
         with np.errstate(invalid="ignore", divide="ignore"):
-            moved = np.where(n > 0, s / np.maximum(n, 1), centroids)
+            moved = np.where(n > 0, s / np.where(n > 0, n, 1), centroids)  # n may be a weight below 1
         moved = np.sort(moved)
         if np.array_equal(moved, centroids):
             break

@@ -230,3 +230,15 @@ def test_embedding_tables_are_rounded_plainly() -> None:
     h = comp.fit.hessian("layers.0.self_attn.q_proj.weight", config.hidden)
     assert h is not None and h.shape == (config.hidden, config.hidden)
     np.testing.assert_allclose(np.trace(h), 1.0, rtol=1e-6)  # every position counts once
+
+
+def test_weighted_table_does_not_depend_on_the_weights_scale() -> None:
+    """Weights below 1 (a normalised Hessian's diagonal) fit the same table as the same weights
+    times 1000 (a cluster's weight was once clamped to at least 1, pulling small-weight entries
+    toward 0: a grouped table lost its outer entries)."""
+    rng = np.random.default_rng(4)
+    values = rng.standard_normal(16 * 64)
+    weights = rng.uniform(0.1, 1.0, values.size) / 576
+    small, large = weighted_table(values, weights, 64), weighted_table(values, weights * 1000, 64)
+    np.testing.assert_allclose(small, large, rtol=1e-9, atol=1e-12)
+    assert small[-1] > 0.5 * values.max()
