@@ -19,7 +19,8 @@ from rlx_mil.compress.plan import encode
 from rlx_mil.errors import CompressionWarning
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.models.random_checkpoint import write_random_checkpoint
-from rlx_mil.models.whisper_checkpoint import open_whisper
+from rlx_mil.models.whisper import build_cross_kv, build_stateful_decoder
+from rlx_mil.models.whisper_checkpoint import ParamsOf, open_whisper
 from rlx_mil.speech import calibration, folder_plan
 from rlx_mil.speech.calibration import builtin_speech, speech_calibration
 from rlx_mil.speech.folder_plan import plan_folder
@@ -141,4 +142,16 @@ def test_the_folder_budget() -> None:
     assert folder_plan.folder_budget(parse_compress("auto6")) == 0.42  # AUTO_BUDGETS where none is measured
     assert folder_plan.folder_budget(parse_compress("auto4;budget=0.4;max_kl=0.01")) == 0.4
     assert folder_plan.folder_budget(parse_compress("auto4;max_kl=0.01")) == 1.0  # the target search stops the widening
+
+
+def test_a_stateful_decoder_takes_the_same_schemes(planned: dict) -> None:
+    # --stateful converts the decoder again (the cross-attention and decode functions): its
+    # weights are the TextDecoder's, and each takes the plan's scheme
+    config = planned["config"]
+    spec = open_whisper(planned["checkpoint"]).spec
+    for graph, names in (build_stateful_decoder(spec), build_cross_kv(spec)):
+        compressor = WeightCompressor(config, graph, Target.IOS18, Precision.FP16,
+                                      params=ParamsOf(open_whisper(planned["checkpoint"]).params, names))
+        assert compressor.auto_names
+        assert all(compressor.schemes[n] == config.plan.schemes[n] for n in compressor.auto_names)
 
