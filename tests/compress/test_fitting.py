@@ -193,7 +193,7 @@ def test_the_neural_engine_auto4_fits_its_codes_unless_told_otherwise() -> None:
     from rlx_mil.coreml.deploy import DeployForm
     from rlx_mil.coreml.deploy.compression import form_compression
 
-    assert form_compression("auto4", DeployForm.ANE).fit == "gptq"
+    assert form_compression("auto4", DeployForm.ANE).fit == "on"
     assert form_compression("auto4;fit=off", DeployForm.ANE).fit == "off"
     assert form_compression("auto4", DeployForm.GPU).fit is None
     assert form_compression("4bit", DeployForm.ANE).fit is None

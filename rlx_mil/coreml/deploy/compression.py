@@ -4,7 +4,7 @@
 |---|---|---|---|
 | `plain` | per-block int4 (block 32; today's default) | `rlx_mil.compress.auto.CANDIDATES` | 0.30x |
 | `gpu` | per-block int4 (block 32): fastest on the GPU, where a 4-bit LUT is 2.3x slower (FluidInference/mobius#81) | int4, uint4-float, int8 (no LUTs) | 0.36x |
-| `ane` | `lut4-scaled`: one 4-bit LUT on max-normalised rows and an fp16 scale per output channel (measured: SmolLM2 top-1 0.52 with an int8 head where grouped `lut4` keeps 0.31); per-block ints run on the GPU/CPU only (coremltools #2510) | lut4-scaled, lut6, lut6-scaled, int8 per channel (no per-block ints); lut3-scaled too with measured sensitivities; codes rounded with error compensation on the calibration text (`fit=gptq`) | 0.40x |
+| `ane` | `lut4-scaled`: one 4-bit LUT on max-normalised rows and an fp16 scale per output channel (measured: SmolLM2 top-1 0.52 with an int8 head where grouped `lut4` keeps 0.31); per-block ints run on the GPU/CPU only (coremltools #2510) | lut4-scaled, lut6, lut6-scaled, int8 per channel (no per-block ints); lut3-scaled too with measured sensitivities; tables and codes fitted to the calibration text (`fit=on`: activation-weighted, GPTQ-rounded) | 0.40x |
 
 An explicit scheme (`int4`, `lut4-group8`, ...) is always what it says, and so is an explicit
 budget (`auto4;budget=0.3`, `--compress-budget`). The forms' default budgets are measured
@@ -38,8 +38,9 @@ AUTO4: dict[DeployForm, tuple[str, tuple[str, ...], float]] = {
 AUTO4_NARROWER: dict[DeployForm, tuple[str, ...]] = {DeployForm.ANE: ("lut3-scaled",)}
 #: `auto4`'s codes per form when the config does not say (`fit=`, `rlx_mil.compress.fitting`):
 #: the Neural Engine's per-channel palettes cannot hold a per-block grid, so their codes are
-#: rounded with error compensation on the calibration text (module doc).
-AUTO4_FIT: dict[DeployForm, str] = {DeployForm.ANE: "gptq"}
+#: fitted to the calibration text: activation-weighted tables, codes rounded with error
+#: compensation (module doc).
+AUTO4_FIT: dict[DeployForm, str] = {DeployForm.ANE: "on"}
 _FOUR_BIT = re.compile(r"^\s*4-?bit\s*$", re.IGNORECASE)
 
 
