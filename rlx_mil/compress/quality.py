@@ -345,6 +345,8 @@ class OutputQuality:
     name: str
     cosine: float
     psnr: float
+    #: How many examples (the leading axis of a batch: sentences) `cosine` is the worst of.
+    items: int = 1
 
     def failures(self, thresholds: QualityThresholds = DEFAULT_THRESHOLDS) -> list[str]:
         if not self.cosine >= thresholds.min_cosine:
@@ -353,12 +355,20 @@ class OutputQuality:
 
     def summary(self) -> str:
         db = "inf" if math.isinf(self.psnr) else f"{self.psnr:.1f}"
-        return f"{self.name} cosine {self.cosine:.4f}, PSNR {db} dB"
+        worst = f" (the worst of {self.items} examples)" if self.items > 1 else ""
+        return f"{self.name} cosine {self.cosine:.4f}{worst}, PSNR {db} dB"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "cosine": self.cosine, "psnr": _finite(self.psnr)}
+        return {"name": self.name, "cosine": self.cosine, "psnr": _finite(self.psnr), "items": self.items}
 
 
-def output_quality(name: str, reference: Any, compressed: Any) -> OutputQuality:
-    """Cosine and PSNR of one compressed output against the reference."""
-    return OutputQuality(name=name, cosine=cosine(reference, compressed), psnr=psnr(reference, compressed))
+def output_quality(name: str, reference: Any, compressed: Any, *, per_example: bool = False) -> OutputQuality:
+    """Cosine and PSNR of one compressed output against the reference. `per_example`: an
+    output with a batch of several examples (sentence embeddings `[batch, hidden]`) is judged
+    by its worst example's cosine: one bad sentence among good ones moves the cosine of the
+    whole batch little (MiniLM `int4`: 0.958 over 8 sentences, 0.947 for the worst)."""
+    ref, got = np.asarray(reference), np.asarray(compressed)
+    if per_example and ref.ndim >= 2 and ref.shape[0] > 1 and ref.shape == got.shape:
+        worst = min(cosine(r, g) for r, g in zip(ref, got, strict=True))
+        return OutputQuality(name=name, cosine=worst, psnr=psnr(ref, got), items=int(ref.shape[0]))
+    return OutputQuality(name=name, cosine=cosine(ref, got), psnr=psnr(ref, got))

@@ -132,7 +132,7 @@ def judge_outputs(
             else:
                 check.decoder = decoder_quality(r, g)
             continue
-        check.outputs.append(output_quality(name, r, g))
+        check.outputs.append(output_quality(name, r, g, per_example=True))
     return check
 
 
@@ -155,7 +155,8 @@ def check_from_dict(raw: Mapping[str, Any]) -> QualityCheck:
     if dec is not None:
         decoder = DecoderQuality(**{k: (v if k.startswith("perplexity") else _num(v))
                                     for k, v in dec.items() if k != "perplexity_ratio"})
-    outputs = [OutputQuality(o["name"], float(_num(o["cosine"])), float(_num(o["psnr"], math.inf))) for o in raw.get("outputs", [])]
+    outputs = [OutputQuality(o["name"], float(_num(o["cosine"])), float(_num(o["psnr"], math.inf)), _items(o.get("items")))
+               for o in raw.get("outputs", [])]
     t = raw.get("thresholds") or {}
     return QualityCheck(
         compared_with=str(raw.get("compared_with", UNCOMPRESSED)), inputs=str(raw.get("inputs", "")), decoder=decoder,
@@ -166,3 +167,7 @@ def check_from_dict(raw: Mapping[str, Any]) -> QualityCheck:
 
 def _num(value: Any, missing: float = math.nan) -> Any:
     return missing if value is None else value
+
+
+def _items(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1

@@ -176,3 +176,28 @@ def test_decoder_tally_over_blocks_equals_decoder_quality_at_once(sizes: list[in
     # One block without targets: no perplexity for the whole (it would cover part of the text).
     tally.add(ref[:1], got[:1])
     assert tally.result().perplexity_ratio is None
+
+
+def test_a_batch_of_examples_is_judged_by_its_worst_example() -> None:
+    """Eight sentence embeddings, one of them damaged: the batch's cosine as one vector stays
+    above the 0.95 threshold, the damaged sentence's does not, and the check fails on it."""
+    from rlx_mil.compress.quality_check import check_from_dict, judge_outputs
+
+    rng = np.random.default_rng(3)
+    want = rng.standard_normal((8, 384))
+    got = want + 0.05 * rng.standard_normal((8, 384))
+    got[5] = want[5] + 0.45 * rng.standard_normal(384)
+    whole, per = q.cosine(want, got), [q.cosine(a, b) for a, b in zip(want, got, strict=True)]
+    assert whole > 0.95 > min(per)
+
+    check = judge_outputs({"embeddings": want}, {"embeddings": got}, {}, inputs_label="8 sentences")
+    (out,) = check.outputs
+    assert out.items == 8 and out.cosine == pytest.approx(min(per), rel=1e-12)
+    assert not check.ok and "'embeddings' cosine" in check.failures[0]
+    assert "the worst of 8 examples" in check.summary()
+    again = check_from_dict(check.to_dict())
+    assert again.outputs[0].items == 8 and not again.ok
+    # One example (a batch of 1, or the API's default): the cosine of the whole output.
+    single = q.output_quality("x", want[:1], got[:1], per_example=True)
+    assert single.items == 1 and single.cosine == pytest.approx(q.cosine(want[:1], got[:1]))
+    assert q.output_quality("x", want, got).cosine == pytest.approx(whole)
