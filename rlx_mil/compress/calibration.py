@@ -12,7 +12,7 @@ with) against the float weights on the same inputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,19 @@ def _weight_param(graph: Graph, node_id: int) -> str | None:
     return None
 
 
+def _matmul_activations(graph: Graph, values: Mapping[int, Any]) -> Iterator[tuple[str, int, np.ndarray]]:
+    """(weight param name, activation node id, activation) for every matmul of a weight in
+    `graph`, from one reference run's `values`."""
+    for node in graph:
+        ports = _MATMULS.get(node.op.type_name)
+        if ports is None or len(node.inputs) <= ports[1]:
+            continue
+        name = _weight_param(graph, node.inputs[ports[1]])
+        act = values.get(node.inputs[ports[0]])
+        if name is not None and act is not None and act.ndim >= 1:
+            yield name, node.inputs[ports[0]], act
+
+
 def activation_importance(graph: Graph, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Param name -> E[x_j^2] of the activation each input column j of that matmul weight
     multiplies (averaged over its uses); float64 vectors of the weight's input width."""
@@ -60,14 +73,7 @@ def activation_importance(graph: Graph, params: Mapping[str, Any], inputs: Mappi
     values = evaluate_all(graph, inputs, params)
     sums: dict[str, np.ndarray] = {}
     uses: dict[str, int] = {}
-    for node in graph:
-        ports = _MATMULS.get(node.op.type_name)
-        if ports is None or len(node.inputs) <= ports[1]:
-            continue
-        name = _weight_param(graph, node.inputs[ports[1]])
-        act = values.get(node.inputs[ports[0]])
-        if name is None or act is None or act.ndim < 1:
-            continue
+    for name, _, act in _matmul_activations(graph, values):
         x = np.asarray(act, np.float64).reshape(-1, act.shape[-1])
         stat = np.mean(x * x, axis=0)
         if name in sums and sums[name].shape != stat.shape:
@@ -89,17 +95,10 @@ def input_activations(graph: Graph, params: Mapping[str, Any], inputs: Mapping[s
     values = evaluate_all(graph, inputs, params)
     rows: dict[int, np.ndarray] = {}
     found: dict[str, list[np.ndarray]] = {}
-    for node in graph:
-        ports = _MATMULS.get(node.op.type_name)
-        if ports is None or len(node.inputs) <= ports[1]:
-            continue
-        name = _weight_param(graph, node.inputs[ports[1]])
-        act = values.get(node.inputs[ports[0]])
-        if name is None or act is None or act.ndim < 1:
-            continue
-        if node.inputs[ports[0]] not in rows:
-            rows[node.inputs[ports[0]]] = np.asarray(act, np.float32).reshape(-1, act.shape[-1])
-        x = rows[node.inputs[ports[0]]]
+    for name, source, act in _matmul_activations(graph, values):
+        if source not in rows:
+            rows[source] = np.asarray(act, np.float32).reshape(-1, act.shape[-1])
+        x = rows[source]
         if found.get(name) and found[name][0].shape[1] != x.shape[1]:
             continue
         found.setdefault(name, []).append(x)
