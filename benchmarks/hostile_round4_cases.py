@@ -48,6 +48,9 @@ class Case:
     #: `interrupt_after` counts from the moment a bare interpreter would be up (measured just
     #: before the case): the command's own first moments, whatever the machine's load.
     after_interpreter_start: bool = False
+    #: SIGINT as soon as stderr shows this text (a stage line: the command is mid-work on any
+    #: machine, where a fixed delay can land after an idle machine has finished).
+    interrupt_on: str | None = None
     result: dict[str, Any] = field(default_factory=dict)
 
 
@@ -453,13 +456,16 @@ def cases(fx: dict[str, Path], work: Path) -> list[Case]:
     tmp_out = h / "int" / "x.mlpackage"
     tmp_out.parent.mkdir()
     add("Ctrl-C during convert-hf", ["convert-hf", fx["chat"], "-o", tmp_out, "--stateful", "--max-context", "32",
-                                     "--prefill", "8"], codes=(130,), interrupt_after=6.0, absent=(tmp_out,))
+                                     "--prefill", "8"], codes=(130,),
+        interrupt_on="is not a multiple of 32",  # the fixture's NeuralEngineWarning, before the conversion
+        absent=(tmp_out,))
     add("Ctrl-C during eval", [*ev, "--text", line, "--max-tokens", "all"], codes=(130,), interrupt_after=8.0)
     demo_out = h / "int" / "demo.mlpackage"
     add("Ctrl-C during demo", ["demo", "-o", demo_out, "--layers", "1", "--hidden", "32", "--heads", "2",
                                "--kv-heads", "1", "--seq", "8", "-q"], codes=(130, 0), interrupt_after=9.0,
         absent=(demo_out,))
-    add("Ctrl-C during transcribe", [*tr, fx["long_wav"]], codes=(130,), interrupt_after=8.0)
+    # 90 s of audio: about 4 s idle, so the Ctrl-C lands early in the work on any machine
+    add("Ctrl-C during transcribe", [*tr, fx["long_wav"]], codes=(130,), interrupt_after=1.5)
     add("Ctrl-C during generate", [*gen, "--prompt", "Hi", "-n", "10000"], codes=(130, 0), interrupt_after=3.0)
     # Ctrl-C while a command starts (imports, argument parsing): one line and 130, or, sent
     # before the interpreter set up its handler, the signal's own end with nothing printed.
@@ -472,8 +478,11 @@ def cases(fx: dict[str, Path], work: Path) -> list[Case]:
         add(f"Ctrl-C right after spawn: {label}", argv, codes=(130, -2, 0), interrupt_after=0.0, silent_ok=True,
             absent=(early_out,))
         for delay in (0.0, 0.02, 0.05, 0.1):
-            add(f"Ctrl-C {delay:.2f} s into the command: {label}", argv, codes=(130, 0), interrupt_after=delay,
-                after_interpreter_start=True, absent=(early_out,))
+            # a quick command (--help) may already be in the interpreter's shutdown, where Python
+            # has put back the default handler: killed by the signal, nothing printed (130 to a
+            # shell) is a correct end too
+            add(f"Ctrl-C {delay:.2f} s into the command: {label}", argv, codes=(130, -2, 0), interrupt_after=delay,
+                after_interpreter_start=True, absent=(early_out,), silent_ok=True)
     twin = h / "twin" / "m.mlpackage"
     add("two conversions to one destination", ["convert-hf", fx["chat"], "-o", twin, "--stateful", "--max-context",
                                                "32", "--prefill", "8", "-q"], codes=(0, 1), during=_twin_run,
