@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from saved_programs import save_program
 
 from rlx_mil import milexec
 from rlx_mil.milexec.prepared import prepare
@@ -65,11 +66,7 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, d
         y = mb.add(x=mb.linear(x=x, weight=six), y=mb.linear(x=x, weight=grouped), name="y")
         return y, mb.gather(x=two, indices=ids, axis=0, name="rows"), mb.gather(x=six, indices=ids, axis=0, name="rows6")
 
-    model = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS26,
-                       compute_precision=ct.precision.FLOAT16, skip_model_load=True)
-    path = tmp_path_factory.mktemp("chain") / "chain.mlpackage"
-    model.save(str(path))
-    return path, codes
+    return save_program(prog, tmp_path_factory.mktemp("chain") / "chain.mlpackage", target="iOS26", fp16=True), codes
 
 
 def _inputs() -> dict[str, np.ndarray]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from saved_programs import save_program
 
 from rlx_mil import milexec
 from rlx_mil.milexec.lut_weight import LutWeight
@@ -67,11 +68,7 @@ def package(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                  mb.gather(x=weights["both8"], indices=ids, axis=0, name="rows8")]
         return tuple(outs)
 
-    model = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
-                       compute_precision=ct.precision.FLOAT16 if fp16 else ct.precision.FLOAT32, skip_model_load=True)
-    path = tmp_path_factory.mktemp("lut") / f"{request.param}.mlpackage"
-    model.save(str(path))
-    return path, fp16
+    return save_program(prog, tmp_path_factory.mktemp("lut") / f"{request.param}.mlpackage", fp16=fp16), fp16
 
 
 def _inputs() -> dict[str, np.ndarray]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from saved_programs import save_program
 
 from rlx_mil import milexec
 from rlx_mil.milexec.prepared import prepare
@@ -98,12 +99,7 @@ def package(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                 mb.linear(x=x, weight=q5_k, name="yk"), mb.gather(x=q5_1, indices=ids, axis=0, name="rows"),
                 mb.gather(x=q5_k, indices=ids, axis=0, name="rows_k"))
 
-    model = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
-                       compute_precision=ct.precision.FLOAT16 if fp16 else ct.precision.FLOAT32,
-                       skip_model_load=True)
-    path = tmp_path_factory.mktemp("split") / f"{request.param}.mlpackage"
-    model.save(str(path))
-    return path, fp16
+    return save_program(prog, tmp_path_factory.mktemp("split") / f"{request.param}.mlpackage", fp16=fp16), fp16
 
 
 def _inputs() -> dict[str, np.ndarray]:
