@@ -15,6 +15,7 @@ KeyError or TypeError from deep inside a reader.
 | `rlx_mil.input_ranges` | `{function: {input: [min, max]}}`: value ranges of integer inputs (`rlx_mil.input_contract`) |
 | `rlx_mil.split_outputs` | `{function: {output: {"axis", "pieces", "sizes"}}}`: outputs computed as pieces (`SplitOutputs`) |
 | `rlx_mil.deploy` | the deployment form, `"gpu"` or `"ane"` (`rlx_mil.coreml.deploy`); absent: `"plain"` |
+| `rlx_mil.source` | `{"name", "named_by", "architecture"}`: the source model's name, where that name came from, its architecture (`ModelSource`) |
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ FUNCTIONS = "rlx_mil.functions"
 INPUT_RANGES = INPUT_RANGES_METADATA_KEY
 DEPLOY = "rlx_mil.deploy"
 SPLIT_OUTPUTS = "rlx_mil.split_outputs"
+SOURCE = "rlx_mil.source"
 
 #: Every key rlx_mil writes.
-KEYS = (IO_NAMES, GRAPH, TARGET, PRECISION, VERSION, LLM, FUNCTIONS, COMPRESSION, INPUT_RANGES, DEPLOY, SPLIT_OUTPUTS)
+KEYS = (IO_NAMES, GRAPH, TARGET, PRECISION, VERSION, LLM, FUNCTIONS, COMPRESSION, INPUT_RANGES, DEPLOY, SPLIT_OUTPUTS,
+        SOURCE)
 #: Keys that describe one function and are merged per function when functions are joined.
 PER_FUNCTION_KEYS = (IO_NAMES, LLM, INPUT_RANGES, SPLIT_OUTPUTS)
 
@@ -276,6 +279,36 @@ def read_deploy(metadata: Mapping[str, Any]) -> DeployForm:
         return DeployForm.parse(_want(raw, str, DEPLOY, "the form"))
     except InvalidOptionError:
         raise PackageMetadataError(f"metadata {DEPLOY!r}: unknown deployment form {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """`rlx_mil.source`: the converted model's name, where the name came from (`named_by`: e.g.
+    `config.json _name_or_path`, or `folder name` when the checkpoint carries none) and its
+    architecture (`Llama (LlamaForCausalLM)`; empty when not known)."""
+
+    name: str
+    named_by: str
+    architecture: str = ""
+
+    def write(self, metadata: MutableMapping[str, str]) -> None:
+        metadata[SOURCE] = json.dumps({"name": self.name, "named_by": self.named_by, "architecture": self.architecture})
+
+    @classmethod
+    def read(cls, metadata: Mapping[str, Any]) -> ModelSource | None:
+        """The record in a package's metadata (None where the package has none)."""
+        raw = read_json(metadata, SOURCE)
+        if raw is None:
+            return None
+        _want(raw, dict, SOURCE, "the record")
+        fields_ = {k: _want(raw.get(k, ""), str, SOURCE, repr(k)) for k in ("name", "named_by", "architecture")}
+        return cls(**fields_)
+
+    def to_text(self) -> str:
+        kind = f" ({self.architecture})" if self.architecture else ""
+        if self.named_by == "folder name":
+            return f"{self.name}{kind}: the checkpoint carries no name; named after its folder"
+        return f"{self.name}{kind}, name from {self.named_by}"
 
 
 @dataclass

@@ -9,7 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlx_mil.coreml.metadata import GRAPH, LLM, SPLIT_OUTPUTS, LLMContract, PackageMetadataError, SplitOutputs
+from rlx_mil.coreml.metadata import (
+    GRAPH,
+    LLM,
+    SOURCE,
+    SPLIT_OUTPUTS,
+    LLMContract,
+    ModelSource,
+    PackageMetadataError,
+    SplitOutputs,
+)
 from rlx_mil.coreml.package_items import TEXT_ITEM, item_folder
 from rlx_mil.errors import RlxMilError
 from rlx_mil.fileio import check_package_tree
@@ -56,6 +65,13 @@ class PackageInfo:
 
     def to_text(self) -> str:
         lines = [f"package:  {self.path or '(in memory)'}", f"target:   {self.target} (spec version {self.spec_version})"]
+        try:
+            source = ModelSource.read(self.metadata)
+        except PackageMetadataError as err:
+            lines.append(f"model:    the {SOURCE!r} metadata is malformed ({err})")
+        else:
+            if source is not None:
+                lines.append(f"model:    {source.to_text()}")
         graph = self.metadata.get(GRAPH)
         if graph:
             lines.append(f"graph:    {graph} (precision {self.metadata.get('rlx_mil.precision', '?')})")

@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from rlx_mil.coreml.metadata import ModelSource
 from rlx_mil.coreml.scratch import scratch_dir
 from rlx_mil.llm.package_files import ModelDescription, _text, add_text_files
 from rlx_mil.models.gguf.metadata import ARCHITECTURES
@@ -20,14 +21,17 @@ def describe_gguf(file: GGUFFile) -> ModelDescription:
     """Author (`general.author`, else `general.organization`), license, version and a short
     description (`general.description`, else the model's name and architecture)."""
     value = file.value
-    name = _text(value("general.name")) or file.path.stem
+    given = _text(value("general.name"))
+    name = given or file.path.stem
     arch = _text(value("general.architecture"))
     kind = f" ({ARCHITECTURES.get(arch, arch)}, GGUF)" if arch else " (GGUF)"
+    named_by = "GGUF general.name" if given else "GGUF file name"
     return ModelDescription(
         author=_text(value("general.author")) or _text(value("general.organization")),
         license=_text(value("general.license")),
         short_description=_text(value("general.description")) or f"{name}{kind}, converted to Core ML by rlx_mil",
         version=_text(value("general.version")),
+        source=ModelSource(name, named_by, ARCHITECTURES.get(arch, arch) if arch else ""),
     )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlx_mil.coreml.metadata import ModelSource
 from rlx_mil.coreml.package_items import TEXT_ITEM, add_item, item_folder
 from rlx_mil.coreml.scratch import scratch_dir
 from rlx_mil.llm.text import TEXT_FILES, TokenizerError, read_json_file
@@ -40,12 +41,14 @@ class ModelDescription:
     license: str | None = None
     short_description: str | None = None
     version: str | None = None
+    #: The model's name, where it came from and its architecture (`rlx_mil.source`).
+    source: ModelSource | None = None
 
     def merged(self, overrides: Mapping[str, str | None]) -> ModelDescription:
         """These fields with every non-None override applied."""
-        values = {name: getattr(self, name) for name in DESCRIPTION_FIELDS}
+        values: dict[str, Any] = {name: getattr(self, name) for name in DESCRIPTION_FIELDS}
         values.update({k: v for k, v in overrides.items() if k in DESCRIPTION_FIELDS and v is not None})
-        return ModelDescription(**values)
+        return ModelDescription(**values, source=self.source)
 
     def apply(self, model: Any) -> None:
         """Set the known fields on an MLModel (saved with it)."""
@@ -53,6 +56,8 @@ class ModelDescription:
             value = getattr(self, name)
             if value is not None:
                 setattr(model, name, value)
+        if self.source is not None:
+            self.source.write(model.user_defined_metadata)
 
 
 def model_card(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -89,27 +94,48 @@ def describe_checkpoint(model_dir: str | os.PathLike[str], architecture: str | N
     """Author, license, description and version of a checkpoint, from what it ships.
 
     license: the card's `license` (`license_name` for `other`); author: the card's `author`,
-    else the owner in `_name_or_path` (`owner/name`); version: the card's `version`;
-    short_description: the card's `description`, else the model's name and architecture.
+    else the owner in the model's source (`owner/name`: `_name_or_path`, or the repository of a
+    Hugging Face cache folder); version: the card's `version`; short_description: the card's
+    `description`, else the model's name and architecture (`checkpoint_source`; a checkpoint
+    without a name is described by its architecture and folder, not as if the folder's name
+    were the model's); source: the name, where it came from and the architecture.
     """
+    from rlx_mil.models.pretrained import NAMED_BY_FOLDER, checkpoint_source
+
     folder = Path(model_dir)
     card = model_card(folder)
     config = read_json_file(folder / "config.json", "config.json") if (folder / "config.json").is_file() else {}
     license_ = _text(card.get("license"))
     if license_ == "other" and _text(card.get("license_name")):
         license_ = _text(card.get("license_name"))
-    source = _text(config.get("_name_or_path")) or _text(card.get("model_name")) or folder.resolve().name
+    source, named_by = checkpoint_source(folder, config, _text(card.get("model_name")))
     author = _text(card.get("author"))
-    if author is None and "/" in source and not os.path.isabs(source):
+    if author is None and "/" in source and not os.path.isabs(source) and named_by != NAMED_BY_FOLDER:
         author = source.split("/", 1)[0]
     name = source.rsplit("/", 1)[-1]
-    kind = f" ({architecture})" if architecture else ""
-    description = _text(card.get("description")) or f"{name}{kind}, converted to Core ML by rlx_mil"
+    kind = architecture_text(architecture, config)
+    short_kind = architecture or kind
+    if named_by == NAMED_BY_FOLDER:
+        made = f"{short_kind or 'A'} model from the folder {name}, converted to Core ML by rlx_mil"
+    else:
+        made = f"{name}{f' ({short_kind})' if short_kind else ''}, converted to Core ML by rlx_mil"
+    description = _text(card.get("description")) or made
     version = card.get("version")
     return ModelDescription(
         author=author, license=license_, short_description=description,
         version=str(version) if isinstance(version, (str, int, float)) and str(version).strip() else None,
+        source=ModelSource(source, named_by, kind),
     )
+
+
+def architecture_text(family: str | None, config: Mapping[str, Any]) -> str:
+    """`Llama (LlamaForCausalLM)`: the family's name and config.json's first architecture
+    (either alone when the other is unknown; empty when both are)."""
+    classes = config.get("architectures")
+    cls = classes[0] if isinstance(classes, list) and classes and isinstance(classes[0], str) else None
+    if family and cls:
+        return f"{family} ({cls})"
+    return family or cls or ""
 
 
 def text_files(model_dir: str | os.PathLike[str]) -> list[Path]:

@@ -239,14 +239,31 @@ def _ignorable_prefixed(spec: ModelSpec, prefix: str) -> Any:
     return lambda name: base(name[len(prefix):] if name.startswith(prefix) else name) or base(name)
 
 
-def checkpoint_name(directory: Path, config: Mapping[str, Any]) -> str | None:
-    """The model's name: the last part of config.json's `_name_or_path` (`HuggingFaceTB/SmolLM2-135M`),
-    else the repository of a Hugging Face cache snapshot (`models--owner--name/snapshots/<hash>`),
-    else the folder's name."""
+#: Where a checkpoint's name came from (`checkpoint_source`), as `inspect` says it.
+NAMED_BY_CONFIG = "config.json _name_or_path"
+NAMED_BY_CARD = "model card model_name"
+NAMED_BY_HUB_CACHE = "Hugging Face cache folder"
+NAMED_BY_FOLDER = "folder name"
+
+
+def checkpoint_source(directory: Path, config: Mapping[str, Any], card_name: str | None = None) -> tuple[str, str]:
+    """(the model's source, where it came from): config.json's `_name_or_path`
+    (`HuggingFaceTB/SmolLM2-135M`), else the model card's `model_name` (`card_name`), else the
+    repository of a Hugging Face cache snapshot (`models--owner--name/snapshots/<hash>`: the
+    folder's own name is a commit hash), else the folder's name. Many checkpoints (SmolLM2's
+    among them) carry no name, so the last is common; callers say so rather than pass a folder
+    such as `hf` off as the model's name."""
     given = config.get("_name_or_path")
     if isinstance(given, str) and given.strip().rstrip("/"):
-        return given.strip().rstrip("/").rsplit("/", 1)[-1]
+        return given.strip().rstrip("/"), NAMED_BY_CONFIG
+    if card_name:
+        return card_name, NAMED_BY_CARD
     parts = directory.resolve().parts
     if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        return parts[-3].rsplit("--", 1)[-1]
-    return directory.name or None
+        return parts[-3][len("models--"):].replace("--", "/", 1), NAMED_BY_HUB_CACHE
+    return directory.resolve().name, NAMED_BY_FOLDER
+
+
+def checkpoint_name(directory: Path, config: Mapping[str, Any]) -> str | None:
+    """The model's name: the last part of `checkpoint_source`."""
+    return checkpoint_source(directory, config)[0].rsplit("/", 1)[-1] or None
