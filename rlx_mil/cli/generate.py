@@ -298,6 +298,7 @@ def run_chat(args: argparse.Namespace) -> int:
         print(f"{_opened_text(session)}; engine {session.engine}, context {session.max_context} tokens."
               f" {CHAT_HELP}", file=sys.stderr, flush=True)
     totals = {"tokens": 0, "seconds": 0.0}
+    counted = session.stats  # the last reply's stats in the totals (Ctrl-C adds a newer reply's)
     try:
         while True:
             if interactive:
@@ -327,13 +328,14 @@ def run_chat(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             totals["tokens"] += session.stats.new_tokens
             totals["seconds"] += session.stats.seconds
+            counted = session.stats
             if not args.quiet:
                 print(f"[{session.stats.to_text()}]", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         sys.stdout.flush()
-        if session.stats.new_tokens and conversation.turns and conversation.turns[-1]["role"] == "assistant":
-            totals["tokens"] += session.stats.new_tokens  # the reply Ctrl-C cut short
+        if session.stats is not counted:  # the reply Ctrl-C cut short (a whole one is counted already)
+            totals["tokens"] += session.stats.new_tokens
             totals["seconds"] += session.stats.seconds
         _chat_summary(args, totals)
         raise

@@ -34,6 +34,7 @@ from rlx_mil.coreml.metadata import (
 from rlx_mil.coreml.output_pieces import OutputPieces, assemble
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.fileio import check_package_tree
+from rlx_mil.llm.generation_stats import GenerationStats
 from rlx_mil.llm.sampling import GenerationError, check_sampling, pick_token
 from rlx_mil.lowering.state.kv_cache import POSITION_INPUT
 from rlx_mil.milexec.executor import PrecisionModel
@@ -436,8 +437,11 @@ class Session:
         rng = np.random.default_rng(seed)
         stats = self.stats = GenerationStats(prompt_tokens=len(prompt))
         start = time.perf_counter()
-        logits = self.feed(prompt)
-        stats.prompt_seconds = time.perf_counter() - start
+        try:
+            logits = self.feed(prompt)
+        finally:  # timed however feeding ends (Ctrl-C: the time spent so far)
+            stats.prompt_seconds = time.perf_counter() - start
+        stats.prompt_read = True
         start = time.perf_counter()
         for step in range(max_new_tokens):
             token = pick_token(penalize(logits, seen, repeat_penalty), temperature, top_k, rng, top_p, min_p)
@@ -546,25 +550,6 @@ class Session:
     ) -> str:
         """`stream_text` joined: the generated text (`sampling`: temperature, top_k, top_p, seed)."""
         return "".join(self.stream_text(prompt, max_new_tokens, chat=chat, system=system, **sampling))
-
-
-@dataclass
-class GenerationStats:
-    """Counts and times of the last generation: prompt feeding and the new tokens."""
-
-    prompt_tokens: int = 0
-    prompt_seconds: float = 0.0
-    new_tokens: int = 0
-    seconds: float = 0.0
-    stopped: str = "max tokens"
-
-    def to_text(self) -> str:
-        def rate(n: int, t: float) -> str:
-            return f"{n / t:.1f} tok/s" if t > 0 and n else "- tok/s"
-
-        return (f"prompt: {self.prompt_tokens} tokens in {self.prompt_seconds:.2f} s"
-                f" ({rate(self.prompt_tokens, self.prompt_seconds)}); generation: {self.new_tokens} tokens in"
-                f" {self.seconds:.2f} s ({rate(self.new_tokens, self.seconds)}); stopped: {self.stopped}")
 
 
 def _is_int(value: Any) -> bool:

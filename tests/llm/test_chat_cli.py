@@ -5,6 +5,7 @@ generate's prompt sources (`--prompt -`, `-f FILE`), default length, `--repeat-p
 from __future__ import annotations
 
 import io
+import re
 import sys
 from pathlib import Path
 
@@ -188,3 +189,49 @@ def test_chat_without_a_template_is_refused_before_the_package_opens(package: Pa
     assert main(["chat", str(plain), "-q"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == f"rlx-mil chat: error: {plain}: its tokenizer has no chat template; use `rlx-mil generate --prompt`"
+
+
+def test_ctrl_c_while_the_prompt_is_read_reports_no_finished_stage(
+    package: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the prompt is fed: the stats line says the prompt stage stopped (with the
+    time it ran), not "N tokens in 0.00 s" as if it had finished, and no generation figures;
+    Ctrl-C before the prompt was reached says it was not read."""
+
+    def feed(self: Session, ids: object) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Session, "feed", feed)
+    assert main(["generate", str(package), "--prompt", "hello there", "--engine", "milexec"]) == 130
+    lines = capsys.readouterr().err.strip().splitlines()
+    stats, last = lines[-2], lines[-1]
+    assert last == "rlx-mil generate: interrupted"
+    assert re.search(r"prompt: \d+ tokens, not all fed \(\d+\.\d\d s\); stopped: interrupted; peak memory", stats), stats
+    assert " tokens in " not in stats and "generation:" not in stats and "tok/s" not in stats
+
+    def stream(self: Session, *args: object, **kwargs: object) -> object:
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(Session, "stream", stream)
+    assert main(["generate", str(package), "--prompt-ids", "1,2", "--engine", "milexec"]) == 130
+    stats = capsys.readouterr().err.strip().splitlines()[-2]
+    assert "prompt: not read; stopped: interrupted" in stats and "generation:" not in stats
+
+
+def test_ctrl_c_at_the_chat_prompt_counts_the_last_reply_once(
+    package: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Stdin(io.StringIO):
+        def readline(self, *args: object) -> str:
+            line = super().readline()
+            if not line:
+                raise KeyboardInterrupt  # Ctrl-C at the `>>>` prompt, after a whole reply
+            return line
+
+    monkeypatch.setattr(sys, "stdin", Stdin("hi\n"))
+    assert main(["chat", str(package), "-n", "3", "--engine", "milexec"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "generation: 3 tokens" in err[-3] or "stopped: stop token" in err[-3]
+    replied = int(err[-3].split("generation: ")[1].split(" ")[0])
+    assert err[-2].startswith(f"chat: {replied} tokens generated") and err[-1] == "rlx-mil chat: interrupted"
