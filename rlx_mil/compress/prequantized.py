@@ -58,17 +58,20 @@ class LutScaleCodes:
     sq_norm: float
     max_error: float | None = None
     offset: np.ndarray | None = None
-    #: The split form (`high` given): a code one bit wider than any index type Core ML has (5
-    #: bits) is `lut[indices] + 2^bits * high` exactly, the two parts `bits`-wide and 1-bit
-    #: indices into their own tables summed, then w = scale * code + `bias` (offset unused),
-    #: the arithmetic in the program's float at run time (`split_op`).
+    #: The split form (`split`): the integer code is `lut[indices]` (one `bits`-wide index into
+    #: a float table of the program's type: GGUF's 2-, 3- and 6-bit codes before iOS26) or, with
+    #: `high` given, `lut[indices] + 2^bits * high` (a code one bit wider than any index type
+    #: Core ML has, 5 bits: a `bits`-wide and a 1-bit index into their own tables, summed); then
+    #: w = scale * code + `bias` (offset unused), the arithmetic in the program's float at run
+    #: time (`split_op`), since no constexpr op before iOS26 scales a table's output per block.
+    split: bool = False
     high: np.ndarray | None = None
     bias: np.ndarray | None = None
 
     def dequantize(self) -> np.ndarray:
         """scale * (lut[indices] - offset) in float32, as the two constexpr ops decode it (the
         split form: as its run-time ops compute it, in the tables' float type)."""
-        if self.high is not None:
+        if self.split:
             return self.split_values(self.indices, self.high, self.scale, self.bias)
         values = self.lut.astype(np.float32)[self.indices]
         block = values.shape[-1] // self.scale.shape[-1]
@@ -76,10 +79,13 @@ class LutScaleCodes:
             values = values - np.repeat(self.offset.astype(np.float32), block, axis=-1)
         return (np.repeat(self.scale.astype(np.float32), block, axis=-1) * values).astype(np.float32)
 
-    def split_values(self, low: np.ndarray, high: np.ndarray, scale: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    def split_values(self, low: np.ndarray, high: np.ndarray | None, scale: np.ndarray,
+                     bias: np.ndarray | None) -> np.ndarray:
         """Rows of the split form as its run-time ops compute them, in `scale`'s float type."""
         dt = scale.dtype
-        codes = (self.lut.astype(dt)[low] + (high.astype(dt) * dt.type(1 << self.bits))).astype(dt)
+        codes = self.lut.astype(dt)[low]
+        if high is not None:
+            codes = (codes + (high.astype(dt) * dt.type(1 << self.bits))).astype(dt)
         block = codes.shape[-1] // scale.shape[-1]
         values = (codes.reshape(*scale.shape, block) * scale[..., None]).astype(dt)
         if bias is not None:
@@ -102,7 +108,7 @@ def lut_scale_op(codes: LutScaleCodes, name: str, store: CodeStore) -> Any:
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import types
 
-    if codes.high is not None:
+    if codes.split:
         return split_op(codes, name, store)
     if codes.bits not in LUT_INDEX_BITS or codes.lut.size != 1 << codes.bits:
         raise ValueError(f"{name}: a LUT of {codes.lut.size} entries for {codes.bits}-bit indices")
@@ -114,26 +120,30 @@ def lut_scale_op(codes: LutScaleCodes, name: str, store: CodeStore) -> Any:
 
 
 def split_op(codes: LutScaleCodes, name: str, store: CodeStore) -> Any:
-    """The split form: `bits`-wide indices into `lut` plus 1-bit indices into [0, 2^bits]
-    (two exact `constexpr_lut_to_dense`, float tables of the program's type), summed — the
-    integer code, exact in fp16 and fp32 — then times the block scale plus the block bias at
-    run time: Core ML has no 5-bit index, and a `constexpr_blockwise_shift_scale` cannot take
-    a sum, so the package holds 5 bits a code rather than 8 (iOS18) or 6 (iOS26)."""
+    """The split form: `bits`-wide indices into `lut` (a float table of the program's type) —
+    plus, for a 5-bit code, 1-bit indices into [0, 2^bits], the two `constexpr_lut_to_dense`
+    summed — the integer code, exact in fp16 and fp32; then times the block scale plus the
+    block bias at run time. Before iOS26 a `constexpr_blockwise_shift_scale` can follow no
+    table (and Core ML has no 5-bit index), so the package holds the code's own width rather
+    than int8 / 4-bit containers plus per-block tables."""
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import types
 
-    assert codes.high is not None
+    assert codes.split
     dt = codes.scale.dtype
     rows, cols = codes.indices.shape
     groups = codes.scale.shape[-1]
     table = codes.lut.astype(dt).reshape(1, 1, -1, 1)
     if codes.bits not in LUT_INDEX_BITS or table.size != 1 << codes.bits:
         raise ValueError(f"{name}: a LUT of {table.size} entries for {codes.bits}-bit indices")
-    low = mb.constexpr_lut_to_dense(indices=store.hold(codes.indices, getattr(types, f"np_uint{codes.bits}_dtype")),
-                                    lut=table, name=f"{name}_low")
-    high = mb.constexpr_lut_to_dense(indices=store.hold(codes.high, types.np_uint1_dtype),
-                                     lut=np.asarray([0, 1 << codes.bits], dt).reshape(1, 1, 2, 1), name=f"{name}_high")
-    values = mb.add(x=low, y=high, name=f"{name}_codes")
+    index_type = np.uint8 if codes.bits == 8 else getattr(types, f"np_uint{codes.bits}_dtype")
+    if codes.high is None:
+        values = mb.constexpr_lut_to_dense(indices=store.hold(codes.indices, index_type), lut=table, name=f"{name}_codes")
+    else:
+        low = mb.constexpr_lut_to_dense(indices=store.hold(codes.indices, index_type), lut=table, name=f"{name}_low")
+        high = mb.constexpr_lut_to_dense(indices=store.hold(codes.high, types.np_uint1_dtype),
+                                         lut=np.asarray([0, 1 << codes.bits], dt).reshape(1, 1, 2, 1), name=f"{name}_high")
+        values = mb.add(x=low, y=high, name=f"{name}_codes")
     values = mb.reshape(x=values, shape=np.asarray([rows, groups, cols // groups], np.int32), name=f"{name}_blocks")
     values = mb.mul(x=values, y=codes.scale.reshape(rows, groups, 1), name=f"{name}_scaled")
     if codes.bias is not None:
@@ -145,8 +155,10 @@ def lut_scale_bytes(codes: LutScaleCodes) -> int:
     tables = codes.scale.size * codes.scale.dtype.itemsize
     if codes.offset is not None:
         tables += codes.offset.size * codes.offset.dtype.itemsize
-    if codes.high is not None:  # the 1-bit part, float tables of 2^bits and 2 entries, the biases
-        tables += (codes.high.size + 7) // 8 + (codes.lut.size + 2) * codes.scale.dtype.itemsize
+    if codes.split:  # float tables (of 2^bits entries, and 2 for a 1-bit part), the biases
+        tables += codes.lut.size * codes.scale.dtype.itemsize
+        if codes.high is not None:
+            tables += (codes.high.size + 7) // 8 + 2 * codes.scale.dtype.itemsize
         tables += 0 if codes.bias is None else codes.bias.size * codes.bias.dtype.itemsize
         return (codes.indices.size * codes.bits + 7) // 8 + tables
     return (codes.indices.size * codes.bits + 7) // 8 + codes.lut.size + tables

@@ -246,6 +246,11 @@ class _Checker:
                 # A GGUF 5-bit weight held split: its per-block scale is applied at run time.
                 self.add("ane-per-block-int", "5-bit codes as two tables summed, then a per-block scale at run time",
                          f.name, op, op.outputs[0].name)
+            elif op.type == "mul" and (table := _scaled_table(f, op)) is not None:
+                # A GGUF 2-, 3- or 6-bit weight held split: its per-block scale is applied at run time.
+                bits = _palette_bits(f, table)
+                self.add("ane-per-block-int", f"{bits}-bit codes as a table, then a per-block scale at run time",
+                         f.name, op, op.outputs[0].name)
             elif op.type in ("linear", "conv", "matmul"):
                 self._notch(f, op)
 
@@ -364,6 +369,21 @@ def _summed_tables(f: _Function, op: Any) -> bool:
     """An `add` of two `constexpr_lut_to_dense` outputs (a weight's code split in two tables)."""
     names = _arg_names(op, "x") + _arg_names(op, "y")
     return len(names) == 2 and all(getattr(f.producer.get(n), "type", None) == "constexpr_lut_to_dense" for n in names)
+
+
+def _scaled_table(f: _Function, op: Any) -> Any:
+    """The `constexpr_lut_to_dense` whose output, reshaped into blocks, a `mul` by a constant
+    scales (a weight's code held as a table of its own width, the block scale at run time)."""
+    for side, other in (("x", "y"), ("y", "x")):
+        names, consts = _arg_names(op, side), _arg_names(op, other)
+        blocks = f.producer.get(names[0]) if len(names) == 1 else None
+        if any(not f.constant(n) for n in consts) or getattr(blocks, "type", None) != "reshape":
+            continue
+        source = _arg_names(blocks, "x")
+        table = f.producer.get(source[0]) if len(source) == 1 else None
+        if getattr(table, "type", None) == "constexpr_lut_to_dense":
+            return table
+    return None
 
 
 def _per_block(f: _Function, op: Any) -> str:

@@ -24,11 +24,14 @@ are indices of their own width (`Format.lut_bits`: uint2, uint3, uint6) into the
 their integer values (`lut_low + arange(2^bits)`, int8) with the same block scale and offset:
 the same values as the iOS18 form, in fewer bits.
 
-Before iOS26 the 5-bit types (Q5_0, Q5_1, Q5_K: `Format.split`) are held split instead: Core ML
-has no 5-bit index, and int8 codes cost 1.5-1.64x the file. The code q = low + 16 * high is a
-4-bit index into the table lut_low + arange(16) plus a 1-bit index into [0, 16] (two exact
-`constexpr_lut_to_dense`), summed, then times llama.cpp's own scale plus its bias (m, -dmin * m)
-at run time: 5 bits a code, and in fp32 the `gguf` package's decode bit for bit.
+Before iOS26, where no `constexpr_blockwise_shift_scale` may follow a table, the 2-, 3-, 5-
+and 6-bit types (`Format.split_bits`) are held split instead: the code q - lut_low is an index
+of its own width (uint2, uint3, uint6) into the float table lut_low + arange(2^bits) (one exact
+`constexpr_lut_to_dense`), or for the 5-bit types (Core ML has no 5-bit index; int8 codes cost
+1.5-1.64x the file) q = low + 16 * high, a 4-bit index into lut_low + arange(16) plus a 1-bit
+index into [0, 16], the two tables summed; then times llama.cpp's own scale plus its bias (m,
+-dmin * m) at run time: the code's own bits (not 4- or 8-bit containers), and in fp32 the
+`gguf` package's decode bit for bit.
 
 A sub-block whose scale is 0 (or rounds to 0) but whose min is not holds one value c: its
 codes become 0 with scale c and offset -1. The error of every weight — max |decoded -
@@ -188,25 +191,28 @@ class Format:
     #: lut_low + arange(2^lut_bits) (None: the iOS18 form on every target).
     lut_bits: int | None = None
     lut_low: int = 0
-    #: Before iOS26 (`split_form`): the 5-bit codes q - lut_low as 4-bit indices into the table
-    #: lut_low + arange(16) plus 1-bit ones into [0, 16], summed, then scale and bias at run time.
-    split: bool = False
+    #: Before iOS26 (`split_form`): the width of the codes held split, q - lut_low as indices
+    #: into the float table lut_low + arange(2^bits) (5: 4-bit indices into lut_low + arange(16)
+    #: plus 1-bit ones into [0, 16], summed), then scale and bias at run time.
+    split_bits: int | None = None
 
 
 FORMATS: dict[str, Format] = {
     "Q8_0": Format(QuantKind.GGUF_Q8_0, _q8_0, 32, "int8"),
     "Q4_0": Format(QuantKind.GGUF_Q4_0, _q4_0, 32, "uint4", int_offset=8, scale_text="d", offset_text="8"),
     "Q4_1": Format(QuantKind.GGUF_Q4_1, _q4_1, 32, "uint4", biased=True, scale_text="d", offset_text="-m / d (float)"),
-    "Q5_0": Format(QuantKind.GGUF_Q5_0, _q5_0, 32, "int8", lut_bits=6, lut_low=-16, split=True),
+    "Q5_0": Format(QuantKind.GGUF_Q5_0, _q5_0, 32, "int8", lut_bits=6, lut_low=-16, split_bits=5),
     "Q5_1": Format(QuantKind.GGUF_Q5_1, _q5_1, 32, "uint8", biased=True, scale_text="d", offset_text="-m / d (float)",
-                   lut_bits=6, split=True),
+                   lut_bits=6, split_bits=5),
     "Q2_K": Format(QuantKind.GGUF_Q2K, _q2_k, 16, "uint4", biased=True, scale_text="d * sc",
-                   offset_text="dmin * m / (d * sc) (float)", lut_bits=2),
-    "Q3_K": Format(QuantKind.GGUF_Q3K, _q3_k, 16, "int4", scale_text="d * (sc - 32)", offset_text="-", lut_bits=3, lut_low=-4),
+                   offset_text="dmin * m / (d * sc) (float)", lut_bits=2, split_bits=2),
+    "Q3_K": Format(QuantKind.GGUF_Q3K, _q3_k, 16, "int4", scale_text="d * (sc - 32)", offset_text="-", lut_bits=3, lut_low=-4,
+                   split_bits=3),
     "Q4_K": Format(QuantKind.GGUF_Q4K, _q4_k, 32, "uint4", biased=True, scale_text="d * sc", offset_text="dmin * m / (d * sc) (float)"),
     "Q5_K": Format(QuantKind.GGUF_Q5K, _q5_k, 32, "uint8", biased=True, scale_text="d * sc",
-                   offset_text="dmin * m / (d * sc) (float)", lut_bits=6, split=True),
-    "Q6_K": Format(QuantKind.GGUF_Q6K, _q6_k, 16, "int8", scale_text="d * sc", offset_text="-", lut_bits=6, lut_low=-32),
+                   offset_text="dmin * m / (d * sc) (float)", lut_bits=6, split_bits=5),
+    "Q6_K": Format(QuantKind.GGUF_Q6K, _q6_k, 16, "int8", scale_text="d * sc", offset_text="-", lut_bits=6, lut_low=-32,
+                   split_bits=6),
     "IQ4_NL": Format(QuantKind.GGUF_IQ4NL, _iq4_nl, 32, "lut4"),
     "IQ4_XS": Format(QuantKind.GGUF_IQ4XS, _iq4_xs, 32, "lut4", scale_text="d * (ls - 32)", offset_text="-"),
 }
@@ -222,10 +228,10 @@ def lut_form(type_name: str, target: Target) -> bool:
 
 
 def split_form(type_name: str, target: Target) -> bool:
-    """Whether `type_name`'s 5-bit codes are held split (4-bit + 1-bit tables summed, scale and
-    bias at run time) on `target`: before iOS26, which has no index type narrower than int8
-    that a block scale may follow; iOS26 keeps its all-constexpr uint6 form."""
-    return FORMATS[type_name].split and target < Target.IOS26
+    """Whether `type_name`'s codes are held split (a table of the code's own width, or 4-bit +
+    1-bit tables summed; scale and bias at run time) on `target`: before iOS26, where no block
+    scale may follow a table; iOS26 keeps its all-constexpr form (uint2, uint3, uint6)."""
+    return FORMATS[type_name].split_bits is not None and target < Target.IOS26
 
 
 def _scheme(fmt: Format) -> LinearScheme:
@@ -321,33 +327,40 @@ def encode(raw_rows: np.ndarray, type_name: str, shape: tuple[int, int], store: 
 
 def _split(raw_rows: np.ndarray, fmt: Format, shape: tuple[int, int], store: type[np.floating[Any]],
            code_writer: WriterFactory) -> LutScaleCodes:
-    """The split form of a 5-bit type: w = scale * (table[q & 15] + 16 * (q >> 4)) + bias with
-    llama.cpp's own scale d (Q5_K: d * sc) and bias (m; Q5_K: -dmin * m) in the program's
-    float, so in fp32 the package's weights are llama.cpp's (`gguf.quants.dequantize`) bit for
-    bit, and a zero scale needs no special case."""
+    """The split form: w = scale * table[q - lut_low] + bias (5-bit codes: table[low] + 16 *
+    high) with llama.cpp's own scale (d; the K-quants d * sc) and bias (m; Q2_K / Q5_K -dmin * m)
+    in the program's float, so in fp32 the package's weights are llama.cpp's
+    (`gguf.quants.dequantize`) bit for bit, and a zero scale needs no special case."""
     n, k = shape
     _, nbytes, exact_decode = GGUF_FORMATS[fmt.kind]
+    assert fmt.split_bits is not None
+    two = fmt.split_bits == 5  # no 5-bit index: a 4-bit and a 1-bit one
+    bits = 4 if two else fmt.split_bits
     groups = k // fmt.block
-    low, high = code_writer((n, k), np.dtype(np.uint8)), code_writer((n, k), np.dtype(np.uint8))
+    low = code_writer((n, k), np.dtype(np.uint8))
+    high = code_writer((n, k), np.dtype(np.uint8)) if two else None
     scales = np.empty((n, groups), store)
     biases = np.empty((n, groups), store) if fmt.biased else None
-    codes = LutScaleCodes(indices=np.empty((0, 0), np.uint8), lut=(fmt.lut_low + np.arange(16)).astype(np.int8),
-                          scale=scales, bits=4, sq_error=0.0, sq_norm=0.0, max_error=0.0)
+    codes = LutScaleCodes(indices=np.empty((0, 0), np.uint8), lut=(fmt.lut_low + np.arange(1 << bits)).astype(np.int8),
+                          scale=scales, bits=bits, sq_error=0.0, sq_norm=0.0, max_error=0.0, split=True)
     sq_error = sq_norm = max_error = 0.0
+    mask = (1 << bits) - 1
     for r0, count, blocks, f in _decoded_slabs(raw_rows, n, k, nbytes, fmt):
         q = (f.q - fmt.lut_low).astype(np.uint8)
         scale = f.scale.astype(store)  # float64 products of exact fields: one rounding
         bias = None if f.bias is None else f.bias.astype(store)
         want = np.asarray(exact_decode(blocks), np.float64).reshape(count, k)
-        diff = codes.split_values(q & 15, q >> 4, scale, bias).astype(np.float64) - want
+        diff = codes.split_values(q & mask, q >> bits if two else None, scale, bias).astype(np.float64) - want
         sq_error += float(np.sum(diff * diff))
         sq_norm += float(np.sum(want * want))
         max_error = max(max_error, float(np.max(np.abs(diff))) if diff.size else 0.0)
-        low.put(r0, q & 15)
-        high.put(r0, q >> 4)
+        low.put(r0, q & mask)
+        if high is not None:
+            high.put(r0, q >> bits)
         scales[r0:r0 + count] = scale
         if biases is not None and bias is not None:
             biases[r0:r0 + count] = bias
-    codes.indices, codes.high, codes.bias = low.result(), high.result(), biases
+    codes.indices, codes.bias = low.result(), biases
+    codes.high = None if high is None else high.result()
     codes.sq_error, codes.sq_norm, codes.max_error = sq_error, sq_norm, max_error
     return codes

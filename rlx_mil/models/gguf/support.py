@@ -56,14 +56,19 @@ def support_markdown() -> str:
                      " (`constexpr_lut_to_dense` + `constexpr_blockwise_shift_scale`)")
         fp32 = "offset rounds (~1e-7 relative)" if fmt.biased else "exact"
         fp16 = "exact" if name in EXACT else "scale/offset round to fp16"
-        if fmt.split:
+        if fmt.split_bits == 5:
             low, high = fmt.lut_low, fmt.lut_low + 15
             op = "2 x `constexpr_lut_to_dense`, then `add`, `mul` (and `add`) at run time"
             data = f"uint4 index into {low}..{high} + uint1 index into 0, 16 (the 5-bit code, split)"
+        elif fmt.split_bits is not None:
+            low, high = fmt.lut_low, fmt.lut_low + (1 << fmt.split_bits) - 1
+            op = "`constexpr_lut_to_dense`, then `mul` (and `add`) at run time"
+            data = f"uint{fmt.split_bits} index into the table {low}..{high} (split: the scale at run time)"
+        if fmt.split_bits is not None:
             fp32 = "exact (iOS26: offset rounds, ~1e-7 relative)" if fmt.biased else "exact"
             fp16 = "the weight rounds to fp16"
         offset = fmt.offset_text
-        if fmt.split and fmt.biased:
+        if fmt.split_bits is not None and fmt.biased:
             offset = f"bias {'m' if name == 'Q5_1' else '-dmin * m'} (iOS26: offset {fmt.offset_text})"
         lines.append(f"| {name} | {op} | {data} | {ios26} | {fmt.block} | {fmt.scale_text} | {offset} | {fp32} |"
                      f" {fp16} | {every} |")

@@ -37,8 +37,8 @@ def _gguf_decode(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> np.ndarr
     return dequantize(raw, GGMLQuantizationType[kind]).reshape(shape)
 
 
-def test_split_form_is_the_5_bit_types_before_ios26() -> None:
-    assert {t for t in FORMATS if split_form(t, Target.IOS18)} == set(Q5)
+def test_split_form_is_the_2_3_5_and_6_bit_types_before_ios26() -> None:
+    assert {t for t in FORMATS if split_form(t, Target.IOS18)} == {*Q5, "Q2_K", "Q3_K", "Q6_K"}
     assert not any(split_form(t, Target.IOS26) for t in FORMATS)
 
 
