@@ -87,6 +87,10 @@ def save_aimodel(source: Any, output: str | os.PathLike[str], *, precision: str 
                 raise ExistingFileError(f"{out} exists (pass overwrite=True / --overwrite to replace it)")
             shutil.rmtree(out)
         os.replace(built, out)
+        from rlx_mil.coreai.program_check import remember_written
+
+        # only once it is written and in place: opening it needs no child load
+        remember_written(out, _read_entries(out)[0])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out

@@ -10,8 +10,12 @@ process loads it the same way (every entry point) and compares what the runtime 
 the asset's own entry points (names, state shapes); a child that dies or disagrees is a typed
 error naming the program, and nothing reaches this process's runtime.
 
-A program that passed is remembered by its SHA-256 (in this process, and as an empty file in
-the user's cache folder), so the cost, one extra load of the asset, is paid once per program.
+A program that passed is remembered by its SHA-256 together with the entry points it was
+checked against (`check_key`; in this process, and as an empty file in the user's cache folder),
+so the cost, one extra load of the asset, is paid once per program. A program rlx_mil itself
+has just written (`save_aimodel`, through Core AI's own builder) is remembered the same way once
+the asset is in place (`remember_written`), so it is not loaded twice; any later change to the
+program or to its entry points changes the key, and the changed asset is checked.
 
     python -m rlx_mil.coreai.program_check ASSET   (the child: "ok", or one line, exit 1)
 """
@@ -65,6 +69,29 @@ def _remember(key: str) -> None:
         pass
 
 
+def remember_written(asset: Path, entries: Mapping[str, Any]) -> None:
+    """Trust the program of `asset` with its entry points `entries` (as read back from the
+    asset), which `save_aimodel` has just written and put in place: the child check is for
+    programs from elsewhere (Core AI's builder verified this one)."""
+    _remember(check_key(program_digest(asset), entries))
+
+
+def _expected(entries: Mapping[str, Any]) -> dict[str, Any]:
+    """What the child compares with the runtime's declarations, per entry point."""
+    return {name: {"inputs": sorted(e.inputs), "outputs": sorted(e.outputs),
+                   "states": {k: [list(shape), np.dtype(dtype).name] for k, (shape, dtype) in e.states.items()}}
+            for name, e in entries.items()}
+
+
+def check_key(digest: str, entries: Mapping[str, Any]) -> str:
+    """What a checked asset is remembered by: the SHA-256 (hex) of its program's SHA-256
+    `digest` and the entry points it was checked against (edited entry points are checked
+    again, as an edited program is)."""
+    import hashlib
+
+    return hashlib.sha256((digest + json.dumps(_expected(entries), sort_keys=True)).encode()).hexdigest()
+
+
 def program_digest(asset: Path) -> str:
     """The SHA-256 (hex) of `asset`'s program: its `main.hash` (which `check_asset` compared
     with the program), or computed when the asset has none."""
@@ -84,11 +111,10 @@ def check_program(asset: Path, digest: str, entries: Mapping[str, Any]) -> None:
     """Raise a typed error unless Apple's runtime loads `asset` (whose program has the SHA-256
     `digest`, hex) in a child process and declares the asset's entry points `entries` (name ->
     `EntryPoint`: the inputs, outputs and states, with the states' shapes and dtypes)."""
-    if _remembered(digest):
+    key = check_key(digest, entries)
+    if _remembered(key):
         return
-    expected = {name: {"inputs": sorted(e.inputs), "outputs": sorted(e.outputs),
-                       "states": {k: [list(shape), np.dtype(dtype).name] for k, (shape, dtype) in e.states.items()}}
-                for name, e in entries.items()}
+    expected = _expected(entries)
     program = asset / "main.mlirb"
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
@@ -101,7 +127,7 @@ def check_program(asset: Path, digest: str, entries: Mapping[str, Any]) -> None:
         except subprocess.TimeoutExpired:
             raise RlxMilError(f"{program}: Apple's Core AI runtime did not load it within {CHECK_SECONDS} s") from None
     if done.returncode == 0 and done.stdout.strip().endswith("ok"):
-        _remember(digest)
+        _remember(key)
         return
     if done.returncode < 0:
         try:

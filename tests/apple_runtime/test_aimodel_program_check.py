@@ -107,5 +107,71 @@ def test_an_intact_program_is_checked_once(asset: Path, tmp_path: Path, monkeypa
             y = program.run({"x": np.ones((2, 4), np.float32)})
         np.testing.assert_allclose(next(iter(y.values())), np.ones((2, 4)))
     assert len(calls) == 1
-    # remembered across processes by the program's SHA-256
-    assert [p.name for p in (tmp_path / "checked").iterdir()] == [program_check.program_digest(asset)]
+    # remembered across processes by the program's SHA-256 and its entry points
+    with AssetProgram(asset) as program:
+        key = program_check.check_key(program_check.program_digest(asset), program.entries)
+    assert [p.name for p in (tmp_path / "checked").iterdir()] == [key]
+
+
+def _tiny_asset(out: Path, scale: float = 2.0) -> Path:
+    g = Graph("tiny")
+    x = g.input("x", [2, 4])
+    g.set_outputs([g.matmul(x, g.param("w", [4, 4]), name="y")])
+    return rlx_mil.save(rlx_mil.convert(g, {"w": scale * np.eye(4, dtype=np.float32)}, precision="fp32"), out)
+
+
+def test_an_asset_written_here_is_trusted_until_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """An asset rlx_mil has just written needs no child load (its key is recorded once it is in
+    place, in the same cache); the same asset with its program, or its entry points, rewritten
+    consistently is checked in the child again."""
+    from rlx_mil.coreai.asset import AssetProgram
+
+    monkeypatch.setattr(program_check, "_PASSED", set())
+    monkeypatch.setenv(program_check.CACHE_ENV, str(tmp_path / "checked"))
+    written = _tiny_asset(tmp_path / "written.aimodel")
+    assert len(list((tmp_path / "checked").iterdir())) == 1
+    real = program_check.subprocess.run
+    calls: list[object] = []
+
+    def no_child(*args: object, **kwargs: object) -> object:
+        calls.append(args)
+        return real(*args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(program_check.subprocess, "run", no_child)
+    with AssetProgram(written) as program:
+        y = program.run({"x": np.ones((2, 4), np.float32)})
+    np.testing.assert_allclose(next(iter(y.values())), 2 * np.ones((2, 4)))
+    assert calls == []
+    # the program rewritten with its hash: another SHA-256, so the child loads it (and refuses it)
+    program_bytes = (written / "main.mlirb").read_bytes()
+    bad = _rewritten(written, tmp_path, program_bytes.replace(b"primitive.batch_matmul_v1", b"primitive.batch_matmux_v1"))
+    np.savez(tmp_path / "in.npz", x=np.ones((2, 4), np.float32))
+    line = _one_error(capsys, ["run", str(bad), "--inputs", str(tmp_path / "in.npz")])
+    assert "Apple's Core AI runtime cannot read this program" in line and len(calls) == 1
+    # the same program with edited entry points: checked too
+    shutil.rmtree(bad)
+    bad = _rewritten(written, tmp_path, program_bytes)
+    entries = json.loads((bad / "rlx_mil_entries.json").read_text())
+    function = entries["default"]
+    (_name, spec), = entries["entries"][function]["inputs"].items()
+    entries["entries"][function]["inputs"] = {"other": spec}
+    (bad / "rlx_mil_entries.json").write_text(json.dumps(entries))
+    line = _one_error(capsys, ["run", str(bad), "--inputs", str(tmp_path / "in.npz")])
+    assert "the asset's entry points say ['other']" in line and len(calls) == 2
+
+
+def test_a_failed_write_trusts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx_mil.coreai import asset as asset_module
+
+    monkeypatch.setattr(program_check, "_PASSED", set())
+    monkeypatch.setenv(program_check.CACHE_ENV, str(tmp_path / "checked"))
+
+    def fails(*args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(asset_module.os, "replace", fails)
+    with pytest.raises(OSError, match="disk full"):
+        _tiny_asset(tmp_path / "never.aimodel", scale=3.0)
+    assert not (tmp_path / "never.aimodel").exists() and program_check._PASSED == set()
+    assert not (tmp_path / "checked").exists() or not list((tmp_path / "checked").iterdir())
