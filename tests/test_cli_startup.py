@@ -67,12 +67,12 @@ def test_help_version_and_usage_errors_import_nothing_heavy(tmp_path: Path) -> N
 
 def test_the_cli_mirrors_its_owners_tables() -> None:
     from rlx_mil.cli.arguments import DEPLOY_FORMS, TARGETS
-    from rlx_mil.cli.convert_gguf import ANE_SCHEME
+    from rlx_mil.cli.convert_gguf import COMPRESS
     from rlx_mil.cli.convert_hf import VARIANTS
     from rlx_mil.coreml.deploy import DEPLOY_FORMS as OWN_FORMS
     from rlx_mil.llm.convert_hf import VARIANTS as OWN_VARIANTS
     from rlx_mil.lowering.target import Target
-    from rlx_mil.models.gguf.requantize import ANE_SCHEME as OWN_SCHEME
+    from rlx_mil.models.gguf.requantize import COMPRESS as OWN_COMPRESS
 
     assert TARGETS == tuple(t.label for t in Target)
-    assert DEPLOY_FORMS == tuple(OWN_FORMS) and VARIANTS == tuple(OWN_VARIANTS) and ANE_SCHEME == OWN_SCHEME
+    assert DEPLOY_FORMS == tuple(OWN_FORMS) and VARIANTS == tuple(OWN_VARIANTS) and COMPRESS == OWN_COMPRESS

@@ -39,12 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--deploy", default="plain", choices=DEPLOY_FORMS,
                    help="shape the package for a device (docs/deploying.md): plain (default) and gpu keep the file's"
-                   " codes (per-block, the GPU's form); ane re-quantizes every quantized tensor to the Neural Engine's per-channel"
-                   " forms: 5-8-bit types to int8, 4-bit and fewer to lut4-scaled (lossy, see --requantize)")
+                   " codes (per-block, the GPU's form); ane re-quantizes every quantized tensor to the Neural Engine's"
+                   " per-channel forms with --compress (default auto4: the measured plan, codes fitted to calibration"
+                   " text), judged against the file's own decode (lossy, see --requantize)")
     p.add_argument("--requantize", metavar="SPEC",
                    help="re-quantize the file's quantized tensors instead of keeping their codes: one scheme for all"
-                   " (lut4) or TYPE=SCHEME pairs (Q6_K=lut6,Q5_K=lut6); lossy, the report gives the error"
-                   " (default with --deploy ane: 5-8-bit types int8, the rest lut4-scaled; else none)")
+                   " (lut4) or TYPE=SCHEME pairs (Q6_K=lut6,Q5_K=lut6); 'compress' hands them to --compress as float"
+                   " weights; lossy, the report gives the error (default with --deploy ane: compress; else none)")
     p.add_argument("--save-graph", type=Path, metavar="GRAPH_JSON", help="also write the RLX graph as JSON")
     p.add_argument("--verify", action="store_true",
                    help="run the package through the NumPy MIL executor (--engine coreai: Apple's runtime) and compare"
@@ -58,17 +59,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_stateful_arguments(p)
 
 
-#: `rlx_mil.models.gguf.requantize.ANE_SCHEME` (tests/test_cli.py checks that they agree).
-ANE_SCHEME = ("Q8_0=int8,Q6_K=int8,Q5_0=int8,Q5_1=int8,Q5_K=int8,"
-              "Q4_0=lut4-scaled,Q4_1=lut4-scaled,Q4_K=lut4-scaled,IQ4_NL=lut4-scaled,IQ4_XS=lut4-scaled,"
-              "Q3_K=lut4-scaled,Q2_K=lut4-scaled")
+#: `rlx_mil.models.gguf.requantize.COMPRESS` (tests/test_cli_startup.py checks that they agree).
+COMPRESS = "compress"
+#: --compress of `--deploy ane` when neither it nor --requantize is given: the form's measured plan.
+ANE_COMPRESS = "auto4"
 
 
 def requantize_spec(args: argparse.Namespace) -> str | None:
-    """What `from_gguf(requantize=...)` gets: --requantize, else `ANE_SCHEME` for --deploy ane."""
+    """What `from_gguf(requantize=...)` gets: --requantize, else for --deploy ane `COMPRESS`
+    (the quantized tensors become float weights --compress plans)."""
     if args.requantize is not None:
         return str(args.requantize)
-    return ANE_SCHEME if args.deploy == "ane" else None
+    return COMPRESS if args.deploy == "ane" else None
+
+
+def apply_deploy_default(args: argparse.Namespace) -> None:
+    """--deploy ane without --requantize and --compress: --compress auto4 (`ANE_COMPRESS`)."""
+    if args.deploy == "ane" and args.requantize is None and getattr(args, "compress", None) is None:
+        args.compress = ANE_COMPRESS
+
+
+def gguf_convert_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """`convert_kwargs`, with an autoN plan / fitted codes calibrated on the --compress-calibration
+    text (else the built-in text) tokenized by the file's own tokenizer, through its plain graph."""
+    options = convert_kwargs(args)
+    if options.get("compress") is not None:
+        from rlx_mil.cli.quality import user_text
+        from rlx_mil.llm.calibration import gguf_compress
+
+        options["compress"] = gguf_compress(options["compress"], args.model, deploy=args.deploy, text=user_text(args))
+    return options
 
 
 def build_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from rlx_mil.models.gguf import from_gguf
     from rlx_mil.models.verify import engine_label, example_inputs, verify_package
 
+    apply_deploy_default(args)
     stateful = choose_stateful(args, decoder=True)  # every GGUF architecture rlx_mil reads is a decoder
     check_inputs = compress_check_inputs(args)
     check_report_path(args)
@@ -116,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(enabled=not (args.quiet or running_under_ci()))
     start = time.perf_counter()
     graph, params, path = convert_checkpoint(
-        args.model, args.output, build=build_kwargs(args), convert=convert_kwargs(args), progress=progress,
+        args.model, args.output, build=build_kwargs(args), convert=gguf_convert_kwargs(args), progress=progress,
         overwrite=args.overwrite, save_graph=args.save_graph, description=description_overrides(args),
         check_inputs=check_inputs, loader=from_gguf, prepare=prepare_gguf_package,
     )
@@ -162,7 +183,7 @@ def run_stateful(args: argparse.Namespace) -> int:
         args.model, args.output, max_context=max_context,
         prefill=prefill_option(args, max_context), overwrite=args.overwrite, cache_layout=args.cache_layout or "stacked", attention_mask=args.attention_mask, description=description_overrides(args),
         loader=from_gguf, prepare=prepare_gguf_package, progress=Progress(enabled=not (args.quiet or running_under_ci())),
-        chunk_bytes=chunk_bytes, all_logits=getattr(args, "all_logits", False), **convert_kwargs(args),
+        chunk_bytes=chunk_bytes, all_logits=getattr(args, "all_logits", False), **gguf_convert_kwargs(args),
     )
     if chunk_bytes is not None:
         seconds = time.perf_counter() - start
@@ -185,7 +206,7 @@ def run_stateful(args: argparse.Namespace) -> int:
 def gguf_quality(args: argparse.Namespace, metadata: Any, printed: bool = True, model: Any = None,
                  package: Any = None) -> Any:
     """The quality check of a package whose weights were encoded anew (--requantize, --deploy
-    ane's default, --compress) against the float model the file's own codes decode to; printed,
+    ane's plan, --compress) against the float model the file's own codes decode to; printed,
     written to --report, warned about. None when the file's codes were kept (they are the model).
     The compressed side is what the saved `package` stores (`measure_stateful`)."""
     from rlx_mil.cli.quality import measure_stateful, print_summary, write_report

@@ -139,8 +139,8 @@ def compress_option(args: argparse.Namespace) -> Any:
 
     config = parse_compress(spec)
     assert config is not None
-    if calibration is not None:
-        config = dataclasses.replace(config, calibration=calibration_inputs(calibration, args))
+    if calibration is not None and not (hasattr(args, "requantize") and Path(calibration).suffix.lower() == ".txt"):
+        config = dataclasses.replace(config, calibration=calibration_inputs(calibration, args))  # GGUF text: its tokenizer
     elif (config.auto is not None or config.fit not in (None, "off")) and getattr(args, "model_dir", None) is not None:
         # autoN measures (and fit= fits codes) on text: the built-in calibration text through the plain graph.
         from rlx_mil.llm.calibration import builtin_calibration

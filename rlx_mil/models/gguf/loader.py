@@ -38,11 +38,16 @@ def from_gguf(
 
     `requantize` re-quantizes the file's quantized tensors with rlx_mil's compression schemes
     instead of keeping their codes: one scheme for all (`"lut4"`, what `deploy="ane"` wants),
-    or per llama.cpp type (`"Q6_K=lut6"`); see `rlx_mil.models.gguf.requantize`."""
-    from rlx_mil.models.gguf.requantize import parse_requantize
+    or per llama.cpp type (`"Q6_K=lut6"`); see `rlx_mil.models.gguf.requantize`.
+    `requantize="compress"` hands them to the conversion's `compress=` as float weights
+    (llama.cpp's decode, made one tensor at a time as the compressor reads it): with
+    `rlx_mil.convert(graph, params, deploy="ane", compress="auto4")` that is what
+    `convert-gguf --deploy ane` does (the measured plan, with `auto4_calibration` for its text)."""
+    from rlx_mil.models.gguf.requantize import compressed_types, parse_requantize
     from rlx_mil.models.pretrained import build
 
     schemes = parse_requantize(requantize, frozenset(FORMATS))
+    to_compress = compressed_types(requantize, frozenset(FORMATS))
 
     file = GGUFFile(path)
     spec = decoder_spec(file)
@@ -54,4 +59,4 @@ def from_gguf(
     permuted = architecture(file) in PERMUTED_QK
     names = tensor_map(file, spec, expected, permuted)
     check_types(file, names, SUPPORTED_TYPES)
-    return graph, GGUFParams(file, names, spec, permuted, computed, schemes)
+    return graph, GGUFParams(file, names, spec, permuted, computed, schemes, to_compress)

@@ -10,7 +10,11 @@ report gives its error against llama.cpp's decode (`max.err`), as for the kept c
 
 `requantize` specs: a scheme alone (`"lut4"`: every quantized tensor), or `TYPE=SCHEME` pairs
 joined by commas (`"Q6_K=lut6,Q5_K=lut6"`), or a mapping type -> scheme; schemes as
-`compress=` writes them (docs/compression.md), types as llama.cpp names them.
+`compress=` writes them (docs/compression.md), types as llama.cpp names them. The scheme
+`"compress"` (`COMPRESS`, alone or for a type) hands those tensors to the conversion's own
+`compress=` as float weights instead: llama.cpp's decode of each, made when the compressor
+reads it (one tensor at a time), planned like any checkpoint's float weight — what
+`convert-gguf --deploy ane` does with the measured `auto4` plan.
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ from rlx_mil.lowering.target import Target
 
 #: Rows decoded at a time are bounded by this many elements.
 SLAB_ELEMENTS = 1 << 20
-#: What `deploy="ane"` re-quantizes each type to, in the forms the Neural Engine holds (per output
+#: `requantize` scheme handing a type's tensors to the conversion's `compress=` as float weights.
+COMPRESS = "compress"
+#: The fixed per-type Neural Engine scheme `convert-gguf --deploy ane` used before it planned
+#: with `auto4` (`--requantize` still takes it). What it re-quantizes each type to, in the forms the Neural Engine holds (per output
 #: channel, no per-block ints): types of 5 bits or more to int8 per output channel (about the
 #: source's own error), 4 bits and fewer to one table on max-normalised rows with a per-channel
 #: scale (`lut4-scaled`). Measured on SmolLM2-135M-Instruct's Q4_1 / Q8_0 file (docs/compression.md,
@@ -43,8 +50,19 @@ ANE_SCHEME = ("Q8_0=int8,Q6_K=int8,Q5_0=int8,Q5_1=int8,Q5_K=int8,"
 
 def parse_requantize(spec: str | Mapping[str, str] | None, types: frozenset[str]) -> dict[str, Scheme]:
     """GGUF type -> scheme from a `requantize` spec (see the module doc); `types` are the
-    quantized types a file can hold. A bad type or scheme is an `InvalidOptionError` naming
-    `requantize`."""
+    quantized types a file can hold. Types given to `COMPRESS` are not in it
+    (`compressed_types`). A bad type or scheme is an `InvalidOptionError` naming `requantize`."""
+    return {kind: _scheme(written, where) for kind, (written, where) in _written(spec, types).items()
+            if written != COMPRESS}
+
+
+def compressed_types(spec: str | Mapping[str, str] | None, types: frozenset[str]) -> frozenset[str]:
+    """The GGUF types a `requantize` spec hands to the conversion's `compress=` (`COMPRESS`)."""
+    return frozenset(kind for kind, (written, _) in _written(spec, types).items() if written == COMPRESS)
+
+
+def _written(spec: str | Mapping[str, str] | None, types: frozenset[str]) -> dict[str, tuple[str, str]]:
+    """GGUF type -> (its scheme as written, where the spec says it), every type checked."""
     if spec is None:
         return {}
     if isinstance(spec, str):
@@ -52,7 +70,9 @@ def parse_requantize(spec: str | Mapping[str, str] | None, types: frozenset[str]
         if not pairs:
             return {}
         if len(pairs) == 1 and "=" not in pairs[0]:  # one scheme for every type
-            return dict.fromkeys(sorted(types), _scheme(pairs[0], pairs[0]))
+            if pairs[0] != COMPRESS:
+                _scheme(pairs[0], pairs[0])
+            return dict.fromkeys(sorted(types), (pairs[0], pairs[0]))
         mapping: dict[str, str] = {}
         for pair in pairs:
             kind, sep, written = pair.partition("=")
@@ -61,12 +81,14 @@ def parse_requantize(spec: str | Mapping[str, str] | None, types: frozenset[str]
             mapping[kind.strip()] = written.strip()
     else:
         mapping = {str(k): str(v) for k, v in spec.items()}
-    out: dict[str, Scheme] = {}
+    out: dict[str, tuple[str, str]] = {}
     for kind, written in mapping.items():
         if kind not in types:
             raise InvalidOptionError(f"requantize: {kind!r} is not a quantized GGUF type rlx_mil reads"
                                      f" ({', '.join(sorted(types))})")
-        out[kind] = _scheme(written, f"{kind}={written}")
+        if written != COMPRESS:
+            _scheme(written, f"{kind}={written}")
+        out[kind] = (written, f"{kind}={written}")
     return out
 
 
@@ -76,7 +98,8 @@ def _scheme(written: str, where: str) -> Scheme:
     except InvalidOptionError as err:
         raise InvalidOptionError(f"requantize {where}: {err}") from None
     if not isinstance(scheme, LinearScheme | PaletteScheme):
-        raise InvalidOptionError(f"requantize {where}: give a scheme (e.g. lut4, lut6, int8-block32), not 'none'")
+        raise InvalidOptionError(f"requantize {where}: give a scheme (e.g. lut4, lut6, int8-block32)"
+                                 f" or {COMPRESS!r} (the conversion's compress= plans them), not 'none'")
     return scheme
 
 

@@ -123,10 +123,12 @@ class GGUFParams(Mapping[str, np.ndarray]):
     dense tensors as stored (a view of the map; Llama Q/K rows re-ordered), quantized ones
     dequantized exactly (float32) when read — the reference's view of the file — and the
     RoPE tables the builder computes. Conversion never reads the quantized ones this way: it
-    takes their blocks as compressed weights (see `compression`)."""
+    takes their blocks as compressed weights (`prequantized_weights`), except those of the
+    types `to_compress`, which it reads as float weights and compresses itself."""
 
     def __init__(self, file: GGUFFile, names: Mapping[str, str], spec: DecoderSpec, permuted: bool,
-                 computed: Mapping[str, np.ndarray], requantize: Mapping[str, Scheme] | None = None) -> None:
+                 computed: Mapping[str, np.ndarray], requantize: Mapping[str, Scheme] | None = None,
+                 to_compress: frozenset[str] = frozenset()) -> None:
         self.file = file
         self.names = dict(names)
         self.spec = spec
@@ -134,6 +136,9 @@ class GGUFParams(Mapping[str, np.ndarray]):
         self._computed = dict(computed)
         #: GGUF type -> the scheme its tensors are re-quantized with (`rlx_mil.models.gguf.requantize`).
         self.requantize = dict(requantize or {})
+        #: GGUF types whose tensors are float weights to the conversion (its `compress=` plans
+        #: them): no codes carried, llama.cpp's decode read one tensor at a time.
+        self.to_compress = frozenset(to_compress)
         #: (name, program float, LUT form) -> the codes made for a conversion: the functions of one
         #: package converted against these params hold the same arrays (written once, found
         #: shared without reading them), and a tensor is encoded once.
@@ -163,7 +168,8 @@ class GGUFParams(Mapping[str, np.ndarray]):
         `rlx_mil.compress.prequantized`)."""
         from rlx_mil.models.gguf.codes import FORMATS
 
-        return {name: GGUFWeight(self, name) for name, g in self.names.items() if self.file.tensors[g].type_name in FORMATS}
+        return {name: GGUFWeight(self, name) for name, g in self.names.items()
+                if (kind := self.file.tensors[g].type_name) in FORMATS and kind not in self.to_compress}
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name in self._computed:

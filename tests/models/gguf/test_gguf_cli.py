@@ -34,14 +34,15 @@ def test_stateless_conversion_verifies(chat_gguf: Path, tmp_path: Path, capsys: 
     assert "ok" in capsys.readouterr().out
 
 
-def test_deploy_ane_requantizes_to_the_neural_engines_forms(chat_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_deploy_ane_requantizes_as_requantize_says(chat_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--requantize overrides --deploy ane's auto4 plan (tests/models/gguf/test_gguf_ane_plan.py)."""
     import coremltools as ct
 
     from rlx_mil.compress import report_of
 
     out = tmp_path / "ane.mlpackage"
     assert main(["convert-gguf", str(chat_gguf), "-o", str(out), "--seq-len", "5", "--precision", "fp32", "--deploy", "ane",
-                 "--verify", "--quiet", "--allow-quality-loss"]) == 0
+                 "--requantize", "Q8_0=int8", "--verify", "--quiet", "--allow-quality-loss"]) == 0
     printed = capsys.readouterr().out
     assert "gguf-Q8_0>int8-sym-channel" in printed  # 8-bit codes stay 8-bit, per output channel
     # Re-quantizing is measured against the float model the file's codes decode to.
