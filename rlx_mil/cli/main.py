@@ -140,7 +140,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="UTF-8 text file to score (default: rlx_mil's built-in held-out English passage, a few"
                     " hundred tokens)")
     ev.add_argument("--reference", type=Path, metavar="MODEL_DIR_OR_PACKAGE",
-                    help="a Hugging Face checkpoint folder (NumPy reference, float32) or another package: also"
+                    help="a Hugging Face checkpoint folder or a GGUF file (NumPy reference, float32; a GGUF file's"
+                    " codes decoded as llama.cpp decodes them) or another package: also"
                     " report the mean KL divergence, top-1 agreement and perplexity ratio")
     ev.add_argument("--max-tokens", type=token_limit, default=None, metavar="N",
                     help="score only the first N tokens of the text, 'all' for every token (default"

@@ -6,8 +6,8 @@ e.g. one BOS at the start) and cut into windows of the package's context (`max_c
 tokens). Each window runs teacher-forced from an empty cache, one token per decode call; every
 token of a window but its first is predicted from the ones before it, so a text of `T` tokens
 in `W` windows scores `T - W` tokens. Perplexity is exp(mean negative log-likelihood) of the
-scored tokens. A reference (another package, or the checkpoint folder evaluated by the NumPy
-reference interpreter in float32) sees the same windows; per scored position `KL(reference ||
+scored tokens. A reference (another package, or the checkpoint folder or GGUF file evaluated by
+the NumPy reference interpreter in float32) sees the same windows; per scored position `KL(reference ||
 package)` of the next-token distributions is averaged, top-1 agreement is the fraction of
 positions where both pick the same most likely token, and the ratio is package perplexity /
 reference perplexity (1.0: no loss). Every one of these is computed by `rlx_mil.compress.quality`
@@ -127,14 +127,17 @@ def session_logits(
     return rows
 
 
-def checkpoint_logits(model_dir: str | os.PathLike[str]) -> LogitSource:
-    """Next-token logits of the checkpoint's plain graph, run by the NumPy reference in float32
-    over each whole window (one graph per window length)."""
+def checkpoint_logits(model_dir: str | os.PathLike[str], loader: Any = None) -> LogitSource:
+    """Next-token logits of the checkpoint's plain graph (`loader`, default `from_pretrained`;
+    `from_gguf` for a GGUF file: llama.cpp's decode of its tensors), run by the NumPy reference
+    in float32 over each whole window (one graph per window length)."""
     from rlx_mil.models.pretrained import from_pretrained
     from rlx_mil.reference import evaluate
 
+    load = loader or from_pretrained
+
     def rows(window: Sequence[int]) -> Iterator[np.ndarray]:
-        graph, params = from_pretrained(model_dir, "prefill", seq_len=len(window) - 1)
+        graph, params = load(model_dir, "prefill", seq_len=len(window) - 1)
         out = evaluate(graph, {"input_ids": np.asarray([window[:-1]], np.int32)}, params)
         logits = np.asarray(out["logits"], np.float32)
         yield from logits.reshape(-1, logits.shape[-1])
@@ -210,8 +213,8 @@ def evaluate_package(
     warn_cut: bool = False,
 ) -> EvalResult:
     """`rlx-mil eval` from Python: perplexity of `text` (a string, or a `Path` to a UTF-8 text
-    file) under the package (its own tokenizer), with `reference` (a package or a Hugging Face
-    checkpoint folder) the comparison too. Only the first `max_tokens` tokens are used when
+    file) under the package (its own tokenizer), with `reference` (a package, a Hugging Face
+    checkpoint folder or a GGUF file) the comparison too. Only the first `max_tokens` tokens are used when
     given (and only the part of the text they need is read and encoded); `warn_cut` warns
     before scoring when that leaves tokens out. `progress(total)` returns the callback called
     once per scored token."""
@@ -231,9 +234,17 @@ def evaluate_package(
                       stacklevel=2)
     window = session.max_context
     ref_rows: LogitSource | None = None
+    ref_vocab: int | None
     if reference is not None:
         ref = Path(reference)
-        if (ref / "config.json").is_file():
+        if ref.is_file() and ref.suffix.lower() == ".gguf":  # the float model its codes decode to
+            from rlx_mil.models.gguf import from_gguf
+            from rlx_mil.models.gguf.metadata import decoder_spec
+            from rlx_mil.models.gguf.reader import GGUFFile
+
+            ref_vocab = int(decoder_spec(GGUFFile(ref)).vocab_size)
+            ref_rows = checkpoint_logits(ref, loader=from_gguf)
+        elif (ref / "config.json").is_file():
             ref_vocab = _checkpoint_vocab(ref)
             ref_rows = checkpoint_logits(ref)
         else:

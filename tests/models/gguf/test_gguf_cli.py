@@ -25,6 +25,15 @@ def test_stateful_conversion_verifies_and_chats(chat_gguf: Path, tmp_path: Path,
     assert "compressed" in printed and "gguf-Q8_0" in printed
     assert main(["generate", str(out), "--chat", "--prompt", "The quick fox", "-n", "4", "--engine", "milexec",
                  "--quiet"]) == 0
+    # eval against the GGUF file itself (llama.cpp's decode of its codes, which the package keeps exactly)
+    capsys.readouterr()
+    assert main(["eval", str(out), "--reference", str(chat_gguf), "--engine", "milexec", "--max-tokens", "24",
+                 "--json", "--quiet"]) == 0
+    import json
+
+    result = json.loads(capsys.readouterr().out)
+    assert result["reference"] == str(chat_gguf) and result["top1_agreement"] == 1.0
+    assert result["mean_kl"] < 1e-4 and abs(result["perplexity_ratio"] - 1) < 5e-3  # an fp16 package
 
 
 def test_stateless_conversion_verifies(chat_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
