@@ -57,8 +57,7 @@ _NOT_FOR_WHISPER = {
     "--normalize/--no-normalize": ("normalize", None), "--token-type-ids": ("token_type_ids", False),
     "--image-size": ("image_size", None), "--spatial-shape": ("spatial_shape", None),
     "--author": ("author", None), "--license": ("license", None), "--description": ("description", None),
-    "--model-version": ("model_version", None), "--report": ("report", None),
-    "--no-split-logits": ("split_logits", True), "--allow-quality-loss": ("allow_quality_loss", False),
+    "--model-version": ("model_version", None), "--no-split-logits": ("split_logits", True),
 }
 
 
@@ -74,12 +73,12 @@ def check_options(args: argparse.Namespace) -> None:
     """Every option check of a Whisper conversion, before any file is read: flags that do not
     apply, --attention, the quality targets (warned about without --compress) and a --compress
     scheme the --target has no op for (naming both); convert-hf checks --stateful's target."""
-    from rlx_mil.cli.quality import quality_targets, warn_unused_targets
+    from rlx_mil.cli.quality import check_report_path, warn_unused_targets
 
     _refuse_llm_flags(args)
     if getattr(args, "attention", "auto") != "auto":
         raise InvalidOptionError("--attention does not apply to a Whisper folder")
-    quality_targets(args)
+    check_report_path(args)  # and the quality targets
     warn_unused_targets(args, compressed=getattr(args, "compress", None) is not None)
     if getattr(args, "compress", None) is not None:
         _check_compress_target(args)
@@ -150,8 +149,10 @@ def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
             from rlx_mil.models.verify import package_weights
 
             params = package_weights(params, path, report_of(package_info(path).metadata))
+        # compressed: what is checked here is fidelity; quality is judged after the folder is written
+        fidelity = " fidelity (the package vs the weights it stores):" if convert.get("compress") else ""
         for check in verify_package(graph, params, path, verify_inputs(role, graph), convert["precision"]):
-            print(f"{role}: {check.to_text()}")
+            print(f"{role}:{fidelity} {check.to_text()}")
             checks.append(check)
 
     start = time.perf_counter()
@@ -161,13 +162,14 @@ def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
         cache_len=args.cache_len, stateful=bool(args.stateful),
         overwrite=args.overwrite, progress=progress, on_graph=verify if args.verify else None,
         calibration=[args.speech_calibration] if getattr(args, "speech_calibration", None) else None,
+        quality_check=True if args.verify else None,
     )
     stateful_ok = True
     if args.verify and args.stateful:
         # the cache state is fp16 whatever the precision; a compressed decoder against the weights it stores
         error, agree = verify_stateful(args.model_dir, written.folder, convert["precision"])
         stateful_ok = agree and error <= STATEFUL_TOLERANCE
-        weights = " (on the weights the package stores)" if convert.get("compress") else ""
+        weights = " (fidelity: on the weights the package stores)" if convert.get("compress") else ""
         print(f"TextDecoderStateful: 4 tokens against the reference decoder{weights}: max |logit error| {error:.3g} of"
               f" the largest logit, argmax {'agrees' if agree else 'differs'}: {'ok' if stateful_ok else 'FAIL'}")
     total = 0
@@ -176,7 +178,40 @@ def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
         total += info.package_bytes
         print(f"  {role}: {info.num_ops} ops, {human_bytes(info.package_bytes)}")
     print(f"wrote {written.folder} ({human_bytes(total)}) in {time.perf_counter() - start:.1f} s")
-    return 0 if stateful_ok and all(c.ok for c in checks) else 1
+    quality = None if written.quality is None else written.quality.check
+    if quality is not None:
+        print(quality.summary())
+    write_folder_report(args, written)
+    fidelity_ok = stateful_ok and all(c.ok for c in checks)
+    if not args.verify:
+        return 0
+    from rlx_mil.cli.quality import verify_quality
+
+    quality_code = verify_quality(args, quality, "the packages as saved vs the float checkpoint, on speech")
+    return 0 if fidelity_ok and not quality_code else 1
+
+
+def write_folder_report(args: argparse.Namespace, written: Any) -> None:
+    """--report FILE: each compressed package's compression report (by role) and the folder's
+    quality check (with each audio file's transcript and numbers) as JSON."""
+    import json
+    from dataclasses import asdict
+
+    path = getattr(args, "report", None)
+    if path is None:
+        return
+    from rlx_mil.fileio import atomic_output_file
+
+    compression = {}
+    for role, report in written.reports.items():
+        compression[role] = asdict(report)
+        compression[role].pop("quality", None)
+    result = written.quality
+    body = {"compression": compression or None, "quality": None if result is None else result.check.to_dict(),
+            "files": [] if result is None else [vars(f) for f in result.files]}
+    with atomic_output_file(Path(path), overwrite=True, what="report") as stream:
+        stream.write((json.dumps(body, indent=1, allow_nan=False) + "\n").encode())
+    print(f"wrote the compression report to {path}")
 
 
 def verify_stateful(checkpoint_dir: Path, folder: Path, precision: str, steps: int = 4, seed: int = 0) -> tuple[float, bool]:

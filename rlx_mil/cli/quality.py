@@ -241,12 +241,14 @@ def check_report_path(args: argparse.Namespace) -> None:
                                      " the report would replace its files")
 
 
-def verify_quality(args: argparse.Namespace, check: QualityCheck | None) -> int:
-    """What --verify says of quality (after the fidelity checks): 0, or 1 when the compressed
-    package is below the thresholds and --allow-quality-loss was not given."""
+def verify_quality(args: argparse.Namespace, check: QualityCheck | None,
+                   measured: str = "the compressed weights vs the original model, NumPy reference") -> int:
+    """What --verify says of quality (after the fidelity checks; `measured` says what was
+    compared): 0, or 1 when the compressed package is below the thresholds and
+    --allow-quality-loss was not given."""
     if check is None:
         return 0
-    print(f"verify: quality (the compressed weights vs the original model, NumPy reference): {check.summary()}")
+    print(f"verify: quality ({measured}): {check.summary()}")
     if check.ok:
         return 0
     if getattr(args, "allow_quality_loss", False):

@@ -29,17 +29,25 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.compress.quality import OutputQuality, decoder_quality, output_quality
+from rlx_mil.compress.quality import (
+    DEFAULT_THRESHOLDS,
+    OutputQuality,
+    QualityThresholds,
+    decoder_quality,
+    output_quality,
+)
 from rlx_mil.compress.quality_check import QualityCheck
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.models.whisper_checkpoint import ParamsOf
-from rlx_mil.speech.model import N_AUDIO_CTX, N_FRAMES, N_SAMPLES
-from rlx_mil.speech.packages import ENCODER, MEL
+from rlx_mil.speech.audio import Audio
+from rlx_mil.speech.model import ENCODER, MEL, N_AUDIO_CTX, N_FRAMES, N_SAMPLES
 
 #: What the reference is, as the report says it.
 REFERENCE_LABEL = "the checkpoint (NumPy reference, float32)"
 #: The reference's graph of the decoder's cross-attention keys and values.
 CROSS = "cross_attention"
+#: Token ids a folder without a tokenizer is teacher-forced over (`judge_folder`).
+GENERATED_TOKENS = 48
 
 
 class ReferenceWhisper:
@@ -53,7 +61,7 @@ class ReferenceWhisper:
     def __init__(self, checkpoint_dir: str | os.PathLike[str], cache_len: int | None = None) -> None:
         from rlx_mil.models.whisper import build_cross_kv
         from rlx_mil.models.whisper_checkpoint import open_whisper
-        from rlx_mil.speech.packages import graphs
+        from rlx_mil.speech.graphs import graphs
 
         checkpoint = open_whisper(checkpoint_dir)
         self.spec = spec = checkpoint.spec
@@ -206,22 +214,60 @@ def evaluate_speech(
     """`rlx-mil eval FOLDER --audio FILES --reference CHECKPOINT` from Python (see the module
     doc). `language` None: the reference detects it (multilingual checkpoints); `max_tokens`
     bounds each greedy transcript; `progress(what)` hears each stage."""
-    from rlx_mil.speech.audio import as_audio, window
-    from rlx_mil.speech.decoding import DecodingOptions, decode_window
-    from rlx_mil.speech.tokens import load_tokens
-    from rlx_mil.speech.transcription import check_speech_folder, open_model
+    from rlx_mil.speech.audio import as_audio
 
     if not audio:
         raise InvalidOptionError("eval of a speech folder needs at least one audio file (--audio FILE ...)")
-    root = check_speech_folder(folder)
-    ref_dir = Path(reference)
-    if not ref_dir.is_dir():
-        raise InvalidOptionError(f"--reference {ref_dir}: not a folder (the Whisper checkpoint the package came from:"
-                                 " a Hugging Face or CTranslate2 folder)")
-    tokens = load_tokens(root)
-    options = DecodingOptions(language=language, max_tokens=max_tokens)
-    options.check(tokens)
+    root = _checked_folder(folder, reference)
     clips = [as_audio(path) for path in audio]  # every file read (and refused) before any model runs
+    return judge_folder(root, clips, reference, language=language, max_tokens=max_tokens, progress=progress)
+
+
+def _checked_folder(folder: str | os.PathLike[str], reference: str | os.PathLike[str]) -> Path:
+    from rlx_mil.speech.transcription import check_speech_folder
+
+    root = check_speech_folder(folder)
+    if not Path(reference).is_dir():
+        raise InvalidOptionError(f"--reference {reference}: not a folder (the Whisper checkpoint the package came from:"
+                                 " a Hugging Face or CTranslate2 folder)")
+    return root
+
+
+def judge_folder(
+    folder: str | os.PathLike[str],
+    clips: Sequence[Audio],
+    reference: str | os.PathLike[str],
+    *,
+    language: str | None = None,
+    max_tokens: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    inputs: str | None = None,
+    thresholds: QualityThresholds = DEFAULT_THRESHOLDS,
+    worst: Sequence[tuple[str, str]] = (),
+) -> SpeechEvalResult:
+    """The speech folder `folder` against the checkpoint `reference` on `clips` (see the module
+    doc): what `evaluate_speech` and the conversion's quality check
+    (`rlx_mil.speech.quality_check`) measure. `inputs` names the clips in the check's summary;
+    `thresholds` and `worst` (the weights contributing most) go into the check. A folder
+    without a tokenizer is teacher-forced over generated token ids after the start token (no
+    perplexity: they are not language)."""
+    from rlx_mil.errors import RlxMilError
+    from rlx_mil.speech.audio import window
+    from rlx_mil.speech.decoding import DecodingOptions, decode_window
+    from rlx_mil.speech.tokens import load_tokens
+    from rlx_mil.speech.transcription import open_model
+
+    root = _checked_folder(folder, reference)
+    ref_dir = Path(reference)
+    try:
+        tokens = load_tokens(root)
+    except RlxMilError:
+        if inputs is None:  # `rlx-mil eval`: a speech folder holds its tokenizer
+            raise
+        tokens = None
+    options = DecodingOptions(language=language, max_tokens=max_tokens)
+    if tokens is not None:
+        options.check(tokens)
     say = progress or (lambda _: None)
     say(f"opening {root}")
     package = open_model(root)
@@ -243,37 +289,55 @@ def evaluate_speech(
         ref_encoded = ref.encode(ref.log_mel(samples))
         say(f"{clip.name}: the package's front end and encoder")
         encoded = package.encode(package.log_mel(samples))
-        say(f"{clip.name}: the reference's greedy transcript")
-        decoded = decode_window(recorder, ref_encoded, tokens, options)
-        assert recorder.session is not None
-        fed = decoded.prompt + decoded.tokens
-        wanted = decoded.tokens + ([tokens.eot] if decoded.ended else [])
-        rows = np.stack(recorder.session.rows)
-        if not decoded.ended:  # the last sampled token was never fed: its row is not there
-            fed = fed[:-1]
-        first = len(decoded.prompt) - 1  # the row after the prompt predicts the first sampled token
-        ref_rows = rows[first:len(fed)]
+        if tokens is None:
+            fed, wanted, first, text = _generated_ids(ref, max_tokens)
+            ref_rows = np.asarray(ref.decoder(ref_encoded).step(fed), np.float32)[first:]
+        else:
+            say(f"{clip.name}: the reference's greedy transcript")
+            decoded = decode_window(recorder, ref_encoded, tokens, options)
+            assert recorder.session is not None
+            fed = decoded.prompt + decoded.tokens
+            wanted = decoded.tokens + ([tokens.eot] if decoded.ended else [])
+            rows = np.stack(recorder.session.rows)
+            if not decoded.ended:  # the last sampled token was never fed: its row is not there
+                fed = fed[:-1]
+            first = len(decoded.prompt) - 1  # the row after the prompt predicts the first sampled token
+            ref_rows = rows[first:len(fed)]
+            text = tokens.text(decoded.tokens)
         say(f"{clip.name}: the package's decoder over {len(wanted)} tokens")
         pkg_rows = np.asarray(package.decoder(encoded).step(fed), np.float32)[first:, :ref.vocab_size]
         ref_rows = ref_rows[:, :ref.vocab_size]
-        file_decoder = decoder_quality(ref_rows, pkg_rows, wanted)
+        scored = wanted if tokens is not None else None
+        file_decoder = decoder_quality(ref_rows, pkg_rows, scored)
         file_encoder = output_quality("encoder_output", ref_encoded, encoded)
-        files.append(SpeechEvalFile(clip.name, tokens.text(decoded.tokens), len(wanted), file_encoder.to_dict(),
-                                    file_decoder.to_dict()))
+        files.append(SpeechEvalFile(clip.name, text, len(wanted), file_encoder.to_dict(), file_decoder.to_dict()))
         want_rows.append(ref_rows)
         got_rows.append(pkg_rows)
         targets += wanted
         want_enc.append(ref_encoded)
         got_enc.append(encoded)
     encoder: OutputQuality = output_quality("encoder_output", np.concatenate(want_enc), np.concatenate(got_enc))
+    transcripts = "the reference's greedy transcripts" if tokens is not None else "generated token ids (no tokenizer)"
     check = QualityCheck(
         compared_with=REFERENCE_LABEL,
-        inputs=f"{len(clips)} audio file(s), the first 30 s of each; {len(targets)} positions of the reference's"
-               " greedy transcripts, each model on its own encoder output",
-        decoder=decoder_quality(np.concatenate(want_rows), np.concatenate(got_rows), targets),
-        outputs=[encoder],
+        inputs=(inputs or f"{len(clips)} audio file(s), the first 30 s of each")
+        + f"; {len(targets)} positions of {transcripts}, each model on its own encoder output",
+        decoder=decoder_quality(np.concatenate(want_rows), np.concatenate(got_rows),
+                                targets if tokens is not None else None),
+        outputs=[encoder], worst=list(worst), thresholds=thresholds,
     )
     return SpeechEvalResult(check, files)
+
+
+def _generated_ids(ref: ReferenceWhisper, max_tokens: int | None) -> tuple[list[int], list[int], int, str]:
+    """(fed ids, the ids each judged position predicts, the first judged row, a label): the
+    start token and `GENERATED_TOKENS` ids drawn below the end-of-text id, for a folder
+    without a tokenizer."""
+    spec = ref.spec
+    count = min(GENERATED_TOKENS if max_tokens is None else max_tokens, ref.cache_len - 1)
+    ids = np.random.default_rng(0).integers(0, min(spec.eos_token_id, spec.vocab_size), count + 1)
+    fed = [int(spec.decoder_start_token_id), *map(int, ids[:-1])]
+    return fed, [int(i) for i in ids], 0, "(generated token ids)"
 
 
 def speech_folder_in(path: str | os.PathLike[str]) -> Path:

@@ -21,6 +21,8 @@ N_AUDIO_CTX = 1500
 SAMPLE_RATE = 16_000
 #: The packages of a WhisperKit folder (`rlx_mil.speech.packages`).
 MEL, ENCODER, DECODER = "MelSpectrogram", "AudioEncoder", "TextDecoder"
+#: rlx_mil's stateful text decoder package beside them (`rlx_mil.speech.stateful`).
+STATEFUL_DECODER = "TextDecoderStateful"
 
 
 class DecoderSession(Protocol):

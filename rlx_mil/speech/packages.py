@@ -18,7 +18,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,23 +27,22 @@ import numpy as np
 from rlx_mil import interrupts
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
-from rlx_mil.models.whisper import build_audio_encoder, build_text_decoder, check_cache_len
+from rlx_mil.models.whisper import check_cache_len
 from rlx_mil.models.whisper_checkpoint import (
     TOKENIZER_FILES,
-    ParamsOf,
     WhisperCheckpoint,
     hf_config_of,
     open_whisper,
 )
-from rlx_mil.models.whisper_mel import build_log_mel
 from rlx_mil.progress import Progress
-from rlx_mil.speech.model import DECODER, ENCODER, MEL
+from rlx_mil.speech.graphs import graphs
+from rlx_mil.speech.model import DECODER, ENCODER, MEL, STATEFUL_DECODER
 
 if TYPE_CHECKING:
     from rlx_mil.compress import CompressionConfig
     from rlx_mil.speech.calibration import SpeechCalibration
+    from rlx_mil.speech.evaluate import SpeechEvalResult
 
-STATEFUL_DECODER = "TextDecoderStateful"
 #: WhisperKit's decoder cache, `Constants.maxTokenContext`: 448 / 2 slots (the default
 #: `cache_len` is half the checkpoint's `max_target_positions`).
 DEFAULT_CACHE_LEN = 224
@@ -59,6 +58,11 @@ class WhisperPackages:
     packages: dict[str, Path]
     cache_len: int
     precision: str
+    #: The compressed folder's quality against the float checkpoint (`rlx_mil.speech.quality_check`);
+    #: None when nothing was compressed or the check was not asked for.
+    quality: SpeechEvalResult | None = None
+    #: Each compressed package's compression report, by role.
+    reports: dict[str, Any] = field(default_factory=dict)
 
 
 def folder_name(directory: Path) -> str:
@@ -69,20 +73,6 @@ def folder_name(directory: Path) -> str:
     if not name.startswith(("whisper", "distil-whisper")):
         name = f"whisper-{name}"
     return f"openai_{name}"
-
-
-def graphs(checkpoint: WhisperCheckpoint, cache_len: int, fp16_io: bool) -> dict[str, tuple[Graph, Mapping[str, Any]]]:
-    """The three WhisperKit graphs of `checkpoint` with the params each reads."""
-    spec = checkpoint.spec
-    mel, mel_params = build_log_mel(spec.num_mel_bins, MEL, fp16_io=fp16_io)
-    encoder, encoder_names = build_audio_encoder(spec, ENCODER, fp16_io=fp16_io)
-    decoder, decoder_names = build_text_decoder(spec, cache_len, DECODER, fp16_io=fp16_io,
-                                                alignment_heads=checkpoint.alignment_heads)
-    return {
-        MEL: (mel, mel_params),
-        ENCODER: (encoder, ParamsOf(checkpoint.params, encoder_names)),
-        DECODER: (decoder, ParamsOf(checkpoint.params, decoder_names)),
-    }
 
 
 def convert_whisper(
@@ -100,6 +90,7 @@ def convert_whisper(
     calibration: Sequence[str | os.PathLike[str]] | None = None,
     progress: Progress | None = None,
     on_graph: Callable[[str, Graph, Mapping[str, Any], Path], None] | None = None,
+    quality_check: bool | None = None,
 ) -> WhisperPackages:
     """Write the WhisperKit folder of the Whisper checkpoint `model_dir` (Hugging Face or
     CTranslate2 layout) into `output_dir/openai_whisper-<variant>` (`name` overrides the folder
@@ -109,7 +100,10 @@ def convert_whisper(
     `on_graph(role, graph, params, package)` is called after each package is saved (`--verify`).
     With `compress` autoN, one plan covers the encoder's and decoder's weights
     (`rlx_mil.speech.folder_plan`), measured on the audio files `calibration` (else a built-in
-    speech-shaped signal)."""
+    speech-shaped signal). A compressed folder's quality is measured against the checkpoint on
+    `calibration` (else the built-in English speech clip) once it is written
+    (`rlx_mil.speech.quality_check`; `WhisperPackages.quality`), warning below the documented
+    thresholds; `quality_check` False skips it, None runs it unless the config says `check=off`."""
     if precision not in ("fp16", "fp32"):
         raise InvalidOptionError(f"precision must be 'fp16' or 'fp32', got {precision!r}")
     progress = progress or Progress(enabled=False)
@@ -138,6 +132,10 @@ def convert_whisper(
                                   deploy=deploy, cache_len=cache_len, stateful=stateful, progress=progress,
                                   on_graph=on_graph, calibration=heard)
         write_folder_files(checkpoint, staging)
+        reports = _reports(staging, written)
+        quality = None
+        if reports and _checks(compress, quality_check):
+            quality = _measure_quality(staging, checkpoint, calibration, compress, reports, progress)
         staging.chmod(0o777 & ~_umask())
         interrupts.check()  # a Ctrl-C a library swallowed: nothing is installed
         if folder.exists():
@@ -146,7 +144,47 @@ def convert_whisper(
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    return WhisperPackages(folder, written, cache_len, precision)
+    return WhisperPackages(folder, written, cache_len, precision, quality, reports)
+
+
+def _reports(staging: Path, written: Mapping[str, Path]) -> dict[str, Any]:
+    """The compression report of each package that compressed a weight, by role."""
+    from rlx_mil.compress import report_of
+    from rlx_mil.coreml.package_info import package_info
+
+    found = {}
+    for role, path in written.items():
+        report = report_of(package_info(staging / path.name).metadata)
+        if report is not None and report.weights:
+            found[role] = report
+    return found
+
+
+def _checks(compress: Any, asked: bool | None) -> bool:
+    from rlx_mil.compress import parse_compress
+
+    if asked is not None:
+        return asked
+    config = parse_compress(compress)
+    return config is None or config.check is not False
+
+
+def _measure_quality(staging: Path, checkpoint: WhisperCheckpoint, calibration: Sequence[str | os.PathLike[str]] | None,
+                     compress: Any, reports: Mapping[str, Any], progress: Progress) -> SpeechEvalResult:
+    """The written folder against the float checkpoint (`rlx_mil.speech.quality_check`), with
+    its warning when a threshold is crossed."""
+    from rlx_mil.compress import parse_compress
+    from rlx_mil.compress.quality import DEFAULT_THRESHOLDS
+    from rlx_mil.compress.quality_check import warn_below_threshold
+    from rlx_mil.speech.quality_check import folder_quality
+
+    config = parse_compress(compress)
+    thresholds = config.thresholds if config is not None else DEFAULT_THRESHOLDS
+    progress.begin("measuring the quality against the float checkpoint", min_seconds=1.0)
+    result = folder_quality(staging, checkpoint.directory, calibration, reports=reports, thresholds=thresholds)
+    progress.end()
+    warn_below_threshold(result.check, stacklevel=4)
+    return result
 
 
 def _sweep_staging(folder: Path) -> None:
@@ -187,6 +225,7 @@ def _write_packages(checkpoint: WhisperCheckpoint, staging: Path, folder: Path, 
         progress.begin(f"planning auto{config.auto} across the packages")
         compress = plan_folder(config, checkpoint, built, calibration, target=target, precision=precision)
         progress.end(compress.plan.summary.split(" (one budget")[0])
+    compress = _folder_checked(compress, deploy)
     for role, (graph, params) in built.items():
         progress.begin(f"converting {role}")
         # WhisperKit reads one `logits` output: the Neural Engine form keeps it whole (split_logits)
@@ -230,6 +269,19 @@ def folder_compression(compress: Any, deploy: str, graphs_: list[Graph]) -> Any:
         roles.update(param_roles(graph))
     unmatched_rules(config, roles, "the speech folder")
     return dataclasses.replace(config, rules_checked=True)
+
+
+def _folder_checked(compress: Any, deploy: str) -> Any:
+    """`compress` with no quality check of each package's own on generated inputs: the folder
+    is judged once, on speech, after it is written (`_measure_quality`)."""
+    import dataclasses
+
+    from rlx_mil.compress import parse_compress
+    from rlx_mil.coreml.deploy import DeployForm
+    from rlx_mil.coreml.deploy.compression import form_compression
+
+    config = parse_compress(form_compression(compress, DeployForm.parse(deploy)))
+    return None if config is None else dataclasses.replace(config, final_check=False)
 
 
 def _auto_config(compress: Any, deploy: str) -> CompressionConfig | None:

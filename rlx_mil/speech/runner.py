@@ -20,8 +20,7 @@ import numpy as np
 
 from rlx_mil.coreml.runtime import coreml_available
 from rlx_mil.errors import InvalidOptionError
-from rlx_mil.speech.model import N_AUDIO_CTX, N_FRAMES, N_SAMPLES
-from rlx_mil.speech.packages import DECODER, ENCODER, MEL, STATEFUL_DECODER
+from rlx_mil.speech.model import DECODER, ENCODER, MEL, N_AUDIO_CTX, N_FRAMES, N_SAMPLES, STATEFUL_DECODER
 
 #: WhisperKit's value for a cache slot not attended.
 _MASKED = -1e4

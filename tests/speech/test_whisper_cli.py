@@ -54,7 +54,7 @@ def test_convert_hf_writes_and_verifies_the_whisperkit_folder(checkpoint: Path, 
      "not for a Whisper folder: --chunk-bytes"),
     (["--max-context", "8", "--author", "A", "--pooling", "mean"],
      "not for a Whisper folder: --max-context, --pooling, --author"),
-    (["--report", "r.json"], "not for a Whisper folder: --report"),
+    (["--report", "."], ".: a directory, not a report"),
     (["--attention", "fused"], "--attention does not apply to a Whisper folder"),
 ])
 def test_flags_that_do_not_apply_are_one_line_errors(checkpoint: Path, tmp_path: Path, flags: list[str], message: str,
