@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -87,8 +88,19 @@ def peak_memory_text() -> str:
     return f"peak memory {human_bytes(peak_bytes)}"
 
 
-def _opened_text(session: Any) -> str:
-    return f"package opened in {session.open_seconds:.2f} s (CPU {session.open_cpu_seconds:.2f} s)"
+class _Opening:
+    """Wall and CPU time of opening the package as the user waits for it: from the first
+    import of the session's code to a session with its tokenizer (the stage line's figure;
+    `Session.open_seconds` alone leaves the imports out)."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def done(self) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+    def text(self) -> str:
+        return f"package opened in {self.wall:.2f} s (CPU {self.cpu:.2f} s)"
 
 
 def _read_prompt(args: argparse.Namespace) -> str | None:
@@ -139,16 +151,18 @@ def run_generate(args: argparse.Namespace) -> int:
     chat_tokenizer = _chat_tokenizer(args.package, "drop --chat") if args.chat else None
     progress = Progress(enabled=not (args.quiet or running_under_ci()))
     progress.begin(f"opening {args.package}", unit=" weights")  # the executor counts those it prepares
+    opening = _Opening()
     from rlx_mil.llm.generate import Session
     session = Session(args.package, engine=args.engine, compute_units=compute_units(args))
     if chat_tokenizer is not None:
         session.tokenizer = chat_tokenizer
     tokenizer = session.tokenizer  # fails early, before any output, on a package without one
+    opening.done()
     progress.end(f"engine {session.engine}")
     prompt_ids = tokenizer.prompt_ids(prompt, chat=args.chat, system=args.system)
     pieces = session.stream_text(prompt, _new_tokens(session, len(prompt_ids), args), chat=args.chat,
                                  system=args.system, **_sampling(args))
-    with _stats_on_exit(session, args.quiet):
+    with _stats_on_exit(session, opening, args.quiet):
         progress.begin("reading the prompt")
         for piece in pieces:
             progress.end(f"{session.stats.prompt_tokens} tokens")  # the first piece ends the stage
@@ -163,8 +177,8 @@ def run_generate(args: argparse.Namespace) -> int:
 class _stats_on_exit:
     """Prints the speed and peak-memory line when the block ends, however it ends."""
 
-    def __init__(self, session: Any, quiet: bool, text: bool = True) -> None:
-        self.session, self.quiet, self.text = session, quiet, text
+    def __init__(self, session: Any, opening: _Opening, quiet: bool, text: bool = True) -> None:
+        self.session, self.opening, self.quiet, self.text = session, opening, quiet, text
 
     def __enter__(self) -> None:
         return None
@@ -177,22 +191,23 @@ class _stats_on_exit:
             if self.text:  # end the streamed text's line
                 sys.stdout.write("\n")
                 sys.stdout.flush()
-        print(f"{_opened_text(self.session)}; {self.session.stats.to_text()}; {peak_memory_text()}",
+        print(f"{self.opening.text()}; {self.session.stats.to_text()}; {peak_memory_text()}",
               file=sys.stderr, flush=True)
 
 
 def _generate_ids(args: argparse.Namespace) -> int:
-    from rlx_mil.llm.generate import Session
-
     try:
         prompt = [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t]
     except ValueError:
         raise RlxMilError(f"--prompt-ids takes comma-separated integers, got {args.prompt_ids!r}") from None
+    opening = _Opening()
+    from rlx_mil.llm.generate import Session
     session = Session(args.package, engine=args.engine, compute_units=compute_units(args))
+    opening.done()
     count = _new_tokens(session, len(prompt), args)
     print(f"engine: {session.engine}")
     tokens: list[int] = []
-    with _stats_on_exit(session, args.quiet, text=False):
+    with _stats_on_exit(session, opening, args.quiet, text=False):
         try:
             tokens.extend(session.stream(prompt, count, **_sampling(args)))
         finally:
@@ -286,8 +301,10 @@ def run_chat(args: argparse.Namespace) -> int:
 
     progress = Progress(enabled=interactive and not (args.quiet or running_under_ci()))
     progress.begin(f"opening {args.package}", unit=" weights")  # the executor counts those it prepares
+    opening = _Opening()
     from rlx_mil.llm.generate import Session
     session = Session(args.package, engine=args.engine, compute_units=compute_units(args))
+    opening.done()
     progress.end(f"engine {session.engine}")
     if chat_tokenizer is None:
         chat_tokenizer = session.tokenizer  # the package carries none: the Session's error says so
@@ -295,7 +312,7 @@ def run_chat(args: argparse.Namespace) -> int:
     max_new = _max_new_tokens(args)
     conversation = Conversation(session, args.system, reserve=min(max_new, session.max_context // 2))
     if not args.quiet:
-        print(f"{_opened_text(session)}; engine {session.engine}, context {session.max_context} tokens."
+        print(f"{opening.text()}; engine {session.engine}, context {session.max_context} tokens."
               f" {CHAT_HELP}", file=sys.stderr, flush=True)
     totals = {"tokens": 0, "seconds": 0.0}
     counted = session.stats  # the last reply's stats in the totals (Ctrl-C adds a newer reply's)
