@@ -94,7 +94,26 @@ def _neural_network(package: Path, folder: Path) -> Path:
     return out
 
 
+def _checkpoint_folder(package: Path, folder: Path) -> Path:
+    """The checkpoint given where its converted package belongs (a newcomer's first slip)."""
+    out = folder / "hf"
+    out.mkdir()
+    (out / "config.json").write_text('{"model_type": "llama"}')
+    (out / "model.safetensors").write_bytes(b"")
+    return out
+
+
+def _gguf_file(package: Path, folder: Path) -> Path:
+    (folder / "model.gguf").write_bytes(b"GGUF" + bytes(60))
+    return folder / "model.gguf"
+
+
+CONVERT_HF_FIRST = "hf: a Hugging Face checkpoint folder, not a Core ML package; convert it first: rlx-mil convert-hf"
+CONVERT_GGUF_FIRST = "model.gguf: a GGUF file, not a Core ML package; convert it first: rlx-mil convert-gguf"
+
 BROKEN: list[tuple[str, Callable[[Path, Path], Path], str]] = [
+    ("checkpoint folder", _checkpoint_folder, CONVERT_HF_FIRST),
+    ("GGUF file", _gguf_file, CONVERT_GGUF_FIRST),
     ("random bytes", _random_file, "random.mlpackage"),
     ("random .mlmodel", _random_mlmodel, "not a readable Core ML package"),
     ("no manifest", _no_manifest, "nomanifest.mlpackage"),

@@ -333,6 +333,9 @@ def _inspect(args: argparse.Namespace) -> int:
 
     if args.context is not None and not args.estimate:
         raise RlxMilError("--context goes with --estimate")
+    from rlx_mil.coreml.manifest import check_is_package
+
+    check_is_package(args.package)  # a GGUF file is no graph JSON, a checkpoint folder no package
     if args.package.suffix == ".json" or (args.package.is_file() and args.package.suffix not in (".mlmodel", ".aimodel")):
         if args.estimate:
             raise RlxMilError("--estimate reads a .mlpackage or a chunked set's folder, not a graph JSON")

@@ -89,8 +89,34 @@ def read_only() -> Iterator[None]:
 
 
 def open_model(path: str | os.PathLike[str], **options: Any) -> Any:
-    """`ct.models.MLModel(path, **options)` that leaves the package's files as they were."""
+    """`ct.models.MLModel(path, **options)` that leaves the package's files as they were. A
+    folder without `Manifest.json` is refused by name (a checkpoint folder given where its
+    package belongs: with the command that converts it)."""
     import coremltools as ct
 
+    root = Path(path)
+    check_is_package(root)
+    if root.is_dir() and not (root / "Manifest.json").exists():
+        from rlx_mil.errors import MissingFileError
+
+        raise MissingFileError(f"{root}: not a Core ML package (it has no Manifest.json)")
     with read_only():
         return ct.models.MLModel(str(path), **options)
+
+
+def check_is_package(root: Path) -> None:
+    """A typed error when `root` is a model's source given where its converted package belongs
+    (a GGUF file, a Hugging Face checkpoint folder: config.json and weights), naming the command
+    that converts it; from `open_model`, also for any other folder without `Manifest.json`."""
+    from rlx_mil.errors import MissingFileError
+
+    if root.is_file() and root.suffix == ".gguf":
+        raise MissingFileError(f"{root}: a GGUF file, not a Core ML package; convert it first:"
+                               f" rlx-mil convert-gguf {root} -o model.mlpackage")
+    if not root.is_dir() or (root / "Manifest.json").exists():
+        return
+    weights = any(root.glob("*.safetensors")) or any(root.glob("*.safetensors.index.json")) \
+        or any(root.glob("pytorch_model*.bin"))
+    if (root / "config.json").is_file() and weights:
+        raise MissingFileError(f"{root}: a Hugging Face checkpoint folder, not a Core ML package; convert it first:"
+                               f" rlx-mil convert-hf {root} -o model.mlpackage")

@@ -173,6 +173,8 @@ def open_model(model_or_path: Any) -> tuple[Any, Path | None]:
             from rlx_mil.coreml.manifest import open_model
 
             model = open_model(path, skip_model_load=True)
+        except RlxMilError:
+            raise
         except Exception as err:
             raise RlxMilError(f"{path}: not a readable Core ML package ({type(err).__name__}: {err})") from None
         check_weight_files(path, model)

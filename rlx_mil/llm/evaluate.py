@@ -226,6 +226,8 @@ def evaluate_package(
     start, whole = read(4096)  # an empty or binary file fails here, before the package loads
     if whole and not start:
         raise InvalidOptionError("the text is empty; perplexity needs at least 2 tokens")
+    if reference is not None and not Path(reference).exists():  # before the package loads
+        raise InvalidOptionError(f"reference {reference}: no such checkpoint folder or package")
     session = Session(package, engine=engine, compute_units=compute_units)
     ids, cut = encode_limited(session.tokenizer.encode, read, max_tokens)
     if cut and warn_cut:

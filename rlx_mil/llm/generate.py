@@ -18,12 +18,13 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rlx_mil.coreml import metadata
-from rlx_mil.coreml.manifest import open_model
+from rlx_mil.coreml.manifest import check_is_package, open_model
 from rlx_mil.coreml.metadata import (
     FunctionTable,
     LLMContract,
@@ -32,7 +33,7 @@ from rlx_mil.coreml.metadata import (
     read_io_names,
 )
 from rlx_mil.coreml.output_pieces import OutputPieces, assemble
-from rlx_mil.errors import InvalidOptionError
+from rlx_mil.errors import InvalidOptionError, RlxMilError
 from rlx_mil.fileio import check_package_tree
 from rlx_mil.llm.generation_stats import GenerationStats
 from rlx_mil.llm.sampling import GenerationError, check_sampling, pick_token
@@ -151,6 +152,7 @@ class Session:
         elif self._chunks is not None:
             path = str(self._chunks.last_package)
         elif isinstance(package, (str, os.PathLike)):
+            check_is_package(Path(package))  # a checkpoint folder or GGUF file: the command converting it
             if not os.path.isdir(package):
                 raise GenerationError(f"no model package at {package}")
             path = str(check_package_tree(package))
@@ -164,6 +166,8 @@ class Session:
         self.path = str(package) if self._chunks is not None else path
         try:
             handle = in_memory if in_memory is not None else open_model(path, skip_model_load=True)
+        except RlxMilError:
+            raise
         except Exception as err:
             raise GenerationError(f"cannot open {path} as a Core ML model: {err}") from err
         meta = dict(handle.user_defined_metadata)

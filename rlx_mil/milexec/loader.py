@@ -19,7 +19,7 @@ import numpy as np
 from rlx_mil.coreml.metadata import PackageMetadataError, SplitOutputs
 from rlx_mil.coreml.output_pieces import OutputPieces
 from rlx_mil.coreml.patches import replaced
-from rlx_mil.errors import MilExecError
+from rlx_mil.errors import MilExecError, RlxMilError
 from rlx_mil.fileio import check_package_tree, nesting_depth
 from rlx_mil.input_contract import read_ranges
 from rlx_mil.ir.naming import IO_NAMES_METADATA_KEY
@@ -103,6 +103,8 @@ def _open_model(path: str | os.PathLike[str]) -> Any:
         from rlx_mil.coreml.manifest import open_model
 
         model = open_model(path, skip_model_load=True)
+    except RlxMilError:
+        raise
     except Exception as exc:
         raise MilExecError(f"cannot open {path} as a Core ML model: {exc}") from exc
     from rlx_mil.coreml.package_info import check_weight_files

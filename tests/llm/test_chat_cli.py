@@ -259,3 +259,27 @@ def test_the_stats_line_times_the_opening_the_user_waited_for(
         line = capsys.readouterr().err.strip().splitlines()[-1]
         opened = float(re.match(r"package opened in (\d+\.\d+) s", line).group(1))  # type: ignore[union-attr]
         assert opened >= sessions[-1].open_seconds + 0.29, (opened, sessions[-1].open_seconds)
+
+
+def test_a_source_given_for_its_package_names_the_command_that_converts_it(
+    package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """generate / chat / eval on the checkpoint folder or GGUF file itself, and eval's
+    --reference naming nothing: one line saying so, before any package is opened."""
+    checkpoint = tmp_path / "hf"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    (checkpoint / "model.safetensors").write_bytes(b"")
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    for argv in (["generate", str(checkpoint), "--prompt", "hi"], ["chat", str(checkpoint)], ["eval", str(checkpoint)],
+                 ["generate", str(gguf), "--prompt", "hi"], ["eval", str(gguf)]):
+        assert main([*argv, "-q"]) == 1, argv
+        err = capsys.readouterr().err.strip()
+        source, tool = ("Hugging Face checkpoint folder", "convert-hf") if argv[1] == str(checkpoint) \
+            else ("GGUF file", "convert-gguf")
+        assert err == (f"rlx-mil {argv[0]}: error: {argv[1]}: a {source}, not a Core ML package; convert it first:"
+                       f" rlx-mil {tool} {argv[1]} -o model.mlpackage"), err
+    assert main(["eval", str(package), "--reference", str(tmp_path / "nothing"), "-q"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"rlx-mil eval: error: reference {tmp_path / 'nothing'}: no such checkpoint folder or package", err
