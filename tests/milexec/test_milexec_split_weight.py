@@ -165,3 +165,78 @@ def test_prepared_runs_equal_the_plain_run(package: Any, memory: str) -> None:
     fp16 = program._resolved["main"].function.outputs[0].dtype.__name__ == "fp16"
     want = (3, 0, 0) if memory == "lean" else ((0, 2, 1) if fp16 else (1, 2, 0))
     assert (len(held), cached, len(half)) == want
+
+
+#: One table of the code's own width (GGUF's Q6_K / Q2_K before iOS26): uint6 into -32..31
+#: with hostile scales, no bias; uint2 into 0..3 with a bias (one NaN).
+ONE_TABLE = {"q6_k": (6, -32, _codes(4, True, False)), "q2_k": (2, 0, _codes(5, False, True))}
+
+
+def _one_table_weight(name: str, fp16: bool) -> np.ndarray:
+    bits, low, c = ONE_TABLE[name]
+    rng = np.random.default_rng(bits)
+    indices = rng.integers(0, 1 << bits, (ROWS, COLS)).astype(np.uint8)
+    values = (np.arange(1 << bits) + low).astype(np.float32)[indices].reshape(ROWS, COLS // BLOCK, BLOCK)
+    with np.errstate(all="ignore"):
+        values = values * c["scale"].astype(np.float32)[:, :, None]
+        values = values.astype(np.float16).astype(np.float32) if fp16 else values
+        if c["bias"] is not None:
+            values = values + c["bias"].astype(np.float32)[:, :, None]
+            values = values.astype(np.float16).astype(np.float32) if fp16 else values
+    return values.reshape(ROWS, COLS)
+
+
+@pytest.fixture(scope="module", params=["fp16", "fp32"])
+def one_table(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]:
+    import coremltools as ct
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    fp16 = request.param == "fp16"
+    dt, io = (np.float16, types.fp16) if fp16 else (np.float32, types.fp32)
+
+    def chain(name: str) -> Any:
+        bits, low, c = ONE_TABLE[name]
+        indices = np.random.default_rng(bits).integers(0, 1 << bits, (ROWS, COLS)).astype(np.uint8)
+        values = mb.constexpr_lut_to_dense(indices=indices.astype(getattr(types, f"np_uint{bits}_dtype")),
+                                           lut=(np.arange(1 << bits) + low).astype(dt).reshape(1, 1, -1, 1),
+                                           name=f"w_{name}_codes")
+        values = mb.reshape(x=values, shape=np.asarray([ROWS, COLS // BLOCK, BLOCK], np.int32))
+        values = mb.mul(x=values, y=c["scale"].astype(dt).reshape(ROWS, -1, 1))
+        if c["bias"] is not None:
+            values = mb.add(x=values, y=c["bias"].astype(dt).reshape(ROWS, -1, 1))
+        return mb.reshape(x=values, shape=np.asarray([ROWS, COLS], np.int32), name=f"w_{name}")
+
+    @mb.program(input_specs=[mb.TensorSpec((3, COLS), dtype=io), mb.TensorSpec((5,), dtype=types.int32)],
+                opset_version=ct.target.iOS18)
+    def prog(x: Any, ids: Any) -> Any:
+        q6, q2 = chain("q6_k"), chain("q2_k")
+        return (mb.linear(x=x, weight=q6, name="y6"), mb.linear(x=x, weight=q2, name="y2"),
+                mb.gather(x=q2, indices=ids, axis=0, name="rows"))
+
+    return save_program(prog, tmp_path_factory.mktemp("one_table") / f"{request.param}.mlpackage", fp16=fp16), fp16
+
+
+def test_one_table_weight_equals_the_ops(one_table: Any) -> None:
+    path, fp16 = one_table
+    function = milexec.load_program(path).functions["main"]
+    consts = {id(op.outputs[0]): op.outputs[0].val for op in function.operations if op.op_type == "const"}
+    chains = {op.name: split_chain(op) for op in function.operations if op.op_type == "reshape"}
+    for name in ONE_TABLE:
+        chain = chains[f"w_{name}"]
+        assert chain is not None and chain[0].op_type == "constexpr_lut_to_dense"
+        assert len(chain) == (5 if ONE_TABLE[name][2]["bias"] is not None else 4)
+        weight = split_weight(chain, lambda var: consts[id(var)], round_fp16=fp16)
+        assert weight is not None and weight.data.dtype == np.int8
+        want = _one_table_weight(name, fp16)
+        np.testing.assert_array_equal(weight.dense().view(np.int32), want.view(np.int32))  # NaNs and -0 too
+        rows = np.array([[3, 9], [95, 0]])
+        np.testing.assert_array_equal(weight.take(rows).view(np.int32), want[rows].view(np.int32))
+    plain = milexec.run(path, _inputs())
+    for memory in ("fast", "lean"):
+        program = prepare(path, memory=memory)  # type: ignore[arg-type]
+        got = program.run(_inputs())
+        for name, value in plain.items():
+            np.testing.assert_array_equal(got[name], value, err_msg=f"{memory} {name}")
+        tables = [op for op in program._resolved["main"].function.operations if op.op_type == "constexpr_lut_to_dense"]
+        assert len(tables) == 2 and all(id(op) in program._plans["main"].precomputed for op in tables)
