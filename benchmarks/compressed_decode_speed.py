@@ -8,7 +8,7 @@ Converts (once, into --out; kept between runs) decode-only stateful packages of
 * its GGUF (Q4_1 layers, Q8_0 embedding) with the file's codes kept;
 * GGUFs with Q4_0 and Q5_1 layers (Q5_1: held split) written from its decoded weights by
   `gguf.quants.quantize` (the same model; no such file of it ships);
-* Gemma 3 270M Q4_K_M (`--gemma FILE`: Q4_K, Q5_0 held split, Q6_K, Q8_0) with its codes
+* Gemma 3 270M Q4_K_M (`--gemma FILE`: Q4_K, Q5_0 and Q6_K held split, Q8_0) with its codes
   kept, and its fp16 peer (the same file's weights decoded, `prequantized_weights` off);
 
 then runs `package_decode_speed.py` (each package in a fresh process, the memory mode the CLI
@@ -94,7 +94,7 @@ def main() -> int:
     groups.append(smol)
     if args.gemma is not None:
         groups.append([("gemma fp16", args.out / "gemma-fp16.mlpackage"),
-                       ("gemma Q4_K_M kept (Q4_K, Q5_0 split, Q6_K, Q8_0)", args.out / "gemma-q4_k_m.mlpackage")])
+                       ("gemma Q4_K_M kept (Q4_K, Q5_0 / Q6_K split, Q8_0)", args.out / "gemma-q4_k_m.mlpackage")])
     for label, path in (p for g in groups for p in g):
         if path.exists():
             continue

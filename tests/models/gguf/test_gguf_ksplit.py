@@ -173,3 +173,46 @@ def test_core_ai_runs_the_split_form(ksplit_file: Any) -> None:
     for precision, tol in (("fp32", 1e-4), ("fp16", 2e-2)):
         report = crosscheck(held[precision][1], [(None, {"input_ids": _ids(cfg["vocab_size"])})])
         assert report.outputs and not report.failures(rtol=tol, atol=tol), (precision, report.failures())
+
+
+@pytest.fixture(scope="module")
+def chat_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer chat GGUF (trained BPE tokenizer) whose matrices cycle through the three types."""
+    from models.gguf.gguf_files import bpe_metadata, trained_bpe, write_gguf
+    from rlx_mil.models.checkpoint import Checkpoint
+    from rlx_mil.models.random_checkpoint import write_random_checkpoint
+
+    root = tmp_path_factory.mktemp("ksplit_chat")
+    tok = trained_bpe("smollm")
+    cfg = _config("llama", rope_parameters=None, vocab_size=tok.get_vocab_size(), tie_word_embeddings=False,
+                  num_hidden_layers=2)
+    weights = Checkpoint(write_random_checkpoint(root / "hf", cfg, seed=3))
+    write_gguf(root / "chat.gguf", cfg, {k: weights[k] for k in weights}, types=_cycling(list(KINDS)),
+               tokenizer=bpe_metadata(tok, "smollm"))
+    return root / "chat.gguf"
+
+
+def test_chunked_stateful_set_verifies(chat_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`convert-gguf --stateful --chunk-bytes --verify` on iOS18: each chunk's prefill and decode
+    functions hold the split weights, and the executor's greedy steps over the set equal the
+    reference's on the same codes."""
+    from rlx_mil.cli import main
+    from rlx_mil.llm.chunk_plan import planned_param_bytes, smallest_limit
+    from rlx_mil.llm.chunked import read_chunked_set
+
+    graph, _ = from_gguf(chat_gguf, "decode", seq_len=1, cache_len=1, max_positions=64, last_logits=True)
+    limit = smallest_limit(graph, planned_param_bytes(graph, precision="fp16"))  # a layer per chunk
+    out = tmp_path / "set"
+    assert main(["convert-gguf", str(chat_gguf), "-o", str(out), "--stateful", "--max-context", "64", "--prefill", "8",
+                 "--chunk-bytes", str(limit), "--verify", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "2 chunks" in printed and "verify: compared 8 greedy steps" in printed and printed.rstrip().endswith(": ok")
+    widths: set[int] = set()
+    for chunk in read_chunked_set(out).chunks:
+        program = milexec.load_program(out / chunk.package)
+        assert set(program.functions) == {"decode", "prefill_8"}
+        for function in program.functions.values():
+            ops = function.operations
+            assert not [op for op in ops if op.op_type == "constexpr_blockwise_shift_scale"]
+            widths |= {op.inputs["indices"].dtype.get_bitwidth() for op in ops if op.op_type == "constexpr_lut_to_dense"}
+    assert widths == {2, 3, 6}
