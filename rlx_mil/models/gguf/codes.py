@@ -12,9 +12,9 @@ holds it as `scale * (q - offset)`:
 | Q5_0 | int8 q - 16 | 32 | d | - | yes |
 | Q4_1 / Q5_1 | uint4 / uint8 q | 32 | d | -m / d (float) | the offset rounds to the program's float |
 | Q4_K / Q5_K | uint4 / uint8 q | 32 | d * sc | dmin * m / (d * sc) (float) | scale and offset round |
-| Q2_K | uint4 q (2-bit codes widened) | 16 | d * sc | dmin * m / (d * sc) (float) | scale and offset round |
-| Q3_K | int4 q - 4 * (high bit clear) | 16 | d * (sc - 32) | - | scale rounds |
-| Q6_K | int8 q - 32 | 16 | d * sc | - | scale rounds |
+| Q2_K | uint4 q (2-bit codes widened; split: uint2) | 16 | d * sc | dmin * m / (d * sc) (float); split: bias -dmin * m | scale and offset round (split: exact in fp32) |
+| Q3_K | int4 q - 4 * (high bit clear) (split: uint3) | 16 | d * (sc - 32) | - | scale rounds |
+| Q6_K | int8 q - 32 (split: uint6) | 16 | d * sc | - | scale rounds |
 | IQ4_NL | LUT of the 16 int8 code values + uint4 index | 32 | d | - | yes |
 | IQ4_XS | LUT + uint4 index | 32 | d * (ls - 32) | - | scale rounds |
 
