@@ -76,3 +76,17 @@ def test_the_cli_mirrors_its_owners_tables() -> None:
 
     assert TARGETS == tuple(t.label for t in Target)
     assert DEPLOY_FORMS == tuple(OWN_FORMS) and VARIANTS == tuple(OWN_VARIANTS) and COMPRESS == OWN_COMPRESS
+
+
+def test_every_argument_of_every_command_says_what_it_takes() -> None:
+    """`rlx-mil generate --help` listed `package` with no line at all (argparse prints none for
+    an argument without help): every positional and option has one."""
+    import argparse
+
+    from rlx_mil.cli.main import _parser
+
+    parser = _parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    bare = [f"{name} {action.dest}" for name, sub in commands.choices.items() for action in sub._actions
+            if not action.help and not isinstance(action, argparse._HelpAction)]
+    assert bare == [], bare

@@ -15,6 +15,9 @@ TARGETS = ("iOS15", "iOS16", "iOS17", "iOS18", "iOS26")
 DEPLOY_FORMS = ("plain", "gpu", "ane")
 #: rlx_mil.llm.evaluate.DEFAULT_EVAL_TOKENS: what `eval` scores without --max-tokens.
 DEFAULT_EVAL_TOKENS = 512
+#: What generate, chat and eval take (argparse shows no line for a positional without help).
+LLM_PACKAGE_HELP = ("the stateful LLM package convert-hf / convert-gguf wrote: a .mlpackage, a chunked set's folder"
+                    " or a .aimodel")
 
 
 def _number(text: str, kind: type) -> float:

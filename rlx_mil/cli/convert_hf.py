@@ -74,7 +74,7 @@ def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
                    help="decoders: prefill (S tokens, causal) or decode (new tokens against a KV cache)")
     p.add_argument("--seq-len", type=int, help="tokens per call (prefill default 128, decode default 1)")
     p.add_argument("--cache-len", type=int, help="decode: past positions held in the KV cache")
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per call of the one graph written (shapes a --graph-only graph; default 1)")
     p.add_argument("--last-logits", action="store_true", help="output the last position's logits only")
     p.add_argument("--kv-outputs", action="store_true", help="prefill: also output every layer's K/V")
     p.add_argument("--position-ids", action="store_true", help="prefill: take position_ids as an input")

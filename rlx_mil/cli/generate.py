@@ -11,7 +11,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rlx_mil.cli.arguments import announce, compute_units, float_at_least, fraction, int_at_least
+from rlx_mil.cli.arguments import (
+    LLM_PACKAGE_HELP,
+    announce,
+    compute_units,
+    float_at_least,
+    fraction,
+    int_at_least,
+)
 from rlx_mil.errors import RlxMilError
 
 #: -n when not given: the reply ends at the tokenizer's stop token, or after this many tokens.
@@ -34,7 +41,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
-    gen.add_argument("package", type=Path)
+    gen.add_argument("package", type=Path, help=LLM_PACKAGE_HELP)
     prompt = gen.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", metavar="TEXT", help="the prompt text ('-': read it from stdin; the package's"
                         " tokenizer encodes it); the generated text streams to stdout")
@@ -47,7 +54,7 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
 
 
 def add_chat_arguments(chat: argparse.ArgumentParser) -> None:
-    chat.add_argument("package", type=Path)
+    chat.add_argument("package", type=Path, help=LLM_PACKAGE_HELP)
     chat.add_argument("--system", metavar="TEXT", help="a system message before the conversation")
     add_sampling_arguments(chat)
     chat.add_argument("-q", "--quiet", action="store_true", help="no speed lines on stderr")

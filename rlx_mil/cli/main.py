@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx_mil import interrupts
-from rlx_mil.cli import aimodel_output
+from rlx_mil.cli import aimodel_output, arguments
 from rlx_mil.cli.aimodel_output import add_format_argument
 from rlx_mil.cli.arguments import DEFAULT_EVAL_TOKENS, DEPLOY_FORMS, TARGETS, compute_units, token_limit
 from rlx_mil.cli.interrupts import EXIT_INTERRUPTED, exit_interrupted, interrupted, own_interrupt_handling
@@ -35,7 +35,8 @@ def _version() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="rlx-mil", description="Convert RLX IR graphs into Core ML ML Programs (.mlpackage)."
+        prog="rlx-mil", description="Convert Hugging Face checkpoints, GGUF files and RLX IR graphs into Core ML"
+        " ML Programs (.mlpackage); run, generate with, evaluate and check them."
     )
     parser.add_argument("--version", action="version", version=f"rlx-mil {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,9 +49,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="where Core ML runs the model (macOS; default ALL; not stored in a package)")
 
     def conversion_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default="iOS18", choices=TARGETS)
-        p.add_argument("--precision", default="fp16", choices=["fp16", "fp32"])
-        p.add_argument("--attention", default="auto", choices=["auto", "fused", "decomposed"])
+        p.add_argument("--target", default="iOS18", choices=TARGETS,
+                       help="the oldest OS the package runs on (default iOS18: stateful KV cache, fused attention)")
+        p.add_argument("--precision", default="fp16", choices=["fp16", "fp32"], help="float type of compute and weights")
+        p.add_argument("--attention", default="auto", choices=["auto", "fused", "decomposed"], help="SDPA op (fused,"
+                       " iOS18+) or matmul/softmax; auto: fused where target and model allow (docs/attention.md)")
 
     def compression_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--compress", metavar="SPEC",
@@ -117,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     _preflight_arguments(pre)
 
     run = sub.add_parser("run", help="run a .mlpackage (Core ML on macOS, the NumPy MIL executor elsewhere)")
-    run.add_argument("package", type=Path)
+    run.add_argument("package", type=Path, help="a .mlpackage (or a Core AI .aimodel)")
     run.add_argument("--inputs", type=Path, required=True, help=".npz of inputs keyed by input name")
     run.add_argument("-o", "--output", type=Path, help="write the outputs to this file (.npz format, the exact path given)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
@@ -135,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     load_flags(chat)
 
     ev = sub.add_parser("eval", help="perplexity of a text under a stateful LLM package, optionally against a reference")
-    ev.add_argument("package", type=Path)
+    ev.add_argument("package", type=Path, help=f"{arguments.LLM_PACKAGE_HELP}; or a Whisper package folder (with --audio)")
     ev.add_argument("--text", type=Path, metavar="FILE",
                     help="UTF-8 text file to score (default: rlx_mil's built-in held-out English passage, a few"
                     " hundred tokens)")
@@ -162,11 +165,11 @@ def _parser() -> argparse.ArgumentParser:
                       help="architecture of the checkpoint: %(choices)s (default %(default)s)")
     demo.add_argument("--checkpoint", type=Path, metavar="DIR", help="keep the random checkpoint in DIR")
     demo.add_argument("-q", "--quiet", action="store_true", help="no progress output")
-    demo.add_argument("--layers", type=int, default=2)
-    demo.add_argument("--hidden", type=int, default=256)
-    demo.add_argument("--heads", type=int, default=8)
-    demo.add_argument("--kv-heads", type=int, default=2)
-    demo.add_argument("--seq", type=int, default=64)
+    demo.add_argument("--layers", type=int, default=2, help="decoder layers of the random model (default 2)")
+    demo.add_argument("--hidden", type=int, default=256, help="its hidden size (default 256)")
+    demo.add_argument("--heads", type=int, default=8, help="its attention heads (default 8)")
+    demo.add_argument("--kv-heads", type=int, default=2, help="its key/value heads (default 2)")
+    demo.add_argument("--seq", type=int, default=64, help="longest sequence of the random model (default 64)")
     demo.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                       help="check the package's numbers against the NumPy reference")
     conversion_flags(demo)
