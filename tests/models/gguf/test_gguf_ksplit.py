@@ -216,3 +216,27 @@ def test_chunked_stateful_set_verifies(chat_gguf: Path, tmp_path: Path, capsys: 
             assert not [op for op in ops if op.op_type == "constexpr_blockwise_shift_scale"]
             widths |= {op.inputs["indices"].dtype.get_bitwidth() for op in ops if op.op_type == "constexpr_lut_to_dense"}
     assert widths == {2, 3, 6}
+
+
+def test_kept_codes_in_the_neural_engine_form(ksplit_file: Any, tmp_path: Path) -> None:
+    """`deploy="ane"` of kept codes (no re-quantization): the Neural Engine form holds them split
+    as the GPU form does (its 1x1-conv rewrite takes constexpr weights only, so the projections
+    stay matmuls of the run-time weight, as for the 5-bit split), the executor and
+    `StoredWeights` read them, and preflight flags each one's run-time block scale."""
+    _, cfg, graph, params, _ = ksplit_file
+    model = rlx_mil.convert(graph, params, precision="fp32", deploy="ane")
+    saved = Path(rlx_mil.save(model, tmp_path / "ane.mlpackage"))
+    report = report_of(model)
+    assert report is not None and len(report.weights) == len(params.prequantized_weights())
+    function = milexec.load_program(saved).functions["main"]
+    assert sorted({op.inputs["indices"].dtype.get_bitwidth() for op in function.operations
+                   if op.op_type == "constexpr_lut_to_dense"}) == [2, 3, 6]
+    stored = StoredWeights(saved, report.weights)
+    for w in report.weights:
+        np.testing.assert_array_equal(stored[w.name], params[w.name], err_msg=w.name)  # llama.cpp's decode
+    ids = {"input_ids": _ids(cfg["vocab_size"])}
+    want = reference.evaluate(graph, ids, params)["logits"]
+    got = milexec.run(saved, ids)["logits"]
+    np.testing.assert_allclose(got, want, atol=1e-4 * float(np.abs(want).max()), rtol=1e-4)
+    split = [f for f in rlx_mil.preflight(saved, device="ane") if f.rule == "ane-per-block-int"]
+    assert len(split) == len(report.weights) and all("as a table, then a per-block scale" in f.why for f in split)
