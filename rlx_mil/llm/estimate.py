@@ -234,6 +234,28 @@ def estimate_decode(path: str | Path, context: int | None = None) -> DecodeEstim
         _add_package(estimate, path, context, None)
         if context is not None and estimate.max_context is not None and context > estimate.max_context:
             raise InvalidOptionError(f"context {context} exceeds the package's max_context {estimate.max_context}")
-    estimate.notes.append("mixture-of-experts models read only their routed experts per token; every expert is"
-                          " counted here, so their bound is conservative")
+    if not _known_dense(path):
+        estimate.notes.append("mixture-of-experts models read only their routed experts per token; every expert is"
+                              " counted here, so their bound is conservative")
     return estimate
+
+
+#: config.json keys giving a mixture-of-experts model's expert count (Qwen3-MoE / Mixtral,
+#: GPT-OSS / DeepSeek / others).
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _known_dense(path: str | Path) -> bool:
+    """True when the config.json the package carries says the model has no experts (the note on
+    mixture-of-experts bounds is then noise); False when it has some or there is no config."""
+    from rlx_mil.llm.package_files import tokenizer_folder
+
+    try:
+        folder = tokenizer_folder(path)
+        config = json.loads((folder / "config.json").read_text()) if folder and (folder / "config.json").is_file() else None
+    except (OSError, ValueError, RlxMilError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    parts = [config, *(v for v in config.values() if isinstance(v, dict))]  # text_config and the like
+    return not any(isinstance(part.get(k), int) and part.get(k, 0) > 1 for part in parts for k in _EXPERT_KEYS)

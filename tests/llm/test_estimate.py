@@ -87,3 +87,24 @@ def test_compressed_weights_count_at_their_stored_size(tmp_path: Path) -> None:
     assert codes <= got.weight_bytes <= stored - embedding + 4096, (codes, got.weight_bytes, stored, embedding)
     fp32 = estimate_decode(tiny_stateful_package(checkpoint, tmp_path))
     assert got.weight_bytes < 0.4 * fp32.weight_bytes  # fp32 package: 4 bytes a weight
+
+
+def test_the_mixture_of_experts_note_only_where_it_may_apply(package: tuple[Path, Path], tmp_path: Path) -> None:
+    """The note that every expert is counted was printed for dense models too; it now shows
+    only when the package's config.json has experts, or when there is no config to tell."""
+    import shutil
+
+    from rlx_mil.llm.package_files import package_text_folder
+
+    _checkpoint, path = package
+    note = "mixture-of-experts models read only their routed experts"
+    assert not any(note in n for n in estimate_decode(path).notes)
+    moe = tmp_path / "moe.mlpackage"
+    shutil.copytree(path, moe)
+    text = package_text_folder(moe)
+    assert text is not None
+    config = json.loads((text / "config.json").read_text())
+    (text / "config.json").write_text(json.dumps({**config, "text_config": {"num_local_experts": 8}}))
+    assert any(note in n for n in estimate_decode(moe).notes)
+    (text / "config.json").unlink()
+    assert any(note in n for n in estimate_decode(moe).notes)
