@@ -190,7 +190,7 @@ def run_stateful(args: argparse.Namespace) -> int:
         quality = gguf_quality(args, result.metadata(), printed=False, package=args.output)
         return report_chunked(args, args.model, result, seconds, loader=from_gguf, quality=quality)
     info = package_info(args.output)
-    print(f"wrote {args.output} (functions {', '.join(info.functions)}; {info.weight_bytes} bytes of weights)"
+    print(f"wrote {args.output} (functions {', '.join(info.functions)}; {human_bytes(info.weight_bytes)} of weights)"
           f" in {time.perf_counter() - start:.1f} s")
     print_compression(info.metadata)
     quality = gguf_quality(args, info.metadata, model=result, package=args.output)

@@ -519,7 +519,8 @@ def run_stateful(args: argparse.Namespace, convert_options: dict[str, Any], max_
         return report_chunked(args, args.model_dir, result, seconds, quality=quality)
     info = package_info(args.output)
     names = ", ".join(info.functions)
-    print(f"wrote {args.output} (functions {names}; {info.weight_bytes} bytes of weights) in {time.perf_counter() - start:.1f} s")
+    print(f"wrote {args.output} (functions {names}; {human_bytes(info.weight_bytes)} of weights) in"
+          f" {time.perf_counter() - start:.1f} s")
     quality = measure_stateful(args.model_dir, info.metadata, from_pretrained, args, model=result, package=args.output)
     print_summary(quality)
     write_report(args, info.metadata, quality)

@@ -19,15 +19,30 @@ from rlx_mil.llm.sampling import penalize
 
 from .text_fixtures import chat_checkpoint
 
+#: What the conversion below printed on stdout.
+CONVERTED: list[str] = []
+
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import contextlib
+
     checkpoint = chat_checkpoint(tmp_path_factory.mktemp("hf") / "tiny-chat")
     out = tmp_path_factory.mktemp("pkg") / "chat.mlpackage"
     # the default conversion (stateful) with a short context, so that a chat fills it
-    assert main(["convert-hf", str(checkpoint), "-o", str(out), "--max-context", "64", "--prefill", "8",
-                 "--precision", "fp32", "-q"]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["convert-hf", str(checkpoint), "-o", str(out), "--max-context", "64", "--prefill", "8",
+                     "--precision", "fp32", "-q"]) == 0
+    CONVERTED.append(printed.getvalue())
     return out
+
+
+def test_the_conversion_says_what_it_wrote_in_readable_units(package: Path) -> None:
+    (line,) = [line for line in CONVERTED[-1].splitlines() if line.startswith("wrote ")]
+    # "82008 bytes of weights" was what the tiny model's line said (SmolLM2's: 269060608)
+    assert re.fullmatch(rf"wrote {re.escape(str(package))} \(functions prefill_8, decode; \d+\.\d KiB of weights\)"
+                        r" in \d+\.\d s", line), line
 
 
 def _greedy_text(package: Path, prompt: str, n: int) -> str:
