@@ -153,8 +153,10 @@ def wrap(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
                 return code
             # Not overwrite=True: another conversion may have written `asset` since the check above.
             save_aimodel(args.output, asset, precision=compute, overwrite=bool(getattr(args, "overwrite", False)))
+            from rlx_mil.units import human_bytes
+
             size = sum(f.stat().st_size for f in asset.rglob("*") if f.is_file())
-            print(f"wrote {asset} (Core AI asset, {size} bytes; {compute} compute)")
+            print(f"wrote {asset} (Core AI asset, {human_bytes(size)}; {compute} compute)")
             if getattr(args, "verify", False):
                 return verify_asset(args.output, asset, compute)
             return 0

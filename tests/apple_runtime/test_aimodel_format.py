@@ -7,6 +7,7 @@ package; without the extra, the error names the option that asked for Core AI.""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -149,7 +150,9 @@ def test_cli_format_aimodel_without_suffix_verifies_the_asset(graph_files: tuple
     assert "fp16 package; ok" in out
     assert [p.name for p in tmp_path.iterdir()] == ["m.aimodel"]
     # the one "wrote" line names the asset, not the package staged beside it and removed
-    assert [line.split(" (")[0] for line in out.splitlines() if line.startswith("wrote ")] == [f"wrote {tmp_path / 'm.aimodel'}"]
+    (wrote,) = [line for line in out.splitlines() if line.startswith("wrote ")]
+    assert wrote.split(" (")[0] == f"wrote {tmp_path / 'm.aimodel'}"
+    assert re.fullmatch(r".*\(Core AI asset, \d+(\.\d)? (B|KiB); fp32 compute\)", wrote), wrote  # not "148001 bytes"
 
 
 def test_convert_gguf_verifies_on_core_ai_and_writes_an_asset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
