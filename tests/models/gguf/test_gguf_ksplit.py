@@ -200,17 +200,17 @@ def test_chunked_stateful_set_verifies(chat_gguf: Path, tmp_path: Path, capsys: 
     from rlx_mil.llm.chunk_plan import planned_param_bytes, smallest_limit
     from rlx_mil.llm.chunked import read_chunked_set
 
-    graph, _ = from_gguf(chat_gguf, "decode", seq_len=1, cache_len=1, max_positions=64, last_logits=True)
+    graph, _ = from_gguf(chat_gguf, "decode", seq_len=1, cache_len=1, max_positions=32, last_logits=True)
     limit = smallest_limit(graph, planned_param_bytes(graph, precision="fp16"))  # a layer per chunk
     out = tmp_path / "set"
-    assert main(["convert-gguf", str(chat_gguf), "-o", str(out), "--stateful", "--max-context", "64", "--prefill", "8",
+    assert main(["convert-gguf", str(chat_gguf), "-o", str(out), "--stateful", "--max-context", "32", "--prefill", "4",
                  "--chunk-bytes", str(limit), "--verify", "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "2 chunks" in printed and "verify: compared 8 greedy steps" in printed and printed.rstrip().endswith(": ok")
     widths: set[int] = set()
     for chunk in read_chunked_set(out).chunks:
         program = milexec.load_program(out / chunk.package)
-        assert set(program.functions) == {"decode", "prefill_8"}
+        assert set(program.functions) == {"decode", "prefill_4"}
         for function in program.functions.values():
             ops = function.operations
             assert not [op for op in ops if op.op_type == "constexpr_blockwise_shift_scale"]
