@@ -305,10 +305,10 @@ class ModelSource:
         return cls(**fields_)
 
     def to_text(self) -> str:
-        kind = f" ({self.architecture})" if self.architecture else ""
+        kind = f", {self.architecture}" if self.architecture else ""
         if self.named_by == "folder name":
-            return f"{self.name}{kind}: the checkpoint carries no name; named after its folder"
-        return f"{self.name}{kind}, name from {self.named_by}"
+            return f"{self.name}{kind}; the checkpoint carries no name: named after its folder"
+        return f"{self.name}{kind}; name from {self.named_by}"
 
 
 @dataclass

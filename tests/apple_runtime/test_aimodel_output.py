@@ -11,6 +11,7 @@ once; `rlx_mil.save(model, "x.aimodel")` works for a plain graph."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -153,9 +154,12 @@ def test_inspect_shows_the_assets_entry_points(converted: dict[str | None, tuple
     assert set(summary["functions"]) == {"decode", "prefill_8"}
     assert {s["name"] for s in summary["functions"]["decode"]["states"]} == {"key_cache", "value_cache"}
     assert summary["program_bytes"] > 0 and "tokenizer.json" in summary["text_files"]
+    assert summary["model"] == "acme/tiny-chat, Qwen3 (Qwen3ForCausalLM); name from config.json _name_or_path"
     # The fp16 package's asset says what it computes in, beside the package's precision.
     assert main(["inspect", str(converted["int4"][0])]) == 0
-    assert "fp32 compute of an fp16 package" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "fp32 compute of an fp16 package" in text and "  model: acme/tiny-chat, Qwen3" in text
+    assert re.search(r"program \d+(\.\d)? (KiB|MiB) \(asset \d+(\.\d)? (KiB|MiB)\)", text), text
 
 
 def test_the_api_asset_carries_the_text_files(converted: dict[str | None, tuple[Path, Path]]) -> None:

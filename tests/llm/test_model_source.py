@@ -46,7 +46,7 @@ def test_a_checkpoint_without_a_name_is_described_by_its_architecture_and_folder
     model = _Model()
     description.apply(model)
     model_line = next(line for line in _inspect_lines(model.user_defined_metadata) if line.startswith("model:"))
-    assert model_line == "model:    hf (Llama (LlamaForCausalLM)): the checkpoint carries no name; named after its folder"
+    assert model_line == "model:    hf, Llama (LlamaForCausalLM); the checkpoint carries no name: named after its folder"
 
 
 def test_a_named_checkpoint_says_where_its_name_came_from(tmp_path: Path) -> None:
@@ -56,7 +56,7 @@ def test_a_named_checkpoint_says_where_its_name_came_from(tmp_path: Path) -> Non
     assert description.author == "HuggingFaceTB"
     model = _Model()
     description.merged({"short_description": "mine"}).apply(model)  # overrides keep the source record
-    assert "model:    HuggingFaceTB/SmolLM2-135M-Instruct (Llama (LlamaForCausalLM)), name from config.json" \
+    assert "model:    HuggingFaceTB/SmolLM2-135M-Instruct, Llama (LlamaForCausalLM); name from config.json" \
            " _name_or_path" in _inspect_lines(model.user_defined_metadata)
 
 
