@@ -71,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--compress-calibration", type=Path, metavar="FILE",
                        help="calibration inputs (.npz of the graph's inputs; for convert-hf also a .txt tokenized with"
                        " the checkpoint's tokenizer; for a Whisper folder an audio file): what autoN measures on, and"
-                       " the quality check's text (default: a built-in English text / speech-shaped signal)")
+                       " the quality check's text or speech (default: a built-in English text; for Whisper a"
+                       " speech-shaped signal for autoN and a built-in English speech clip for the check)")
         from rlx_mil.cli.quality import add_quality_flags
 
         add_quality_flags(p)

@@ -24,6 +24,7 @@ from rlx_mil.models.random_checkpoint import write_random_checkpoint
 from rlx_mil.speech.evaluate import evaluate_speech
 from rlx_mil.speech.model import SAMPLE_RATE
 from rlx_mil.speech.quality_check import CLIP_FILE, CLIP_TEXT, builtin_clip, builtin_clip_text
+from rlx_mil.speech.tokens import SpeechPackageError
 from tests.speech.fake_whisper import TS, write_speech_folder
 from tests.speech.test_transcribe_packages import CACHE, CONFIG, HAS_STATEFUL, speech_wav
 
@@ -88,7 +89,7 @@ def test_the_report_holds_the_check_on_the_built_in_clip(broken: dict, checkpoin
     [file] = report["files"]
     assert file["audio"] == f"the built-in clip {CLIP_FILE}" and file["positions"] == decoder["positions"]
     # the conversion's check is `rlx-mil eval` of the folder on the clip: the same numbers
-    clip = Path(__file__).resolve().parents[2] / "rlx_mil" / "speech" / "clips" / CLIP_FILE
+    clip = ROOT / "rlx_mil" / "speech" / "clips" / CLIP_FILE
     again = evaluate_speech(broken["folder"], [clip], checkpoint, language="en", max_tokens=96).check.to_dict()
     assert again["decoder"]["mean_kl"] == pytest.approx(decoder["mean_kl"], rel=1e-6)
     assert again["outputs"][0]["cosine"] == pytest.approx(encoder["cosine"], rel=1e-9)
@@ -144,3 +145,18 @@ def test_the_built_in_clip_is_english_speech_shipped_with_the_package() -> None:
     data = json.loads(re.search(r"^rlx_mil = (\[.*\])$", table, re.M).group(1))  # type: ignore[union-attr]
     for name in (CLIP_FILE, CLIP_TEXT):
         assert any(fnmatch(f"speech/clips/{name}", pattern) for pattern in data), data
+
+
+def test_a_folder_without_a_tokenizer_is_judged_on_generated_ids(broken: dict, checkpoint: Path,
+                                                                 tmp_path: Path) -> None:
+    from rlx_mil.speech.evaluate import GENERATED_TOKENS, judge_folder
+
+    folder = tmp_path / "no-tokenizer"
+    shutil.copytree(broken["folder"], folder, ignore=shutil.ignore_patterns("tokenizer.json"))
+    check = judge_folder(folder, [builtin_clip()], checkpoint, inputs="the clip").check
+    assert check.inputs.startswith("the clip; ") and "generated token ids (no tokenizer)" in check.inputs
+    assert check.decoder is not None and check.decoder.positions == min(GENERATED_TOKENS, CACHE - 1) + 1
+    assert check.decoder.perplexity_ratio is None and not check.ok  # no perplexity on ids that are not text
+    # `rlx-mil eval` still needs the tokenizer (it judges transcripts)
+    with pytest.raises(SpeechPackageError, match=r"no tokenizer\.json"):
+        evaluate_speech(folder, [ROOT / "rlx_mil" / "speech" / "clips" / CLIP_FILE], checkpoint)
