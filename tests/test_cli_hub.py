@@ -85,3 +85,18 @@ def test_unknown_repository_and_file_are_typed_errors(tmp_path: Path) -> None:
         assert done.returncode == 1 and done.stderr.startswith("rlx-mil convert-gguf: error: ")
         assert "/resolve/" in " ".join(hub.requests)  # the file was downloaded before the GGUF reader refused it
     assert len(done.stderr.strip().splitlines()) == 1 and os.listdir(tmp_path / "hf")
+
+
+def test_a_missing_folder_typed_as_a_relative_path_is_no_hub_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`convert-hf ./models/SmolLM2` where the folder is missing: argparse's Path dropped the
+    "./", and the command then looked for `models/SmolLM2` on the Hub."""
+    from rlx_mil.cli import hub, main
+
+    def no_download(*args: object, **kwargs: object) -> Path:
+        raise AssertionError(f"downloaded {args}")
+
+    monkeypatch.setattr(hub, "download_checkpoint", no_download)
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert-hf", "./models/SmolLM2", "-o", "m.mlpackage"]) == 1
+    assert capsys.readouterr().err.strip() == "rlx-mil convert-hf: error: models/SmolLM2: no such checkpoint folder"

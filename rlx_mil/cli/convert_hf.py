@@ -37,7 +37,8 @@ def check_output(path: Path, overwrite: bool) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The convert-hf flags (besides the shared --target/--precision/... conversion flags)."""
-    p.add_argument("model_dir", type=Path, help="checkpoint folder (config.json + model.safetensors or shards), or a"
+    # str, not Path: Path("./org/model") drops the "./" that says a missing folder is no Hub id
+    p.add_argument("model_dir", help="checkpoint folder (config.json + model.safetensors or shards), or a"
                    " Hugging Face Hub id such as Qwen/Qwen3-0.6B[@REVISION], downloaded into the Hub's cache")
     add_decoder_arguments(p)
     p.add_argument("--pooling", default="auto", choices=["auto", "mean", "cls", "none"],
@@ -248,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
 
     # a Whisper folder's -o is the folder the openai_whisper-<variant> folder goes into: it may exist
     if is_whisper_folder(Path(args.model_dir)):
+        args.model_dir = Path(args.model_dir)
         _check_whisper_options(args)  # before the calibration or any weight is read
         return _run_whisper(args)
     _refuse_existing_output(args)  # before any download

@@ -104,9 +104,12 @@ def download_file(repo: str, filename: str, revision: str | None, quiet: bool = 
 
 
 def resolve_checkpoint(args: Any, attribute: str) -> None:
-    """Replace `args.<attribute>` (a checkpoint folder or a Hub id) by a local folder."""
-    found = hub_id(getattr(args, attribute))
-    if found is not None:
+    """Replace `args.<attribute>` (a checkpoint folder or a Hub id, as typed) by a local folder."""
+    given = getattr(args, attribute)
+    found = hub_id(given)
+    if found is None:
+        setattr(args, attribute, Path(given))
+    else:
         setattr(args, attribute, download_checkpoint(*found, quiet=getattr(args, "quiet", False)))
 
 

@@ -61,6 +61,8 @@ class Checkpoint(Mapping[str, np.ndarray]):
         if not isinstance(directory, (str, os.PathLike)):
             raise InvalidOptionError(f"a checkpoint folder is a path (str or os.PathLike), got {type(directory).__name__}")
         self.directory = Path(directory)
+        if not self.directory.exists():
+            raise CheckpointError(f"{self.directory}: no such checkpoint folder")
         if not self.directory.is_dir():
             raise CheckpointError(f"{self.directory}: not a checkpoint folder (expected config.json and *.safetensors in it)")
         self.config: dict[str, Any] = read_config(self.directory)

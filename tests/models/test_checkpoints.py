@@ -144,8 +144,11 @@ def test_no_weights_file(single: Path, tmp_path: Path) -> None:
 
 
 def test_not_a_folder_and_no_config(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="not a checkpoint folder"):
+    with pytest.raises(CheckpointError, match="absent: no such checkpoint folder"):
         from_pretrained(tmp_path / "absent")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CheckpointError, match="not a checkpoint folder"):
+        from_pretrained(tmp_path / "file")
     with pytest.raises(CheckpointError, match=r"no config\.json"):
         from_pretrained(tmp_path)
 

@@ -82,7 +82,7 @@ def test_convert_hf_refuses_before_work(folders: dict[str, Path], tmp_path: Path
     assert "a .mlpackage folder" in capsys.readouterr().err
     assert main(["convert-hf", str(tmp_path / "nothing"), "-o", str(tmp_path / "n.mlpackage")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("rlx-mil convert-hf: error: ") and "not a checkpoint folder" in err
+    assert err.startswith("rlx-mil convert-hf: error: ") and "nothing: no such checkpoint folder" in err
     assert main(["convert-hf", str(folders["llama"]), "-o", str(tmp_path / "d.mlpackage"), "--variant", "decode"]) == 1
     assert "needs cache_len" in capsys.readouterr().err
     assert main(["convert-hf", str(folders["bert"]), "-o", str(tmp_path / "b.mlpackage"), "--last-logits"]) == 1
