@@ -70,9 +70,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="with --compress autoN: widen every weight whose estimated relative error exceeds E")
         p.add_argument("--compress-calibration", type=Path, metavar="FILE",
                        help="calibration inputs (.npz of the graph's inputs; for convert-hf also a .txt tokenized with"
-                       " the checkpoint's tokenizer; for a Whisper folder an audio file): what autoN measures on, and"
-                       " the quality check's text or speech (default: a built-in English text; for Whisper a"
-                       " speech-shaped signal for autoN and a built-in English speech clip for the check)")
+                       " the checkpoint's tokenizer; for a Whisper folder an audio file): what autoN and the quality"
+                       " check measure on (default: built-in English text; Whisper: a built-in signal / speech clip)")
         from rlx_mil.cli.quality import add_quality_flags
 
         add_quality_flags(p)
