@@ -118,3 +118,21 @@ def unknown_options(sub: argparse.ArgumentParser, words: Sequence[str]) -> list[
             continue
         found.append(word)
     return found
+
+
+def add_load_flags(p: argparse.ArgumentParser) -> None:
+    """--engine and --compute-units: the commands that open a package."""
+    p.add_argument("--engine", choices=["auto", "coreml", "milexec", "coreai"], default="auto",
+                   help="Core ML (macOS), the NumPy MIL executor, or Apple's Core AI runtime (the coreai "
+                        "extra; also on Linux); auto: Core ML where it runs")
+    p.add_argument("--compute-units", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"], type=str.upper,
+                   help="where Core ML runs the model (macOS; default ALL; not stored in a package)")
+
+
+def add_conversion_flags(p: argparse.ArgumentParser) -> None:
+    """--target, --precision and --attention: the commands that convert."""
+    p.add_argument("--target", default="iOS18", choices=TARGETS,
+                   help="the oldest OS the package runs on (default iOS18: stateful KV cache, fused attention)")
+    p.add_argument("--precision", default="fp16", choices=["fp16", "fp32"], help="float type of compute and weights")
+    p.add_argument("--attention", default="auto", choices=["auto", "fused", "decomposed"], help="SDPA op (fused,"
+                   " iOS18+) or matmul/softmax; auto: fused where target and model allow (docs/attention.md)")

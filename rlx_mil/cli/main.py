@@ -16,7 +16,7 @@ from typing import Any
 from rlx_mil import interrupts
 from rlx_mil.cli import aimodel_output, arguments
 from rlx_mil.cli.aimodel_output import add_format_argument
-from rlx_mil.cli.arguments import DEFAULT_EVAL_TOKENS, DEPLOY_FORMS, TARGETS, compute_units, token_limit
+from rlx_mil.cli.arguments import DEFAULT_EVAL_TOKENS, DEPLOY_FORMS, compute_units, token_limit
 from rlx_mil.cli.interrupts import EXIT_INTERRUPTED, exit_interrupted, interrupted, own_interrupt_handling
 from rlx_mil.errors import RlxMilError
 
@@ -41,19 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rlx-mil {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def load_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--engine", choices=["auto", "coreml", "milexec", "coreai"], default="auto",
-                       help="Core ML (macOS), the NumPy MIL executor, or Apple's Core AI runtime (the coreai "
-                            "extra; also on Linux); auto: Core ML where it runs")
-        p.add_argument("--compute-units", choices=["ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE"], type=str.upper,
-                       help="where Core ML runs the model (macOS; default ALL; not stored in a package)")
-
-    def conversion_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default="iOS18", choices=TARGETS,
-                       help="the oldest OS the package runs on (default iOS18: stateful KV cache, fused attention)")
-        p.add_argument("--precision", default="fp16", choices=["fp16", "fp32"], help="float type of compute and weights")
-        p.add_argument("--attention", default="auto", choices=["auto", "fused", "decomposed"], help="SDPA op (fused,"
-                       " iOS18+) or matmul/softmax; auto: fused where target and model allow (docs/attention.md)")
+    load_flags, conversion_flags = arguments.add_load_flags, arguments.add_conversion_flags
 
     def compression_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--compress", metavar="SPEC",
