@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -90,3 +92,17 @@ def test_every_argument_of_every_command_says_what_it_takes() -> None:
     bare = [f"{name} {action.dest}" for name, sub in commands.choices.items() for action in sub._actions
             if not action.help and not isinstance(action, argparse._HelpAction)]
     assert bare == [], bare
+
+
+@pytest.mark.parametrize(("flag", "value", "low"), [("--seq-len", "0", 1), ("--cache-len", "-1", 0),
+                                                    ("--max-context", "1", 2), ("--batch-size", "0", 1)])
+def test_a_size_out_of_range_names_its_flag(flag: str, value: str, low: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """They said "seq_len must be an integer >= 1" (the Python parameter) after the checkpoint was
+    read; now a usage error naming the flag, before anything is opened."""
+    from rlx_mil.cli import main
+
+    with pytest.raises(SystemExit) as usage:
+        main(["convert-hf", "no-such-folder", "-o", "m.mlpackage", flag, value])
+    assert usage.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"rlx-mil convert-hf: error: argument {flag}: expected an integer >= {low}, got '{value}'", err

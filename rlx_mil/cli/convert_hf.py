@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlx_mil.cli.aimodel_output import add_format_argument
+from rlx_mil.cli.arguments import int_at_least
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.progress import Progress, detail, running_under_ci
 from rlx_mil.units import human_bytes
@@ -73,9 +74,9 @@ def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing package")
     p.add_argument("--variant", default="prefill", choices=VARIANTS,
                    help="decoders: prefill (S tokens, causal) or decode (new tokens against a KV cache)")
-    p.add_argument("--seq-len", type=int, help="tokens per call (prefill default 128, decode default 1)")
-    p.add_argument("--cache-len", type=int, help="decode: past positions held in the KV cache")
-    p.add_argument("--batch-size", type=int, default=1, help="sequences per call of the one graph written (shapes a --graph-only graph; default 1)")
+    p.add_argument("--seq-len", type=int_at_least(1), help="tokens per call (prefill default 128, decode default 1)")
+    p.add_argument("--cache-len", type=int_at_least(0), help="decode: past positions held in the KV cache")
+    p.add_argument("--batch-size", type=int_at_least(1), default=1, help="sequences per call of the one graph written (shapes a --graph-only graph; default 1)")
     p.add_argument("--last-logits", action="store_true", help="output the last position's logits only")
     p.add_argument("--kv-outputs", action="store_true", help="prefill: also output every layer's K/V")
     p.add_argument("--position-ids", action="store_true", help="prefill: take position_ids as an input")
@@ -356,7 +357,7 @@ def add_stateful_arguments(p: argparse.ArgumentParser) -> None:
                    help="decoders: one stateless graph instead (a prefill of --seq-len tokens, or --variant decode);"
                         " implied by the graph flags (--seq-len, --variant, ...). Encoders and vision models always"
                         " convert this way")
-    p.add_argument("--max-context", type=int, help=f"stateful: cache capacity in tokens (default {DEFAULT_MAX_CONTEXT}, or the positions the model"
+    p.add_argument("--max-context", type=int_at_least(2), help=f"stateful: cache capacity in tokens (default {DEFAULT_MAX_CONTEXT}, or the positions the model"
                         " was trained for when fewer)")
     p.add_argument("--prefill", metavar="N,N,...",
                    help=f"stateful: prefill bucket lengths, e.g. 64,512 (default {DEFAULT_PREFILL}; 'none' for"
