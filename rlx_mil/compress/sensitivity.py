@@ -58,13 +58,19 @@ def measure_sample(names: list[str], roles: Mapping[str, str], count: int) -> li
 
 
 class Replaced(Mapping[str, Any]):
-    """`params` with one weight's value replaced."""
+    """`params` with one weight's value replaced (`many`: several)."""
 
     def __init__(self, params: Mapping[str, Any], name: str, value: np.ndarray) -> None:
-        self._params, self._name, self._value = params, name, value
+        self._params, self._values = params, {name: value}
+
+    @classmethod
+    def many(cls, params: Mapping[str, Any], values: Mapping[str, np.ndarray]) -> Replaced:
+        out = cls.__new__(cls)
+        out._params, out._values = params, dict(values)
+        return out
 
     def __getitem__(self, name: str) -> Any:
-        return self._value if name == self._name else self._params[name]
+        return self._values[name] if name in self._values else self._params[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._params)
