@@ -15,7 +15,11 @@ minimises each element's own error, as if H were the identity; two fits here use
   spread over the columns not yet rounded through the inverse Hessian's Cholesky factor, so
   later codes compensate for it. The grid (table, scales) stays what the scheme fitted; the
   codes change. ``H`` gets 10 % of its mean diagonal added (the calibration text may have fewer
-  tokens than inputs; its rank is then below `in`).
+  tokens than inputs; its rank is then below `in`);
+* **table refitted to the codes** (``on``, after ``gptq``; one table of at most 16 entries):
+  the entries solve the least-squares problem the codes leave (`refit_table`). Measured on
+  SmolLM2's Neural Engine `lut4-scaled` codes (held-out output error, layers 2 and 11):
+  `down_proj` 0.0028 -> 0.0021 and 0.0057 -> 0.0036, the other projections within 1 %.
 
 H is the mean of x x^T / |x|^2 over the calibration positions (`input_hessian`): every position
 counts once. Unnormalised, the few positions with massive activations (a decoder's first token,
@@ -66,6 +70,8 @@ class FitOptions:
 
     weighted: bool = True
     gptq: bool = True
+    #: After `gptq`, one table's entries refitted to the codes (`refit_table`; needs the activations).
+    refit: bool = True
 
 
 def input_hessian(rows: np.ndarray) -> np.ndarray:
@@ -198,6 +204,56 @@ def compensated_codes(rows: np.ndarray, hessian: np.ndarray, grid: _Grid, dampin
     return codes
 
 
+#: Tables of at most this many entries are refitted after error-compensating rounding (`refit_table`).
+REFIT_ENTRIES = 16
+
+
+def refit_table(
+    rows: np.ndarray, codes: np.ndarray, table: np.ndarray, scale: np.ndarray | None, activations: np.ndarray,
+    damping: float = DAMPING,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The k table entries T minimising the calibration output error of a one-table palette
+    with these `codes`: ``sum_r (w_r - s_r T[c_r]) H (w_r - s_r T[c_r])^T``, H the damped
+    Hessian of `activations` ([positions, in]; each position normalised as `input_hessian`).
+
+    GPTQ chooses each code for the table k-means gave, then moves later codes to make up for
+    earlier ones; the table that best serves the codes it ended with is no longer the k-means
+    one. The error is quadratic in T, so the best table solves the normal equations
+    ``M T = b``: ``M = sum_r s_r^2 A_r^T H A_r``, ``b = sum_r s_r A_r^T H w_r`` (A_r the
+    one-hot matrix of row r's codes). With H = X^T X / N + lam I, ``A_r^T X^T X A_r`` is the
+    Gram matrix of ``X A_r`` (per code, the sum of the input columns holding it), which costs
+    one pass over the codes per entry. Returns (table, codes): entries no code uses keep
+    their value, and the table is sorted again (the codes renumbered to match)."""
+    w = np.asarray(rows, np.float64)
+    idx = np.asarray(codes).astype(np.int64)
+    k = int(np.size(table))
+    x = np.asarray(activations, np.float64)
+    norm = np.linalg.norm(x, axis=1, keepdims=True)
+    x = x / np.where(norm > 0, norm, 1.0)
+    n = max(x.shape[0], 1)
+    diag_mean = float(np.sum(x * x)) / n / max(w.shape[1], 1)
+    lam = damping * (diag_mean if diag_mean > 0 else 1.0)
+    s = np.ones(w.shape[0]) if scale is None else np.asarray(scale, np.float64)
+    hw = (w @ x.T) @ x / n + lam * w  # rows of W H
+    b = np.bincount(idx.ravel(), weights=(s[:, None] * hw).ravel(), minlength=k)[:k]
+    sums = np.stack([(idx == a).astype(np.float64) @ x.T for a in range(k)]) * s[None, :, None]  # [k, out, N]
+    m = np.einsum("arn,brn->ab", sums, sums) / n
+    counts = np.bincount(idx.ravel(), weights=np.repeat(s * s, idx.shape[1]), minlength=k)[:k]
+    m[np.diag_indices(k)] += lam * counts
+    used = counts > 0
+    out = np.asarray(table, np.float64).copy()
+    if used.any():
+        sub = m[np.ix_(used, used)]
+        try:
+            out[used] = np.linalg.solve(sub + 1e-12 * max(float(np.trace(sub)), 1e-30) * np.eye(int(used.sum())), b[used])
+        except np.linalg.LinAlgError:  # singular even with the ridge: keep the table
+            return np.asarray(table), np.asarray(codes)
+    order = np.argsort(out, kind="stable")
+    rank = np.empty(k, np.int64)
+    rank[order] = np.arange(k)
+    return out[order], rank[idx].astype(np.asarray(codes).dtype)
+
+
 def _weighted_luts(u: np.ndarray, weights: np.ndarray, per_group: int, k: int, store: type[np.floating]) -> np.ndarray:
     groups = u.shape[0] // per_group
     luts = np.empty((groups, k), store)
@@ -209,9 +265,10 @@ def _weighted_luts(u: np.ndarray, weights: np.ndarray, per_group: int, k: int, s
 
 def fit_palette(
     weight: np.ndarray, scheme: PaletteScheme, store: type[np.floating], name: str, hessian: np.ndarray,
-    options: FitOptions = FitOptions(), code_writer: WriterFactory = CodeWriter,
+    options: FitOptions = FitOptions(), code_writer: WriterFactory = CodeWriter, activations: np.ndarray | None = None,
 ) -> PaletteCodes:
-    """`scheme`'s codes of `weight` (storage [out, in]) fitted with the calibration Hessian."""
+    """`scheme`'s codes of `weight` (storage [out, in]) fitted with the calibration Hessian
+    (and, to refit a table after `gptq`, the `activations` it was built from)."""
     shape = tuple(int(d) for d in weight.shape)
     rows = finite_slab(rows_view(weight), name, 0).astype(np.float64)
     channels, width = rows.shape
@@ -236,6 +293,9 @@ def fit_palette(
     grid = _PaletteGrid(luts, per_group, scale)
     if options.gptq:
         idx = compensated_codes(rows.copy(), h, grid)
+        if options.refit and activations is not None and luts.shape[0] == 1 and k <= REFIT_ENTRIES:
+            table, idx = refit_table(rows, idx, luts[0], scale, activations)
+            luts = table.astype(store)[None, :]
     else:
         idx = np.stack([grid.round(rows[:, j], j)[0] for j in range(width)], axis=1)
     writer = code_writer((channels, width), np.dtype(np.uint8))
@@ -267,20 +327,21 @@ def fit_linear(
 
 def fit_codes(
     weight: np.ndarray, scheme: Scheme, store: type[np.floating], name: str, hessian: np.ndarray,
-    options: FitOptions = FitOptions(), code_writer: WriterFactory = CodeWriter,
+    options: FitOptions = FitOptions(), code_writer: WriterFactory = CodeWriter, activations: np.ndarray | None = None,
 ) -> LinearCodes | PaletteCodes:
     """`scheme`'s codes of `weight` (output channels on axis 0, the input on the rest)
-    fitted to its input's calibration Hessian."""
+    fitted to its input's calibration Hessian (`activations`: the rows it was built from)."""
     if np.ndim(weight) < 2:
         raise CompressionError(f"weight {name!r}: fitting to activations takes a matmul weight (2-D or more), got {list(np.shape(weight))}")
     if isinstance(scheme, LinearScheme):
         return fit_linear(weight, scheme, store, name, hessian, options, code_writer)
-    return fit_palette(weight, scheme, store, name, hessian, options, code_writer)
+    return fit_palette(weight, scheme, store, name, hessian, options, code_writer, activations)
 
 
 #: `fit=` (`rlx_mil.compress.schemes.FIT_MODES`) -> what the fit uses H for.
-FIT_OPTIONS = {"weighted": FitOptions(weighted=True, gptq=False), "gptq": FitOptions(weighted=False, gptq=True),
-               "on": FitOptions(weighted=True, gptq=True)}
+FIT_OPTIONS = {"weighted": FitOptions(weighted=True, gptq=False, refit=False),
+               "gptq": FitOptions(weighted=False, gptq=True, refit=False),
+               "on": FitOptions(weighted=True, gptq=True, refit=True)}
 
 
 class CalibrationFit:
@@ -337,4 +398,5 @@ class CalibrationFit:
         h = self.hessian(name, rows_view(storage).shape[1]) if np.ndim(storage) >= 2 else None
         if h is None or self.options is None:
             return self._plain(storage, scheme, name, code_writer)
-        return fit_codes(storage, scheme, self.store, name, h, self.options, code_writer)
+        assert self._rows is not None
+        return fit_codes(storage, scheme, self.store, name, h, self.options, code_writer, self._rows.get(name))

@@ -1,0 +1,74 @@
+"""A one-table palette's entries refitted to its GPTQ codes (`fit=on`): the least-squares table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlx_mil.compress import parse_scheme
+from rlx_mil.compress.fitting import DAMPING, FitOptions, fit_codes, input_hessian, refit_table
+
+
+def _layer(seed: int, out: int = 12, width: int = 16, tokens: int = 40) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((out, width)) * 0.05
+    x = rng.standard_normal((tokens, width)) @ (np.eye(width) + rng.standard_normal((width, width)) / 4)
+    x[:, :2] *= 6.0  # outlier features
+    return w, x
+
+
+def _damped(x: np.ndarray) -> np.ndarray:
+    h = input_hessian(x)
+    return h + DAMPING * float(np.mean(np.diag(h))) * np.eye(h.shape[0])
+
+
+def _objective(w: np.ndarray, q: np.ndarray, h: np.ndarray) -> float:
+    d = w - q
+    return float(np.einsum("ri,ij,rj->", d, h, d))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_the_refitted_table_is_the_least_squares_table_for_the_codes(seed: int, scaled: bool) -> None:
+    w, x = _layer(seed)
+    rng = np.random.default_rng(seed + 10)
+    k = 8
+    codes = rng.integers(0, k - 1, w.shape).astype(np.uint8)  # entry k-1 unused
+    scale = np.abs(w).max(axis=1) if scaled else None
+    s = np.ones(w.shape[0]) if scale is None else scale
+    table = np.sort(rng.standard_normal(k))
+    got_table, got_codes = refit_table(w, codes, table, scale, x)
+    # Independently: whiten by H = L L^T and solve min ||L^T (w_r - s_r A_r T)|| over every row.
+    h = _damped(x)
+    lt = np.linalg.cholesky(h).T
+    design = np.concatenate([lt @ (np.eye(k)[codes[r].astype(int)] * s[r]) for r in range(w.shape[0])])
+    target = np.concatenate([lt @ w[r] for r in range(w.shape[0])])
+    used = np.unique(codes)
+    want = np.linalg.lstsq(design[:, used], target, rcond=None)[0]
+    decoded = got_table[got_codes.astype(int)] * s[:, None]
+    np.testing.assert_allclose(decoded, want[np.searchsorted(used, codes)] * s[:, None], rtol=1e-6, atol=1e-9)
+    assert np.all(np.diff(got_table) >= 0)  # still a sorted table; the codes renumbered with it
+    assert table[k - 1] in got_table  # the unused entry keeps its value
+    assert got_codes.dtype == codes.dtype
+    before = _objective(w, table[codes.astype(int)] * s[:, None], h)
+    assert _objective(w, decoded, h) < before
+
+
+@pytest.mark.parametrize("spec", ["lut4-scaled", "lut3-scaled", "lut4-tensor"])
+def test_fit_on_refits_a_single_table_and_lowers_the_calibration_objective(spec: str) -> None:
+    w, x = _layer(5, out=24, width=32, tokens=64)
+    scheme = parse_scheme(spec)
+    assert scheme is not None
+    h = input_hessian(x)
+    kept = fit_codes(w.astype(np.float32), scheme, np.float32, "w", h, FitOptions(refit=False), activations=x)
+    refit = fit_codes(w.astype(np.float32), scheme, np.float32, "w", h, FitOptions(), activations=x)
+    assert not np.array_equal(kept.lut, refit.lut)  # type: ignore[union-attr]
+    assert np.all(np.diff(refit.lut[0]) >= 0)  # type: ignore[union-attr]
+    damped = _damped(x)
+    assert _objective(w, refit.dequantize().astype(np.float64), damped) < _objective(w, kept.dequantize().astype(np.float64), damped)
+    # Without the activations (or with a wide table / grouped tables) nothing is refitted.
+    assert np.array_equal(fit_codes(w.astype(np.float32), scheme, np.float32, "w", h).lut, kept.lut)  # type: ignore[union-attr]
+    wide = parse_scheme("lut6-scaled")
+    assert wide is not None
+    assert np.array_equal(fit_codes(w.astype(np.float32), wide, np.float32, "w", h, activations=x).lut,  # type: ignore[union-attr]
+                          fit_codes(w.astype(np.float32), wide, np.float32, "w", h, FitOptions(refit=False)).lut)  # type: ignore[union-attr]
