@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx_mil.compress.auto import AutoPlan, layer_count, plan_auto
+from rlx_mil.compress.auto import AutoPlan, plan_auto
 from rlx_mil.compress.code_store import CodeStore, CodeWriter, WriterFactory
 from rlx_mil.compress.emit import check_target, compressed_bytes, linear_op, palette_op
 from rlx_mil.compress.fit import fit_to_shape
@@ -308,63 +308,14 @@ class WeightCompressor:
     def _output_sensitivity(
         self, names: list[str], reader: Callable[[str], Callable[[], np.ndarray]], elements: int,
     ) -> tuple[Callable[[str, Scheme], float] | None, list[str] | None, str, Callable[[Mapping[str, Scheme]], float] | None]:
-        """autoN's measured sensitivities: the reference run with one weight compressed at a
-        time, on the calibration inputs (else generated ones, unless check=off), for every
-        weight while that costs at most `MEASURE_LIMIT` (weights x parameters x input elements),
-        else for the sample of them that fits (`measure_sample`; None: all); and their unit.
+        """autoN's measured sensitivities (`rlx_mil.compress.sensitivity.output_sensitivity`)."""
+        from rlx_mil.compress.sensitivity import output_sensitivity
 
-        On a decoder's logits over token ids (`next_token_targets`) a measurement is the mean
-        KL divergence from the float model's next-token distribution (the quality check's
-        measure, so a target in KL can be searched for); else the outputs' squared relative
-        error. With a sample, each layer is also measured whole (its weights plainly encoded at
-        once: `auto.layer_scaled`) while layers x parameters x input elements stays below
-        `LAYER_MEASURE_LIMIT`; the last element is that measurement (None: not measured)."""
-        from rlx_mil.compress.calibration import example_inputs
-        from rlx_mil.compress.quality import kl_per_position
-        from rlx_mil.compress.quality_check import _is_logits, next_token_targets
-        from rlx_mil.reference import evaluate
-
-        if self.config.calibration is None and not self._checks():
-            return None, None, SQUARED_UNIT, None
-        assert self.params is not None
-        graph = self._calibration_graph()
-        inputs = self.calibration_inputs() if self.config.calibration is not None else example_inputs(graph)
-        tokens = max((int(np.asarray(v).size) for v in inputs.values()), default=1)
-        sample = None
-        if len(names) * elements * tokens > MEASURE_LIMIT:
-            sample = measure_sample(names, self.roles, MEASURE_LIMIT // max(elements * tokens, 1))
-            if sample is None:
-                return None, None, SQUARED_UNIT, None
-        params = self._calibration_params()
-        want = {k: np.asarray(v, np.float64) for k, v in evaluate(graph, inputs, params).items()}
-        logits = {k: found[0] for k, w in want.items() if _is_logits(k, w) and (found := next_token_targets(inputs, w.shape))}
-        unit = KL_UNIT if logits and self.config.calibration is not None else SQUARED_UNIT
         users = _user_map(self.graph)
-
-        def replaced(name: str, scheme: Scheme, fitted_codes: bool) -> np.ndarray:
-            storage = reader(name)()
-            fitted, _ = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
-            back = (self.fit.encode(storage, fitted, name) if fitted_codes else
-                    encode(storage, fitted, self.precision, name)).dequantize()
-            shape = np.shape(params[name])
-            return (back.T if _predicted_layout(self.graph, name, users) == "kn" else back).reshape(shape)
-
-        def loss(values: Mapping[str, np.ndarray]) -> float:
-            got = evaluate(graph, inputs, Replaced.many(params, values))
-            if unit == KL_UNIT:
-                return float(np.mean([np.mean(kl_per_position(want[k][keep], np.asarray(got[k])[keep]))
-                                      for k, keep in logits.items()]))
-            return float(np.mean([np.sum((np.asarray(got[k], np.float64) - w) ** 2) / max(float(np.sum(w * w)), 1e-30)
-                                  for k, w in want.items()]))
-
-        def measure(name: str, scheme: Scheme) -> float:
-            return loss({name: replaced(name, scheme, True)})
-
-        def measure_layer(schemes: Mapping[str, Scheme]) -> float:
-            return loss({n: replaced(n, s, False) for n, s in schemes.items()})
-
-        layered = sample is not None and layer_count(names) * elements * tokens <= LAYER_MEASURE_LIMIT
-        return measure, sample, unit, measure_layer if layered else None
+        return output_sensitivity(
+            self, names, reader, elements, (MEASURE_LIMIT, LAYER_MEASURE_LIMIT),
+            lambda storage, scheme, name: encode(storage, scheme, self.precision, name),
+            lambda name: _predicted_layout(self.graph, name, users) == "kn")
 
     def check(self) -> None:
         """Every problem the shapes and target reveal, before any weight is read."""

@@ -4,12 +4,13 @@ replaced (what each measurement runs the reference on)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from rlx_mil.compress.auto import weight_kind
+from rlx_mil.compress.schemes import Scheme
 
 #: The units of autoN's measured sensitivities (`WeightCompressor._output_sensitivity`).
 KL_UNIT = "mean KL"
@@ -104,3 +105,69 @@ class Overlaid(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._params)
+
+
+def output_sensitivity(
+    compressor: Any, names: list[str], reader: Callable[[str], Callable[[], np.ndarray]], elements: int,
+    limits: tuple[int, int], plain: Callable[[np.ndarray, Scheme, str], Any], transposed: Callable[[str], bool],
+) -> tuple[Callable[[str, Scheme], float] | None, list[str] | None, str, Callable[[Mapping[str, Scheme]], float] | None]:
+    """autoN's measured sensitivities: the reference run with one weight compressed at a
+    time, on the calibration inputs (else generated ones, unless check=off), for every
+    weight while that costs at most `limits[0]` (weights x parameters x input elements),
+    else for the sample of them that fits (`measure_sample`; None: all); and their unit.
+
+    On a decoder's logits over token ids (`next_token_targets`) a measurement is the mean
+    KL divergence from the float model's next-token distribution (the quality check's
+    measure, so a target in KL can be searched for); else the outputs' squared relative
+    error. With a sample, each layer is also measured whole (its weights plainly encoded at
+    once: `auto.layer_scaled`) while layers x parameters x input elements stays below
+    `limits[1]`; the last element is that measurement (None: not measured). `plain(storage,
+    scheme, name)` encodes without the fit; `transposed(name)`: the weight is stored as the
+    transpose of its Param."""
+    from rlx_mil.compress.auto import layer_count
+    from rlx_mil.compress.calibration import example_inputs
+    from rlx_mil.compress.fit import fit_to_shape
+    from rlx_mil.compress.quality import kl_per_position
+    from rlx_mil.compress.quality_check import _is_logits, next_token_targets
+    from rlx_mil.reference import evaluate
+
+    if compressor.config.calibration is None and not compressor._checks():
+        return None, None, SQUARED_UNIT, None
+    assert compressor.params is not None
+    graph = compressor._calibration_graph()
+    inputs = compressor.calibration_inputs() if compressor.config.calibration is not None else example_inputs(graph)
+    tokens = max((int(np.asarray(v).size) for v in inputs.values()), default=1)
+    sample = None
+    if len(names) * elements * tokens > limits[0]:
+        sample = measure_sample(names, compressor.roles, limits[0] // max(elements * tokens, 1))
+        if sample is None:
+            return None, None, SQUARED_UNIT, None
+    params = compressor._calibration_params()
+    want = {k: np.asarray(v, np.float64) for k, v in evaluate(graph, inputs, params).items()}
+    logits = {k: found[0] for k, w in want.items() if _is_logits(k, w) and (found := next_token_targets(inputs, w.shape))}
+    unit = KL_UNIT if logits and compressor.config.calibration is not None else SQUARED_UNIT
+
+    def replaced(name: str, scheme: Scheme, fitted_codes: bool) -> np.ndarray:
+        storage = reader(name)()
+        fitted, _ = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), compressor.target)
+        back = (compressor.fit.encode(storage, fitted, name) if fitted_codes else
+                plain(storage, fitted, name)).dequantize()
+        shape = np.shape(params[name])
+        return (back.T if transposed(name) else back).reshape(shape)
+
+    def loss(values: Mapping[str, np.ndarray]) -> float:
+        got = evaluate(graph, inputs, Replaced.many(params, values))
+        if unit == KL_UNIT:
+            return float(np.mean([np.mean(kl_per_position(want[k][keep], np.asarray(got[k])[keep]))
+                                  for k, keep in logits.items()]))
+        return float(np.mean([np.sum((np.asarray(got[k], np.float64) - w) ** 2) / max(float(np.sum(w * w)), 1e-30)
+                              for k, w in want.items()]))
+
+    def measure(name: str, scheme: Scheme) -> float:
+        return loss({name: replaced(name, scheme, True)})
+
+    def measure_layer(schemes: Mapping[str, Scheme]) -> float:
+        return loss({n: replaced(n, s, False) for n, s in schemes.items()})
+
+    layered = sample is not None and layer_count(names) * elements * tokens <= limits[1]
+    return measure, sample, unit, measure_layer if layered else None
