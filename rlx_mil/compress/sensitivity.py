@@ -129,7 +129,8 @@ def output_sensitivity(
     from rlx_mil.compress.fit import fit_to_shape
     from rlx_mil.compress.quality import kl_per_position
     from rlx_mil.compress.quality_check import _is_logits, next_token_targets
-    from rlx_mil.reference import evaluate
+    from rlx_mil.ir.naming import output_names, state_outputs
+    from rlx_mil.reference import evaluate, evaluate_all, evaluate_changed
 
     if compressor.config.calibration is None and not compressor._checks():
         return None, None, SQUARED_UNIT, None
@@ -143,7 +144,12 @@ def output_sensitivity(
         if sample is None:
             return None, None, SQUARED_UNIT, None
     params = compressor._calibration_params()
-    want = {k: np.asarray(v, np.float64) for k, v in evaluate(graph, inputs, params).items()}
+    # Every node's float value, kept while measuring: a measurement recomputes only what its
+    # replaced weights reach (a layer and the ones after it), about half the model on average.
+    # (A graph whose ops carry state runs whole: its final states are outputs too.)
+    base = None if state_outputs(graph) else evaluate_all(graph, inputs, params)
+    want = ({k: np.asarray(v, np.float64) for k, v in evaluate(graph, inputs, params).items()} if base is None else
+            {k: np.asarray(base[i], np.float64) for k, i in zip(output_names(graph), graph.outputs, strict=True)})
     logits = {k: found[0] for k, w in want.items() if _is_logits(k, w) and (found := next_token_targets(inputs, w.shape))}
     unit = KL_UNIT if logits and compressor.config.calibration is not None else SQUARED_UNIT
 
@@ -156,7 +162,8 @@ def output_sensitivity(
         return (back.T if transposed(name) else back).reshape(shape)
 
     def loss(values: Mapping[str, np.ndarray]) -> float:
-        got = evaluate(graph, inputs, Replaced.many(params, values))
+        changed = Replaced.many(params, values)
+        got = evaluate(graph, inputs, changed) if base is None else evaluate_changed(graph, inputs, changed, base, values)
         if unit == KL_UNIT:
             return float(np.mean([np.mean(kl_per_position(want[k][keep], np.asarray(got[k])[keep]))
                                   for k, keep in logits.items()]))

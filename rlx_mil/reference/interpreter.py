@@ -315,3 +315,33 @@ def evaluate_all(
     """Like `evaluate`, but computes every node and returns all values keyed by node id."""
     _check_arguments(graph, inputs, params)
     return _evaluate(graph, inputs or {}, params, None)
+
+
+def evaluate_changed(
+    graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any], base: Mapping[int, np.ndarray],
+    changed: Iterable[str],
+) -> dict[str, np.ndarray]:
+    """`evaluate`'s outputs when only the Params named in `changed` differ from the run that
+    gave `base` (`evaluate_all` of the same graph and inputs): a node that depends on none of
+    them keeps its value in `base`, so changing one layer's weights recomputes that layer and
+    the ones after it. A graph whose ops carry state runs whole (`evaluate`)."""
+    _check_arguments(graph, inputs, params)
+    if state_outputs(graph):
+        return evaluate(graph, inputs, params)
+    names = set(changed)
+    feeds, bindings = _bind_feeds(graph, inputs or {}, params)
+    needed = _needed(graph, graph.outputs)
+    values: dict[int, np.ndarray] = {}
+    dirty: set[int] = set()
+    for node in graph:
+        if node.id not in needed:
+            continue
+        if isinstance(node.op, Param) and node.op.name in names:
+            values[node.id] = feeds[node.id]
+            dirty.add(node.id)
+        elif isinstance(node.op, (Input, Param)) or not any(i in dirty for i in node.inputs):
+            values[node.id] = base[node.id]
+        else:
+            values[node.id] = _run_node(node, [values[i] for i in node.inputs], bindings)
+            dirty.add(node.id)
+    return {name: values[node_id] for name, node_id in zip(output_names(graph), graph.outputs, strict=True)}
