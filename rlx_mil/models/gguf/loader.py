@@ -37,12 +37,12 @@ def from_gguf(
     shape and type is checked against the architecture before any data is read.
 
     `requantize` re-quantizes the file's quantized tensors with rlx_mil's compression schemes
-    instead of keeping their codes: one scheme for all (`"lut4"`, what `deploy="ane"` wants),
-    or per llama.cpp type (`"Q6_K=lut6"`); see `rlx_mil.models.gguf.requantize`.
+    instead of keeping their codes: one scheme for all (`"lut4"`), or per llama.cpp type (`"Q6_K=lut6"`); see `rlx_mil.models.gguf.requantize`.
     `requantize="compress"` hands them to the conversion's `compress=` as float weights
     (llama.cpp's decode, made one tensor at a time as the compressor reads it): with
     `rlx_mil.convert(graph, params, deploy="ane", compress="auto4")` that is what
-    `convert-gguf --deploy ane` does (the measured plan, with `auto4_calibration` for its text)."""
+    `convert-gguf --deploy ane` does (the measured plan; `rlx_mil.llm.calibration.gguf_compress`
+    attaches the file's calibration text)."""
     from rlx_mil.models.gguf.requantize import compressed_types, parse_requantize
     from rlx_mil.models.pretrained import build
 
