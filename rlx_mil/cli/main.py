@@ -57,8 +57,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--max-error", type=float, metavar="E",
                        help="with --compress autoN: widen every weight whose estimated relative error exceeds E")
         p.add_argument("--compress-calibration", type=Path, metavar="FILE",
-                       help="calibration inputs (.npz of the graph's inputs; for convert-hf also a .txt tokenized with"
-                       " the checkpoint's tokenizer; for a Whisper folder an audio file): what autoN and the quality"
+                       help="calibration inputs (.npz of the graph's inputs; for convert-hf / -gguf also a .txt tokenized by"
+                       " the checkpoint's / file's tokenizer; for a Whisper folder an audio file): what autoN and the quality"
                        " check measure on (default: built-in English text; Whisper: a built-in signal / speech clip)")
         from rlx_mil.cli.quality import add_quality_flags
 
