@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlx_mil.cli.aimodel_output import add_format_argument
 from rlx_mil.cli.arguments import int_at_least
+from rlx_mil.cli.quality import print_compression  # the commands' shared summary line
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.progress import Progress, detail, running_under_ci
 from rlx_mil.units import human_bytes
@@ -139,7 +139,10 @@ def compress_option(args: argparse.Namespace) -> Any:
 
     from rlx_mil.compress import parse_compress
 
-    config = parse_compress(spec)
+    try:
+        config = parse_compress(spec)
+    except InvalidOptionError as err:  # the spec's own words, under the flag that gave them
+        raise InvalidOptionError(f"--compress: {err}") from None
     assert config is not None
     if calibration is not None and not (hasattr(args, "requantize") and Path(calibration).suffix.lower() == ".txt"):
         config = dataclasses.replace(config, calibration=calibration_inputs(calibration, args))  # GGUF text: its tokenizer
@@ -214,20 +217,6 @@ def compress_check_inputs(args: argparse.Namespace) -> dict[str, np.ndarray] | N
 
     with open_arrays(path, "inputs file") as archive:
         return dict(archive.items())
-
-
-def print_compression(metadata: Mapping[str, str]) -> None:
-    """The compression summary lines of a package's metadata (nothing when uncompressed)."""
-    from rlx_mil.compress import report_of
-
-    report = report_of(dict(metadata))
-    if report is None:
-        return
-    ratio = report.bytes_after / report.bytes_before if report.bytes_before else 1.0
-    print(f"compressed {len(report.weights)} weights ({report.config}): {report.bytes_before} -> {report.bytes_after}"
-          f" bytes ({ratio:.3f}x)")
-    for out, err in (report.output_error or {}).items():
-        print(f"  output {out}: max |error| {err['max_abs']:.3g}, relative L2 {err['relative_l2']:.3g} vs uncompressed")
 
 
 def run(args: argparse.Namespace) -> int:

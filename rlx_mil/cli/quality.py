@@ -256,3 +256,19 @@ def verify_quality(args: argparse.Namespace, check: QualityCheck | None,
         return 0
     print("verify: FAILED: quality below the thresholds (docs/compression.md); --allow-quality-loss accepts it")
     return 1
+
+
+def print_compression(metadata: Mapping[str, str]) -> None:
+    """The compression summary lines of a package's metadata (nothing when uncompressed)."""
+    from rlx_mil.compress import report_of
+    from rlx_mil.units import human_bytes
+
+    report = report_of(dict(metadata))
+    if report is None:
+        return
+    ratio = report.bytes_after / report.bytes_before if report.bytes_before else 1.0
+    count = len(report.weights)
+    print(f"compressed {count} weight{'s' * (count != 1)} ({report.config}): {human_bytes(report.bytes_before)} ->"
+          f" {human_bytes(report.bytes_after)} ({ratio:.3f}x)")
+    for out, err in (report.output_error or {}).items():
+        print(f"  output {out}: max |error| {err['max_abs']:.3g}, relative L2 {err['relative_l2']:.3g} vs uncompressed")

@@ -122,3 +122,22 @@ def test_demo_other_families(family: str, tmp_path: Path, capsys: pytest.Capture
     assert json.loads((keep / "config.json").read_text())["model_type"] == TINY_CONFIGS[family]["model_type"]
     line = next(ln for ln in printed.splitlines() if "check " in ln)
     assert line.endswith(" ok")
+
+
+def test_a_bad_compression_spec_names_the_flag(folders: dict[str, Path], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["convert-hf", str(folders["llama"]), "-o", str(tmp_path / "m.mlpackage"), "--compress", "int5"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rlx-mil convert-hf: error: --compress: unknown compression scheme 'int5': expected"), err
+    assert not (tmp_path / "m.mlpackage").exists()
+
+
+def test_the_compression_line_reads_in_units(capsys: pytest.CaptureFixture[str]) -> None:
+    from rlx_mil.cli.convert_hf import print_compression
+    from rlx_mil.compress.report import METADATA_KEY, CompressionReport, WeightReport
+
+    report = CompressionReport("int4", "iOS18", "fp16", [
+        WeightReport("w", "weight", "int4-sym-block32", "dense", [4096, 4096], 33554432, 9437184, 0.1)])
+    print_compression({METADATA_KEY: report.to_json()})
+    # was "33554432 -> 9437184 bytes"
+    assert capsys.readouterr().out.splitlines()[0] == "compressed 1 weight (int4): 32.0 MiB -> 9.0 MiB (0.281x)"
