@@ -178,8 +178,8 @@ def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
         total += info.package_bytes
         print(f"  {role}: {info.num_ops} ops, {human_bytes(info.package_bytes)}")
     print(f"wrote {written.folder} ({human_bytes(total)}) in {time.perf_counter() - start:.1f} s")
-    quality = None if written.quality is None else written.quality.check
-    if quality is not None:
+    qualities = [] if written.quality is None else written.quality.checks
+    for quality in qualities:
         print(quality.summary())
     write_folder_report(args, written)
     fidelity_ok = stateful_ok and all(c.ok for c in checks)
@@ -187,8 +187,8 @@ def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
         return 0
     from rlx_mil.cli.quality import verify_quality
 
-    quality_code = verify_quality(args, quality, "the packages as saved vs the float checkpoint, on speech")
-    return 0 if fidelity_ok and not quality_code else 1
+    failed = [verify_quality(args, q, "the packages as saved vs the float checkpoint, on speech") for q in qualities]
+    return 0 if fidelity_ok and not any(failed) else 1
 
 
 def write_folder_report(args: argparse.Namespace, written: Any) -> None:
@@ -209,6 +209,8 @@ def write_folder_report(args: argparse.Namespace, written: Any) -> None:
     result = written.quality
     body = {"compression": compression or None, "quality": None if result is None else result.check.to_dict(),
             "files": [] if result is None else [vars(f) for f in result.files]}
+    if result is not None and result.stateful is not None:
+        body["stateful_quality"] = result.stateful.to_dict()
     with atomic_output_file(Path(path), overwrite=True, what="report") as stream:
         stream.write((json.dumps(body, indent=1, allow_nan=False) + "\n").encode())
     print(f"wrote the compression report to {path}")

@@ -187,15 +187,25 @@ class SpeechEvalResult:
 
     check: QualityCheck
     files: list[SpeechEvalFile] = field(default_factory=list)
+    #: The folder's stateful text decoder judged the same way (on the package's encoder output),
+    #: when it was asked for (`judge_folder(stateful=True)`).
+    stateful: QualityCheck | None = None
+
+    @property
+    def checks(self) -> list[QualityCheck]:
+        return [self.check] + ([self.stateful] if self.stateful is not None else [])
 
     def to_text(self) -> str:
         lines = [f"{f.audio}: {f.positions} positions of the reference's greedy transcript {f.transcript!r}"
                  for f in self.files]
-        lines.append(self.check.summary())
+        lines += [c.summary() for c in self.checks]
         return "\n".join(lines)
 
     def to_json(self) -> str:
-        return json.dumps({"quality": self.check.to_dict(), "files": [vars(f) for f in self.files]}, indent=2)
+        body = {"quality": self.check.to_dict(), "files": [vars(f) for f in self.files]}
+        if self.stateful is not None:
+            body["stateful_quality"] = self.stateful.to_dict()
+        return json.dumps(body, indent=2)
 
 
 def _float32(params: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -244,13 +254,15 @@ def judge_folder(
     inputs: str | None = None,
     thresholds: QualityThresholds = DEFAULT_THRESHOLDS,
     worst: Sequence[tuple[str, str]] = (),
+    stateful: bool = False,
 ) -> SpeechEvalResult:
     """The speech folder `folder` against the checkpoint `reference` on `clips` (see the module
     doc): what `evaluate_speech` and the conversion's quality check
     (`rlx_mil.speech.quality_check`) measure. `inputs` names the clips in the check's summary;
     `thresholds` and `worst` (the weights contributing most) go into the check. A folder
     without a tokenizer is teacher-forced over generated token ids after the start token (no
-    perplexity: they are not language)."""
+    perplexity: they are not language). `stateful`: the folder's stateful text decoder is
+    judged too, over the same transcripts (`SpeechEvalResult.stateful`)."""
     from rlx_mil.errors import RlxMilError
     from rlx_mil.speech.audio import window
     from rlx_mil.speech.decoding import DecodingOptions, decode_window
@@ -271,6 +283,8 @@ def judge_folder(
     say = progress or (lambda _: None)
     say(f"opening {root}")
     package = open_model(root)
+    stateful_model = open_model(root, stateful=True) if stateful else None
+    stateful_rows: list[np.ndarray] = []
     say(f"reading the reference {ref_dir}")
     ref = ReferenceWhisper(ref_dir, cache_len=getattr(package, "cache_len", None))
     if ref.vocab_size != package.vocab_size or ref.n_mels != package.n_mels:
@@ -307,6 +321,9 @@ def judge_folder(
         say(f"{clip.name}: the package's decoder over {len(wanted)} tokens")
         pkg_rows = np.asarray(package.decoder(encoded).step(fed), np.float32)[first:, :ref.vocab_size]
         ref_rows = ref_rows[:, :ref.vocab_size]
+        if stateful_model is not None:
+            say(f"{clip.name}: the package's stateful decoder over {len(wanted)} tokens")
+            stateful_rows.append(np.asarray(stateful_model.decoder(encoded).step(fed), np.float32)[first:, :ref.vocab_size])
         scored = wanted if tokens is not None else None
         file_decoder = decoder_quality(ref_rows, pkg_rows, scored)
         file_encoder = output_quality("encoder_output", ref_encoded, encoded)
@@ -318,15 +335,19 @@ def judge_folder(
         got_enc.append(encoded)
     encoder: OutputQuality = output_quality("encoder_output", np.concatenate(want_enc), np.concatenate(got_enc))
     transcripts = "the reference's greedy transcripts" if tokens is not None else "generated token ids (no tokenizer)"
-    check = QualityCheck(
-        compared_with=REFERENCE_LABEL,
-        inputs=(inputs or f"{len(clips)} audio file(s), the first 30 s of each")
-        + f"; {len(targets)} positions of {transcripts}, each model on its own encoder output",
-        decoder=decoder_quality(np.concatenate(want_rows), np.concatenate(got_rows),
-                                targets if tokens is not None else None),
-        outputs=[encoder], worst=list(worst), thresholds=thresholds,
-    )
-    return SpeechEvalResult(check, files)
+    label = ((inputs or f"{len(clips)} audio file(s), the first 30 s of each")
+             + f"; {len(targets)} positions of {transcripts}, each model on its own encoder output")
+    scored_targets = targets if tokens is not None else None
+    want_all = np.concatenate(want_rows)
+    check = QualityCheck(compared_with=REFERENCE_LABEL, inputs=label,
+                         decoder=decoder_quality(want_all, np.concatenate(got_rows), scored_targets),
+                         outputs=[encoder], worst=list(worst), thresholds=thresholds)
+    second = None
+    if stateful_model is not None:
+        second = QualityCheck(compared_with=REFERENCE_LABEL, inputs=f"{label}; the stateful text decoder",
+                              decoder=decoder_quality(want_all, np.concatenate(stateful_rows), scored_targets),
+                              worst=list(worst), thresholds=thresholds)
+    return SpeechEvalResult(check, files, second)
 
 
 def _generated_ids(ref: ReferenceWhisper, max_tokens: int | None) -> tuple[list[int], list[int], int, str]:

@@ -183,7 +183,8 @@ def _measure_quality(staging: Path, checkpoint: WhisperCheckpoint, calibration: 
     progress.begin("measuring the quality against the float checkpoint", min_seconds=1.0)
     result = folder_quality(staging, checkpoint.directory, calibration, reports=reports, thresholds=thresholds)
     progress.end()
-    warn_below_threshold(result.check, stacklevel=4)
+    for check in result.checks:
+        warn_below_threshold(check, stacklevel=4)
     return result
 
 

@@ -69,14 +69,17 @@ def folder_quality(
     progress: Callable[[str], None] | None = None,
 ) -> SpeechEvalResult:
     """The speech folder `folder` judged against `checkpoint` on `audio` (the built-in clip when
-    None). `reports` (package role -> its `CompressionReport`) name the weights contributing
+    None); its stateful text decoder too when it has one. `reports` (package role -> its `CompressionReport`) name the weights contributing
     most, the failing part's first."""
     clips, label = check_audio(audio)
     # The built-in clip is English; the user's audio may be any language the checkpoint knows.
     language = None if audio else "en"
     worst = _worst(reports or {})
+    from rlx_mil.speech.model import STATEFUL_DECODER
+
+    stateful = (Path(folder) / f"{STATEFUL_DECODER}.mlpackage").is_dir()
     result = judge_folder(folder, clips, checkpoint, language=language, max_tokens=CHECK_TOKENS, progress=progress,
-                          inputs=label, thresholds=thresholds, worst=worst)
+                          inputs=label, thresholds=thresholds, worst=worst, stateful=stateful)
     encoder_failed = any(o.failures(thresholds) for o in result.check.outputs)
     if encoder_failed:  # the encoder's weights first: the decoder's numbers follow from them
         result.check.worst = _worst(reports or {}, encoder_first=True)

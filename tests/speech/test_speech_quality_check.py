@@ -114,12 +114,16 @@ def kept(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_int8_passes_without_a_warning(kept: dict) -> None:
     assert kept["code"] == 0, kept["out"] + kept["err"]
     assert "warning" not in kept["err"], kept["err"]
-    line = next(s for s in kept["out"].splitlines() if s.startswith("verify: quality"))
+    lines = [s for s in kept["out"].splitlines() if s.startswith("verify: quality")]
+    assert len(lines) == (2 if HAS_STATEFUL else 1)
     # judged on the user's audio, not the built-in clip
-    assert "of --compress-calibration (speech.wav)" in line and "BELOW" not in line
-    kl = float(re.search(r"KL ([0-9.e-]+)", line).group(1))  # type: ignore[union-attr]
-    cos = float(re.search(r"cosine ([0-9.]+)", line).group(1))  # type: ignore[union-attr]
+    assert all("of --compress-calibration (speech.wav)" in line and "BELOW" not in line for line in lines)
+    kl = float(re.search(r"KL ([0-9.e-]+)", lines[0]).group(1))  # type: ignore[union-attr]
+    cos = float(re.search(r"cosine ([0-9.]+)", lines[0]).group(1))  # type: ignore[union-attr]
     assert kl < 0.01 and cos > 0.999
+    if HAS_STATEFUL:  # the stateful decoder over the same transcript, on the same weights' codes
+        assert lines[1].endswith("the stateful text decoder)")
+        assert float(re.search(r"KL ([0-9.e-]+)", lines[1]).group(1)) < 0.01  # type: ignore[union-attr]
 
 
 @pytest.mark.skipif(not HAS_STATEFUL, reason="rlx_mil.speech.stateful is not there")
