@@ -279,6 +279,13 @@ class PackageParams(Mapping[str, Any]):
         meta = getattr(self._params, "shape_of", None)
         return tuple(meta(name)) if callable(meta) else tuple(np.shape(self._params[name]))
 
+    def dtype_of(self, name: str) -> np.dtype[Any]:
+        """float32 for a stored weight (what it decodes to), else `params`' dtype; nothing read."""
+        if name in self.stored:
+            return np.dtype(np.float32)
+        meta = getattr(self._params, "dtype_of", None)
+        return np.dtype(meta(name)) if callable(meta) else np.asarray(self._params[name]).dtype
+
 
 def package_params(
     params: Mapping[str, Any],

@@ -115,11 +115,36 @@ def _packed_feed(value: Any, nodes: list[Node], packed_sizes: dict[int, int]) ->
     return (values.astype(np.int64) & 0xFF).astype(np.uint8)
 
 
+def _described(params: Mapping[str, Any]) -> bool:
+    """Whether `params` tells a param's shape and dtype without reading it (a lazy mapping:
+    `ModelParams`, a package's `PackageParams`)."""
+    return callable(getattr(params, "shape_of", None)) and callable(getattr(params, "dtype_of", None))
+
+
+def _deferred_problems(
+    params: Mapping[str, Any], name: str, nodes: list[Node], bindings: _Bindings
+) -> list[str]:
+    """The problems `_bind_feeds` would find with the float param `name`, from its shape and
+    dtype alone (a float declaration checks nothing else of the values)."""
+    shape = tuple(int(d) for d in params.shape_of(name))  # type: ignore[attr-defined]
+    dtype = np.dtype(params.dtype_of(name))  # type: ignore[attr-defined]
+    if numeric_kind(dtype) is None:
+        return [f"param '{name}' has dtype {dtype}, which is not a numeric array"]
+    found = [problem for node in nodes for problem in bindings.match(node.shape, shape, f"param '{name}'")]
+    problem = value_problem(np.empty((0,), dtype), nodes[0].shape.dtype)
+    return found + ([f"param '{name}' {problem}"] if problem is not None else [])
+
+
 def _bind_feeds(
-    graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any]
+    graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any], deferred: dict[int, str] | None = None
 ) -> tuple[dict[int, np.ndarray], _Bindings]:
+    """The feeds by node id, every problem found raised at once. With `deferred` (a dict to
+    fill) and a lazy `params` mapping (`_described`), a float param is checked by its shape
+    and dtype only and left unread: `deferred` maps its nodes to its name, for `_read_param`
+    when a node first uses it."""
     problems: list[str] = []
     feeds: dict[int, np.ndarray] = {}
+    lazy = deferred is not None and _described(params)
     bindings = _Bindings()
     input_nodes, param_nodes = _feed_nodes(graph, Input), _feed_nodes(graph, Param)
     packed_sizes = _packed_weight_sizes(graph)
@@ -137,7 +162,15 @@ def _bind_feeds(
             if name not in given:
                 problems.append(f"{label} '{name}' is missing (declared {declared})")
                 continue
-            packed = _packed_feed(given[name], same_name, packed_sizes)
+            if label == "param" and lazy and declared.dtype.is_float and not any(n.id in packed_sizes for n in same_name):
+                assert deferred is not None
+                found = _deferred_problems(given, name, same_name, bindings)
+                problems.extend(found)
+                if not found:
+                    deferred.update((node.id, name) for node in same_name)
+                continue
+            value = given[name]  # read once (a lazy mapping decodes on every read)
+            packed = _packed_feed(value, same_name, packed_sizes)
             if packed is not None:
                 if isinstance(packed, str):
                     problems.append(f"{label} '{name}' {packed}")
@@ -145,7 +178,7 @@ def _bind_feeds(
                     feeds.update((node.id, packed) for node in same_name)
                 continue
             try:
-                raw = np.asarray(given[name])
+                raw = np.asarray(value)
             except Exception as exc:
                 problems.append(f"{label} '{name}' cannot be converted to an array ({exc})")
                 continue
@@ -161,10 +194,26 @@ def _bind_feeds(
                 problems.append(f"{label} '{name}' {why}")
                 continue
             for node in same_name:
-                feeds[node.id] = arr.reshape(arr.shape if arr.ndim == node.shape.rank else (1,) * node.shape.rank)
+                feeds[node.id] = _shaped(arr, node)
     if problems:
         raise EvaluationError("cannot evaluate the graph with these inputs/params", problems)
     return feeds, bindings
+
+
+def _shaped(arr: np.ndarray, node: Node) -> np.ndarray:
+    return arr.reshape(arr.shape if arr.ndim == node.shape.rank else (1,) * node.shape.rank)
+
+
+def _read_param(node: Node, name: str, params: Mapping[str, Any]) -> np.ndarray:
+    """A deferred float param read and converted to its declared dtype (`_bind_feeds` checked
+    the shape and dtype its mapping declares; the value read must have them)."""
+    arr, why = _convert(params[name], node.shape.dtype)
+    declared = tuple(int(d) for d in params.shape_of(name))  # type: ignore[attr-defined]
+    if arr is not None and tuple(arr.shape) != declared:
+        why = f"has shape {list(arr.shape)}, not the {list(declared)} its params declared"
+    if arr is None or why is not None:
+        raise EvaluationError("cannot evaluate the graph with these inputs/params", [f"param '{name}' {why}"])
+    return _shaped(arr, node)
 
 
 def _needed(graph: Graph, roots: Iterable[int]) -> set[int]:
@@ -241,17 +290,38 @@ def _check_arguments(graph: object, inputs: object, params: object) -> None:
 
 def _evaluate(
     graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None, only: set[int] | None,
-    states: dict[int, tuple[np.ndarray, ...]] | None = None,
+    states: dict[int, tuple[np.ndarray, ...]] | None = None, keep: set[int] | None = None,
 ) -> dict[int, np.ndarray]:
-    feeds, bindings = _bind_feeds(graph, inputs, params or {})
+    """Every value computed (all of `only`'s nodes, or the graph's). With `keep`, the run holds
+    only what is still to be used: a value is dropped after its last use unless kept, and a
+    lazy mapping's float params are read at each use (`_bind_feeds`), so a model's weights are
+    never all in float32 at once: the run holds one weight at a time beyond its activations."""
+    given = params or {}
+    deferred: dict[int, str] | None = {} if keep is not None else None
+    feeds, bindings = _bind_feeds(graph, inputs, given, deferred)
+    order = [node for node in graph if only is None or node.id in only]
+    last_use: dict[int, int] = {}
+    if keep is not None:
+        for index, node in enumerate(order):
+            last_use.update((i, index) for i in node.inputs)
     values: dict[int, np.ndarray] = {}
-    for node in graph:
-        if only is not None and node.id not in only:
-            continue
+    for index, node in enumerate(order):
         if isinstance(node.op, (Input, Param)):
-            values[node.id] = feeds[node.id]
+            if deferred and node.id in deferred:
+                if keep is not None and node.id in keep:  # an output itself: read now
+                    values[node.id] = _read_param(node, deferred[node.id], given)
+            else:
+                values[node.id] = feeds.pop(node.id)
             continue
-        values[node.id] = _run_node(node, [values[i] for i in node.inputs], bindings, states)
+        # A deferred param is read for each node that uses it and not held between them (a
+        # tied embedding is read again for the head rather than held through every layer).
+        read = {i: _read_param(graph.node(i), deferred[i], given) for i in node.inputs if deferred and i in deferred}
+        values[node.id] = _run_node(node, [read[i] if i in read else values[i] for i in node.inputs], bindings, states)
+        del read
+        if keep is not None:
+            for i in node.inputs:
+                if last_use.get(i) == index and i not in keep:
+                    values.pop(i, None)
     return values
 
 
@@ -301,7 +371,7 @@ def evaluate(
     carried = state_outputs(graph)
     finals: dict[int, tuple[np.ndarray, ...]] = {}
     roots = [*graph.outputs, *(s.node for s in carried)]
-    values = _evaluate(graph, inputs or {}, params, _needed(graph, roots), finals)
+    values = _evaluate(graph, inputs or {}, params, _needed(graph, roots), finals, keep=set(roots))
     result = {name: values[node_id] for name, node_id in zip(output_names(graph), graph.outputs, strict=True)}
     for state in carried:
         index = graph.node(state.node).op.carried_operands().index(state.operand)
