@@ -299,8 +299,14 @@ class DecoderTally:
         if ids is None:
             self.nll_reference = self.nll_compressed = None
         # One pass over the positions: each side's log-softmax once, for the KL and both
-        # perplexities (a large vocabulary makes these passes the check's main cost after the runs).
+        # perplexities (a large vocabulary makes these passes the check's main cost after the runs);
+        # a block of positions at a time, so no float64 copy of all the logits is ever made.
         for part in _chunks(len(ref)):
+            same = np.argmax(ref[part], axis=-1) == np.argmax(got[part], axis=-1)
+            keep = top2_gaps(ref[part]) >= CONFIDENT_GAP
+            self.agree += int(np.count_nonzero(same))
+            self.confident_agree += int(np.count_nonzero(same & keep))
+            self.confident_positions += int(np.count_nonzero(keep))
             log_p, log_q = log_softmax(ref[part]), log_softmax(got[part])
             kl = np.maximum(np.sum(np.exp(log_p) * (log_p - log_q), axis=-1), 0.0)  # -1e-17 where they agree
             self.kl_sum += float(np.sum(kl))
@@ -309,12 +315,7 @@ class DecoderTally:
                 rows, picked = np.arange(len(log_p)), ids[part]
                 self.nll_reference -= float(np.sum(log_p[rows, picked]))
                 self.nll_compressed -= float(np.sum(log_q[rows, picked]))
-        same = np.argmax(ref, axis=-1) == np.argmax(got, axis=-1)
-        keep = top2_gaps(ref) >= CONFIDENT_GAP
         self.positions += len(ref)
-        self.agree += int(np.count_nonzero(same))
-        self.confident_agree += int(np.count_nonzero(same & keep))
-        self.confident_positions += int(np.count_nonzero(keep))
 
     def result(self) -> DecoderQuality:
         """The metrics over every position added (nan where there are none)."""

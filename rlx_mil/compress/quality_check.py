@@ -103,6 +103,17 @@ def next_token_targets(inputs: Mapping[str, Any], logits_shape: tuple[int, ...])
     return keep, targets
 
 
+def _kept(keep: np.ndarray, reference: np.ndarray, compressed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both logits (shaped `[*keep.shape, vocab]`) at the positions `keep` selects, as
+    `[n, vocab]`: views when they are the first n positions (one row less its last token, the
+    usual case), else copies."""
+    where = np.flatnonzero(keep.reshape(-1))
+    r, g = (x.reshape(-1, x.shape[-1]) for x in (reference, compressed))
+    if len(where) and where[-1] == len(where) - 1:  # positions 0..n-1
+        return r[: len(where)], g[: len(where)]
+    return r[where], g[where]
+
+
 def judge_outputs(
     want: Mapping[str, Any],
     got: Mapping[str, Any],
@@ -128,7 +139,8 @@ def judge_outputs(
             matched = next_token_targets(inputs, r.shape)
             if matched is not None and matched[0].any():
                 keep, targets = matched
-                check.decoder = decoder_quality(r[keep], g[keep], targets[keep] if text else None)
+                kept_r, kept_g = _kept(keep, r, g)
+                check.decoder = decoder_quality(kept_r, kept_g, targets[keep] if text else None)
             else:
                 check.decoder = decoder_quality(r, g)
             continue

@@ -131,13 +131,19 @@ def test_metric_bounds_hold_for_any_logits(rows: int, vocab: int, scale: float, 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 140), st.integers(2, 30), st.integers(0, 2**31 - 1))
 def test_decoder_quality_in_one_pass_equals_the_separate_metrics(rows: int, vocab: int, seed: int) -> None:
-    """decoder_quality reads each side's log-softmax once (chunks of 64 positions): its KL and
-    perplexities are the standalone functions' over any number of chunks."""
+    """decoder_quality reads each side's log-softmax once (chunks of 64 positions): its KL,
+    perplexities, top-1 and confident top-1 are the standalone functions' (over all the
+    positions at once) over any number of chunks."""
     rng = np.random.default_rng(seed)
     ref = rng.standard_normal((rows, vocab)) * 4
+    ref[::4, 1] = ref[::4].max(axis=1) + 0.1  # near-ties: not confident positions
     got = ref + rng.standard_normal(ref.shape)
     ids = rng.integers(0, vocab, rows)
     dq = q.decoder_quality(ref, got, ids)
+    assert dq.top1 == q.top1_agreement(ref, got)
+    confident, counted = q.confident_top1_agreement(ref, got)
+    assert dq.confident_positions == counted == int(np.count_nonzero(q.top2_gaps(ref) >= q.CONFIDENT_GAP))
+    assert dq.top1_confident == confident or (math.isnan(confident) and math.isnan(dq.top1_confident))
     kl = q.kl_per_position(ref, got)
     assert dq.mean_kl == pytest.approx(float(np.mean(kl)), rel=1e-12, abs=1e-15)
     assert dq.max_kl == pytest.approx(float(np.max(kl)), rel=1e-12, abs=1e-15)
@@ -201,3 +207,29 @@ def test_a_batch_of_examples_is_judged_by_its_worst_example() -> None:
     single = q.output_quality("x", want[:1], got[:1], per_example=True)
     assert single.items == 1 and single.cosine == pytest.approx(q.cosine(want[:1], got[:1]))
     assert q.output_quality("x", want, got).cosine == pytest.approx(whole)
+
+
+@pytest.mark.parametrize("mask_row", [None, [1, 1, 1, 1, 1, 0, 0], [1, 1, 0, 1, 1, 1, 1]])
+def test_judge_outputs_judges_the_positions_with_a_next_token(mask_row: list[int] | None) -> None:
+    """Teacher-forced logits `[batch, seq, vocab]`: every position but each row's last (and
+    any whose token or next token is masked) against its next id, whether those positions are
+    the first n (judged in place) or scattered (copied)."""
+    from rlx_mil.compress.quality_check import judge_outputs
+
+    rng = np.random.default_rng(3)
+    batch, seq, vocab = (1, 7, 13) if mask_row is None else (2, 7, 13)
+    ids = rng.integers(0, vocab, (batch, seq)).astype(np.int32)
+    want = (rng.standard_normal((batch, seq, vocab)) * 3).astype(np.float32)
+    got = want + rng.standard_normal(want.shape).astype(np.float32)
+    feeds: dict[str, np.ndarray] = {"input_ids": ids}
+    keep = np.ones((batch, seq), bool)
+    keep[:, -1] = False
+    if mask_row is not None:
+        mask = np.array([[1] * seq, mask_row], np.int32)
+        feeds["attention_mask"] = mask
+        keep &= (mask != 0) & (np.roll(mask, -1, axis=-1) != 0)
+    targets = np.roll(ids, -1, axis=-1)
+    check = judge_outputs({"logits": want}, {"logits": got}, feeds, inputs_label="ids")
+    by_hand = q.decoder_quality(want[keep], got[keep], targets[keep])
+    assert check.decoder == by_hand
+    assert check.decoder is not None and check.decoder.positions == int(keep.sum())
