@@ -15,7 +15,7 @@ KeyError or TypeError from deep inside a reader.
 | `rlx_mil.input_ranges` | `{function: {input: [min, max]}}`: value ranges of integer inputs (`rlx_mil.input_contract`) |
 | `rlx_mil.split_outputs` | `{function: {output: {"axis", "pieces", "sizes"}}}`: outputs computed as pieces (`SplitOutputs`) |
 | `rlx_mil.deploy` | the deployment form, `"gpu"` or `"ane"` (`rlx_mil.coreml.deploy`); absent: `"plain"` |
-| `rlx_mil.source` | `{"name", "named_by", "architecture"}`: the source model's name, where that name came from, its architecture (`ModelSource`) |
+| `rlx_mil.source` | `{"name", "named_by", "architecture", "parameters"}`: the source model's name, where that name came from, its architecture and parameter count (`ModelSource`) |
 """
 
 from __future__ import annotations
@@ -290,9 +290,12 @@ class ModelSource:
     name: str
     named_by: str
     architecture: str = ""
+    #: The checkpoint's stored parameters (0: not known).
+    parameters: int = 0
 
     def write(self, metadata: MutableMapping[str, str]) -> None:
-        metadata[SOURCE] = json.dumps({"name": self.name, "named_by": self.named_by, "architecture": self.architecture})
+        metadata[SOURCE] = json.dumps({"name": self.name, "named_by": self.named_by, "architecture": self.architecture,
+                                       "parameters": self.parameters})
 
     @classmethod
     def read(cls, metadata: Mapping[str, Any]) -> ModelSource | None:
@@ -301,14 +304,24 @@ class ModelSource:
         if raw is None:
             return None
         _want(raw, dict, SOURCE, "the record")
-        fields_ = {k: _want(raw.get(k, ""), str, SOURCE, repr(k)) for k in ("name", "named_by", "architecture")}
-        return cls(**fields_)
+        texts = {k: _want(raw.get(k, ""), str, SOURCE, repr(k)) for k in ("name", "named_by", "architecture")}
+        return cls(**texts, parameters=_want(raw.get("parameters", 0), int, SOURCE, "'parameters'"))
 
     def to_text(self) -> str:
         kind = f", {self.architecture}" if self.architecture else ""
+        if self.parameters > 0:
+            kind += f", {_count_text(self.parameters)} parameters"
         if self.named_by == "folder name":
             return f"{self.name}{kind}; the checkpoint carries no name: named after its folder"
         return f"{self.name}{kind}; name from {self.named_by}"
+
+
+def _count_text(count: int) -> str:
+    """134515008 -> '134.5M' (as model cards say a size)."""
+    for power, unit in ((9, "B"), (6, "M"), (3, "K")):
+        if count >= 10**power:
+            return f"{count / 10**power:.1f}{unit}"
+    return str(count)
 
 
 @dataclass

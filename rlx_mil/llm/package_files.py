@@ -11,6 +11,7 @@ model card's front matter (`README.md`) and `config.json`, each overridable.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -124,8 +125,21 @@ def describe_checkpoint(model_dir: str | os.PathLike[str], architecture: str | N
     return ModelDescription(
         author=author, license=license_, short_description=description,
         version=str(version) if isinstance(version, (str, int, float)) and str(version).strip() else None,
-        source=ModelSource(source, named_by, kind),
+        source=ModelSource(source, named_by, kind, _parameters(folder)),
     )
+
+
+def _parameters(folder: Path) -> int:
+    """The checkpoint's stored parameter count, from its safetensors headers (0 when they do not
+    read: the description is not worth a failed conversion)."""
+    from rlx_mil.errors import RlxMilError
+    from rlx_mil.models.checkpoint import Checkpoint
+
+    try:
+        checkpoint = Checkpoint(folder)
+        return sum(math.prod(checkpoint.shape_of(name)) for name in checkpoint)
+    except (RlxMilError, OSError, ValueError):
+        return 0
 
 
 def architecture_text(family: str | None, config: Mapping[str, Any]) -> str:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from rlx_mil.coreml.metadata import SOURCE, ModelSource, PackageMetadataError
@@ -79,7 +80,7 @@ def test_the_graph_is_named_as_the_description_says(tmp_path: Path) -> None:
     assert checkpoint_name(Path(tmp_path / "hf" / "."), LLAMA) == "hf"
 
 
-@pytest.mark.parametrize("raw", ["[1]", '{"name": 3}', "{"])
+@pytest.mark.parametrize("raw", ["[1]", '{"name": 3}', "{", '{"name": "m", "named_by": "x", "parameters": "9"}'])
 def test_a_malformed_source_record_is_named_not_raised(raw: str) -> None:
     with pytest.raises(PackageMetadataError, match=r"rlx_mil\.source"):
         ModelSource.read({SOURCE: raw})
@@ -96,3 +97,25 @@ def test_a_gguf_file_names_its_model_by_general_name_else_its_file_name() -> Non
     assert describe_gguf(file).source == ModelSource("SmolLM2 135M Instruct", "GGUF general.name", "llama")  # type: ignore[arg-type]
     file = SimpleNamespace(path=Path("/x/smol.Q4_1.gguf"), value={}.get)
     assert describe_gguf(file).source == ModelSource("smol.Q4_1", "GGUF file name", "")  # type: ignore[arg-type]
+
+
+def test_the_size_is_the_checkpoints_parameter_count(tmp_path: Path) -> None:
+    """A nameless checkpoint is still told apart by its architecture and size (as model cards
+    give it: 134.5M for SmolLM2-135M); the count is the stored tensors' elements."""
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+    config = {k: v for k, v in TINY_CONFIGS["llama"].items() if k != "_name_or_path"}
+    folder = write_random_checkpoint(tmp_path / "hf", config, seed=1)
+    from rlx_mil.models.checkpoint import Checkpoint
+
+    stored = Checkpoint(folder)
+    count = sum(int(np.prod(stored.shape_of(name))) for name in stored)
+    description = describe_checkpoint(folder, "Llama")
+    assert description.source is not None and description.source.parameters == count > 0
+    model = _Model()
+    description.apply(model)
+    line = next(line for line in _inspect_lines(model.user_defined_metadata) if line.startswith("model:"))
+    assert line == (f"model:    hf, Llama (LlamaForCausalLM), {count / 1e3:.1f}K parameters; the checkpoint carries no"
+                    " name: named after its folder")
+    assert ModelSource("m", "folder name", "", 134_515_008).to_text().startswith("m, 134.5M parameters;")
+    assert ModelSource("m", "folder name", "", 1_235_814_400).to_text().startswith("m, 1.2B parameters;")

@@ -64,7 +64,8 @@ def test_the_package_carries_the_text_files_and_description(
     assert main(["inspect", str(package)]) == 0
     text = capsys.readouterr().out
     assert "license:  apache-2.0" in text and "text:     Data/rlx_mil/tokenizer: config.json" in text
-    assert "model:    acme/tiny-chat, Qwen3 (Qwen3ForCausalLM); name from config.json _name_or_path" in text
+    assert re.search(r"model:    acme/tiny-chat, Qwen3 \(Qwen3ForCausalLM\), \d+\.\dK parameters; name from config\.json"
+                     r" _name_or_path\n", text), text
 
 
 def test_chat_generation_from_the_copied_folder_alone(
