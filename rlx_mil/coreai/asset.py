@@ -292,17 +292,20 @@ def asset_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
         return [{"name": k, "shape": list(shape), "dtype": np.dtype(dtype).name} for k, (shape, dtype) in table.items()]
 
     program = root / "main.mlirb"
+    import dataclasses
+
     from rlx_mil.coreml.metadata import ModelSource, PackageMetadataError
 
     try:
         source = ModelSource.read(metadata)
-        model = source.to_text() if source is not None else None
+        model, model_text = (dataclasses.asdict(source), source.to_text()) if source is not None else (None, None)
     except PackageMetadataError as err:  # inspect describes what is there, a damaged record included
-        model = f"the 'rlx_mil.source' metadata is malformed ({err})"
+        model, model_text = None, f"the 'rlx_mil.source' metadata is malformed ({err})"
     return {
         "path": str(root),
         "format": "Core AI asset (.aimodel)",
         "model": model,
+        "model_text": model_text,
         "compute": metadata.get(COMPUTE_KEY, "fp32"),
         "package_precision": metadata.get("rlx_mil.precision"),
         "default_function": default,
@@ -321,8 +324,8 @@ def summary_text(summary: Mapping[str, Any]) -> str:
     precision = f" of an {summary['package_precision']} package" if summary.get("package_precision") else ""
     lines = [f"{summary['path']}: {summary['format']}, {summary.get('compute', 'fp32')} compute{precision}, program"
              f" {human_bytes(summary['program_bytes'])} (asset {human_bytes(summary['asset_bytes'])})"]
-    if summary.get("model"):
-        lines.append(f"  model: {summary['model']}")
+    if summary.get("model_text"):
+        lines.append(f"  model: {summary['model_text']}")
     for name, info in summary["functions"].items():
         inputs = ", ".join(f"{t['name']} {t['dtype']}{t['shape']}" for t in info["inputs"])
         states = ", ".join(f"{t['name']} {t['dtype']}{t['shape']}" for t in info["states"])

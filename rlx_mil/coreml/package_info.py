@@ -58,6 +58,8 @@ class PackageInfo:
     #: Files of the package's `rlx_mil/tokenizer` item (tokenizer, chat template, generation config).
     text_files: list[str] = field(default_factory=list)
     text_folder: str | None = None
+    #: The source model (`ModelSource` as a dict: name, named_by, architecture, parameters).
+    model: dict[str, Any] | None = None
 
     @property
     def num_ops(self) -> int:
@@ -255,4 +257,16 @@ def package_info(model_or_path: Any) -> PackageInfo:
         },
         text_files=sorted(p.name for p in text.iterdir() if p.is_file()) if text else [],
         text_folder=str(text.relative_to(path)) if text and path else None,
+        model=_source_record(meta.userDefined),
     )
+
+
+def _source_record(metadata: Any) -> dict[str, Any] | None:
+    """`rlx_mil.source` for --json (None when absent or malformed: the text says which)."""
+    import dataclasses
+
+    try:
+        source = ModelSource.read(dict(metadata))
+    except PackageMetadataError:
+        return None
+    return dataclasses.asdict(source) if source is not None else None

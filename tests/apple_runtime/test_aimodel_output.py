@@ -155,7 +155,8 @@ def test_inspect_shows_the_assets_entry_points(converted: dict[str | None, tuple
     assert {s["name"] for s in summary["functions"]["decode"]["states"]} == {"key_cache", "value_cache"}
     assert summary["program_bytes"] > 0 and "tokenizer.json" in summary["text_files"]
     assert re.fullmatch(r"acme/tiny-chat, Qwen3 \(Qwen3ForCausalLM\), \d+\.\dK parameters; name from config\.json"
-                        r" _name_or_path", summary["model"]), summary["model"]
+                        r" _name_or_path", summary["model_text"]), summary["model_text"]
+    assert summary["model"]["name"] == "acme/tiny-chat" and summary["model"]["parameters"] > 0
     # The fp16 package's asset says what it computes in, beside the package's precision.
     assert main(["inspect", str(converted["int4"][0])]) == 0
     text = capsys.readouterr().out

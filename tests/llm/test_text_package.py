@@ -61,6 +61,8 @@ def test_the_package_carries_the_text_files_and_description(
         "short_description": "tiny-chat (Qwen3), converted to Core ML by rlx_mil",
     }
     assert info["text_folder"] == "Data/rlx_mil/tokenizer" and "tokenizer.json" in info["text_files"]
+    assert info["model"]["name"] == "acme/tiny-chat" and info["model"]["named_by"] == "config.json _name_or_path"
+    assert info["model"]["architecture"] == "Qwen3 (Qwen3ForCausalLM)" and info["model"]["parameters"] > 0
     assert main(["inspect", str(package)]) == 0
     text = capsys.readouterr().out
     assert "license:  apache-2.0" in text and "text:     Data/rlx_mil/tokenizer: config.json" in text
