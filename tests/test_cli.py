@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,8 @@ def test_convert_inspect_run(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["convert", str(tmp_path / "g.json"), "--params", str(tmp_path / "w.npz"), "-o", str(out),
                  "--target", "iOS17", "--precision", "fp32"]) == 0
     assert out.is_dir()
-    capsys.readouterr()
+    wrote = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(rf"wrote {re.escape(str(out))} \(4 ops, \d+\.\d KiB\) in \d+\.\d\d s", wrote), wrote
     assert main(["inspect", str(out), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["target"] == "iOS17"

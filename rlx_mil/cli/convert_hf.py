@@ -267,7 +267,8 @@ def run(args: argparse.Namespace) -> int:
         description=description_overrides(args), check_inputs=check_inputs,
     )
     info = package_info(path)
-    print(f"wrote {path} ({info.num_ops} ops, {human_bytes(info.package_bytes)}) in {time.perf_counter() - start:.1f} s")
+    print(f"wrote {path} ({info.num_ops} op{'s' * (info.num_ops != 1)}, {human_bytes(info.package_bytes)}) in"
+          f" {time.perf_counter() - start:.1f} s")
     print_compression(info.metadata)
     quality = stored_check(info.metadata)
     print_summary(quality)

@@ -169,6 +169,7 @@ def _convert(args: argparse.Namespace) -> int:
     from rlx_mil.coreml.package_info import package_info
     from rlx_mil.ir.graph import Graph
     from rlx_mil.llm.convert_hf import check_output
+    from rlx_mil.units import human_bytes
     from rlx_mil.weights import load_params
 
     graph = Graph.from_json_file(args.graph)
@@ -199,7 +200,8 @@ def _convert(args: argparse.Namespace) -> int:
         measure_output_error(model, convert(graph, params, **options), check_inputs)
     save(model, args.output, overwrite=args.overwrite)
     info = package_info(args.output)
-    print(f"wrote {args.output} ({info.num_ops} ops, {info.package_bytes} bytes) in {time.perf_counter() - start:.2f} s")
+    print(f"wrote {args.output} ({info.num_ops} op{'s' * (info.num_ops != 1)}, {human_bytes(info.package_bytes)}) in"
+          f" {time.perf_counter() - start:.2f} s")
     from rlx_mil.cli.convert_hf import print_compression
     from rlx_mil.cli.quality import print_summary, stored_check, write_report
 
