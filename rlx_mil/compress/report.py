@@ -148,6 +148,28 @@ def worst_weights(report: CompressionReport, count: int = 3) -> list[tuple[str, 
     return [(n, schemes.get(n, "?")) for n, _ in top_contributors(report, count)]
 
 
+def merged_report(reports: list[CompressionReport]) -> CompressionReport:
+    """One report for the functions of a multifunction package: the last function's fields,
+    with every function's compressed weights (a weight several functions share once, with every
+    op name they give it) and kept weights. Functions with disjoint weights (a Whisper stateful
+    decoder's `cross_attention` and `decode`) each keep theirs in the package's report, so the
+    fidelity checks decode all the codes it stores."""
+    import dataclasses
+
+    by_name: dict[str, WeightReport] = {}
+    for report in reports:
+        for w in report.weights:
+            seen = by_name.get(w.name)
+            if seen is None:
+                by_name[w.name] = dataclasses.replace(w, ops=list(w.ops))
+            else:
+                seen.ops += [op for op in w.ops if op not in seen.ops]
+    kept: dict[str, str] = {}
+    for report in reports:
+        kept.update({n: why for n, why in report.kept.items() if n not in by_name})
+    return dataclasses.replace(reports[-1], weights=list(by_name.values()), kept=kept)
+
+
 def report_of(model_or_metadata: Any) -> CompressionReport | None:
     """The compression report of an `MLModel` (or its metadata mapping), None if uncompressed."""
     meta = getattr(model_or_metadata, "user_defined_metadata", model_or_metadata)

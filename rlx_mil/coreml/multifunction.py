@@ -23,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.compress.report import CompressionReport, merged_report
 from rlx_mil.coreml.metadata import (
+    COMPRESSION,
     INPUT_RANGES,
     PER_FUNCTION_KEYS,
     PREFIX,
@@ -58,6 +60,9 @@ def merged_metadata(metas: Mapping[str, Mapping[str, str]], default_function: st
         if own_ranges is not None:
             ranges[name] = own_ranges["main"]
         common = {k: v for k, v in meta.items() if k.startswith(PREFIX) and k not in PER_FUNCTION_KEYS}
+    reports = [CompressionReport.from_json(meta[COMPRESSION]) for meta in metas.values() if COMPRESSION in meta]
+    if len(reports) > 1:  # every function's compressed weights (their own, where they differ)
+        common[COMPRESSION] = merged_report(reports).to_json()
     if contracts and default_function not in contracts:
         # a stateless function may sit beside stateful ones (Whisper's cross-attention prefill,
         # called without a state), but the default function is the one the contract describes

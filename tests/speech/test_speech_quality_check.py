@@ -96,10 +96,20 @@ def test_the_report_holds_the_check_on_the_built_in_clip(broken: dict, checkpoin
 
 
 def test_allow_quality_loss_passes_the_same_folder(checkpoint: Path, tmp_path: Path) -> None:
-    code, stdout, stderr = _convert(checkpoint, tmp_path, "--compress", "lut1", "--allow-quality-loss")
+    stateful = ["--stateful"] if HAS_STATEFUL else []
+    code, stdout, stderr = _convert(checkpoint, tmp_path, "--compress", "lut1", "--allow-quality-loss", *stateful)
     assert code == 0, stdout + stderr
     assert "verify: quality below the thresholds, accepted (--allow-quality-loss)" in stdout
     assert "BELOW THRESHOLD" in stderr  # the warning is still given
+    if stateful:
+        # fidelity of the stateful package decodes the codes of both its functions (the
+        # cross-attention's weights too: the multifunction report holds them)
+        assert re.search(r"TextDecoderStateful: .*\(fidelity: .*max \|logit error\| [0-9.e-]+ of the largest logit,"
+                         r" argmax agrees: ok", stdout), stdout
+        # its quality is judged too, and as broken
+        [line] = [s for s in stdout.splitlines() if s.startswith("verify: quality") and "stateful text decoder" in s]
+        assert "BELOW THRESHOLD" in line and "mean KL" in line
+        assert stdout.count("accepted (--allow-quality-loss)") == 2
 
 
 @pytest.fixture(scope="module")
