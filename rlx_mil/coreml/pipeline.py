@@ -7,7 +7,8 @@ gelu approximations, padding chains, image preprocessing, quantize/dequantize sa
 transpose chains) and that rlx_mil's rules never produce — a rule emits the fused or final form
 itself. `rlx_passes` keeps, in the default order, only the passes that can change a program
 rlx_mil emits (`RLX_PASS_NAMES`), and the costly `reduce_transposes` only for programs with a
-transpose it could move. `tests/lower/test_pipeline.py` checks on every catalogue graph, on
+transpose it could move (programs with quantized ops take the default pipeline, less that pass
+where it could move nothing). `tests/lower/test_pipeline.py` checks on every catalogue graph, on
 several targets, both precisions and both attention forms that this yields the same program as
 the default pipeline (`program_structure`: the same ops computing the same values from the same
 inputs, whatever their names or order).
@@ -135,7 +136,12 @@ def rlx_pass_pipeline(precision: Precision, program: Any = None) -> Any:
     if program is not None and any(
         op.op_type.startswith(_DEFAULT_PIPELINE_OPS) for f in program.functions.values() for op in f.operations
     ):
-        return default_pass_pipeline(precision)
+        pipeline = default_pass_pipeline(precision)
+        if not needs_reduce_transposes(program):
+            # As in the trimmed list: it cannot change the program, and it would re-infer every
+            # op of it (4 s of a 3-function SmolLM2-135M conversion with compressed weights).
+            pipeline.remove_passes([REDUCE_TRANSPOSES])
+        return pipeline
 
     pipeline = ct.PassPipeline.DEFAULT
     pipeline.passes = rlx_passes(program)

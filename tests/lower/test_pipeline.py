@@ -251,3 +251,24 @@ def test_nonreplaceable_marks_are_still_computed_for_constexpr_weights() -> None
     marked = [op for op in ops if not op.op_type.startswith("constexpr_") and op.outputs
               and any(out.nonreplaceable_vars_upstream for out in op.outputs)]
     assert marked, "no op downstream of the constexpr weight carries its non-replaceable mark"
+
+
+@pytest.mark.parametrize("compress", ["int8", "lut4"])
+def test_compressed_decoder_skips_reduce_transposes_and_gives_the_default_program(compress: str, tmp_path: Path) -> None:
+    """A program with compressed weights (constexpr ops) takes Core ML's default pipeline, less
+    reduce_transposes where no transpose feeds an op it moves: the program is the one the
+    whole default pipeline makes."""
+    from rlx_mil.coreml.pipeline import REDUCE_TRANSPOSES, rlx_pass_pipeline
+    from rlx_mil.models import from_pretrained
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+    graph, params = from_pretrained(write_random_checkpoint(tmp_path / "llama", TINY_CONFIGS["llama"], seed=1), seq_len=8)
+    lowered = rlx_mil.lower(graph, params, target="iOS18", compress=compress)
+    assert any(op.op_type.startswith("constexpr_") for op in lowered.functions["main"].operations)
+    assert not needs_reduce_transposes(lowered)
+    assert REDUCE_TRANSPOSES not in rlx_pass_pipeline(Precision.FP16, lowered).passes
+    assert REDUCE_TRANSPOSES in default_pass_pipeline(Precision.FP16).passes
+    ours = rlx_mil.convert(graph, params, target="iOS18", precision="fp16", compress=compress)
+    default = rlx_mil.convert(graph, params, target="iOS18", precision="fp16", compress=compress,
+                              pass_pipeline=default_pass_pipeline(Precision.FP16))
+    assert program_structure(ours._mil_program) == program_structure(default._mil_program)  # type: ignore[attr-defined]
