@@ -74,3 +74,5 @@ class LightFunction:
 class LightProgram:
     functions: dict[str, LightFunction]
     default_function_name: str
+    #: Every function the package holds, read or not (`read_program(..., default_only=True)`).
+    all_functions: tuple[str, ...] = ()

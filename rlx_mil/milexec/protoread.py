@@ -50,8 +50,9 @@ def read_program(path: str | os.PathLike[str], functions: Sequence[str] | None =
 
 
 def read_model(model: Any, where: Any, functions: Sequence[str] | None = None, *,
-               packed_4bit: bool = False) -> LightProgram | None:
-    """`read_program` for a coremltools MLModel opened from its package (`where` names it)."""
+               packed_4bit: bool = False, default_only: bool = False) -> LightProgram | None:
+    """`read_program` for a coremltools MLModel opened from its package (`where` names it);
+    `default_only`: only the default function (its `all_functions` lists every name)."""
     from rlx_mil.errors import MilExecError
 
     spec = model.get_spec()
@@ -59,7 +60,7 @@ def read_model(model: Any, where: Any, functions: Sequence[str] | None = None, *
         raise MilExecError(f"{where} is not an ML Program (model type {spec.WhichOneof('Type')!r})")
     try:
         with _mapped_weights(packed_4bit):
-            return _Reader(spec, model.weights_dir).program(functions)
+            return _Reader(spec, model.weights_dir).program(functions, default_only)
     except Unsupported:
         return None
     except Exception:  # anything unexpected: coremltools' loader decides (and names the fault)
@@ -83,16 +84,17 @@ class _Reader:
         self.names: dict[str, int] = collections.defaultdict(int)
         self.classes: dict[str, Any] = {}
 
-    def program(self, wanted: Sequence[str] | None) -> LightProgram:
+    def program(self, wanted: Sequence[str] | None, default_only: bool = False) -> LightProgram:
         program = self.spec.mlProgram
         if program.docString or program.version != 1 or any(a != "buildInfo" for a in program.attributes):
             raise Unsupported("program attributes")
-        names = list(program.functions)
-        if wanted is not None:
-            names = [n for n in names if n in set(wanted)]
+        every = list(program.functions)
         default = self.spec.description.defaultFunctionName or "main"
+        names = [n for n in every if n in set(wanted)] if wanted is not None else every
+        if default_only:
+            names = [n for n in names if n == default]
         functions = {name: self.function(name, program.functions[name]) for name in names}
-        return LightProgram(functions=functions, default_function_name=default)
+        return LightProgram(functions=functions, default_function_name=default, all_functions=tuple(every))
 
     # -- functions and ops ------------------------------------------------------------------
     def function(self, name: str, spec: Any) -> LightFunction:

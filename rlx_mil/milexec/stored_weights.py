@@ -31,8 +31,8 @@ import numpy as np
 
 from rlx_mil.errors import MilExecError
 from rlx_mil.milexec.executor import PRECISION_MODELS, PrecisionModel, _Interpreter
-from rlx_mil.milexec.loader import FourBitCodes, load_program
-from rlx_mil.milexec.protoread import read_program
+from rlx_mil.milexec.loader import FourBitCodes, _open_model, load_program
+from rlx_mil.milexec.protoread import read_model, read_program
 
 
 class WeightPlace(Protocol):
@@ -95,26 +95,37 @@ class StoredWeights(Mapping[str, np.ndarray]):
         paths = [packages] if isinstance(packages, (str, os.PathLike)) or hasattr(packages, "functions") \
             else list(packages)
         self._functions: list[_Function] = []
+        # One package: its default function is read first, the others only for a weight it lacks
+        # (a multifunction LLM's functions share every weight: parsing them all cost a third of a
+        # 3-function package's quality check). A chunked set's packages are read whole, in order.
+        rest: Any = None
         for path in paths:
             if hasattr(path, "functions"):  # a program loaded already (a prepared session's): not read again
                 program, where = path, "the program"
+            elif len(paths) == 1:
+                model = _open_model(path)
+                program = read_model(model, path, packed_4bit=True, default_only=True)
+                if program is None:
+                    program = load_program(path, packed_4bit=True)
+                elif set(program.all_functions) - set(program.functions):
+                    rest = (model, path, [n for n in program.all_functions if n not in program.functions])
+                where = Path(path).name
             else:
                 program = read_program(path, packed_4bit=True) or load_program(path, packed_4bit=True)
                 where = Path(path).name
-            default = getattr(program, "default_function_name", None)
-            names = sorted(program.functions, key=lambda n: n != default)  # the default function first
-            for name in names:
-                self._functions.append(_Function(f"{where}:{name}", program.functions[name]))
+            self._add(program, where)
         self._places: dict[str, tuple[WeightPlace, _Function, list[Any]]] = {}
-        missing = []
-        for weight in weights:
-            if weight.name in self._places:
-                continue
-            found = self._locate(weight)
-            if found is None:
-                missing.append(weight.name)
+        wanted = list(weights)
+        missing = self._locate_all(wanted)
+        if missing and rest is not None:
+            model, path, names = rest
+            others = read_model(model, path, names, packed_4bit=True)
+            if others is None:  # what the light reader leaves to coremltools: the whole program again
+                self._functions, self._places = [], {}
+                self._add(load_program(path, packed_4bit=True), Path(path).name)
             else:
-                self._places[weight.name] = (weight, *found)
+                self._add(others, Path(path).name)
+            missing = self._locate_all(wanted)
         if missing:
             shown = ", ".join(repr(n) for n in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             raise MilExecError(
@@ -122,6 +133,25 @@ class StoredWeights(Mapping[str, np.ndarray]):
                 f"{'s' if len(missing) > 1 else ''} {shown} its compression report lists (a damaged or"
                 " rewritten program?)"
             )
+
+    def _add(self, program: Any, where: str) -> None:
+        default = getattr(program, "default_function_name", None)
+        names = sorted(program.functions, key=lambda n: n != default)  # the default function first
+        for name in names:
+            self._functions.append(_Function(f"{where}:{name}", program.functions[name]))
+
+    def _locate_all(self, weights: list[WeightPlace]) -> list[str]:
+        """Locate every weight not located yet; the names of those no function holds."""
+        missing = []
+        for weight in weights:
+            if weight.name in self._places or weight.name in missing:
+                continue
+            found = self._locate(weight)
+            if found is None:
+                missing.append(weight.name)
+            else:
+                self._places[weight.name] = (weight, *found)
+        return missing
 
     # -- locating ---------------------------------------------------------------------------
     def _locate(self, weight: WeightPlace) -> tuple[_Function, list[Any]] | None:

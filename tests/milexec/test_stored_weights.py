@@ -167,3 +167,43 @@ def test_a_weight_the_program_lacks_is_named(tmp_path: Path) -> None:
         w.ops = []
     np.testing.assert_array_equal(StoredWeights(path, by_identifier)[by_identifier[0].name],
                                   dequantized_params(params, report)[by_identifier[0].name])
+
+
+def test_a_multifunction_package_reads_its_other_functions_only_for_a_weight_the_default_lacks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Functions sharing every weight: only the default function is parsed. A weight only
+    another function reads is still found (that function parsed then), decoded exactly."""
+    from rlx_mil.milexec import protoread
+
+    def one_matmul(weight: str) -> Graph:
+        g = Graph(f"mm_{weight}")
+        x = g.input("x", [2, 64], "f32")
+        g.set_outputs([g.matmul(x, g.param(weight, [64, 64]), name=f"out_{weight}")])
+        return g
+
+    rng = np.random.default_rng(0)
+    params = {name: rng.standard_normal((64, 64)).astype(np.float32) for name in ("w", "v")}
+    parsed: list[str] = []
+    original = protoread._Reader.function
+
+    def counted(self: Any, name: str, spec: Any) -> Any:
+        parsed.append(name)
+        return original(self, name, spec)
+
+    monkeypatch.setattr(protoread._Reader, "function", counted)
+    def spec(weight: str) -> Any:
+        return (one_matmul(weight), {"params": {weight: params[weight]}})
+
+    # (the report of functions reading different weights lists the last function's: "v" here)
+    for functions, wanted, names in (({"first": spec("w"), "second": spec("w")}, ["first"], {"w"}),
+                                     ({"first": spec("w"), "second": spec("v")}, ["first", "second"], {"v"})):
+        model = rlx_mil.convert_functions(functions, default_function="first", compress="int8", precision="fp32")
+        path = rlx_mil.save(model, tmp_path / "mf.mlpackage", overwrite=True)
+        report = report_of(model)
+        assert report is not None and {w.name for w in report.weights} == names
+        parsed.clear()
+        stored = StoredWeights(path, report.weights)
+        assert parsed == wanted
+        want = dequantized_params(params, report)
+        for w in report.weights:
+            np.testing.assert_array_equal(stored[w.name], np.asarray(want[w.name], np.float32))
