@@ -218,16 +218,16 @@ def test_skipped_nonreplaceable_marks_give_the_same_program(
 def test_nonreplaceable_marks_are_recomputed_only_once_a_var_is_marked(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a constexpr op no var gets a mark, and no block exit recomputes them; a
     compressed weight (a constexpr op) turns the recomputation on."""
-    from coremltools.converters.mil.mil.block import Block
+    from rlx_mil.coreml import pipeline
 
     recomputed: list[object] = []
-    real = Block._propagate_nonreplaceable_vars
+    real = pipeline.recompute_marks
 
-    def counting(self: object) -> None:
-        recomputed.append(self)
-        real(self)
+    def counting(block: object) -> None:
+        recomputed.append(block)
+        real(block)
 
-    monkeypatch.setattr(Block, "_propagate_nonreplaceable_vars", counting)
+    monkeypatch.setattr(pipeline, "recompute_marks", counting)
     g = Graph("marks")
     x = g.input("x", [2, 64])
     g.set_outputs([g.relu(g.matmul(x, g.param("w", [64, 64])), name="y")])
@@ -272,3 +272,31 @@ def test_compressed_decoder_skips_reduce_transposes_and_gives_the_default_progra
     default = rlx_mil.convert(graph, params, target="iOS18", precision="fp16", compress=compress,
                               pass_pipeline=default_pass_pipeline(Precision.FP16))
     assert program_structure(ours._mil_program) == program_structure(default._mil_program)  # type: ignore[attr-defined]
+
+
+def test_recomputed_marks_are_core_mls_own(tmp_path: Path) -> None:
+    """`recompute_marks` gives every var of a compressed decoder's program the set Core ML's
+    own `_propagate_nonreplaceable_vars` gives it (constexpr outputs mark themselves; shapes
+    nothing; the rest their inputs' union)."""
+    from coremltools.converters.mil.mil.block import Block
+
+    from rlx_mil.coreml.pipeline import recompute_marks
+    from rlx_mil.models import from_pretrained
+    from rlx_mil.models.random_checkpoint import TINY_CONFIGS, write_random_checkpoint
+
+    graph, params = from_pretrained(write_random_checkpoint(tmp_path / "llama", TINY_CONFIGS["llama"], seed=1), seq_len=8)
+    block = rlx_mil.convert(graph, params, target="iOS18", precision="fp16", compress="int8")._mil_program.functions["main"]
+    outputs = [out for op in block.operations for out in op.outputs or []]
+    original = Block.__dict__["_propagate_nonreplaceable_vars"]  # Core ML's (outside a conversion)
+    assert not getattr(original, "rlx_mil_skips", False)
+    for out in outputs:  # stale marks: both must recompute every one
+        out._nonreplaceable_vars_upstream = {out}
+    recompute_marks(block)
+    ours = [set(out.nonreplaceable_vars_upstream) for out in outputs]
+    for out in outputs:
+        out._nonreplaceable_vars_upstream = {out}
+    original(block)
+    theirs = [set(out.nonreplaceable_vars_upstream) for out in outputs]
+    assert ours == theirs
+    assert sum(1 for marks in ours if marks) > len(outputs) // 4  # marks reach most of the program
+    assert any(len(marks) > 1 for marks in ours)
