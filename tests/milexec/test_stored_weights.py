@@ -194,9 +194,8 @@ def test_a_multifunction_package_reads_its_other_functions_only_for_a_weight_the
     def spec(weight: str) -> Any:
         return (one_matmul(weight), {"params": {weight: params[weight]}})
 
-    # (the report of functions reading different weights lists the last function's: "v" here)
     for functions, wanted, names in (({"first": spec("w"), "second": spec("w")}, ["first"], {"w"}),
-                                     ({"first": spec("w"), "second": spec("v")}, ["first", "second"], {"v"})):
+                                     ({"first": spec("w"), "second": spec("v")}, ["first", "second"], {"w", "v"})):
         model = rlx_mil.convert_functions(functions, default_function="first", compress="int8", precision="fp32")
         path = rlx_mil.save(model, tmp_path / "mf.mlpackage", overwrite=True)
         report = report_of(model)
