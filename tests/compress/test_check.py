@@ -144,7 +144,7 @@ def test_a_model_too_large_to_measure_whole_is_measured_on_a_sample(monkeypatch:
         monkeypatch.setattr(plan, "MEASURE_LIMIT", 7 * elements * config.seq)  # below MIN_SAMPLE: role factors
         small = report_of(rlx_mil.convert(graph, params, precision="fp16", compress="auto4"))
     assert report is not None
-    assert "measured output sensitivities (10 of 30 weights measured, the rest by kind, scaled per layer" in report.plan
+    assert "measured output sensitivities (10 of 30 weights measured, the rest by kind)" in report.plan
     assert small is not None and "measured" not in small.plan
 
 
