@@ -130,6 +130,7 @@ def output_sensitivity(
     from rlx_mil.compress.quality import kl_per_position
     from rlx_mil.compress.quality_check import _is_logits, next_token_targets
     from rlx_mil.ir.naming import output_names, state_outputs
+    from rlx_mil.ir.ops import Input, Param
     from rlx_mil.reference import evaluate, evaluate_all, evaluate_changed
 
     if compressor.config.calibration is None and not compressor._checks():
@@ -148,6 +149,8 @@ def output_sensitivity(
     # replaced weights reach (a layer and the ones after it), about half the model on average.
     # (A graph whose ops carry state runs whole: its final states are outputs too.)
     base = None if state_outputs(graph) else evaluate_all(graph, inputs, params)
+    if base is not None:  # not the weights (a float32 copy of a half-precision checkpoint's)
+        base = {i: v for i, v in base.items() if not isinstance(graph.node(i).op, (Input, Param))}
     want = ({k: np.asarray(v, np.float64) for k, v in evaluate(graph, inputs, params).items()} if base is None else
             {k: np.asarray(base[i], np.float64) for k, i in zip(output_names(graph), graph.outputs, strict=True)})
     logits = {k: found[0] for k, w in want.items() if _is_logits(k, w) and (found := next_token_targets(inputs, w.shape))}

@@ -394,7 +394,8 @@ def evaluate_changed(
     """`evaluate`'s outputs when only the Params named in `changed` differ from the run that
     gave `base` (`evaluate_all` of the same graph and inputs): a node that depends on none of
     them keeps its value in `base`, so changing one layer's weights recomputes that layer and
-    the ones after it. A graph whose ops carry state runs whole (`evaluate`)."""
+    the ones after it. `base` needs no Input or Param values (each run binds its own feeds).
+    A graph whose ops carry state runs whole (`evaluate`)."""
     _check_arguments(graph, inputs, params)
     if state_outputs(graph):
         return evaluate(graph, inputs, params)
@@ -406,10 +407,11 @@ def evaluate_changed(
     for node in graph:
         if node.id not in needed:
             continue
-        if isinstance(node.op, Param) and node.op.name in names:
+        if isinstance(node.op, (Input, Param)):  # this run's feeds: `base` need not hold the weights
             values[node.id] = feeds[node.id]
-            dirty.add(node.id)
-        elif isinstance(node.op, (Input, Param)) or not any(i in dirty for i in node.inputs):
+            if isinstance(node.op, Param) and node.op.name in names:
+                dirty.add(node.id)
+        elif not any(i in dirty for i in node.inputs):
             values[node.id] = base[node.id]
         else:
             values[node.id] = _run_node(node, [values[i] for i in node.inputs], bindings)
