@@ -31,7 +31,7 @@ import numpy as np
 
 from rlx_mil.errors import MilExecError
 from rlx_mil.milexec.executor import PRECISION_MODELS, PrecisionModel, _Interpreter
-from rlx_mil.milexec.loader import FourBitCodes, _open_model, load_program
+from rlx_mil.milexec.loader import FourBitCodes, _open_model, load_program, release
 from rlx_mil.milexec.protoread import read_model, read_program
 
 
@@ -99,9 +99,13 @@ class StoredWeights(Mapping[str, np.ndarray]):
         # (a multifunction LLM's functions share every weight: parsing them all cost a third of a
         # 3-function package's quality check). A chunked set's packages are read whole, in order.
         rest: Any = None
+        #: Whether the mapped codes' pages are dropped after each decode: only in a program read
+        #: here (a session's own program keeps what its memory mode chose).
+        self._release = True
         for path in paths:
             if hasattr(path, "functions"):  # a program loaded already (a prepared session's): not read again
                 program, where = path, "the program"
+                self._release = False
             elif len(paths) == 1:
                 model = _open_model(path)
                 program = read_model(model, path, packed_4bit=True, default_only=True)
@@ -220,6 +224,11 @@ class StoredWeights(Mapping[str, np.ndarray]):
             value = scratch.env[id(root.outputs[0])]
         finally:
             scratch.env.clear()
+        if self._release:  # the codes' pages go back (the file keeps them): no second copy of the weights stays
+            for op in cone.values():
+                for var in _input_vars(op):
+                    if var.op is not None and var.op.op_type == "const" and isinstance(var.val, np.ndarray):
+                        release(var.val)
         return np.asarray(value, np.float32)
 
 

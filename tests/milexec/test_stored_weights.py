@@ -206,3 +206,24 @@ def test_a_multifunction_package_reads_its_other_functions_only_for_a_weight_the
         want = dequantized_params(params, report)
         for w in report.weights:
             np.testing.assert_array_equal(stored[w.name], np.asarray(want[w.name], np.float32))
+
+
+def test_decoding_gives_back_the_codes_pages_of_a_package_it_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weight's mapped codes are released once decoded (the quality check decodes every
+    weight of a model: their pages would otherwise stay resident); a program given already (a
+    session's) keeps its pages. The values are the same either way."""
+    from rlx_mil.milexec import stored_weights
+    from rlx_mil.milexec.loader import load_program, mapped_file
+
+    graph = tiny_lm(TinyLM(layers=1))
+    params = tiny_lm_params(graph, TinyLM(layers=1))
+    path, report = _saved(tmp_path, graph, params, compress="int8", precision="fp32")
+    released: list[np.ndarray] = []
+    monkeypatch.setattr(stored_weights, "release", released.append)
+    name = report.weights[0].name
+    value = StoredWeights(path, report.weights)[name]
+    assert released and all(mapped_file(v) is not None for v in released)
+    assert any(v.dtype == np.int8 and v.size == value.size for v in released)  # the weight's codes
+    released.clear()
+    np.testing.assert_array_equal(StoredWeights(load_program(path, packed_4bit=True), report.weights)[name], value)
+    assert released == []
