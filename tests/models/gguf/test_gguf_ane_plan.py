@@ -130,6 +130,7 @@ def test_deploy_ane_plans_with_auto4_and_judges_against_the_files_decode(
     body = json.loads(report_path.read_text())
     schemes = {w["scheme"] for w in body["compression"]["weights"]}
     assert schemes and schemes <= set(ANE_LABELS), schemes
+    assert "predicted mean KL" in body["compression"]["plan"]  # calibrated on the file's tokenized text
     assert body["quality"]["compared_with"] == "the float model the GGUF codes decode to"
     # The user's text: the plan calibrates on it and the check measures on it, tokenized by the file.
     text = tmp_path / "text.txt"
