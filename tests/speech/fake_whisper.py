@@ -80,6 +80,24 @@ def write_speech_folder(folder: Path, multilingual: bool = True, generation: dic
     return folder
 
 
+def write_text_checkpoint(folder: Path, config: dict[str, Any], seed: int = 7, says_text: bool = True) -> Path:
+    """A random Whisper checkpoint in `folder` with the tiny tokenizer and generation config
+    beside its weights; `says_text` zeroes the timestamp tokens' embeddings so the random model
+    decodes text, not timestamps."""
+    from safetensors.numpy import load_file, save_file
+
+    from rlx_mil.models.random_checkpoint import write_random_checkpoint
+
+    checkpoint = write_random_checkpoint(folder, config, seed=seed)
+    if says_text:
+        weights = load_file(checkpoint / "model.safetensors")
+        weights["model.decoder.embed_tokens.weight"][TS:] = 0.0
+        save_file(weights, checkpoint / "model.safetensors")
+    whisper_tokenizer().save(str(checkpoint / "tokenizer.json"))
+    (checkpoint / "generation_config.json").write_text(json.dumps(generation_config()))
+    return checkpoint
+
+
 def row(*favoured: tuple[int, float], base: float = 0.0) -> np.ndarray:
     """A logits row: `base` everywhere, the given (token, logit) pairs on top."""
     out = np.full(VOCAB, base, np.float32)

@@ -6,7 +6,6 @@ plan takes seconds; what is checked is that one budget is spent over both packag
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,6 @@ from rlx_mil.compress.emit import compressed_bytes
 from rlx_mil.compress.plan import encode
 from rlx_mil.errors import CompressionWarning
 from rlx_mil.lowering.target import Precision, Target
-from rlx_mil.models.random_checkpoint import write_random_checkpoint
 from rlx_mil.models.whisper import build_cross_kv, build_stateful_decoder
 from rlx_mil.models.whisper_checkpoint import ParamsOf, open_whisper
 from rlx_mil.speech import calibration, folder_plan
@@ -26,7 +24,7 @@ from rlx_mil.speech.calibration import builtin_speech, speech_calibration
 from rlx_mil.speech.folder_plan import plan_folder
 from rlx_mil.speech.model import SAMPLE_RATE
 from rlx_mil.speech.packages import graphs
-from tests.speech.fake_whisper import write_speech_folder
+from tests.speech.fake_whisper import write_text_checkpoint
 from tests.speech.test_transcribe_packages import CACHE, CONFIG, speech_wav
 
 pytestmark = pytest.mark.xdist_group("whisper-packages")
@@ -37,10 +35,7 @@ BUDGET = 0.3
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("tiny_whisper_plan")
-    checkpoint = write_random_checkpoint(root / "whisper-tiny", CONFIG, seed=7)
-    write_speech_folder(root / "text")
-    for name in ("tokenizer.json", "generation_config.json"):
-        shutil.copy(root / "text" / name, checkpoint / name)
+    checkpoint = write_text_checkpoint(root / "whisper-tiny", CONFIG, says_text=False)
     wav = speech_wav(root / "speech.wav", 2.0)
     built = graphs(open_whisper(checkpoint), CACHE, True)
     with pytest.MonkeyPatch.context() as patch:

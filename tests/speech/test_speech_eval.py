@@ -8,24 +8,21 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
 
 from rlx_mil.cli.main import main
 from rlx_mil.compress.quality import cosine, decoder_quality, psnr
 from rlx_mil.compress.quality_check import check_from_dict
-from rlx_mil.models.random_checkpoint import write_random_checkpoint
 from rlx_mil.speech.audio import read_audio, window
 from rlx_mil.speech.decoding import DecodingOptions, decode_window
 from rlx_mil.speech.evaluate import ReferenceWhisper, SpeechEvalFile, SpeechEvalResult, speech_folder_in
 from rlx_mil.speech.packages import convert_whisper
 from rlx_mil.speech.runner import PackagedWhisper
 from rlx_mil.speech.tokens import load_tokens
-from tests.speech.fake_whisper import TS, write_speech_folder
+from tests.speech.fake_whisper import write_text_checkpoint
 from tests.speech.test_transcribe_packages import CACHE, CONFIG, NumpyWhisper, speech_wav
 
 pytestmark = pytest.mark.xdist_group("whisper-packages")
@@ -36,13 +33,7 @@ MAX_TOKENS = 6
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny_whisper_eval")
-    checkpoint = write_random_checkpoint(root / "whisper-tiny", CONFIG, seed=7)
-    weights = load_file(checkpoint / "model.safetensors")
-    weights["model.decoder.embed_tokens.weight"][TS:] = 0.0  # the random model says text, not timestamps
-    save_file(weights, checkpoint / "model.safetensors")
-    write_speech_folder(root / "text")
-    for name in ("tokenizer.json", "generation_config.json"):
-        shutil.copy(root / "text" / name, checkpoint / name)
+    checkpoint = write_text_checkpoint(root / "whisper-tiny", CONFIG)
     # 2-bit tables: a package that visibly loses quality (the check must see it); a rule that
     # names encoder weights only (the decoder's package holds none of them)
     out = root / "out"

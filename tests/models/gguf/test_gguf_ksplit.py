@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlx_mil
-from models.gguf.test_gguf_quant import SEQ, _config, _cycling, _ids, _write
+from models.gguf.test_gguf_quant import _config, _converted, _cycling, _ids
 from rlx_mil import milexec, reference
 from rlx_mil.compress import dequantized_params, report_of
 from rlx_mil.compress.code_store import CodeWriter
@@ -99,13 +99,7 @@ def test_fp16_tables_round_once(kind: str, seed: int) -> None:
 def ksplit_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], Any, Any, dict[str, Any]]:
     """A 1-layer Llama whose matrices cycle through Q2_K, Q3_K and Q6_K, its graph and params,
     and its packages (fp32, fp16), converted once."""
-    cfg = _config("llama", rope_parameters=None, num_hidden_layers=1)
-    root = tmp_path_factory.mktemp("ksplit")
-    path, _ = _write(root, cfg, _cycling(list(KINDS)))
-    graph, params = from_gguf(path, seq_len=SEQ)
-    models = {p: rlx_mil.convert(graph, params, precision=p) for p in ("fp32", "fp16")}
-    saved = {p: (m, Path(rlx_mil.save(m, root / f"{p}.mlpackage"))) for p, m in models.items()}
-    return path, cfg, graph, params, saved
+    return _converted(tmp_path_factory.mktemp("ksplit"), _cycling(list(KINDS)))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

@@ -15,13 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlx_mil
-from models.gguf.test_gguf_quant import SEQ, _config, _ids, _write
+from models.gguf.test_gguf_quant import _converted, _cycling, _ids
 from rlx_mil import milexec, reference
 from rlx_mil.compress import dequantized_params, report_of
 from rlx_mil.compress.code_store import CodeWriter
 from rlx_mil.lowering.target import Target
 from rlx_mil.milexec.prepared import prepare
-from rlx_mil.models import from_gguf
 from rlx_mil.models.gguf.codes import FORMATS, encode, split_form
 from rlx_mil.models.gguf.reader import GGUFFile
 
@@ -69,18 +68,7 @@ def test_codes_decode_to_gguf_bit_for_bit(kind: str, rows: int, blocks: int, see
 def q5_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], Any, Any, dict[str, Any]]:
     """A 1-layer Llama whose matrices cycle through Q5_0, Q5_1 and Q5_K, its graph and params,
     and its packages (fp32, fp16), converted once."""
-    cfg = _config("llama", rope_parameters=None, num_hidden_layers=1)
-    order: dict[str, str] = {}
-
-    def pick(name: str, shape: tuple[int, ...]) -> str:
-        return order.setdefault(name, Q5[len(order) % len(Q5)])
-
-    root = tmp_path_factory.mktemp("q5")
-    path, _ = _write(root, cfg, pick)
-    graph, params = from_gguf(path, seq_len=SEQ)
-    models = {p: rlx_mil.convert(graph, params, precision=p) for p in ("fp32", "fp16")}
-    saved = {p: (m, Path(rlx_mil.save(m, root / f"{p}.mlpackage"))) for p, m in models.items()}
-    return path, cfg, graph, params, saved
+    return _converted(tmp_path_factory.mktemp("q5"), _cycling(list(Q5)))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

@@ -56,6 +56,20 @@ def _write(tmp: Path, cfg: dict[str, Any], types: Any, seed: int = 0) -> tuple[P
     return tmp / "m.gguf", held
 
 
+def _converted(root: Path, types: Any) -> tuple[Path, dict[str, Any], Any, Any, dict[str, Any]]:
+    """A 1-layer Llama GGUF in `root` whose tensors take `types`, its graph and params, and its
+    packages (fp32, fp16), converted and saved once: precision -> (model, saved path)."""
+    import rlx_mil
+    from rlx_mil.models import from_gguf
+
+    cfg = _config("llama", rope_parameters=None, num_hidden_layers=1)
+    path, _ = _write(root, cfg, types)
+    graph, params = from_gguf(path, seq_len=SEQ)
+    models = {p: rlx_mil.convert(graph, params, precision=p) for p in ("fp32", "fp16")}
+    saved = {p: (m, Path(rlx_mil.save(m, root / f"{p}.mlpackage"))) for p, m in models.items()}
+    return path, cfg, graph, params, saved
+
+
 def _ids(vocab: int) -> np.ndarray:
     return np.random.default_rng(5).integers(0, vocab, (1, SEQ)).astype(np.int32)
 
