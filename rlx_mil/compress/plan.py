@@ -567,3 +567,16 @@ class DequantizedParams(Mapping[str, np.ndarray]):
 
     def __len__(self) -> int:
         return len(self._params)
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """A param's shape without reading or decoding it (so the reference evaluator reads each
+        weight at its use and lets it go: a check never holds every dequantized weight)."""
+        meta = getattr(self._params, "shape_of", None)
+        return tuple(int(d) for d in meta(name)) if callable(meta) else tuple(np.shape(self._params[name]))
+
+    def dtype_of(self, name: str) -> np.dtype[Any]:
+        """float32 for a compressed weight (what its codes decode to), else `params`' dtype."""
+        if name in self._entries:
+            return np.dtype(np.float32)
+        meta = getattr(self._params, "dtype_of", None)
+        return np.dtype(meta(name)) if callable(meta) else np.asarray(self._params[name]).dtype
