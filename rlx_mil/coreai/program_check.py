@@ -118,14 +118,20 @@ def check_program(asset: Path, digest: str, entries: Mapping[str, Any]) -> None:
     program = asset / "main.mlirb"
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-    # The child's own scratch folder: the runtime's temporary files stay behind when it dies.
-    with tempfile.TemporaryDirectory(prefix="rlx_mil_coreai_check_") as scratch:
-        try:
-            done = subprocess.run([sys.executable, "-m", "rlx_mil.coreai.program_check", str(asset)],
-                                  env={**env, "TMPDIR": scratch}, input=json.dumps(expected), capture_output=True,
-                                  text=True, timeout=CHECK_SECONDS)
-        except subprocess.TimeoutExpired:
-            raise RlxMilError(f"{program}: Apple's Core AI runtime did not load it within {CHECK_SECONDS} s") from None
+    # A malformed program kills the child every time; an intact one was seen killed once by
+    # SIGABRT in a busy test run (other processes loading programs at the same moment). So a
+    # child killed by a signal is tried once more before the program is called malformed.
+    for _attempt in range(2):
+        # The child's own scratch folder: the runtime's temporary files stay behind when it dies.
+        with tempfile.TemporaryDirectory(prefix="rlx_mil_coreai_check_") as scratch:
+            try:
+                done = subprocess.run([sys.executable, "-m", "rlx_mil.coreai.program_check", str(asset)],
+                                      env={**env, "TMPDIR": scratch}, input=json.dumps(expected),
+                                      capture_output=True, text=True, timeout=CHECK_SECONDS)
+            except subprocess.TimeoutExpired:
+                raise RlxMilError(f"{program}: Apple's Core AI runtime did not load it within {CHECK_SECONDS} s") from None
+        if done.returncode >= 0:
+            break
     if done.returncode == 0 and done.stdout.strip().endswith("ok"):
         _remember(key)
         return

@@ -148,7 +148,7 @@ def test_an_asset_written_here_is_trusted_until_it_changes(tmp_path: Path, monke
     bad = _rewritten(written, tmp_path, program_bytes.replace(b"primitive.batch_matmul_v1", b"primitive.batch_matmux_v1"))
     np.savez(tmp_path / "in.npz", x=np.ones((2, 4), np.float32))
     line = _one_error(capsys, ["run", str(bad), "--inputs", str(tmp_path / "in.npz")])
-    assert "Apple's Core AI runtime cannot read this program" in line and len(calls) == 1
+    assert "Apple's Core AI runtime cannot read this program" in line and len(calls) == 2  # killed twice
     # the same program with edited entry points: checked too
     shutil.rmtree(bad)
     bad = _rewritten(written, tmp_path, program_bytes)
@@ -158,7 +158,7 @@ def test_an_asset_written_here_is_trusted_until_it_changes(tmp_path: Path, monke
     entries["entries"][function]["inputs"] = {"other": spec}
     (bad / "rlx_mil_entries.json").write_text(json.dumps(entries))
     line = _one_error(capsys, ["run", str(bad), "--inputs", str(tmp_path / "in.npz")])
-    assert "the asset's entry points say ['other']" in line and len(calls) == 2
+    assert "the asset's entry points say ['other']" in line and len(calls) == 3
 
 
 def test_a_failed_write_trusts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,3 +175,36 @@ def test_a_failed_write_trusts_nothing(tmp_path: Path, monkeypatch: pytest.Monke
         _tiny_asset(tmp_path / "never.aimodel", scale=3.0)
     assert not (tmp_path / "never.aimodel").exists() and program_check._PASSED == set()
     assert not (tmp_path / "checked").exists() or not list((tmp_path / "checked").iterdir())
+
+
+def test_a_child_killed_once_is_tried_again(asset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An intact program whose first child dies by a signal (a transient abort) is loaded again
+    and passes; a program that kills every child is refused after the second."""
+    import subprocess
+
+    from rlx_mil.coreai.asset import AssetProgram
+
+    real = program_check.subprocess.run
+    calls: list[int] = []
+
+    def aborts_first(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            return subprocess.CompletedProcess(args[0], -6, "", "")
+        return real(*args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(program_check, "_PASSED", set())
+    monkeypatch.setenv(program_check.CACHE_ENV, str(tmp_path / "checked"))
+    monkeypatch.setattr(program_check.subprocess, "run", aborts_first)
+    with AssetProgram(asset):
+        pass
+    assert len(calls) == 2
+
+    calls.clear()
+    monkeypatch.setattr(program_check, "_PASSED", set())
+    monkeypatch.setenv(program_check.CACHE_ENV, str(tmp_path / "checked-again"))
+    monkeypatch.setattr(program_check.subprocess, "run",
+                        lambda *a, **k: calls.append(1) or subprocess.CompletedProcess(a[0], -6, "", ""))
+    with pytest.raises(rlx_mil.errors.RlxMilError, match="ended the process by SIGABRT"):
+        AssetProgram(asset).__enter__()
+    assert len(calls) == 2
