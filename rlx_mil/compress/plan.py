@@ -9,7 +9,7 @@ scales, biases) are protected; other float weights of rank >= 2 are ordinary wei
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,7 @@ from rlx_mil.ir.ops import Param
 from rlx_mil.lowering.context import WeightSource
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.progress import ItemCount
+from rlx_mil.reference.overlay import OverlaidParams
 
 #: autoN measures each weight's effect on the outputs (one reference run per weight) while
 #: weights x parameters x input elements stays below this (about a minute of NumPy); a larger
@@ -508,7 +509,7 @@ def encode(storage: np.ndarray, scheme: Scheme, precision: Precision, name: str,
     return quantize(storage, scheme, store_dtype(precision), name, code_writer)
 
 
-class DequantizedParams(Mapping[str, np.ndarray]):
+class DequantizedParams(OverlaidParams):
     """`params` with every compressed weight replaced by its dequantized values (float32, in
     the Param's shape), computed when read: what the compressed model computes with, for the
     reference evaluator."""
@@ -518,7 +519,7 @@ class DequantizedParams(Mapping[str, np.ndarray]):
         codes: Mapping[str, LinearCodes | PaletteCodes | LutScaleCodes] | None = None,
         remember: dict[str, Any] | None = None,
     ) -> None:
-        self._params = params
+        super().__init__(params)
         #: Codes encoded here go into `remember` (and are decoded from it next time): a weight
         #: read twice (the reference reads each param more than once per run, and --verify
         #: builds a new graph per step) is encoded once. Codes are a fraction of the weight.
@@ -559,24 +560,5 @@ class DequantizedParams(Mapping[str, np.ndarray]):
         back = codes.dequantize()
         return back.T.reshape(arr.shape) if entry.layout == "kn" else back
 
-    def __contains__(self, name: object) -> bool:  # without decoding the weight (Mapping's would)
-        return name in self._params
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._params)
-
-    def __len__(self) -> int:
-        return len(self._params)
-
-    def shape_of(self, name: str) -> tuple[int, ...]:
-        """A param's shape without reading or decoding it (so the reference evaluator reads each
-        weight at its use and lets it go: a check never holds every dequantized weight)."""
-        meta = getattr(self._params, "shape_of", None)
-        return tuple(int(d) for d in meta(name)) if callable(meta) else tuple(np.shape(self._params[name]))
-
-    def dtype_of(self, name: str) -> np.dtype[Any]:
-        """float32 for a compressed weight (what its codes decode to), else `params`' dtype."""
-        if name in self._entries:
-            return np.dtype(np.float32)
-        meta = getattr(self._params, "dtype_of", None)
-        return np.dtype(meta(name)) if callable(meta) else np.asarray(self._params[name]).dtype
+    def _overlaid(self, name: str) -> bool:
+        return name in self._entries

@@ -33,6 +33,7 @@ from rlx_mil.errors import MilExecError
 from rlx_mil.milexec.executor import PRECISION_MODELS, PrecisionModel, _Interpreter
 from rlx_mil.milexec.loader import FourBitCodes, _open_model, load_program, release
 from rlx_mil.milexec.protoread import read_model, read_program
+from rlx_mil.reference.overlay import OverlaidParams
 
 
 class WeightPlace(Protocol):
@@ -291,13 +292,13 @@ def _assemble(weight: WeightPlace, values: list[np.ndarray], where: str, ops: li
     return np.ascontiguousarray(whole.reshape(tuple(int(d) for d in weight.shape)), dtype=np.float32)
 
 
-class PackageParams(Mapping[str, Any]):
+class PackageParams(OverlaidParams):
     """`params` with every weight `stored` (a `StoredWeights`) holds replaced by the package's
     decoded value (on access, one at a time): what the package computes with, for the reference evaluator.
     The other weights (kept in float) are `params`' own."""
 
     def __init__(self, params: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
-        self._params = params
+        super().__init__(params)
         self.stored = stored
 
     def __getitem__(self, name: str) -> Any:
@@ -305,25 +306,8 @@ class PackageParams(Mapping[str, Any]):
             return self.stored[name]
         return self._params[name]
 
-    def __contains__(self, name: object) -> bool:  # without decoding the weight (Mapping's would)
-        return name in self._params
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._params)
-
-    def __len__(self) -> int:
-        return len(self._params)
-
-    def shape_of(self, name: str) -> tuple[int, ...]:
-        meta = getattr(self._params, "shape_of", None)
-        return tuple(meta(name)) if callable(meta) else tuple(np.shape(self._params[name]))
-
-    def dtype_of(self, name: str) -> np.dtype[Any]:
-        """float32 for a stored weight (what it decodes to), else `params`' dtype; nothing read."""
-        if name in self.stored:
-            return np.dtype(np.float32)
-        meta = getattr(self._params, "dtype_of", None)
-        return np.dtype(meta(name)) if callable(meta) else np.asarray(self._params[name]).dtype
+    def _overlaid(self, name: str) -> bool:
+        return name in self.stored
 
 
 def package_params(
