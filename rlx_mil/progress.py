@@ -238,6 +238,9 @@ class Progress:
             print(text, file=self.stream, flush=True)
 
 
+_DESCRIBING = frozenset({"shape_of", "dtype_of", "source_type"})
+
+
 class CountingParams(Mapping[str, "np.ndarray"]):
     """A params mapping that reports each tensor read (the conversion reads each once)."""
 
@@ -258,6 +261,13 @@ class CountingParams(Mapping[str, "np.ndarray"]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._params
+
+    def __getattr__(self, attr: str) -> Any:
+        # What a lazy mapping tells without reading a tensor (`shape_of`, `dtype_of`; a GGUF
+        # file's `source_type`), when the wrapped mapping tells it.
+        if attr in _DESCRIBING:
+            return getattr(self._params, attr)
+        raise AttributeError(attr)
 
     def prequantized_weights(self) -> Mapping[str, Any]:
         """The wrapped mapping's already quantized weights (see `rlx_mil.compress.prequantized`)."""

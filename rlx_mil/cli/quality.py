@@ -261,6 +261,7 @@ def verify_quality(args: argparse.Namespace, check: QualityCheck | None,
 def print_compression(metadata: Mapping[str, str]) -> None:
     """The compression summary lines of a package's metadata (nothing when uncompressed)."""
     from rlx_mil.compress import report_of
+    from rlx_mil.compress.report import source_summary
     from rlx_mil.units import human_bytes
 
     report = report_of(dict(metadata))
@@ -270,5 +271,8 @@ def print_compression(metadata: Mapping[str, str]) -> None:
     count = len(report.weights)
     print(f"compressed {count} weight{'s' * (count != 1)} ({report.config}): {human_bytes(report.bytes_before)} ->"
           f" {human_bytes(report.bytes_after)} ({ratio:.3f}x)")
+    sources = source_summary(report.weights)
+    if sources:  # what a GGUF file's tensors were, beside what they became
+        print(f"  from the file's types: {sources}")
     for out, err in (report.output_error or {}).items():
         print(f"  output {out}: max |error| {err['max_abs']:.3g}, relative L2 {err['relative_l2']:.3g} vs uncompressed")

@@ -393,10 +393,16 @@ class WeightCompressor:
             name=name, role=self.roles.get(name, "weight"), scheme=scheme.label, layout=param_layout,
             shape=[int(d) for d in param_shape], bytes_before=int(arr.size) * np.dtype(store_dtype(self.precision)).itemsize,
             bytes_after=after, relative_error=codes.relative_error, max_error=getattr(codes, "max_error", None), note=note,
+            source=self._source_type(name),
         )
         if self.shared is not None:
             self.shared.codes[shared_key] = (codes, entry)
         return self._emit(key, codes, entry, op_name)
+
+    def _source_type(self, name: str) -> str:
+        """The type the source file held `name` in (a GGUF file's params say: `Q4_K`), else ""."""
+        source_type = getattr(self.params, "source_type", None)
+        return (source_type(name) or "") if callable(source_type) else ""
 
     def _emit(self, key: tuple[str, str], codes: LinearCodes | PaletteCodes | LutScaleCodes, entry: WeightReport,
               op_name: Callable[[], str]) -> Any:

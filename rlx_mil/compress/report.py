@@ -30,6 +30,9 @@ class WeightReport:
     #: Why the weight got this scheme when it is not simply the configured one (a block or
     #: group size fitted to its shape, an automatic choice, ...).
     note: str = ""
+    #: What the source file held before this scheme, when it held codes of its own: a GGUF
+    #: tensor's llama.cpp type (`Q4_K`, `Q6_K`, `Q8_0`, `F16`); "" for a float checkpoint.
+    source: str = ""
     #: The MIL ops the lowering named for this weight's decoding op (one per function or chunk
     #: that names it differently): how `rlx_mil.milexec.stored_weights` finds the codes the
     #: package holds (a Neural Engine rewrite may add `_conv` / `_part<i>` to them).
@@ -90,22 +93,30 @@ class CompressionReport:
         if self.weights:
             ratio = self.bytes_after / self.bytes_before if self.bytes_before else 1.0
             lines.append(
-                f"  {len(self.weights)} weights: {human_bytes(self.bytes_before)} -> {human_bytes(self.bytes_after)} ({ratio:.3f}x)"
+                f"  {counted(len(self.weights), 'weight')}: {human_bytes(self.bytes_before)} -> {human_bytes(self.bytes_after)}"
+                f" ({ratio:.3f}x)"
             )
+            sources = source_summary(self.weights)
+            if sources:
+                lines.append(f"  from the file's types: {sources}")
             width = max(len(w.name) for w in self.weights)
             with_max = any(w.max_error is not None for w in self.weights)
-            header = f"  {'weight':<{width}}  {'scheme':<20} {'before':>10} {'after':>10} {'rel.err':>9}"
+            source_width = max((len(w.source) for w in self.weights), default=0)
+            source_width = max(source_width, len("source")) if source_width else 0
+            source_head = f"{'source':<{source_width}} " if source_width else ""
+            header = f"  {'weight':<{width}}  {source_head}{'scheme':<20} {'before':>10} {'after':>10} {'rel.err':>9}"
             lines.append(header + (f" {'max.err':>9}" if with_max else ""))
             for w in self.weights:
-                row = (f"  {w.name:<{width}}  {w.scheme:<20} {human_bytes(w.bytes_before):>10} {human_bytes(w.bytes_after):>10}"
-                       f" {w.relative_error:>9.2e}")
+                source = f"{w.source or '-':<{source_width}} " if source_width else ""
+                row = (f"  {w.name:<{width}}  {source}{w.scheme:<20} {human_bytes(w.bytes_before):>10}"
+                       f" {human_bytes(w.bytes_after):>10} {w.relative_error:>9.2e}")
                 if with_max:
                     row += f" {w.max_error:>9.2e}" if w.max_error is not None else f" {'-':>9}"
                 lines.append(row + (f"  {w.note}" if w.note else ""))
         if self.plan:
             lines.append(f"  {self.plan}")
         if self.kept:
-            lines.append(f"  kept in float: {len(self.kept)} ({', '.join(sorted(set(self.kept.values())))})")
+            lines.append(f"  kept in float: {counted(len(self.kept), 'weight')} ({', '.join(sorted(set(self.kept.values())))})")
         if self.output_error:
             for out, err in self.output_error.items():
                 lines.append(
@@ -129,6 +140,28 @@ class CompressionReport:
             "weights": len(self.weights), "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
             "output_error": self.output_error,
         }
+
+
+def counted(count: int, word: str) -> str:
+    """`count` `word`s in a sentence: "1 weight", "2 weights"."""
+    return f"{count:,} {word}{'s' * (count != 1)}"
+
+
+def source_summary(weights: list[WeightReport]) -> str:
+    """What the source file's types became, by type: "Q4_K (27) -> lut4-scaled 20, int8 7;
+    Q8_0 (10) -> int8 10"; "" when no weight names a source type."""
+    by_source: dict[str, dict[str, int]] = {}
+    for w in weights:
+        if w.source:
+            became = by_source.setdefault(w.source, {})
+            became[w.scheme] = became.get(w.scheme, 0) + 1
+    parts = []
+    for source in sorted(by_source):
+        became = by_source[source]
+        total = sum(became.values())
+        kinds = ", ".join(f"{scheme} {n}" for scheme, n in sorted(became.items(), key=lambda kv: (-kv[1], kv[0])))
+        parts.append(f"{source} ({total}) -> {kinds}")
+    return "; ".join(parts)
 
 
 def top_contributors(report: CompressionReport, count: int = 5) -> list[tuple[str, float]]:

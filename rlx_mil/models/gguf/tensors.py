@@ -202,6 +202,11 @@ class GGUFParams(Mapping[str, np.ndarray]):
             return tuple(self._computed[name].shape)
         return self.gguf_tensor(name).shape
 
+    def source_type(self, name: str) -> str | None:
+        """The llama.cpp type the file holds tensor `name` in (`Q4_K`, `Q8_0`, `F16`); None
+        for a table the builder computes (RoPE)."""
+        return None if name in self._computed or name not in self.names else self.gguf_tensor(name).type_name
+
     def dtype_of(self, name: str) -> np.dtype[Any]:
         if name in self._computed:
             return self._computed[name].dtype

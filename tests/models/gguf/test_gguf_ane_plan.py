@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,11 @@ def test_python_api_plans_the_files_tensors_for_the_neural_engine(mixed_gguf: tu
     assert "predicted mean KL" in report.plan  # measured on the calibration text's next tokens
     assert {w.scheme for w in report.weights} <= set(ANE_LABELS), [w.scheme for w in report.weights]
     assert "model.embed_tokens.weight" in {w.name for w in report.weights}
+    # What each weight was in the file, beside what it became.
+    assert {w.name: w.source for w in report.weights} == {
+        w.name: "Q4_1" if ".mlp." in w.name else "Q8_0" for w in report.weights}
+    counts = {t: sum(w.source == t for w in report.weights) for t in ("Q4_1", "Q8_0")}
+    assert counts["Q4_1"] == 3 and "from the file's types: Q4_1 (3) -> " in report.to_text()
     assert report.bytes_after <= 0.4 * report.bytes_before * 1.01
     saved = tmp_path / "ane.mlpackage"
     rlx_mil.save(model, saved)
@@ -124,6 +130,7 @@ def test_deploy_ane_plans_with_auto4_and_judges_against_the_files_decode(
     assert _convert(path, out, "--verify", "--report", str(report_path)) == 0
     printed = capsys.readouterr().out
     assert "compressed" in printed and "auto4;budget=0.4;fit=on" in printed
+    assert re.search(r"\n  from the file's types: Q4_1 \(3\) -> [^;\n]+; Q8_0 \(\d+\) -> ", printed), printed
     assert "quality vs the float model the GGUF codes decode to: top-1" in printed
     assert "tokens of the built-in held-out English text" in printed
     assert "verify: fidelity" in printed and "verify: quality" in printed and "FAILED" not in printed
