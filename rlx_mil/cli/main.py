@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--compress-calibration", type=Path, metavar="FILE",
                        help="calibration inputs (.npz of the graph's inputs; for convert-hf / -gguf also a .txt tokenized by"
                        " the checkpoint's / file's tokenizer; for a Whisper folder an audio file): what autoN and the quality"
-                       " check measure on (default: built-in English text; Whisper: a built-in signal / speech clip)")
+                       " check measure on (default: built-in English text; Whisper: built-in speech clips, one to plan, one to check)")
         from rlx_mil.cli.quality import add_quality_flags
 
         add_quality_flags(p)

@@ -1,20 +1,26 @@
 """What a speech folder's `autoN` plan measures on: audio and a transcript.
 
 The user's audio (`--compress-calibration FILE...`, any file `read_audio` takes) when given;
-else a built-in signal the project generates (`builtin_speech`): the product never ships or
-fetches recordings. The signal is speech-shaped rather than speech: syllables of a voiced vowel
-(a harmonic series on a gliding pitch of 90-230 Hz, shaped by the first three formants of
-English vowels, moving between vowels) after a consonant-like noise burst (hissing, breathy or
-plosive), grouped into words with pauses between them. What the encoder sees of it is what
-matters for the plan: log-mel frames with speech's pitch harmonics, formant bands and onsets,
-not tones or white noise.
+else the **built-in calibration clip** (`calibration_clip`): espeak-ng saying a sentence of the
+project's built-in *calibration* text (`rlx_mil.compress.builtin_text`), 16 kHz mono FLAC
+shipped in `rlx_mil/speech/clips/` (`benchmarks/make_builtin_speech.py` makes it). It is not
+the clip the conversion's quality check judges on (`rlx_mil.speech.quality_check`: the
+*held-out* text's opening), so the folder is never judged on the speech it was planned on.
+Either way the decoder is teacher-forced over the float model's greedy transcript of the audio.
 
-The decoder is teacher-forced over a transcript: with the user's audio, the float model's
-greedy transcript of it; with the built-in signal, the built-in calibration text
-(`rlx_mil.compress.builtin_text`), which the signal does not say, so the decoder is measured
-as a language model attending to speech-like features. At most `CALIBRATION_SECONDS` of audio
-are measured: the encoder runs over that many frames (`rlx_mil.speech.folder_plan`), not the
-30 s window, so a measurement costs a quarter of a full run.
+Speech, not a speech-shaped signal: measured on Whisper base, a plan calibrated on the
+generated signal below predicted every decoder weight about 4x too costly (its transcript, the
+built-in text, is not what the signal says, so the decoder is measured as a language model)
+and once took cross-attention for free; calibrated on speech it finds a better mix at the same
+size (docs/compression.md, "auto4 planned across the folder").
+
+The generated signal (`builtin_speech`) stays as the fallback when the clip is not installed:
+syllables of a voiced vowel (a harmonic series on a gliding pitch of 90-230 Hz, shaped by the
+first three formants of English vowels, moving between vowels) after a consonant-like noise
+burst, grouped into words with pauses between them, teacher-forced over the built-in
+calibration text. At most `CALIBRATION_SECONDS` of audio are measured: the encoder runs over
+that many frames (`rlx_mil.speech.folder_plan`), not the 30 s window, so a measurement costs a
+quarter of a full run.
 """
 
 from __future__ import annotations
@@ -22,16 +28,22 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from rlx_mil.speech.audio import Audio
 from rlx_mil.speech.model import SAMPLE_RATE
 
 #: Seconds of calibration audio the plan measures (the first of the user's files, joined).
 CALIBRATION_SECONDS = 8.0
 #: Tokens of the transcript the decoder is teacher-forced over, at most.
 TRANSCRIPT_TOKENS = 48
+#: The built-in calibration clip (and its words) in `rlx_mil/speech/clips/`; the quality check's
+#: clip is another file (`rlx_mil.speech.quality_check.CLIP_FILE`).
+CLIP_FILE, CLIP_TEXT = "builtin_en_calibration.flac", "builtin_en_calibration.txt"
 #: The first three formants (Hz) of English vowels (Peterson & Barney's adult male means).
 VOWELS = ((730, 1090, 2440), (270, 2290, 3010), (300, 870, 2240), (530, 1840, 2480), (570, 840, 2410),
           (660, 1720, 2410), (490, 1350, 1690), (440, 1020, 2240), (390, 1990, 2550), (640, 1190, 2390))
@@ -45,9 +57,9 @@ class SpeechCalibration:
 
     samples: np.ndarray
     label: str
-    #: True: the user's audio (its transcript is the float model's greedy one); False: the
-    #: built-in signal (teacher-forced over the built-in text).
-    given: bool
+    #: True: speech (the user's or the built-in clip), teacher-forced over the float model's
+    #: greedy transcript of it; False: the generated signal, over the built-in text.
+    spoken: bool
 
 
 def _vowel(rng: np.random.Generator, length: int, pitch: float, start: tuple[int, ...], end: tuple[int, ...]) -> np.ndarray:
@@ -105,13 +117,38 @@ def builtin_speech(seconds: float = CALIBRATION_SECONDS, seed: int = 0) -> np.nd
     return (0.5 * out / max(float(np.abs(out).max()), 1e-9)).astype(np.float32)
 
 
+def _clip_resource() -> Any:
+    return resources.files("rlx_mil.speech").joinpath("clips").joinpath(CLIP_FILE)
+
+
+def calibration_clip() -> Audio:
+    """The built-in calibration clip (see the module doc) as 16 kHz float32 samples."""
+    from rlx_mil.speech.audio import read_audio
+
+    with resources.as_file(_clip_resource()) as path:
+        audio = read_audio(path)
+    return Audio(audio.samples, audio.source_rate, audio.source_channels, f"the built-in calibration clip {CLIP_FILE}")
+
+
+def calibration_clip_text() -> str:
+    """The words the built-in calibration clip says."""
+    return resources.files("rlx_mil.speech").joinpath("clips").joinpath(CLIP_TEXT).read_text(encoding="utf-8").strip()
+
+
 def speech_calibration(audio: Sequence[str | os.PathLike[str]] | None) -> SpeechCalibration:
     """The audio a speech folder's plan measures: the user's files (read and refused as
-    `read_audio` does, joined, the first `CALIBRATION_SECONDS`), else the built-in signal."""
+    `read_audio` does, joined, the first `CALIBRATION_SECONDS`), else the built-in calibration
+    clip, else (not installed) the generated signal."""
     from rlx_mil.speech.audio import as_audio
 
     if not audio:
-        return SpeechCalibration(builtin_speech(), f"the built-in speech-shaped signal ({CALIBRATION_SECONDS:g} s)", False)
+        if not _clip_resource().is_file():
+            return SpeechCalibration(builtin_speech(), f"the built-in speech-shaped signal ({CALIBRATION_SECONDS:g} s;"
+                                     f" {CLIP_FILE} is not installed)", False)
+        clip = calibration_clip()
+        samples = clip.samples[:int(CALIBRATION_SECONDS * SAMPLE_RATE)].astype(np.float32)
+        return SpeechCalibration(samples, f"the built-in English calibration clip ({len(samples) / SAMPLE_RATE:.1f} s,"
+                                 " espeak-ng)", True)
     limit = int(CALIBRATION_SECONDS * SAMPLE_RATE)
     pieces: list[np.ndarray] = []
     names: list[str] = []

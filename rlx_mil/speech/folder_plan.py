@@ -148,8 +148,9 @@ def _encoder_part(config: CompressionConfig, built: Mapping[str, tuple[Graph, Ma
 def _transcript(checkpoint: WhisperCheckpoint, calibration: SpeechCalibration,
                 greedy: Callable[[list[int], int], list[int]]) -> tuple[list[int], int]:
     """(prompt + transcript ids, the prompt's length): the float model's greedy transcript of
-    the user's audio, else the built-in calibration text; a checkpoint folder without a
-    tokenizer gives generated ids after the start token."""
+    the speech (the user's or the built-in clip), else (the generated signal) the built-in
+    calibration text; a checkpoint folder without a tokenizer gives generated ids after the
+    start token."""
     from rlx_mil.compress.builtin_text import builtin_text
     from rlx_mil.errors import RlxMilError
     from rlx_mil.speech.tokens import load_tokens
@@ -161,7 +162,7 @@ def _transcript(checkpoint: WhisperCheckpoint, calibration: SpeechCalibration,
     except RlxMilError:
         ids = np.random.default_rng(0).integers(0, min(spec.eos_token_id, spec.vocab_size), TRANSCRIPT_TOKENS)
         return [spec.decoder_start_token_id, *map(int, ids)], 1
-    if calibration.given:
+    if calibration.spoken:
         return prompt + greedy(prompt, tokens.eot), len(prompt)
     text = tokens.tokenizer.encode(" " + " ".join(builtin_text("calibration").split())).ids
     return prompt + [int(t) for t in text[:TRANSCRIPT_TOKENS]], len(prompt)

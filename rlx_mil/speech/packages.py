@@ -99,8 +99,8 @@ def convert_whisper(
     taken so that an fp16 program floors silence at -10 as Whisper does).
     `on_graph(role, graph, params, package)` is called after each package is saved (`--verify`).
     With `compress` autoN, one plan covers the encoder's and decoder's weights
-    (`rlx_mil.speech.folder_plan`), measured on the audio files `calibration` (else a built-in
-    speech-shaped signal). A compressed folder's quality is measured against the checkpoint on
+    (`rlx_mil.speech.folder_plan`), measured on the audio files `calibration` (else the built-in
+    calibration clip, another than the check's). A compressed folder's quality is measured against the checkpoint on
     `calibration` (else the built-in English speech clip) once it is written
     (`rlx_mil.speech.quality_check`; `WhisperPackages.quality`), warning below the documented
     thresholds; `quality_check` False skips it, None runs it unless the config says `check=off`."""

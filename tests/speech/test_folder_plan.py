@@ -1,11 +1,13 @@
 """`--compress auto4` of a Whisper folder: one plan over the encoder's and decoder's weights
-(`rlx_mil.speech.folder_plan`), measured on the user's audio or the built-in signal, on a tiny
+(`rlx_mil.speech.folder_plan`), measured on the user's audio or the built-in calibration clip, on a tiny
 random Whisper. The candidates are cut to int4 (per channel, per block) / int8 and the measured weights to a few, so the
 plan takes seconds; what is checked is that one budget is spent over both packages."""
 
 from __future__ import annotations
 
+import json
 import re
+from fnmatch import fnmatch
 from pathlib import Path
 
 import numpy as np
@@ -13,19 +15,28 @@ import pytest
 
 from rlx_mil.cli.main import main
 from rlx_mil.compress import WeightCompressor, parse_compress
+from rlx_mil.compress.builtin_text import builtin_text
 from rlx_mil.compress.emit import compressed_bytes
 from rlx_mil.compress.plan import encode
 from rlx_mil.errors import CompressionWarning
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.models.whisper import build_cross_kv, build_stateful_decoder
 from rlx_mil.models.whisper_checkpoint import ParamsOf, open_whisper
-from rlx_mil.speech import calibration, folder_plan
-from rlx_mil.speech.calibration import builtin_speech, speech_calibration
+from rlx_mil.speech import calibration, folder_plan, quality_check
+from rlx_mil.speech.calibration import (
+    CALIBRATION_SECONDS,
+    builtin_speech,
+    calibration_clip,
+    calibration_clip_text,
+    speech_calibration,
+)
 from rlx_mil.speech.folder_plan import plan_folder
 from rlx_mil.speech.model import SAMPLE_RATE
 from rlx_mil.speech.packages import graphs
 from tests.speech.fake_whisper import write_text_checkpoint
 from tests.speech.test_transcribe_packages import CACHE, CONFIG, speech_wav
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.xdist_group("whisper-packages")
 
@@ -104,6 +115,66 @@ def test_the_built_in_signal_is_speech_shaped() -> None:
     assert (loud < 0.05 * loud.max()).mean() > 0.1 and (loud > 0.3 * loud.max()).mean() > 0.2
 
 
+def _sentences(part: str) -> set[str]:
+    text = " ".join(builtin_text(part).split())
+    return {s.strip() for s in re.split(r"(?<=\.) ", text)}
+
+
+def test_the_calibration_clip_is_speech_of_the_calibration_text_shipped_with_the_package() -> None:
+    clip = calibration_clip()
+    assert clip.source_rate == SAMPLE_RATE and clip.source_channels == 1 and clip.samples.dtype == np.float32
+    # one sentence, within what the plan measures: nothing shipped that the plan cuts off
+    assert 4.0 < clip.seconds <= CALIBRATION_SECONDS and 0.4 < float(np.abs(clip.samples).max()) <= 0.5
+    frames = clip.samples[: len(clip.samples) // 400 * 400].reshape(-1, 400)  # speech: words and the gaps between
+    loud = np.sqrt((frames.astype(np.float64) ** 2).mean(1))
+    assert (loud < 0.05 * loud.max()).mean() > 0.05 and (loud > 0.2 * loud.max()).mean() > 0.3
+    # it says a sentence of the calibration text, none of the held-out text the check's clip says
+    text = calibration_clip_text()
+    assert text in _sentences("calibration") and len(text.split()) > 15
+    assert text not in _sentences("heldout") and text not in quality_check.builtin_clip_text()
+    file = ROOT / "rlx_mil" / "speech" / "clips" / calibration.CLIP_FILE
+    assert file.stat().st_size < 200_000  # small: 16-bit FLAC
+    table = (ROOT / "pyproject.toml").read_text().split("[tool.setuptools.package-data]", 1)[1]
+    data = json.loads(re.search(r"^rlx_mil = (\[.*\])$", table, re.M).group(1))  # type: ignore[union-attr]
+    for name in (calibration.CLIP_FILE, calibration.CLIP_TEXT):
+        assert any(fnmatch(f"speech/clips/{name}", pattern) for pattern in data), data
+
+
+def test_the_default_calibration_is_the_calibration_clip_never_the_checks() -> None:
+    heard = speech_calibration(None)
+    clip = calibration_clip().samples
+    assert heard.spoken and heard.label == f"the built-in English calibration clip ({clip.size / SAMPLE_RATE:.1f} s, espeak-ng)"
+    assert np.array_equal(heard.samples, clip[: int(CALIBRATION_SECONDS * SAMPLE_RATE)])
+    # the quality check judges on another file, and no stretch of its audio is the plan's
+    assert calibration.CLIP_FILE != quality_check.CLIP_FILE and calibration.CLIP_TEXT != quality_check.CLIP_TEXT
+    checked = quality_check.builtin_clip().samples
+    assert heard.samples.size != checked.size or not np.array_equal(heard.samples, checked)
+    head = min(heard.samples.size, checked.size)
+    assert float(np.abs(heard.samples[:head] - checked[:head]).mean()) > 0.01
+
+
+def test_the_generated_signal_is_the_fallback_when_the_clip_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(calibration, "CLIP_FILE", "not-installed.flac")
+    heard = speech_calibration(None)
+    assert not heard.spoken and np.array_equal(heard.samples, builtin_speech())
+    assert heard.label == f"the built-in speech-shaped signal ({CALIBRATION_SECONDS:g} s; not-installed.flac is not installed)"
+
+
+def test_the_clip_is_teacher_forced_over_the_float_models_transcript(planned: dict) -> None:
+    checkpoint = open_whisper(planned["checkpoint"])
+    asked: list = []
+
+    def greedy(prompt: list[int], eot: int) -> list[int]:
+        asked.append((list(prompt), eot))
+        return [11, 12, 13]
+
+    ids, first = folder_plan._transcript(checkpoint, speech_calibration(None), greedy)
+    assert len(asked) == 1 and ids == [*asked[0][0], 11, 12, 13] and first == len(asked[0][0])
+    # the generated signal does not say the built-in text: the decoder is forced over the text itself
+    ids, first = folder_plan._transcript(checkpoint, calibration.SpeechCalibration(builtin_speech(0.5), "signal", False), greedy)
+    assert len(asked) == 1 and len(ids) - first == calibration.TRANSCRIPT_TOKENS
+
+
 def test_calibration_audio_needs_compress_and_is_read_before_converting(planned: dict, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,6 +200,10 @@ def test_calibration_audio_needs_compress_and_is_read_before_converting(planned:
     assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path / "c"), "--compress", "auto4",
                  "--compress-calibration", str(planned["wav"])]) != 0
     assert "RuntimeError: planned" in capsys.readouterr().err and seen["label"].endswith("s of speech.wav")
+    # without audio: the built-in calibration clip (the check's clip is another)
+    assert main(["convert-hf", str(checkpoint), "-o", str(tmp_path / "d"), "--compress", "auto4"]) != 0
+    assert "RuntimeError: planned" in capsys.readouterr().err
+    assert seen["label"].startswith("the built-in English calibration clip")
 
 
 def test_the_folder_budget() -> None:
