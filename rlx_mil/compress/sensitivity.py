@@ -58,6 +58,17 @@ def measure_sample(names: list[str], roles: Mapping[str, str], count: int) -> li
 
 
 
+def _shape_of(params: Mapping[str, Any], name: str) -> tuple[int, ...]:
+    """A param's shape, read only where `params` cannot tell it (so `evaluate` reads lazily)."""
+    meta = getattr(params, "shape_of", None)
+    return tuple(int(d) for d in meta(name)) if callable(meta) else np.shape(params[name])
+
+
+def _dtype_of(params: Mapping[str, Any], name: str) -> np.dtype[Any]:
+    meta = getattr(params, "dtype_of", None)
+    return np.dtype(meta(name)) if callable(meta) else np.asarray(params[name]).dtype
+
+
 class Replaced(Mapping[str, Any]):
     """`params` with one weight's value replaced (`many`: several)."""
 
@@ -72,6 +83,12 @@ class Replaced(Mapping[str, Any]):
 
     def __getitem__(self, name: str) -> Any:
         return self._values[name] if name in self._values else self._params[name]
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return np.shape(self._values[name]) if name in self._values else _shape_of(self._params, name)
+
+    def dtype_of(self, name: str) -> np.dtype[Any]:
+        return np.asarray(self._values[name]).dtype if name in self._values else _dtype_of(self._params, name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._params)
@@ -99,6 +116,12 @@ class Overlaid(Mapping[str, Any]):
 
     def __getitem__(self, name: str) -> Any:
         return self._own[name] if name in self._own else self._params[name]
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return np.shape(self._own[name]) if name in self._own else _shape_of(self._params, name)
+
+    def dtype_of(self, name: str) -> np.dtype[Any]:
+        return np.asarray(self._own[name]).dtype if name in self._own else _dtype_of(self._params, name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._params)
@@ -129,6 +152,7 @@ def output_sensitivity(
     from rlx_mil.compress.fit import fit_to_shape
     from rlx_mil.compress.quality import kl_per_position
     from rlx_mil.compress.quality_check import _is_logits, next_token_targets
+    from rlx_mil.compress.vocab_sample import large_head
     from rlx_mil.ir.naming import output_names, state_outputs
     from rlx_mil.ir.ops import Input, Param
     from rlx_mil.reference import evaluate, evaluate_all, evaluate_changed
@@ -139,6 +163,13 @@ def output_sensitivity(
     graph = compressor._calibration_graph()
     inputs = compressor.calibration_inputs() if compressor.config.calibration is not None else example_inputs(graph)
     tokens = max((int(np.asarray(v).size) for v in inputs.values()), default=1)
+    # A large vocabulary's head: runs end at its input, the logits over a vocabulary sample.
+    head = large_head(graph) if compressor.config.calibration is not None else None
+    judged = next_token_targets(inputs, (*np.shape(inputs.get("input_ids", ())), 1)) if head is not None else None
+    if head is not None and judged is not None:
+        graph, elements = head.graph, elements - head.skipped_elements(tokens)
+    else:
+        head = None
     sample = None
     if len(names) * elements * tokens > limits[0]:
         sample = measure_sample(names, compressor.roles, limits[0] // max(elements * tokens, 1))
@@ -148,13 +179,16 @@ def output_sensitivity(
     # Every node's float value, kept while measuring: a measurement recomputes only what its
     # replaced weights reach (a layer and the ones after it), about half the model on average.
     # (A graph whose ops carry state runs whole: its final states are outputs too.)
-    base = None if state_outputs(graph) else evaluate_all(graph, inputs, params)
+    base = None if state_outputs(graph) else evaluate_all(graph, inputs, params, weights=False)
     if base is not None:  # not the weights (a float32 copy of a half-precision checkpoint's)
         base = {i: v for i, v in base.items() if not isinstance(graph.node(i).op, (Input, Param))}
     want = ({k: np.asarray(v, np.float64) for k, v in evaluate(graph, inputs, params).items()} if base is None else
             {k: np.asarray(base[i], np.float64) for k, i in zip(output_names(graph), graph.outputs, strict=True)})
     logits = {k: found[0] for k, w in want.items() if _is_logits(k, w) and (found := next_token_targets(inputs, w.shape))}
     unit = KL_UNIT if logits and compressor.config.calibration is not None else SQUARED_UNIT
+    if head is not None and judged is not None:
+        head.prepare(next(iter(want.values())), params[head.weight], judged[0])
+        unit = KL_UNIT
 
     def replaced(name: str, scheme: Scheme, fitted_codes: bool) -> np.ndarray:
         storage = reader(name)()
@@ -167,6 +201,8 @@ def output_sensitivity(
     def loss(values: Mapping[str, np.ndarray]) -> float:
         changed = Replaced.many(params, values)
         got = evaluate(graph, inputs, changed) if base is None else evaluate_changed(graph, inputs, changed, base, values)
+        if head is not None:
+            return head.mean_kl(next(iter(got.values())), values.get(head.weight))
         if unit == KL_UNIT:
             return float(np.mean([np.mean(kl_per_position(want[k][keep], np.asarray(got[k])[keep]))
                                   for k, keep in logits.items()]))

@@ -380,11 +380,14 @@ def evaluate(
 
 
 def evaluate_all(
-    graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None
+    graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None, *, weights: bool = True,
 ) -> dict[int, np.ndarray]:
-    """Like `evaluate`, but computes every node and returns all values keyed by node id."""
+    """Like `evaluate`, but computes every node and returns all values keyed by node id.
+    `weights=False` leaves out the float params of a lazy mapping: each is read at its use and
+    let go (the run never holds a model's weights in float32 at once)."""
     _check_arguments(graph, inputs, params)
-    return _evaluate(graph, inputs or {}, params, None)
+    keep = None if weights else {node.id for node in graph if not isinstance(node.op, Param)}
+    return _evaluate(graph, inputs or {}, params, None, keep=keep)
 
 
 def evaluate_changed(
@@ -400,7 +403,9 @@ def evaluate_changed(
     if state_outputs(graph):
         return evaluate(graph, inputs, params)
     names = set(changed)
-    feeds, bindings = _bind_feeds(graph, inputs or {}, params)
+    # A lazy mapping's float params are read where a recomputed node uses them, not all at once.
+    deferred: dict[int, str] = {}
+    feeds, bindings = _bind_feeds(graph, inputs or {}, params, deferred)
     needed = _needed(graph, graph.outputs)
     values: dict[int, np.ndarray] = {}
     dirty: set[int] = set()
@@ -408,12 +413,16 @@ def evaluate_changed(
         if node.id not in needed:
             continue
         if isinstance(node.op, (Input, Param)):  # this run's feeds: `base` need not hold the weights
-            values[node.id] = feeds[node.id]
+            if node.id not in deferred:
+                values[node.id] = feeds[node.id]
             if isinstance(node.op, Param) and node.op.name in names:
                 dirty.add(node.id)
         elif not any(i in dirty for i in node.inputs):
             values[node.id] = base[node.id]
         else:
-            values[node.id] = _run_node(node, [values[i] for i in node.inputs], bindings)
+            read = {i: _read_param(graph.node(i), deferred[i], params) for i in node.inputs if i in deferred}
+            values[node.id] = _run_node(node, [read[i] if i in read else values[i] for i in node.inputs], bindings)
+            del read
             dirty.add(node.id)
-    return {name: values[node_id] for name, node_id in zip(output_names(graph), graph.outputs, strict=True)}
+    return {name: values[node_id] if node_id not in deferred else _read_param(graph.node(node_id), deferred[node_id], params)
+            for name, node_id in zip(output_names(graph), graph.outputs, strict=True)}

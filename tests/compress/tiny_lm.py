@@ -20,6 +20,8 @@ class TinyLM:
     intermediate: int = 128
     layers: int = 2
     seq: int = 8
+    #: The LM head is the embedding's transpose (Gemma's, SmolLM2's), not a `head.weight` of its own.
+    tied: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -30,7 +32,8 @@ def tiny_lm(c: TinyLM = TinyLM()) -> Graph:
     d = c.head_dim
     g = Graph("tiny_lm")
     ids = g.input("input_ids", [1, c.seq], "i32")
-    x = g.gather(g.param("embed_tokens.weight", [c.vocab, c.hidden]), ids, name="embed")
+    embed = g.param("embed_tokens.weight", [c.vocab, c.hidden])
+    x = g.gather(embed, ids, name="embed")
     cos = g.param("rope.cos", [c.seq, d // 2])
     sin = g.param("rope.sin", [c.seq, d // 2])
     for i in range(c.layers):
@@ -53,7 +56,8 @@ def tiny_lm(c: TinyLM = TinyLM()) -> Graph:
         x = g.add(x, g.matmul(act, g.param(p + "mlp.down_proj.weight", [c.intermediate, c.hidden]), name=p + "down_proj"),
                   name=p + "mlp_residual")
     h = g.rms_norm(x, g.param("norm.weight", [c.hidden]), g.param("norm.bias", [c.hidden]), eps=1e-5, name="final_norm")
-    logits = g.matmul(h, g.param("head.weight", [c.hidden, c.vocab]), name="head")
+    head = g.transpose(embed, [1, 0], name="head_t") if c.tied else g.param("head.weight", [c.hidden, c.vocab])
+    logits = g.matmul(h, head, name="head")
     g.set_name(logits, "logits")
     g.set_outputs([logits])
     return g

@@ -118,6 +118,27 @@ def dense_array(t: GGUFTensor) -> np.ndarray:
     return t.raw.reshape(t.shape)
 
 
+#: Weights a quantized tensor is decoded in at once: the decode's intermediates (the `gguf`
+#: package's, several times the slab in float32) stay small beside the float32 result.
+DECODE_SLAB = 1 << 20
+
+
+def decoded(raw_rows: np.ndarray, type_name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """llama.cpp's float32 decode of a quantized tensor's `[rows, bytes]` blocks, a slab of
+    rows at a time into the result (Gemma 3 270M's 262,144 x 640 Q8_0 embedding: 0.67 GB,
+    where decoding it at once held about three times that)."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    kind = GGMLQuantizationType[type_name]
+    rows = raw_rows.shape[0]
+    out = np.empty((rows, int(np.prod(shape, dtype=np.int64)) // max(rows, 1)), np.float32)
+    step = max(1, DECODE_SLAB // max(out.shape[1], 1))
+    for start in range(0, rows, step):
+        out[start:start + step] = dequantize(np.ascontiguousarray(raw_rows[start:start + step]), kind).reshape(-1, out.shape[1])
+    return out.reshape(shape)
+
+
 class GGUFParams(Mapping[str, np.ndarray]):
     """The params of a graph built from a GGUF file, under the builders' Hugging Face names:
     dense tensors as stored (a view of the map; Llama Q/K rows re-ordered), quantized ones
@@ -179,13 +200,9 @@ class GGUFParams(Mapping[str, np.ndarray]):
         t = self.gguf_tensor(name)
         if t.type_name in DENSE_TYPES:
             value = dense_array(t)
-        else:
-            from gguf.constants import GGMLQuantizationType
-            from gguf.quants import dequantize
-
-            value = dequantize(t.raw, GGMLQuantizationType[t.type_name]).reshape(t.shape).astype(np.float32, copy=False)
-        order = self.row_order(name)
-        return value if order is None else value[order]
+            order = self.row_order(name)
+            return value if order is None else value[order]
+        return decoded(self.raw_rows(name), t.type_name, t.shape)
 
     def __iter__(self) -> Iterator[str]:
         yield from self.names

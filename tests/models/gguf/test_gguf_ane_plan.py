@@ -75,6 +75,25 @@ def test_compressed_types_are_float_weights_of_the_files_decode(mixed_gguf: tupl
     assert every.prequantized_weights() == {}  # type: ignore[attr-defined]
 
 
+def test_the_files_decode_is_made_a_slab_of_rows_at_a_time(mixed_gguf: tuple[Path, dict[str, np.ndarray]],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quantized tensor read as a float weight is llama.cpp's decode whether it takes one slab
+    or many (a slab of 64 weights: 1 to 4 rows of these tensors, Q/K rows re-ordered)."""
+    import rlx_mil.models.gguf.tensors as tensors
+
+    path, held = mixed_gguf
+    _, params = from_gguf(path, seq_len=SEQ, requantize=COMPRESS)
+    quantized = [n for n in held if params.source_type(n) in ("Q4_1", "Q8_0")]  # type: ignore[attr-defined]
+    assert len(quantized) >= 7 and "model.layers.0.self_attn.q_proj.weight" in quantized
+    whole = {n: params[n] for n in quantized}
+    monkeypatch.setattr(tensors, "DECODE_SLAB", 64)
+    for name in quantized:
+        sliced = params[name]
+        assert sliced.dtype == np.float32 and sliced.shape == held[name].shape
+        np.testing.assert_array_equal(sliced, whole[name])
+        np.testing.assert_array_equal(sliced, held[name].astype(np.float32))
+
+
 def test_python_api_plans_the_files_tensors_for_the_neural_engine(mixed_gguf: tuple[Path, dict[str, np.ndarray]],
                                                                   tmp_path: Path) -> None:
     """`from_gguf(requantize="compress")` + `convert(deploy="ane", compress=gguf_compress("auto4", ...))`:
