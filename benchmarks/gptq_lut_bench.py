@@ -130,7 +130,8 @@ def product_encode(w: np.ndarray, spec: str) -> np.ndarray:
     return encode(w, fitted, Precision.FP16, "w").dequantize().astype(np.float32)
 
 
-def fitted_encode(w: np.ndarray, spec: str, hessian: np.ndarray | None, mode: str) -> np.ndarray:
+def fitted_encode(w: np.ndarray, spec: str, hessian: np.ndarray | None, mode: str,
+                  activations: np.ndarray | None = None) -> np.ndarray:
     from rlx_mil.compress import parse_scheme
     from rlx_mil.compress.fit import fit_to_shape
     from rlx_mil.compress.fitting import FitOptions, fit_codes
@@ -142,7 +143,51 @@ def fitted_encode(w: np.ndarray, spec: str, hessian: np.ndarray | None, mode: st
     from rlx_mil.compress.plan import store_dtype
 
     options = FitOptions(weighted="aw" in mode, gptq="gptq" in mode)
-    return fit_codes(w, fitted, store_dtype(Precision.FP16), "w", hessian, options).dequantize().astype(np.float32)
+    return fit_codes(w, fitted, store_dtype(Precision.FP16), "w", hessian, options,
+                     activations=activations).dequantize().astype(np.float32)
+
+
+def per_layer(model: Llama, args: argparse.Namespace, cal: np.ndarray, held: np.ndarray, want: np.ndarray,
+              acts: dict[str, np.ndarray], hess: dict[str, np.ndarray], head8: np.ndarray, mix: list[Any]) -> int:
+    """Each layer alone in `--configs`' first scheme, fitted (`aw-gptq` + refit) and plain: its
+    mean KL on the calibration tokens the fit used, on those it did not, and on the held-out text."""
+    fit = args.fit_tokens or cal.size
+    want_cal = model.forward(cal)
+
+    def kl(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+        def logsm(z: np.ndarray) -> np.ndarray:
+            z = z.astype(np.float64) - z.max(-1, keepdims=True)
+            return z - np.log(np.exp(z).sum(-1, keepdims=True))
+        a, b = logsm(ref), logsm(got)
+        return np.sum(np.exp(a) * (a - b), -1)
+
+    base = args.configs[0].partition("+")[0]
+    spec0 = {"lut4s": "lut4-scaled", "lut6s": "lut6-scaled", "lut3s": "lut3-scaled"}.get(base, base)
+    print(f"per layer, {spec0} ({fit} fit tokens, {cal.size - fit} held apart, {held.size} held out):"
+          " layer: fitted KL fit / apart / held-out; plain KL fit / apart / held-out", flush=True)
+    sums = np.zeros(6)
+    for i in range(model.layers):
+        row = []
+        for fitted in (True, False):
+            new = dict(model.w)
+            for name in model.linear_names():
+                if f"layers.{i}." not in name:
+                    continue
+                spec = spec0
+                for pattern, s in mix:
+                    if pattern in name:
+                        spec = s
+                new[name] = (fitted_encode(model.w[name], spec, hess[name], "aw-gptq", acts[name]) if fitted
+                             else product_encode(model.w[name], spec))
+            k_cal = kl(want_cal, model.forward(cal, new))
+            k_held = kl(want, model.forward(held, new))
+            row += [float(k_cal[:fit].mean()), float(k_cal[fit:].mean()) if cal.size > fit else float("nan"),
+                    float(k_held.mean())]
+        sums += np.nan_to_num(np.asarray(row))
+        print(f"{i:2d}: " + " ".join(f"{v:.4f}" for v in row[:3]) + " | " + " ".join(f"{v:.4f}" for v in row[3:]),
+              flush=True)
+    print("sum: " + " ".join(f"{v:.4f}" for v in sums[:3]) + " | " + " ".join(f"{v:.4f}" for v in sums[3:]))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--cal-tokens", type=int, default=0, help="calibration tokens (0: all of the text)")
     parser.add_argument("--mix", default="", help="name-pattern=spec;... overriding the layers' scheme")
+    parser.add_argument("--fit-tokens", type=int, default=0,
+                        help="fit on the calibration text's first N tokens only (0: all of --cal-tokens)")
+    parser.add_argument("--per-layer", action="store_true",
+                        help="each layer alone, fitted and plain: its KL on the fitted tokens, on the calibration"
+                             " tokens the fit did not use (held apart) and on the held-out text")
     args = parser.parse_args(argv)
     from rlx_mil.compress.builtin_text import builtin_text
     from rlx_mil.llm.text import TextTokenizer
@@ -169,15 +219,18 @@ def main(argv: list[str] | None = None) -> int:
     lsm = z - np.log(np.exp(z).sum(-1, keepdims=True))
     print(f"float model perplexity on the held-out text: {np.exp(-lsm[np.arange(held.size - 1), held[1:]].mean()):.2f}")
     record: dict[str, Any] = {}
-    model.forward(cal, record=record)
+    model.forward(cal[:args.fit_tokens] if args.fit_tokens else cal, record=record)
     from rlx_mil.compress.fitting import input_hessian
 
-    hess = {name: input_hessian(np.concatenate(xs)) for name, xs in record.items()}
+    acts = {name: np.concatenate(xs) for name, xs in record.items()}
+    hess = {name: input_hessian(x) for name, x in acts.items()}
     del record
     print(f"float forward + hessians: {time.perf_counter() - t0:.1f} s ({cal.size} calibration tokens)", flush=True)
     head = model.w["model.embed_tokens.weight"]
     head8 = product_encode(head, "int8")
     mix = [tuple(item.split("=")) for item in args.mix.split(";") if item]
+    if args.per_layer:
+        return per_layer(model, args, cal, held, want, acts, hess, head8, mix)
     for config in args.configs:
         base, _, mode = config.partition("+")
         t0 = time.perf_counter()

@@ -331,7 +331,7 @@ def plan_auto(
     importance: Mapping[str, np.ndarray] | None = None, candidates: tuple[str, ...] | None = None,
     measure: Callable[[str, Scheme], float] | None = None, sample: Collection[str] | None = None,
     loss_target: float | None = None, loss_unit: str = "squared output error", narrower: tuple[str, ...] = (),
-    measure_layer: Callable[[Mapping[str, Scheme]], float] | None = None,
+    measure_layer: Callable[[Mapping[str, Scheme]], float] | None = None, measured_note: str = "",
 ) -> AutoPlan:
     """The mix for the weights `storages` (name -> a callable giving the storage-layout array,
     read one weight at a time), `fixed_bytes` being what the other weights take. `measure(name,
@@ -407,6 +407,7 @@ def plan_auto(
             measured += f" ({sum(1 for n in pick if n in sample)} of {len(pick)} weights measured, the rest by kind"
             layered = len({_layer_of(n) for n in pick} - {None}) if measure_layer is not None else 0
             measured += (f", scaled per layer by {layered} measured layers" if layered >= 2 else "") + ")"
+        measured += measured_note
     summary = (f"auto{bits}: {widened} of {len(pick)} weights widened, {reached:.3f}x the uncompressed weight bytes"
                f" (budget {cap}" + (f", max_error {max_error:g}" if max_error is not None else "") + f"; {basis} errors{measured})"
                + loss + over)

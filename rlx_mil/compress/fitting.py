@@ -371,10 +371,10 @@ class CalibrationFit:
         options = FIT_OPTIONS.get(config.fit or "off") if config.calibration is not None else None
 
         def gather() -> Mapping[str, np.ndarray]:
-            from rlx_mil.compress.calibration import input_activations
+            # the positions before autoN's held-apart measuring part (`sensitivity.held_apart`)
+            from rlx_mil.compress.sensitivity import fit_activations
 
-            return input_activations(compressor._calibration_graph(), compressor._calibration_params(),
-                                     compressor.calibration_inputs())
+            return fit_activations(compressor)
         precision = compressor.precision
         return cls(options, gather, np.float16 if precision is Precision.FP16 else np.float32,
                    lambda storage, scheme, name, writer: plain(storage, scheme, precision, name, writer),

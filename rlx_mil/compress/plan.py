@@ -45,6 +45,7 @@ from rlx_mil.compress.sensitivity import (  # noqa: F401  (MIN_SAMPLE, measure_s
     Replaced,
     kl_for_top1,
     measure_sample,
+    split_note,
 )
 from rlx_mil.compress.shared import current as shared_session
 from rlx_mil.errors import CompressionError
@@ -56,9 +57,10 @@ from rlx_mil.progress import ItemCount
 from rlx_mil.reference.overlay import OverlaidParams
 
 #: autoN measures each weight's effect on the outputs (one reference run per weight) while
-#: weights x parameters x input elements stays below this (about a minute of NumPy); a larger
-#: model has as many of its weights measured as fit (`measure_sample`), at least `MIN_SAMPLE`.
-MEASURE_LIMIT = 2 * 10**11
+#: weights x parameters x input elements stays below this (about two minutes of NumPy); a larger
+#: model has as many of its weights measured as fit (`measure_sample`), at least `MIN_SAMPLE`
+#: (SmolLM2-135M at its 256 calibration tokens: 11).
+MEASURE_LIMIT = 4 * 10**11
 #: A model measured on a sample also has each of its layers measured whole (one reference run
 #: per layer, `auto.layer_scaled`) while layers x parameters x input elements stays below this.
 #: Off (0): on SmolLM2-135M's Neural Engine `auto4` (30 layers at 128 calibration tokens,
@@ -284,7 +286,8 @@ class WeightCompressor:
         self.plan = plan_auto(self.config.auto or 4, readers, roles, self.target,
                               store_dtype(self.precision), fixed, total, self.config.budget, self.config.max_error, importance,
                               self.config.candidates, measure, sample, loss_target=self._loss_target(unit), loss_unit=unit,
-                              narrower=self.config.narrower, measure_layer=measure_layer)
+                              narrower=self.config.narrower, measure_layer=measure_layer,
+                              measured_note=split_note(self) if measure is not None else "")
         self.schemes.update(self.plan.schemes)
         self.notes = dict(self.plan.notes)
 

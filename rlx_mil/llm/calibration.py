@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 
 #: Calibration tokens autoN's measurements run over (each measurement is one reference run).
-CALIBRATION_TOKENS = 128
+#: Fitted codes (`fit=`) are fitted on the first half and measured on the second
+#: (`rlx_mil.compress.sensitivity.held_apart`): 128 tokens each.
+CALIBRATION_TOKENS = 256
 
 
 def builtin_calibration(

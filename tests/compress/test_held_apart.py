@@ -1,0 +1,146 @@
+"""autoN with fitted codes measures them on calibration positions the fit did not use."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlx_mil.compress import parse_compress
+from rlx_mil.compress.calibration import input_activations
+from rlx_mil.compress.fit import fit_to_shape
+from rlx_mil.compress.fitting import FitOptions, fit_codes, input_hessian
+from rlx_mil.compress.schemes import parse_scheme
+from rlx_mil.compress.sensitivity import MIN_PART, fit_rows, held_apart
+from rlx_mil.lowering.target import Precision, Target
+from rlx_mil.reference import evaluate
+from tests.compress.tiny_lm import TinyLM, tiny_lm, tiny_lm_inputs, tiny_lm_params
+
+SEQ = 64
+CONFIG = TinyLM(layers=2, seq=SEQ)
+
+
+def test_a_decoders_token_ids_are_split_in_half_unless_too_few() -> None:
+    graph = tiny_lm(CONFIG)
+    ids = np.zeros((1, SEQ), np.int32)
+    assert held_apart(graph, {"input_ids": ids}) == SEQ // 2
+    assert held_apart(graph, {"input_ids": np.zeros((1, 2 * MIN_PART + 1), np.int32)}) == MIN_PART + 1
+    assert held_apart(graph, {"input_ids": np.zeros((1, 2 * MIN_PART - 1), np.int32)}) is None  # too few: no split
+    assert held_apart(graph, {"pixels": np.zeros((1, SEQ), np.float32)}) is None  # no token ids
+    graph.set_name(graph.outputs[0], "hidden")
+    assert held_apart(graph, {"input_ids": ids}) is None  # no logits: outputs not judged per position
+
+
+def test_the_fit_sees_each_rows_positions_before_the_split_only() -> None:
+    x = np.arange(2 * 6 * 3, dtype=np.float32).reshape(2 * 6, 3)  # 2 rows of 6 positions, width 3
+    got = fit_rows({"w": x, "odd": x[:5]}, 6, 4)
+    np.testing.assert_array_equal(got["w"], np.concatenate([x[0:4], x[6:10]]))
+    assert "odd" not in got  # not whole sequences: not fitted at all rather than on unknown positions
+    assert fit_rows({"w": x}, 6, None)["w"] is x
+
+
+def _kl_rows(want: np.ndarray, got: np.ndarray) -> np.ndarray:
+    def log_softmax(z: np.ndarray) -> np.ndarray:
+        z = z.astype(np.float64) - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+    a, b = log_softmax(want), log_softmax(got)
+    return np.sum(np.exp(a) * (a - b), -1)
+
+
+@pytest.fixture(scope="module")
+def planned() -> dict[str, Any]:
+    """The tiny decoder's auto4 plan with fitted codes (`fit=on`) on 64 calibration tokens."""
+    import rlx_mil.compress.plan as plan
+
+    graph = tiny_lm(CONFIG)
+    params = tiny_lm_params(graph, CONFIG)
+    inputs = tiny_lm_inputs(CONFIG)
+    captured: dict[str, Any] = {}
+    real = plan.plan_auto
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        import inspect
+
+        captured.update(inspect.signature(real).bind(*args, **kwargs).arguments)
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(plan, "plan_auto", spy)
+        spec = parse_compress("auto4;fit=on")
+        assert spec is not None
+        compressor = plan.WeightCompressor(dataclasses.replace(spec, calibration=inputs), graph, Target.IOS18,
+                                           Precision.FP32, params)
+    return {"graph": graph, "params": params, "inputs": inputs, "compressor": compressor, **captured}
+
+
+def test_fitted_codes_are_measured_only_where_the_fit_did_not_look(planned: dict[str, Any]) -> None:
+    graph, params, inputs, compressor = planned["graph"], planned["params"], planned["inputs"], planned["compressor"]
+    assert compressor.plan is not None
+    assert f"fitted codes measured on calibration positions {SEQ // 2}-{SEQ - 1}, which the fit did not use" in \
+        compressor.plan.summary
+    rows = input_activations(graph, params, inputs)
+    name = "layers.1.mlp.down_proj.weight"
+    # The fit's activations: each weight's rows of positions 0..31 only.
+    fitted_rows = compressor.fit._rows
+    assert fitted_rows is not None
+    assert set(fitted_rows) == set(rows)
+    for n, x in rows.items():
+        np.testing.assert_array_equal(fitted_rows[n], x[: SEQ // 2])
+    # A measurement: the mean KL, over positions 32..62 only, of the model with that weight's
+    # codes fitted on positions 0..31 (recomputed here from the fit's own functions).
+    scheme, _ = fit_to_shape(parse_scheme("lut4-scaled"), (CONFIG.hidden, CONFIG.intermediate), Target.IOS18)  # type: ignore[arg-type]
+    storage = params[name].T
+    x = rows[name][: SEQ // 2]
+    codes = fit_codes(storage, scheme, np.float32, name, input_hessian(x), FitOptions(), activations=x)
+    want = evaluate(graph, inputs, params)["logits"][0]
+    got = evaluate(graph, inputs, {**params, name: codes.dequantize().T})["logits"][0]
+    kl = _kl_rows(want, got)
+    measured = planned["measure"](name, scheme)
+    assert measured == pytest.approx(float(np.mean(kl[SEQ // 2:SEQ - 1])), rel=1e-6)
+    # The fit learns the positions it saw: there the same codes look better than held apart,
+    # which is what measuring on them would have priced.
+    assert float(np.mean(kl[: SEQ // 2])) < 0.8 * measured
+
+
+def test_a_fixed_scheme_or_an_unfitted_plan_uses_every_position() -> None:
+    import rlx_mil.compress.plan as plan
+
+    graph = tiny_lm(CONFIG)
+    params = tiny_lm_params(graph, CONFIG)
+    inputs = tiny_lm_inputs(CONFIG)
+    for text in ("lut4-scaled;fit=on", "auto4;fit=off"):
+        spec = parse_compress(text)
+        assert spec is not None
+        compressor = plan.WeightCompressor(dataclasses.replace(spec, calibration=inputs), graph, Target.IOS18,
+                                           Precision.FP32, params)
+        from rlx_mil.compress.sensitivity import fitted_from
+
+        assert fitted_from(compressor) is None
+        if compressor.plan is not None:
+            assert "fitted codes" not in compressor.plan.summary
+    spec = parse_compress("lut4-scaled;fit=on")
+    assert spec is not None
+    compressor = plan.WeightCompressor(dataclasses.replace(spec, calibration=inputs), graph, Target.IOS18,
+                                       Precision.FP32, params)
+    assert compressor.fit.hessian("layers.0.mlp.down_proj.weight", CONFIG.intermediate) is not None
+    assert compressor.fit._rows is not None
+    assert compressor.fit._rows["layers.0.mlp.down_proj.weight"].shape[0] == SEQ  # every position
+
+
+def test_too_few_calibration_tokens_fit_and_measure_on_all_of_them_and_say_so() -> None:
+    import rlx_mil.compress.plan as plan
+
+    config = TinyLM(layers=1, seq=2 * MIN_PART - 2)
+    graph = tiny_lm(config)
+    params = tiny_lm_params(graph, config)
+    spec = parse_compress("auto4;fit=on")
+    assert spec is not None
+    compressor = plan.WeightCompressor(dataclasses.replace(spec, calibration=tiny_lm_inputs(config)), graph,
+                                       Target.IOS18, Precision.FP32, params)
+    assert compressor.plan is not None
+    assert "fitted codes measured on the positions they were fitted on" in compressor.plan.summary
+    assert compressor.fit._rows is not None
+    assert compressor.fit._rows["layers.0.mlp.down_proj.weight"].shape[0] == config.seq
