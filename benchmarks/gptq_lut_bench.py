@@ -166,7 +166,7 @@ def per_layer(model: Llama, args: argparse.Namespace, cal: np.ndarray, held: np.
     print(f"per layer, {spec0} ({fit} fit tokens, {cal.size - fit} held apart, {held.size} held out):"
           " layer: fitted KL fit / apart / held-out; plain KL fit / apart / held-out", flush=True)
     sums = np.zeros(6)
-    for i in range(model.layers):
+    for i in range(model.layers) if args.layers is None else args.layers:
         row = []
         for fitted in (True, False):
             new = dict(model.w)
@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mix", default="", help="name-pattern=spec;... overriding the layers' scheme")
     parser.add_argument("--fit-tokens", type=int, default=0,
                         help="fit on the calibration text's first N tokens only (0: all of --cal-tokens)")
+    parser.add_argument("--layers", type=int, nargs="*", default=None, help="with --per-layer: only these layers")
     parser.add_argument("--per-layer", action="store_true",
                         help="each layer alone, fitted and plain: its KL on the fitted tokens, on the calibration"
                              " tokens the fit did not use (held apart) and on the held-out text")

@@ -200,6 +200,8 @@ class WeightCompressor:
         self.notes: dict[str, str] = {}
         self.plan: AutoPlan | None = None
         self.fit = CalibrationFit.of(self, encode)  # codes fitted to the calibration activations (`fit=`)
+        #: Weights autoN measured better plainly encoded than fitted (`sensitivity.output_sensitivity`).
+        self.plain_codes: dict[str, tuple[float, float]] = {}
         self.shared = shared_session()
         if self.shared is not None:
             self.shared.held += [params, config]
@@ -217,10 +219,11 @@ class WeightCompressor:
                 self._plan_auto(defaults)
                 if self.shared is not None:
                     self.shared.plans[plan_key] = (
-                        {n: self.schemes[n] for n in defaults}, dict(self.notes), self.plan)
+                        {n: self.schemes[n] for n in defaults}, dict(self.notes), self.plan, dict(self.plain_codes))
             else:
                 self.schemes.update(planned[0])
-                self.notes, self.plan = dict(planned[1]), planned[2]
+                self.notes, self.plan, self.plain_codes = dict(planned[1]), planned[2], dict(planned[3])
+                self.fit.skip = self.fit.skip | frozenset(self.plain_codes)
         self._done: dict[tuple[str, str], Any] = {}
         #: The codes of each compressed weight (the arrays the program holds, no copy): what
         #: the conversion-time checks decode instead of encoding the weights again.
@@ -290,6 +293,10 @@ class WeightCompressor:
                               measured_note=split_note(self) if measure is not None else "")
         self.schemes.update(self.plan.schemes)
         self.notes = dict(self.plan.notes)
+        if self.plain_codes:  # held apart, their fitted codes kept the model further off
+            self.fit.skip = self.fit.skip | frozenset(self.plain_codes)
+            for n, (plainly, fitted) in self.plain_codes.items():
+                self.notes[n] = self.notes.get(n, "") + f"; plain codes (held apart {plainly:.2g}, fitted {fitted:.2g})"
 
     def _calibration_graph(self) -> Graph:
         return self.graph if self.config.calibration_graph is None else self.config.calibration_graph

@@ -216,11 +216,18 @@ def output_sensitivity(
     On a decoder's logits over token ids (`next_token_targets`) a measurement is the mean
     KL divergence from the float model's next-token distribution (the quality check's
     measure, so a target in KL can be searched for); else the outputs' squared relative
-    error. With a sample, each layer is also measured whole (its weights plainly encoded at
-    once: `auto.layer_scaled`) while layers x parameters x input elements stays below
-    `limits[1]`; the last element is that measurement (None: not measured). `plain(storage,
-    scheme, name)` encodes without the fit; `transposed(name)`: the weight is stored as the
-    transpose of its Param."""
+    error. With a sample, each layer is also measured whole (its weights encoded at once:
+    `auto.layer_scaled`) while layers x parameters x input elements stays below `limits[1]`;
+    the last element is that measurement (None: not measured). `plain(storage, scheme, name)`
+    encodes without the fit; `transposed(name)`: the weight is stored as the transpose of its
+    Param.
+
+    With fitted codes on a split calibration (`fitted_from`) each measurement runs with the
+    codes fitted (on the positions before the split) and plainly encoded, judged on the
+    positions after it: the smaller loss counts, and where plain codes keep the model closer
+    the weight (a layer's: its weights not measured alone) is recorded in
+    `compressor.plain_codes` (name -> (plain loss, fitted loss)), which the conversion then
+    encodes plainly."""
     from rlx_mil.compress.auto import layer_count
     from rlx_mil.compress.calibration import example_inputs
     from rlx_mil.compress.fit import fit_to_shape
@@ -287,12 +294,28 @@ def output_sensitivity(
         return float(np.mean([np.sum((np.asarray(got[k], np.float64) - w) ** 2) / max(float(np.sum(w * w)), 1e-30)
                               for k, w in want.items()]))
 
+    alone: set[str] = set()
+    choices: dict[str, tuple[float, float]] = compressor.plain_codes
+
     def measure(name: str, scheme: Scheme) -> float:
-        return loss({name: replaced(name, scheme, True)})
+        fitted = loss({name: replaced(name, scheme, True)})
+        if first is None or name in compressor.fit.skip:
+            return fitted
+        # Held apart, fitted codes can lose to plain ones: the weight takes whichever keeps more.
+        alone.add(name)
+        plainly = loss({name: replaced(name, scheme, False)})
+        if plainly < fitted:
+            choices[name] = (plainly, fitted)
+        return min(fitted, plainly)
 
     def measure_layer(schemes: Mapping[str, Scheme]) -> float:
-        # with a split calibration as the package will hold them (fitted); else plainly (cheaper)
-        return loss({n: replaced(n, s, first is not None) for n, s in schemes.items()})
+        plainly = loss({n: replaced(n, s, False) for n, s in schemes.items()})
+        if first is None:  # nothing fitted, or fitted codes measured where they were fitted: plainly
+            return plainly
+        fitted = loss({n: replaced(n, s, True) for n, s in schemes.items()})
+        if plainly < fitted:  # the layer's weights not measured alone take plain codes
+            choices.update({n: (plainly, fitted) for n in schemes if n not in alone and n not in compressor.fit.skip})
+        return min(fitted, plainly)
 
     layered = sample is not None and layer_count(names) * elements * tokens <= limits[1]
     return measure, sample, unit, measure_layer if layered else None

@@ -19,8 +19,9 @@ from typing import Any
 
 @dataclass
 class SharedCompression:
-    #: plan key -> (schemes, notes, AutoPlan) of the first compressor that planned.
-    plans: dict[Hashable, tuple[dict[str, Any], dict[str, str], Any]] = field(default_factory=dict)
+    #: plan key -> (schemes, notes, AutoPlan, the weights it measured better plainly encoded) of
+    #: the first compressor that planned.
+    plans: dict[Hashable, tuple[dict[str, Any], dict[str, str], Any, dict[str, Any]]] = field(default_factory=dict)
     #: codes key -> (codes, WeightReport) of the first compressor that encoded the weight.
     codes: dict[Hashable, tuple[Any, Any]] = field(default_factory=dict)
     #: check key -> the report fields the first function's check filled.
