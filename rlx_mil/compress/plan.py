@@ -57,10 +57,11 @@ from rlx_mil.progress import ItemCount
 from rlx_mil.reference.overlay import OverlaidParams
 
 #: autoN measures each weight's effect on the outputs (one reference run per weight) while
-#: weights x parameters x input elements stays below this (about two minutes of NumPy); a larger
-#: model has as many of its weights measured as fit (`measure_sample`), at least `MIN_SAMPLE`
-#: (SmolLM2-135M at its 256 calibration tokens: 11).
-MEASURE_LIMIT = 4 * 10**11
+#: weights x parameters x input elements stays below this (about a minute of NumPy); a larger
+#: model has as many of its weights measured as fit (`measure_sample`), at least `MIN_SAMPLE`.
+#: The elements counted are those the measurements score: a calibration split for fitted codes
+#: (`sensitivity.held_apart`) counts its measuring part (each run costs twice as much).
+MEASURE_LIMIT = 2 * 10**11
 #: A model measured on a sample also has each of its layers measured whole (one reference run
 #: per layer, `auto.layer_scaled`) while layers x parameters x input elements stays below this.
 #: Off (0): on SmolLM2-135M's Neural Engine `auto4` (30 layers at 128 calibration tokens,

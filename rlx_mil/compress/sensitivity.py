@@ -251,6 +251,9 @@ def output_sensitivity(
         graph, elements = head.graph, elements - head.skipped_elements(tokens)
     else:
         head = None
+    split = fitted_from(compressor)
+    if split is not None:  # the limits count the positions measured: those after the split
+        tokens -= tokens * split // int(np.shape(inputs["input_ids"])[-1])
     sample = None
     if len(names) * elements * tokens > limits[0]:
         sample = measure_sample(names, compressor.roles, limits[0] // max(elements * tokens, 1))

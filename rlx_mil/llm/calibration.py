@@ -16,10 +16,20 @@ from typing import Any
 
 import numpy as np
 
-#: Calibration tokens autoN's measurements run over (each measurement is one reference run).
-#: Fitted codes (`fit=`) are fitted on the first half and measured on the second
-#: (`rlx_mil.compress.sensitivity.held_apart`): 128 tokens each.
-CALIBRATION_TOKENS = 256
+#: Calibration tokens autoN's measurements score (each measurement is one reference run).
+CALIBRATION_TOKENS = 128
+
+
+def calibration_tokens(config: Any) -> int:
+    """The built-in calibration's length for `config` (a `CompressionConfig` as its deployment
+    form makes it; None: none): `CALIBRATION_TOKENS`, and as many again before them when autoN
+    fits codes (`fit=`): the fit sees those, the measurements score the others
+    (`rlx_mil.compress.sensitivity.held_apart`)."""
+    from rlx_mil.compress.sensitivity import FIT_SHARE
+
+    if config is not None and config.auto is not None and config.fit not in (None, "off"):
+        return round(CALIBRATION_TOKENS / (1 - FIT_SHARE))
+    return CALIBRATION_TOKENS
 
 
 def builtin_calibration(
@@ -102,7 +112,7 @@ def gguf_compress(compress: Any, path: str | os.PathLike[str], *, deploy: str = 
     config = parse_compress(form_compression(compress, DeployForm.parse(deploy)))
     if config is None or config.calibration is not None or (config.auto is None and config.fit in (None, "off")):
         return config
-    found = gguf_calibration(path, text)
+    found = gguf_calibration(path, text, calibration_tokens(config))
     if found is None:
         return config
     return dataclasses.replace(config, calibration=found[0], calibration_graph=found[1], calibration_params=found[2])

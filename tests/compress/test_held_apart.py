@@ -169,3 +169,19 @@ def test_too_few_calibration_tokens_fit_and_measure_on_all_of_them_and_say_so() 
     assert "fitted codes measured on the positions they were fitted on" in compressor.plan.summary
     assert compressor.fit._rows is not None
     assert compressor.fit._rows["layers.0.mlp.down_proj.weight"].shape[0] == config.seq
+
+
+def test_the_builtin_calibration_doubles_only_for_plans_that_fit_codes() -> None:
+    """The Neural Engine's auto4 (fitted codes) gets 256 built-in tokens, half of them held apart;
+    the GPU's auto4 and a fixed scheme's fit keep 128 (their measurements score every position)."""
+    from rlx_mil.compress import parse_compress as parse
+    from rlx_mil.coreml.deploy import DeployForm
+    from rlx_mil.coreml.deploy.compression import form_compression
+    from rlx_mil.llm.calibration import CALIBRATION_TOKENS, calibration_tokens
+
+    assert CALIBRATION_TOKENS == 128
+    assert calibration_tokens(form_compression(parse("auto4"), DeployForm.ANE)) == 256
+    assert calibration_tokens(form_compression(parse("auto4;fit=off"), DeployForm.ANE)) == 128
+    assert calibration_tokens(form_compression(parse("auto4"), DeployForm.GPU)) == 128
+    assert calibration_tokens(parse("lut4-scaled;fit=on")) == 128
+    assert calibration_tokens(None) == 128
