@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +23,12 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # Core AI programs checked in a child process are remembered for this run only, not in ~/.cache.
 os.environ.setdefault("RLX_MIL_COREAI_CHECKED", "")
+# Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE, as on CI's
+# machines): otherwise every process of the run compiles rlx_mil's and the tests' sources anew,
+# the xdist workers each and every CLI or Core AI child process a test starts (about 0.5 s of
+# CPU each). The files go to the ignored __pycache__ folders.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 logging.getLogger("coremltools").setLevel(logging.ERROR)
 
 import pytest  # noqa: E402
@@ -51,7 +58,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if not os.environ.get("RLX_MIL_REQUIRE_COREAI"):
         return
     import importlib.util
-    import sys
 
     if sys.version_info < (3, 11) or importlib.util.find_spec("coreai") is None:
         pytest.exit("RLX_MIL_REQUIRE_COREAI is set but Apple's Core AI is not importable: install the coreai extra"
@@ -74,7 +80,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     included) and ends it with os._exit 10 s later, no `atexit` run: coremltools' temporary
     packages stayed in the temporary folder (hundreds of MB on a loaded machine)."""
     import gc
-    import sys
 
     gc.collect()
     scratch = sys.modules.get("rlx_mil.coreml.scratch")
