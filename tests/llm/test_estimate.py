@@ -60,7 +60,7 @@ def test_cli_prints_the_bound_and_its_sources(package: tuple[Path, Path], capsys
     assert "--context goes with --estimate" in capsys.readouterr().err
 
 
-def test_compressed_weights_count_at_their_stored_size(tmp_path: Path) -> None:
+def test_compressed_weights_count_at_their_stored_size(package: tuple[Path, Path], tmp_path: Path) -> None:
     """A saved package holds constexpr ops' storage inline: it streams at its compressed size."""
     import warnings
 
@@ -68,7 +68,7 @@ def test_compressed_weights_count_at_their_stored_size(tmp_path: Path) -> None:
 
     from rlx_mil.llm.package import convert_llm_checkpoint
 
-    checkpoint = tiny_checkpoint(tmp_path, seed=2)
+    checkpoint, fp32_package = package  # the module's fp32 package of this checkpoint
     out = tmp_path / "int8.mlpackage"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -85,7 +85,7 @@ def test_compressed_weights_count_at_their_stored_size(tmp_path: Path) -> None:
     # everything the weight file holds but the embedding table's codes, plus the program's
     # own small constants (RoPE tables, masks); small weights stay fp16
     assert codes <= got.weight_bytes <= stored - embedding + 4096, (codes, got.weight_bytes, stored, embedding)
-    fp32 = estimate_decode(tiny_stateful_package(checkpoint, tmp_path))
+    fp32 = estimate_decode(fp32_package)
     assert got.weight_bytes < 0.4 * fp32.weight_bytes  # fp32 package: 4 bytes a weight
 
 
