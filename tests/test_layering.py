@@ -10,6 +10,7 @@ module `a.b` where there is one, else to `a` itself: taking a name from a parent
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -82,6 +83,7 @@ def _imports(tree: ast.AST, module: str, is_package: bool, modules: set[str]) ->
                 yield f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
 
 
+@functools.cache  # parsed once per test process; the tests only read it
 def import_graph() -> dict[str, set[str]]:
     """module -> the rlx_mil modules it takes names from."""
     paths = {_module_name(p): p for p in PACKAGE_ROOT.rglob("*.py")}
