@@ -185,3 +185,26 @@ def test_the_builtin_calibration_doubles_only_for_plans_that_fit_codes() -> None
     assert calibration_tokens(form_compression(parse("auto4"), DeployForm.GPU)) == 128
     assert calibration_tokens(parse("lut4-scaled;fit=on")) == 128
     assert calibration_tokens(None) == 128
+
+
+def test_weights_whose_fit_holds_apart_keep_fitted_codes() -> None:
+    """128 fitted tokens for 32-64-wide layers: held apart the fitted codes keep the model
+    closer than plain ones, so no weight is switched to plain codes (against 32 tokens above)."""
+    import rlx_mil.compress.plan as plan
+
+    config = TinyLM(layers=1, seq=256, hidden=32, intermediate=64, vocab=64)
+    graph = tiny_lm(config)
+    params = tiny_lm_params(graph, config)
+    spec = parse_compress("auto4;fit=on;budget=0.5")
+    assert spec is not None
+    compressor = plan.WeightCompressor(dataclasses.replace(spec, calibration=tiny_lm_inputs(config)), graph,
+                                       Target.IOS18, Precision.FP32, params)
+    assert compressor.plan is not None and "positions 128-255" in compressor.plan.summary
+    assert compressor.plain_codes == {}
+    name = "layers.0.mlp.down_proj.weight"
+    from rlx_mil.compress.plan import encode
+
+    scheme, _ = fit_to_shape(compressor.schemes[name], (config.hidden, config.intermediate), Target.IOS18)
+    storage = params[name].T
+    assert not np.array_equal(compressor.fit.encode(storage, scheme, name).dequantize(),
+                              encode(storage, scheme, Precision.FP32, name).dequantize())
