@@ -45,7 +45,7 @@ def main() -> None:
     assert found is not None, "the file has no tokenizer"
     inputs, graph, params = found
     feeds = {"input_ids": inputs["input_ids"]}
-    head = vocab_sample.large_head(graph)
+    head = vocab_sample.large_head(graph, vocab_sample.MEASURED_LIMIT)
     assert head is not None, "no head over a large vocabulary"
     keep = next_token_targets(feeds, (*feeds["input_ids"].shape, 1))
     assert keep is not None

@@ -55,6 +55,13 @@ def _lut(name: str, bits: int) -> np.ndarray:
     return np.asarray(back.T if name != "embed_tokens.weight" else back, np.float32).reshape(value.shape)
 
 
+def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert vocab_sample.VOCAB_LIMIT is None and vocab_sample.large_head(GRAPH) is None
+    monkeypatch.setattr(vocab_sample, "TOP_CANDIDATES", 8)
+    monkeypatch.setattr(vocab_sample, "TAIL_SAMPLE", 300)
+    assert vocab_sample.large_head(GRAPH) is None and vocab_sample.large_head(GRAPH, 1000) is not None
+
+
 @pytest.mark.usefixtures("small_sample")
 def test_the_sampled_head_finds_the_tied_head_and_stops_the_graph_at_its_input() -> None:
     head = vocab_sample.large_head(GRAPH)
