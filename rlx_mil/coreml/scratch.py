@@ -99,8 +99,10 @@ def conversion_temporaries() -> Iterator[Path]:
     try:
         yield scratch
     except BaseException as err:
-        _release_frames(err)
-        for name in set(os.listdir(scratch)) - before:
+        created = set(os.listdir(scratch)) - before
+        # Only a temporary file the block created can be waiting for a collection to delete it.
+        _release_frames(err, collect=bool(created))
+        for name in created:
             path = scratch / name
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
@@ -111,7 +113,7 @@ def conversion_temporaries() -> Iterator[Path]:
         tempfile.tempdir = saved
 
 
-def _release_frames(err: BaseException) -> None:
+def _release_frames(err: BaseException, collect: bool = True) -> None:
     """Close the temporary files coremltools had open where `err` (or a cause of it) was
     raised, and let go of its frames' locals, so that those `NamedTemporaryFile`s delete
     themselves now, while their folder exists. Kept alive by the traceback, they would try
@@ -127,7 +129,8 @@ def _release_frames(err: BaseException) -> None:
         _cut_at_temporary_file(current)
         traceback.clear_frames(current.__traceback__)
         pending += [current.__cause__, current.__context__]
-    gc.collect()
+    if collect:
+        gc.collect()
 
 
 def _cut_at_temporary_file(err: BaseException) -> None:
