@@ -206,7 +206,7 @@ class Overlaid(Mapping[str, Any]):
 
 def output_sensitivity(
     compressor: Any, names: list[str], reader: Callable[[str], Callable[[], np.ndarray]], elements: int,
-    limits: tuple[int, int], plain: Callable[[np.ndarray, Scheme, str], Any], transposed: Callable[[str], bool],
+    limits: tuple[int, int, int], plain: Callable[[np.ndarray, Scheme, str], Any], transposed: Callable[[str], bool],
 ) -> tuple[Callable[[str, Scheme], float] | None, list[str] | None, str, Callable[[Mapping[str, Scheme]], float] | None]:
     """autoN's measured sensitivities: the reference run with one weight compressed at a
     time, on the calibration inputs (else generated ones, unless check=off), for every
@@ -217,7 +217,8 @@ def output_sensitivity(
     KL divergence from the float model's next-token distribution (the quality check's
     measure, so a target in KL can be searched for); else the outputs' squared relative
     error. With a sample, each layer is also measured whole (its weights encoded at once:
-    `auto.layer_scaled`) while layers x parameters x input elements stays below `limits[1]`;
+    `auto.layer_scaled`) while layers x parameters x input elements stays below `limits[1]`
+    (`limits[2]` for fitted codes measured on a split calibration);
     the last element is that measurement (None: not measured). `plain(storage, scheme, name)`
     encodes without the fit; `transposed(name)`: the weight is stored as the transpose of its
     Param.
@@ -320,5 +321,5 @@ def output_sensitivity(
             choices.update({n: (plainly, fitted) for n in schemes if n not in alone and n not in compressor.fit.skip})
         return min(fitted, plainly)
 
-    layered = sample is not None and layer_count(names) * elements * tokens <= limits[1]
+    layered = sample is not None and layer_count(names) * elements * tokens <= limits[1 if first is None else 2]
     return measure, sample, unit, measure_layer if layered else None

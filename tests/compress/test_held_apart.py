@@ -208,3 +208,26 @@ def test_weights_whose_fit_holds_apart_keep_fitted_codes() -> None:
     storage = params[name].T
     assert not np.array_equal(compressor.fit.encode(storage, scheme, name).dequantize(),
                               encode(storage, scheme, Precision.FP32, name).dequantize())
+
+
+@pytest.mark.parametrize("fitted_limit", [10**15, 0])
+def test_a_sampled_plan_with_fitted_codes_measures_its_layers_held_apart(fitted_limit: int) -> None:
+    """Layers are measured (with their fitted codes, on the held-apart positions) under
+    FITTED_LAYER_MEASURE_LIMIT while the unfitted limit stays off."""
+    import rlx_mil.compress.plan as plan
+
+    config = TinyLM(layers=4, seq=SEQ)
+    graph = tiny_lm(config)
+    params = tiny_lm_params(graph, config)
+    elements = sum(int(np.prod(v.shape)) for v in params.values() if np.asarray(v).dtype.kind == "f")
+    spec = parse_compress("auto4;fit=on")
+    assert spec is not None
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(plan, "MEASURE_LIMIT", 10 * elements * (SEQ // 2))  # 10 weights, counting the scored positions
+        m.setattr(plan, "LAYER_MEASURE_LIMIT", 0)
+        m.setattr(plan, "FITTED_LAYER_MEASURE_LIMIT", fitted_limit)
+        compressor = plan.WeightCompressor(dataclasses.replace(spec, calibration=tiny_lm_inputs(config)), graph,
+                                           Target.IOS18, Precision.FP32, params)
+    assert compressor.plan is not None
+    assert "(10 of 30 weights measured, the rest by kind" in compressor.plan.summary
+    assert ("scaled per layer by 4 measured layers" in compressor.plan.summary) == (fitted_limit > 0)
