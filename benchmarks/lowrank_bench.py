@@ -132,9 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16, 32, 64])
     parser.add_argument("--forms", nargs="+", default=["diag", "full"])
     parser.add_argument("--int8", action="store_true", help="int8 factors (per-row fp16 scale), else fp16")
-    parser.add_argument("--worst", type=int, nargs="+", default=[6, 15],
+    parser.add_argument("--worst", type=int, nargs="*", default=[6, 15],
                         help="also correct only this many weights, the worst by held-out output error")
     parser.add_argument("--per-weight", action="store_true", help="only the per-weight output errors (no model runs)")
+    parser.add_argument("--correct", choices=["lut4-scaled", "all"], default="lut4-scaled",
+                        help="which weights the rank-r runs correct: the lut4-scaled ones, or every one not int8")
     parser.add_argument("--model-only", action="store_true", help="skip the per-weight output errors")
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--cal-tokens", type=int, default=128)
@@ -239,11 +241,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # The model: every lut4-scaled weight corrected at rank r, against widening as many bytes' worth.
     order = sorted(narrow, key=lambda n: -(out_err[n] ** 2 - wide_err[n] ** 2))
+    corrected = narrow if args.correct == "lut4-scaled" else [n for n in names if spec_of[n] != "int8"]
     for rank in args.ranks:
-        added = sum(correction_bytes(*model.w[n].shape, rank, args.int8) for n in narrow)
+        added = sum(correction_bytes(*model.w[n].shape, rank, args.int8) for n in corrected)
         for form in args.forms:
-            fixed = {n: fix(n, rank, form) for n in narrow}
-            judge(f"lut4-scaled + rank {rank} ({form})", fixed, added)
+            fixed = {n: fix(n, rank, form) for n in corrected}
+            judge(f"{args.correct} + rank {rank} ({form}{', int8' if args.int8 else ''})", fixed, added)
         widened, spent = {}, 0.0
         for n in order:
             cost = scheme_bytes("lut6", *model.w[n].shape) - scheme_bytes("lut4-scaled", *model.w[n].shape)
