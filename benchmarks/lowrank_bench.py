@@ -47,8 +47,9 @@ DEFAULT_MIX = "q_proj=lut4-scaled;o_proj=lut4-scaled;k_proj=int8;v_proj=int8;gat
 DAMPING = 0.1
 
 
-def scheme_bytes(spec: str, out: int, inp: int) -> float:
+def scheme_bytes(spec: str, shape: tuple[int, ...]) -> float:
     """Package bytes of an [out, in] weight in `spec` (iOS26 forms)."""
+    out, inp = shape
     n = out * inp
     if spec == "int8":
         return n + 2 * out
@@ -61,7 +62,8 @@ def scheme_bytes(spec: str, out: int, inp: int) -> float:
     raise ValueError(spec)
 
 
-def correction_bytes(out: int, inp: int, rank: int, int8: bool) -> float:
+def correction_bytes(shape: tuple[int, ...], rank: int, int8: bool) -> float:
+    out, inp = shape
     return rank * (out + inp) + 2 * (out + rank) if int8 else 2 * rank * (out + inp)
 
 
@@ -75,7 +77,7 @@ def fitted(w: np.ndarray, spec: str, x: np.ndarray) -> np.ndarray:
 
     scheme = parse_scheme(spec)
     assert scheme is not None
-    shaped, _ = fit_to_shape(scheme, tuple(w.shape), Target.IOS18)  # type: ignore[arg-type]
+    shaped, _ = fit_to_shape(scheme, tuple(w.shape), Target.IOS18)
     codes = fit_codes(w, shaped, store_dtype(Precision.FP16), "w", input_hessian(x), FitOptions(), activations=x)
     return codes.dequantize().astype(np.float32)
 
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     head = model.w["model.embed_tokens.weight"]
     head8 = product_encode(head, "int8")
     fp16_bytes = 2 * (head.size + sum(model.w[n].size for n in names))
-    base_bytes = head.size + 2 * head.shape[0] + sum(scheme_bytes(spec_of[n], *model.w[n].shape) for n in names)
+    base_bytes = head.size + 2 * head.shape[0] + sum(scheme_bytes(spec_of[n], model.w[n].shape) for n in names)
 
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -211,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         gains: dict[str, list[float]] = {}
         for n in narrow:
             w = model.w[n]
-            widen = scheme_bytes("lut6", *w.shape) - scheme_bytes("lut4-scaled", *w.shape)
-            same = max(1, int(widen // correction_bytes(*w.shape, 1, args.int8)))
+            widen = scheme_bytes("lut6", w.shape) - scheme_bytes("lut4-scaled", w.shape)
+            same = max(1, int(widen // correction_bytes(w.shape, 1, args.int8)))
             row = [out_err[n], wide_err[n]]
             for form in args.forms:
                 row.append(rel_out(held_rows[n], w, fix(n, same, form)))
@@ -230,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
                 ratio = []
                 for n in narrow:
                     w = model.w[n]
-                    widen = scheme_bytes("lut6", *w.shape) - scheme_bytes("lut4-scaled", *w.shape)
-                    fixed = rel_out(held_rows[n], w, fix(n, rank, form))
-                    by_rank = (out_err[n] ** 2 - fixed ** 2) / correction_bytes(*w.shape, rank, args.int8)
+                    widen = scheme_bytes("lut6", w.shape) - scheme_bytes("lut4-scaled", w.shape)
+                    after = rel_out(held_rows[n], w, fix(n, rank, form))
+                    by_rank = (out_err[n] ** 2 - after ** 2) / correction_bytes(w.shape, rank, args.int8)
                     ratio.append(by_rank / ((out_err[n] ** 2 - wide_err[n] ** 2) / widen))
                 parts.append(f"rank {rank} {np.mean(ratio):.2f}")
             print(f"  {form}: error removed per byte, relative to lut6's (mean of {len(narrow)}): " + ", ".join(parts), flush=True)
@@ -243,13 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     order = sorted(narrow, key=lambda n: -(out_err[n] ** 2 - wide_err[n] ** 2))
     corrected = narrow if args.correct == "lut4-scaled" else [n for n in names if spec_of[n] != "int8"]
     for rank in args.ranks:
-        added = sum(correction_bytes(*model.w[n].shape, rank, args.int8) for n in corrected)
+        added = sum(correction_bytes(model.w[n].shape, rank, args.int8) for n in corrected)
         for form in args.forms:
             fixed = {n: fix(n, rank, form) for n in corrected}
             judge(f"{args.correct} + rank {rank} ({form}{', int8' if args.int8 else ''})", fixed, added)
         widened, spent = {}, 0.0
         for n in order:
-            cost = scheme_bytes("lut6", *model.w[n].shape) - scheme_bytes("lut4-scaled", *model.w[n].shape)
+            cost = scheme_bytes("lut6", model.w[n].shape) - scheme_bytes("lut4-scaled", model.w[n].shape)
             if spent + cost > added * 1.0001:
                 break
             widened[n], spent = wide[n], spent + cost
@@ -258,12 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     for count in args.worst:
         chosen = [n for n in worst if spec_of[n] != "int8"][:count]
         for rank in (16, 64):
-            added = sum(correction_bytes(*model.w[n].shape, rank, args.int8) for n in chosen)
+            added = sum(correction_bytes(model.w[n].shape, rank, args.int8) for n in chosen)
             fixed = {n: fix(n, rank, "diag") for n in chosen}
             judge(f"worst {count} + rank {rank} (diag)", fixed, added)
         wider = {n: "lut6" if spec_of[n] == "lut4-scaled" else "int8" for n in chosen}
         widened = {n: decoded(n, wider[n]) for n in chosen}
-        spent = sum(scheme_bytes(wider[n], *model.w[n].shape) - scheme_bytes(spec_of[n], *model.w[n].shape) for n in chosen)
+        spent = sum(scheme_bytes(wider[n], model.w[n].shape) - scheme_bytes(spec_of[n], model.w[n].shape) for n in chosen)
         judge(f"worst {count} one step wider instead", widened, spent)
     return 0
 
