@@ -72,6 +72,9 @@ class FitOptions:
     gptq: bool = True
     #: After `gptq`, one table's entries refitted to the codes (`refit_table`; needs the activations).
     refit: bool = True
+    #: After `gptq` (and `refit`), a scaled palette's per-row scales refitted to the codes
+    #: (`refit_scales`; needs the activations).
+    rescale: bool = True
 
 
 def input_hessian(rows: np.ndarray) -> np.ndarray:
@@ -254,6 +257,34 @@ def refit_table(
     return out[order], rank[idx].astype(np.asarray(codes).dtype)
 
 
+def refit_scales(
+    rows: np.ndarray, codes: np.ndarray, table: np.ndarray, scale: np.ndarray, activations: np.ndarray,
+    damping: float = DAMPING,
+) -> np.ndarray:
+    """Each row's scale s_r minimising the calibration output error of a scaled one-table
+    palette with these `codes` and `table`: ``(w_r - s_r t_r) H (w_r - s_r t_r)^T`` with
+    ``t_r = T[c_r]``, H the damped Hessian of `activations` as in `refit_table`. Closed form
+    per row: ``s_r = t_r H w_r^T / t_r H t_r^T`` (one parameter fitted on every calibration
+    position: it does not learn the tokens). A row whose codes decode to zeros keeps its scale.
+
+    The plain scale (the row's largest magnitude) makes the table's end reach the row's
+    largest weight; after error-compensating rounding the codes are no longer the nearest ones,
+    and the scale that serves them best differs."""
+    w = np.asarray(rows, np.float64)
+    t = np.asarray(table, np.float64)[np.asarray(codes).astype(np.int64)]
+    x = np.asarray(activations, np.float64)
+    norm = np.linalg.norm(x, axis=1, keepdims=True)
+    x = x / np.where(norm > 0, norm, 1.0)
+    n = max(x.shape[0], 1)
+    diag_mean = float(np.sum(x * x)) / n / max(w.shape[1], 1)
+    lam = damping * (diag_mean if diag_mean > 0 else 1.0)
+    xt, xw = x @ t.T, x @ w.T  # [positions, out]
+    num = np.sum(xt * xw, axis=0) / n + lam * np.sum(t * w, axis=1)
+    den = np.sum(xt * xt, axis=0) / n + lam * np.sum(t * t, axis=1)
+    old = np.asarray(scale, np.float64)
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), old)
+
+
 def _weighted_luts(u: np.ndarray, weights: np.ndarray, per_group: int, k: int, store: type[np.floating]) -> np.ndarray:
     groups = u.shape[0] // per_group
     luts = np.empty((groups, k), store)
@@ -296,6 +327,8 @@ def fit_palette(
         if options.refit and activations is not None and luts.shape[0] == 1 and k <= REFIT_ENTRIES:
             table, idx = refit_table(rows, idx, luts[0], scale, activations)
             luts = table.astype(store)[None, :]
+        if options.rescale and activations is not None and scale is not None and luts.shape[0] == 1:
+            scale = refit_scales(rows, idx, luts[0], scale, activations).astype(store)
     else:
         idx = np.stack([grid.round(rows[:, j], j)[0] for j in range(width)], axis=1)
     writer = code_writer((channels, width), np.dtype(np.uint8))
@@ -339,8 +372,8 @@ def fit_codes(
 
 
 #: `fit=` (`rlx_mil.compress.schemes.FIT_MODES`) -> what the fit uses H for.
-FIT_OPTIONS = {"weighted": FitOptions(weighted=True, gptq=False, refit=False),
-               "gptq": FitOptions(weighted=False, gptq=True, refit=False),
+FIT_OPTIONS = {"weighted": FitOptions(weighted=True, gptq=False, refit=False, rescale=False),
+               "gptq": FitOptions(weighted=False, gptq=True, refit=False, rescale=False),
                "on": FitOptions(weighted=True, gptq=True, refit=True)}
 
 
