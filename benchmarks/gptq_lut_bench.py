@@ -5,17 +5,21 @@ weight's rounding does to the model when the codes are chosen with the calibrati
 activations' second moments instead of nearest-value rounding:
 
 * ``lut4s``: `lut4-scaled` as the product encodes it (`rlx_mil.compress.plan.encode`);
-* ``lut4s-aw``: its table fitted by k-means weighted by E[x_j^2] of the layer's inputs;
-* ``lut4s-gptq``: the same table and scales, codes rounded column by column with the
-  inverse-Hessian error feedback (H = X^T X of the calibration activations);
-* mixes of the above with `lut6` / `int8` as the ANE `auto4` plan chooses them.
+* ``lut4s+MODE``: fitted to the calibration activations (`rlx_mil.compress.fitting`), MODE
+  naming the parts: ``aw`` (the table fitted by k-means weighted by the Hessian's diagonal),
+  ``gptq`` (codes rounded column by column with the inverse-Hessian error feedback), ``refit``
+  (one table's entries refitted to those codes), ``rescale`` (a scaled table's per-row scales
+  refitted to them); ``lut4s+aw-gptq-refit-rescale`` is `fit=on`;
+* mixes of the above with `lut6` / `int8` as the ANE `auto4` plan chooses them (``--mix``);
+* ``--sequential``: each layer fitted to the inputs the already-encoded layers before it
+  produce on the calibration tokens (GPTQ's order), not to the float model's.
 
 The model runs as a float32 NumPy Llama forward (checked against `rlx_mil.reference` on the
 first tokens), calibrated on the built-in calibration text (all its tokens) and measured on the
 built-in held-out text (256 tokens, as the conversion's check): teacher-forced top-1 (all / where
 the float model's top-2 gap is >= 0.5), mean KL and the perplexity ratio against the float model.
 
-    python benchmarks/gptq_lut_bench.py [--cache DIR] [--configs lut4s lut4s-gptq ...]
+    python benchmarks/gptq_lut_bench.py [--cache DIR] [--configs lut4s lut4s+gptq ...] [--sequential]
 """
 
 from __future__ import annotations
@@ -61,8 +65,19 @@ class Llama:
     def forward(self, ids: np.ndarray, w: dict[str, np.ndarray] | None = None, record: dict[str, Any] | None = None,
                 head: np.ndarray | None = None) -> np.ndarray:
         w = self.w if w is None else w
-        t = ids.size
         x = self.w["model.embed_tokens.weight"][ids] if head is None else head[ids]
+        for i in range(self.layers):
+            x = self.layer(i, x, w, record)
+        x = self._norm(x, self.w["model.norm.weight"])
+        table = self.w["model.embed_tokens.weight"] if head is None else head
+        return x @ table.T
+
+    def layer(self, i: int, x: np.ndarray, w: dict[str, np.ndarray], record: dict[str, Any] | None = None,
+              until: str | None = None) -> np.ndarray:
+        """Layer i on the residual stream `x` ([positions, hidden]) with weights `w`; with
+        `until` (a projection of `SEQUENTIAL_GROUPS`) it stops once that projection's input is
+        recorded (returns `x` unchanged)."""
+        t = x.shape[0]
         inv = 1.0 / self.theta ** (np.arange(0, self.hd, 2) / self.hd)
         ang = np.arange(t)[:, None] * inv[None, :]
         cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
@@ -77,28 +92,54 @@ class Llama:
                 record.setdefault(name, []).append(a)
             return a @ w[name].T
 
+        p = f"model.layers.{i}."
         mask = np.triu(np.full((t, t), -np.inf, np.float32), 1)
-        for i in range(self.layers):
-            p = f"model.layers.{i}."
-            h = self._norm(x, self.w[p + "input_layernorm.weight"])
-            q = lin(p + "self_attn.q_proj.weight", h).reshape(t, self.heads, self.hd).transpose(1, 0, 2)
-            k = lin(p + "self_attn.k_proj.weight", h).reshape(t, self.kv, self.hd).transpose(1, 0, 2)
-            v = lin(p + "self_attn.v_proj.weight", h).reshape(t, self.kv, self.hd).transpose(1, 0, 2)
-            q, k = rope(q), rope(k)
-            rep = self.heads // self.kv
-            k, v = np.repeat(k, rep, 0), np.repeat(v, rep, 0)
-            s = q @ k.transpose(0, 2, 1) / np.sqrt(self.hd) + mask
-            s = np.exp(s - s.max(-1, keepdims=True))
-            s /= s.sum(-1, keepdims=True)
-            o = (s @ v).transpose(1, 0, 2).reshape(t, -1)
-            x = x + lin(p + "self_attn.o_proj.weight", o)
-            h = self._norm(x, self.w[p + "post_attention_layernorm.weight"])
-            g = lin(p + "mlp.gate_proj.weight", h)
-            u = lin(p + "mlp.up_proj.weight", h)
-            x = x + lin(p + "mlp.down_proj.weight", (g / (1 + np.exp(-g)) * u).astype(np.float32))
-        x = self._norm(x, self.w["model.norm.weight"])
-        table = self.w["model.embed_tokens.weight"] if head is None else head
-        return x @ table.T
+        h = self._norm(x, self.w[p + "input_layernorm.weight"])
+        q = lin(p + "self_attn.q_proj.weight", h).reshape(t, self.heads, self.hd).transpose(1, 0, 2)
+        k = lin(p + "self_attn.k_proj.weight", h).reshape(t, self.kv, self.hd).transpose(1, 0, 2)
+        v = lin(p + "self_attn.v_proj.weight", h).reshape(t, self.kv, self.hd).transpose(1, 0, 2)
+        if until == "q_proj":
+            return x
+        q, k = rope(q), rope(k)
+        rep = self.heads // self.kv
+        k, v = np.repeat(k, rep, 0), np.repeat(v, rep, 0)
+        s = q @ k.transpose(0, 2, 1) / np.sqrt(self.hd) + mask
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        o = (s @ v).transpose(1, 0, 2).reshape(t, -1)
+        x = x + lin(p + "self_attn.o_proj.weight", o)
+        if until == "o_proj":
+            return x
+        h = self._norm(x, self.w[p + "post_attention_layernorm.weight"])
+        g = lin(p + "mlp.gate_proj.weight", h)
+        u = lin(p + "mlp.up_proj.weight", h)
+        if until == "gate_proj":
+            return x
+        return x + lin(p + "mlp.down_proj.weight", (g / (1 + np.exp(-g)) * u).astype(np.float32))
+
+    def full_name(self, i: int, proj: str) -> str:
+        return f"model.layers.{i}.{'self_attn' if proj[0] in 'qkvo' else 'mlp'}.{proj}.weight"
+
+
+#: Projections that share an input, in the order a layer reaches them (`--sequential`).
+SEQUENTIAL_GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
+
+
+def sequential_encode(model: Llama, cal: np.ndarray, encode: Any) -> dict[str, np.ndarray]:
+    """Every layer's weights encoded in order, each fitted to the inputs the already-encoded
+    weights before it produce on the calibration tokens (GPTQ's sequential calibration):
+    `encode(name, activations)` -> the decoded weight."""
+    new = dict(model.w)
+    x = model.w["model.embed_tokens.weight"][cal]
+    for i in range(model.layers):
+        for group in SEQUENTIAL_GROUPS:
+            record: dict[str, Any] = {}
+            model.layer(i, x, new, record, until=group[0] if group[0] != "down_proj" else None)
+            for proj in group:
+                name = model.full_name(i, proj)
+                new[name] = encode(name, np.concatenate(record[name]))
+        x = model.layer(i, x, new)
+    return new
 
 
 def quality(want: np.ndarray, got: np.ndarray, ids: np.ndarray) -> dict[str, float]:
@@ -142,14 +183,14 @@ def fitted_encode(w: np.ndarray, spec: str, hessian: np.ndarray | None, mode: st
     fitted, _ = fit_to_shape(scheme, tuple(w.shape), Target.IOS18)  # type: ignore[arg-type]
     from rlx_mil.compress.plan import store_dtype
 
-    options = FitOptions(weighted="aw" in mode, gptq="gptq" in mode)
+    options = FitOptions(weighted="aw" in mode, gptq="gptq" in mode, refit="refit" in mode, rescale="rescale" in mode)
     return fit_codes(w, fitted, store_dtype(Precision.FP16), "w", hessian, options,
                      activations=activations).dequantize().astype(np.float32)
 
 
 def per_layer(model: Llama, args: argparse.Namespace, cal: np.ndarray, held: np.ndarray, want: np.ndarray,
               acts: dict[str, np.ndarray], hess: dict[str, np.ndarray], head8: np.ndarray, mix: list[Any]) -> int:
-    """Each layer alone in `--configs`' first scheme, fitted (`aw-gptq` + refit) and plain: its
+    """Each layer alone in `--configs`' first scheme, fitted (`fit=on`) and plain: its
     mean KL on the calibration tokens the fit used, on those it did not, and on the held-out text."""
     fit = args.fit_tokens or cal.size
     want_cal = model.forward(cal)
@@ -177,7 +218,7 @@ def per_layer(model: Llama, args: argparse.Namespace, cal: np.ndarray, held: np.
                 for pattern, s in mix:
                     if pattern in name:
                         spec = s
-                new[name] = (fitted_encode(model.w[name], spec, hess[name], "aw-gptq", acts[name]) if fitted
+                new[name] = (fitted_encode(model.w[name], spec, hess[name], "aw-gptq-refit-rescale", acts[name]) if fitted
                              else product_encode(model.w[name], spec))
             k_cal = kl(want_cal, model.forward(cal, new))
             k_held = kl(want, model.forward(held, new))
@@ -193,13 +234,15 @@ def per_layer(model: Llama, args: argparse.Namespace, cal: np.ndarray, held: np.
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=Path("/work/cache/rlx_mil_bench"))
-    parser.add_argument("--configs", nargs="+", default=["lut4s", "lut4s-gptq"])
+    parser.add_argument("--configs", nargs="+", default=["lut4s", "lut4s+gptq"])
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--cal-tokens", type=int, default=0, help="calibration tokens (0: all of the text)")
     parser.add_argument("--mix", default="", help="name-pattern=spec;... overriding the layers' scheme")
     parser.add_argument("--fit-tokens", type=int, default=0,
                         help="fit on the calibration text's first N tokens only (0: all of --cal-tokens)")
     parser.add_argument("--layers", type=int, nargs="*", default=None, help="with --per-layer: only these layers")
+    parser.add_argument("--sequential", action="store_true",
+                        help="fit each layer to the inputs the already-encoded layers before it produce")
     parser.add_argument("--per-layer", action="store_true",
                         help="each layer alone, fitted and plain: its KL on the fitted tokens, on the calibration"
                              " tokens the fit did not use (held apart) and on the held-out text")
@@ -232,23 +275,33 @@ def main(argv: list[str] | None = None) -> int:
     mix = [tuple(item.split("=")) for item in args.mix.split(";") if item]
     if args.per_layer:
         return per_layer(model, args, cal, held, want, acts, hess, head8, mix)
+    fit_ids = cal[:args.fit_tokens] if args.fit_tokens else cal
     for config in args.configs:
         base, _, mode = config.partition("+")
         t0 = time.perf_counter()
-        new = dict(model.w)
-        for name in model.linear_names():
+
+        def encode(name: str, x: np.ndarray | None = None, base: str = base, mode: str = mode) -> np.ndarray:
             spec = {"lut4s": "lut4-scaled", "lut6s": "lut6-scaled", "lut3s": "lut3-scaled"}.get(base, base)
             for pattern, s in mix:
                 if pattern in name:
                     spec = s
-            if mode:
-                new[name] = fitted_encode(model.w[name], spec, hess[name], mode)
-            else:
-                new[name] = product_encode(model.w[name], spec)
+            if not mode:
+                return product_encode(model.w[name], spec)
+            x = acts[name] if x is None else x
+            return fitted_encode(model.w[name], spec, input_hessian(x), mode, x)
+
+        if args.sequential and mode:
+            new = sequential_encode(model, fit_ids, encode)
+        else:
+            new = dict(model.w)
+            for name in model.linear_names():
+                new[name] = encode(name)
         secs = time.perf_counter() - t0
         got = model.forward(held, new, head=head8)
         q = quality(want, got, held)
-        print(f"{config} {args.mix}: top-1 {q['top1']:.3f} / {q['gap']:.3f}, KL {q['kl']:.4f}, ppl x{q['ppl']:.3f}"
+        fitted = quality(model.forward(fit_ids), model.forward(fit_ids, new, head=head8), fit_ids)
+        print(f"{config} {args.mix}{' sequential' * args.sequential}: top-1 {q['top1']:.3f} / {q['gap']:.3f},"
+              f" KL {q['kl']:.4f}, ppl x{q['ppl']:.3f}; on the fitted tokens KL {fitted['kl']:.4f}"
               f" ({secs:.0f} s encode)", flush=True)
     return 0
 
