@@ -19,7 +19,13 @@ minimises each element's own error, as if H were the identity; two fits here use
 * **table refitted to the codes** (``on``, after ``gptq``; one table of at most 16 entries):
   the entries solve the least-squares problem the codes leave (`refit_table`). Measured on
   SmolLM2's Neural Engine `lut4-scaled` codes (held-out output error, layers 2 and 11):
-  `down_proj` 0.0028 -> 0.0021 and 0.0057 -> 0.0036, the other projections within 1 %.
+  `down_proj` 0.0028 -> 0.0021 and 0.0057 -> 0.0036, the other projections within 1 %;
+* **scales refitted to the codes** (``on``, after ``gptq`` and the table refit; a scaled
+  one-table palette): each row's scale is the least-squares one for its codes
+  (`refit_scales`, one number per row fitted on every calibration position). Measured on
+  SmolLM2, every layer `lut4-scaled` GPTQ-rounded with an `int8` head, 128 calibration tokens
+  (benchmarks/gptq_lut_bench.py): held-out KL 0.257 -> 0.235, perplexity x1.311 -> x1.288,
+  top-1 0.719 -> 0.703 (4 of 255 positions; KL on the fitted tokens 0.071 -> 0.037).
 
 H is the mean of x x^T / |x|^2 over the calibration positions (`input_hessian`): every position
 counts once. Unnormalised, the few positions with massive activations (a decoder's first token,
@@ -27,7 +33,12 @@ tens of times the median norm at some layers) dominate it, and the codes fitted 
 on every other position (measured: SmolLM2 layer 27's down_proj, held-out output error 0.098
 plain, 0.16-0.22 fitted to the raw second moment, 0.10 to the normalised one).
 
-Both need H of the weight's input; `rlx_mil.compress.calibration.input_hessians` computes it.
+H is built from the float model's activations (`rlx_mil.compress.calibration.input_activations`),
+not from the inputs the already-compressed layers before the weight produce, as GPTQ does
+(sequential calibration). Measured in benchmarks/gptq_lut_bench.py (`--sequential`; the
+configuration above): held-out KL 0.257 -> 0.225, perplexity x1.311 -> x1.224, top-1 0.719 ->
+0.730; not in the product yet (the lowering encodes one weight at a time, and re-running the
+calibration graph over the encoded prefix needs the encode order of the plan).
 The codes are ordinary codes of the scheme: the package holds and decodes them as any other,
 but they depend on the calibration text (a check must decode the package's codes, not encode
 the weights again). Holds one weight in float64 while fitting.

@@ -113,7 +113,7 @@ def test_fit_on_refits_the_scales_and_lowers_the_calibration_objective(spec: str
     kept = fit_codes(w.astype(np.float32), scheme, np.float32, "w", h, FitOptions(rescale=False), activations=x)
     rescaled = fit_codes(w.astype(np.float32), scheme, np.float32, "w", h, FitOptions(), activations=x)
     assert np.array_equal(kept.indices, rescaled.indices)  # type: ignore[union-attr]
-    assert not np.array_equal(kept.channel_scale, rescaled.channel_scale)  # type: ignore[union-attr]
+    assert not np.array_equal(kept.channel_scale, rescaled.channel_scale)  # type: ignore[union-attr, arg-type]
     damped = _damped(x)
     before = _objective(w, kept.dequantize().astype(np.float64), damped)
     after = _objective(w, rescaled.dequantize().astype(np.float64), damped)
