@@ -9,7 +9,7 @@ activations' second moments instead of nearest-value rounding:
   naming the parts: ``aw`` (the table fitted by k-means weighted by the Hessian's diagonal),
   ``gptq`` (codes rounded column by column with the inverse-Hessian error feedback), ``refit``
   (one table's entries refitted to those codes), ``rescale`` (a scaled table's per-row scales
-  refitted to them); ``lut4s+aw-gptq-refit-rescale`` is `fit=on`;
+  refitted to them); ``lut4s+aw-gptq-refit`` is `fit=on`;
 * mixes of the above with `lut6` / `int8` as the ANE `auto4` plan chooses them (``--mix``);
 * ``--sequential``: each layer fitted to the inputs the already-encoded layers before it
   produce on the calibration tokens (GPTQ's order), not to the float model's.
@@ -218,7 +218,7 @@ def per_layer(model: Llama, args: argparse.Namespace, cal: np.ndarray, held: np.
                 for pattern, s in mix:
                     if pattern in name:
                         spec = s
-                new[name] = (fitted_encode(model.w[name], spec, hess[name], "aw-gptq-refit-rescale", acts[name]) if fitted
+                new[name] = (fitted_encode(model.w[name], spec, hess[name], "aw-gptq-refit", acts[name]) if fitted
                              else product_encode(model.w[name], spec))
             k_cal = kl(want_cal, model.forward(cal, new))
             k_held = kl(want, model.forward(held, new))

@@ -105,13 +105,13 @@ def test_a_row_that_decodes_to_zeros_keeps_its_scale() -> None:
 
 
 @pytest.mark.parametrize("spec", ["lut4-scaled", "lut6-scaled"])
-def test_fit_on_refits_the_scales_and_lowers_the_calibration_objective(spec: str) -> None:
+def test_rescale_refits_the_scales_and_lowers_the_calibration_objective(spec: str) -> None:
     w, x = _layer(6, out=24, width=32, tokens=64)
     scheme = parse_scheme(spec)
     assert scheme is not None
     h = input_hessian(x)
-    kept = fit_codes(w.astype(np.float32), scheme, np.float32, "w", h, FitOptions(rescale=False), activations=x)
-    rescaled = fit_codes(w.astype(np.float32), scheme, np.float32, "w", h, FitOptions(), activations=x)
+    kept = fit_codes(w.astype(np.float32), scheme, np.float32, "w", h, FitOptions(), activations=x)
+    rescaled = fit_codes(w.astype(np.float32), scheme, np.float32, "w", h, FitOptions(rescale=True), activations=x)
     assert np.array_equal(kept.indices, rescaled.indices)  # type: ignore[union-attr]
     assert not np.array_equal(kept.channel_scale, rescaled.channel_scale)  # type: ignore[union-attr, arg-type]
     damped = _damped(x)
