@@ -224,6 +224,17 @@ def compensated_codes(rows: np.ndarray, hessian: np.ndarray, grid: _Grid, dampin
 REFIT_ENTRIES = 16
 
 
+def _unit_positions(activations: np.ndarray, width: int, damping: float) -> tuple[np.ndarray, int, float]:
+    """(activation rows scaled to unit length, their count, the damping added to H's diagonal):
+    the pieces of ``H = X^T X / N + lam I`` as `input_hessian` weighs positions."""
+    x = np.asarray(activations, np.float64)
+    norm = np.linalg.norm(x, axis=1, keepdims=True)
+    x = x / np.where(norm > 0, norm, 1.0)
+    n = max(x.shape[0], 1)
+    diag_mean = float(np.sum(x * x)) / n / max(width, 1)
+    return x, n, damping * (diag_mean if diag_mean > 0 else 1.0)
+
+
 def refit_table(
     rows: np.ndarray, codes: np.ndarray, table: np.ndarray, scale: np.ndarray | None, activations: np.ndarray,
     damping: float = DAMPING,
@@ -243,12 +254,7 @@ def refit_table(
     w = np.asarray(rows, np.float64)
     idx = np.asarray(codes).astype(np.int64)
     k = int(np.size(table))
-    x = np.asarray(activations, np.float64)
-    norm = np.linalg.norm(x, axis=1, keepdims=True)
-    x = x / np.where(norm > 0, norm, 1.0)
-    n = max(x.shape[0], 1)
-    diag_mean = float(np.sum(x * x)) / n / max(w.shape[1], 1)
-    lam = damping * (diag_mean if diag_mean > 0 else 1.0)
+    x, n, lam = _unit_positions(activations, w.shape[1], damping)
     s = np.ones(w.shape[0]) if scale is None else np.asarray(scale, np.float64)
     hw = (w @ x.T) @ x / n + lam * w  # rows of W H
     b = np.bincount(idx.ravel(), weights=(s[:, None] * hw).ravel(), minlength=k)[:k]
@@ -285,12 +291,7 @@ def refit_scales(
     and the scale that serves them best differs."""
     w = np.asarray(rows, np.float64)
     t = np.asarray(table, np.float64)[np.asarray(codes).astype(np.int64)]
-    x = np.asarray(activations, np.float64)
-    norm = np.linalg.norm(x, axis=1, keepdims=True)
-    x = x / np.where(norm > 0, norm, 1.0)
-    n = max(x.shape[0], 1)
-    diag_mean = float(np.sum(x * x)) / n / max(w.shape[1], 1)
-    lam = damping * (diag_mean if diag_mean > 0 else 1.0)
+    x, n, lam = _unit_positions(activations, w.shape[1], damping)
     xt, xw = x @ t.T, x @ w.T  # [positions, out]
     num = np.sum(xt * xw, axis=0) / n + lam * np.sum(t * w, axis=1)
     den = np.sum(xt * xt, axis=0) / n + lam * np.sum(t * t, axis=1)
