@@ -4,13 +4,14 @@ replaced (what each measurement runs the reference on)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from rlx_mil.compress.auto import weight_kind
 from rlx_mil.compress.schemes import Scheme
+from rlx_mil.reference.overlay import ReplacedParams
 
 #: The units of autoN's measured sensitivities (`WeightCompressor._output_sensitivity`).
 KL_UNIT = "mean KL"
@@ -132,76 +133,32 @@ def measure_sample(names: list[str], roles: Mapping[str, str], count: int) -> li
 
 
 
-def _shape_of(params: Mapping[str, Any], name: str) -> tuple[int, ...]:
-    """A param's shape, read only where `params` cannot tell it (so `evaluate` reads lazily)."""
-    meta = getattr(params, "shape_of", None)
-    return tuple(int(d) for d in meta(name)) if callable(meta) else np.shape(params[name])
-
-
-def _dtype_of(params: Mapping[str, Any], name: str) -> np.dtype[Any]:
-    meta = getattr(params, "dtype_of", None)
-    return np.dtype(meta(name)) if callable(meta) else np.asarray(params[name]).dtype
-
-
-class Replaced(Mapping[str, Any]):
+class Replaced(ReplacedParams):
     """`params` with one weight's value replaced (`many`: several)."""
 
     def __init__(self, params: Mapping[str, Any], name: str, value: np.ndarray) -> None:
-        self._params, self._values = params, {name: value}
+        super().__init__(params, {name: value})
 
     @classmethod
     def many(cls, params: Mapping[str, Any], values: Mapping[str, np.ndarray]) -> Replaced:
         out = cls.__new__(cls)
-        out._params, out._values = params, dict(values)
+        ReplacedParams.__init__(out, params, values)
         return out
 
-    def __getitem__(self, name: str) -> Any:
-        return self._values[name] if name in self._values else self._params[name]
 
-    def shape_of(self, name: str) -> tuple[int, ...]:
-        return np.shape(self._values[name]) if name in self._values else _shape_of(self._params, name)
-
-    def dtype_of(self, name: str) -> np.dtype[Any]:
-        return np.asarray(self._values[name]).dtype if name in self._values else _dtype_of(self._params, name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._params)
-
-    def __len__(self) -> int:
-        return len(self._params)
-
-
-class Overlaid(Mapping[str, Any]):
+class Overlaid(ReplacedParams):
     """`params`, except where `graph` declares a Param of another shape and `own` (the graph's
     own params) has it: a calibration graph's RoPE tables, sized for its length."""
 
     def __init__(self, params: Mapping[str, Any], graph: Any, own: Mapping[str, Any] | None) -> None:
         from rlx_mil.ir.ops import Param
 
-        self._params = params
-        self._own: dict[str, Any] = {}
+        super().__init__(params, {})
         if own is not None:
             for node in graph:
                 if isinstance(node.op, Param) and node.op.name in own and node.shape.is_static:
-                    shape = getattr(params, "shape_of", None)
-                    held = tuple(shape(node.op.name)) if shape is not None else np.shape(params[node.op.name])
-                    if tuple(held) != tuple(node.shape.sizes()):
-                        self._own[node.op.name] = own[node.op.name]
-
-    def __getitem__(self, name: str) -> Any:
-        return self._own[name] if name in self._own else self._params[name]
-
-    def shape_of(self, name: str) -> tuple[int, ...]:
-        return np.shape(self._own[name]) if name in self._own else _shape_of(self._params, name)
-
-    def dtype_of(self, name: str) -> np.dtype[Any]:
-        return np.asarray(self._own[name]).dtype if name in self._own else _dtype_of(self._params, name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._params)
-
-    def __len__(self) -> int:
-        return len(self._params)
+                    if self.shape_of(node.op.name) != tuple(node.shape.sizes()):
+                        self._values[node.op.name] = own[node.op.name]
 
 
 def output_sensitivity(
@@ -271,7 +228,7 @@ def output_sensitivity(
             {k: np.asarray(base[i], np.float64) for k, i in zip(output_names(graph), graph.outputs, strict=True)})
     logits = {k: found[0] for k, w in want.items() if _is_logits(k, w) and (found := next_token_targets(inputs, w.shape))}
     unit = KL_UNIT if logits and compressor.config.calibration is not None else SQUARED_UNIT
-    first = fitted_from(compressor) if unit == KL_UNIT or head is not None else None
+    first = split if unit == KL_UNIT or head is not None else None
     if first is not None:  # fitted codes: judged only where the fit did not look (`held_apart`)
         logits = {k: keep & (np.arange(keep.shape[-1]) >= first) for k, keep in logits.items()}
     if head is not None and judged is not None:

@@ -40,3 +40,27 @@ class OverlaidParams(Mapping[str, Any]):
             return np.dtype(np.float32)
         meta = getattr(self._params, "dtype_of", None)
         return np.dtype(meta(name)) if callable(meta) else np.asarray(self._params[name]).dtype
+
+
+class ReplacedParams(OverlaidParams):
+    """`params` with some names' values given outright (held as they are: their own shapes and
+    dtypes); the rest are `params`' own, told without reading them."""
+
+    def __init__(self, params: Mapping[str, Any], values: Mapping[str, Any]) -> None:
+        super().__init__(params)
+        self._values = dict(values)
+
+    def _overlaid(self, name: str) -> bool:
+        return name in self._values
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name] if name in self._values else self._params[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._values or name in self._params
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return tuple(np.shape(self._values[name])) if name in self._values else super().shape_of(name)
+
+    def dtype_of(self, name: str) -> np.dtype[Any]:
+        return np.asarray(self._values[name]).dtype if name in self._values else super().dtype_of(name)
