@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlx_mil.compress.quality import DEFAULT_THRESHOLDS, QualityThresholds, check_target
+from rlx_mil.compress.scheme_words import Modifiers
 from rlx_mil.errors import InvalidOptionError
 
 PER_TENSOR = "per_tensor"
@@ -182,29 +183,6 @@ _NONE_WORDS = frozenset({"none", "fp16", "float", "off"})
 _LINEAR_BASES = {"int8": (8, True), "uint8": (8, False), "int4": (4, True), "uint4": (4, False)}
 
 
-class _Modifiers:
-    """The modifiers of one scheme text, one per kind (symmetry, granularity): a second one of
-    the same kind that says otherwise (`int8-tensor-channel`, `int8-sym-asym`) is refused, not
-    resolved by order."""
-
-    def __init__(self, text: str, base: str) -> None:
-        self.text = text
-        self.base = base
-        self.values: dict[str, tuple[str, Any]] = {}
-
-    def set(self, kind: str, word: str, value: Any) -> None:
-        prev = self.values.get(kind)
-        if prev is not None and prev[1] != value:
-            raise InvalidOptionError(
-                f"compression scheme {self.text!r}: modifiers {prev[0]!r} and {word!r} contradict each other"
-                f" (one {kind} per scheme)"
-            )
-        self.values[kind] = (word, value)
-
-    def get(self, kind: str, default: Any) -> Any:
-        return self.values[kind][1] if kind in self.values else default
-
-
 def parse_scheme(text: str) -> Scheme | None:
     """A scheme from its text form (see the module doc); None for ``none``."""
     if not isinstance(text, str) or not text.strip():
@@ -215,7 +193,7 @@ def parse_scheme(text: str) -> Scheme | None:
         return None
     if base in _LINEAR_BASES:
         bits, signed = _LINEAR_BASES[base]
-        chosen = _Modifiers(text, base)
+        chosen = Modifiers(text, base)
         for mod in mods:
             if mod in ("sym", "symmetric"):
                 chosen.set("symmetry", mod, True)
@@ -240,7 +218,7 @@ def parse_scheme(text: str) -> Scheme | None:
         return LinearScheme(bits=bits, signed=signed, symmetric=symmetry is True, granularity=granularity, block_size=block,
                             float_offset=float_offset)
     if m := re.fullmatch(r"lut(\d)", base):
-        chosen = _Modifiers(text, base)
+        chosen = Modifiers(text, base)
         for mod in mods:
             if mod in ("tensor", "pertensor"):
                 chosen.set("granularity", mod, (PER_TENSOR, DEFAULT_GROUP_SIZE))
