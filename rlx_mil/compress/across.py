@@ -14,7 +14,9 @@ give.
 
 With a quality target the user asked for (`search`), the widening stops once every part is
 predicted to meet its target; a budget too small for that is said, with the budget predicted
-to meet it (`CompressionWarning`).
+to meet it (`CompressionWarning`). Without one, the targets only weigh the parts' units against
+each other: the summary says what each part is predicted to reach against its default target,
+and claims no failure of a target nobody asked for.
 """
 
 from __future__ import annotations
@@ -50,9 +52,17 @@ class PlanPart:
     #: A predicted loss as the user reads it (e.g. "cosine 0.995" for a squared error); None:
     #: the unit and the number.
     describe: Callable[[float], str] | None = None
+    #: True: `target` is the plan's own default, not one the user asked for.
+    default: bool = False
 
     def said(self, loss: float) -> str:
         return self.describe(loss) if self.describe is not None else f"{self.unit} {loss:.3g}"
+
+    def against(self, loss: float, search: bool) -> str:
+        """`loss` as the user reads it, with the target it is judged against, which is named a
+        default target unless the user asked for it (`search` and not `default`)."""
+        which = "target" if search and not self.default else "default target"
+        return f"{self.said(loss)} ({which} {self.said(self.target)})"
 
 
 def _loss(part: PlanPart, pick: Mapping[str, int]) -> float:
@@ -105,7 +115,7 @@ def plan_across(bits: int, parts: list[PlanPart], budget: float, search: bool = 
     if start > cap:
         problems.append(f"the budget {budget:g}x cannot be met: the narrowest mix takes {start / total:.3f}x,"
                         f" give a budget of at least {math.ceil(start / total * 1000) / 1000:g}")
-    missed = [p for p in parts if _loss(p, pick) > p.target * (1 + 1e-9)]
+    missed = [p for p in parts if _loss(p, pick) > p.target * (1 + 1e-9)] if search else []
     if missed and not problems:
         wide = {n: len(o) - 1 for n, o in options.items()}
         if any(_loss(p, wide) > p.target * (1 + 1e-9) for p in missed):
@@ -115,10 +125,9 @@ def plan_across(bits: int, parts: list[PlanPart], budget: float, search: bool = 
             need = dict(pick)
             needed = _widen(parts, weights, options, need, used, float("inf"), True)
             problems.append("the quality target cannot be met within the budget: predicted "
-                            + ", ".join(f"{p.name} {p.said(_loss(p, pick))} (target {p.said(p.target)})"
-                                        for p in missed)
+                            + ", ".join(f"{p.name} {p.against(_loss(p, pick), search)}" for p in missed)
                             + f"; a budget of {math.ceil(needed / total * 1000) / 1000:g} is predicted to meet it")
-    if problems and (search or start > cap):
+    if problems:
         warnings.warn(CompressionWarning(f"auto{bits} across {', '.join(p.name for p in parts)}: {problems[0]}"),
                       stacklevel=2)
     schemes, notes, contributions = {}, {}, {}
@@ -134,7 +143,7 @@ def plan_across(bits: int, parts: list[PlanPart], budget: float, search: bool = 
                        f" of {part.name}'s ({why})")
     per_part = "; ".join(
         f"{p.name} {(p.fixed_bytes + sum(options[n][pick[n]].bytes for n in p.options)) / max(p.total_bytes, 1):.3f}x,"
-        f" predicted {p.said(_loss(p, pick))} (target {p.said(p.target)})" for p in parts)
+        f" predicted {p.against(_loss(p, pick), search)}" for p in parts)
     widened = sum(1 for i in pick.values() if i)
     summary = (f"auto{bits} across {len(parts)} packages: {widened} of {len(pick)} weights widened, {reached:.3f}x the"
                f" uncompressed weight bytes (one budget {budget:g}x over all; measured output sensitivities); {per_part}"

@@ -99,7 +99,7 @@ class _Package:
         return np.asarray(back if dense else back.T, np.float32).reshape(param.shape)
 
     def part(self, name: str, measure: Callable[[str, Scheme], float], count: int, unit: str, target: float,
-             describe: Callable[[float], str]) -> PlanPart:
+             describe: Callable[[float], str], default: bool) -> PlanPart:
         layers = layer_count(self.names)
         fallback = {n: sensitivity(n, self.roles.get(n, "weight"), layers) for n in self.names}
         sample = None if len(self.names) <= count else measure_sample(self.names, self.roles, count)
@@ -109,7 +109,7 @@ class _Package:
         at_width = {n: opts[next((i for i, o in enumerate(opts) if o.bytes >= self.floor[n]), len(opts) - 1):]
                     for n, opts in self.options.items()}
         weights = measured_weights(at_width, fallback, measure, sample)
-        return PlanPart(name, self.options, weights, unit, target, self.fixed, self.total, describe)
+        return PlanPart(name, self.options, weights, unit, target, self.fixed, self.total, describe, default)
 
 
 def _encoder_part(config: CompressionConfig, built: Mapping[str, tuple[Graph, Mapping[str, Any]]], spec: Any,
@@ -141,7 +141,7 @@ def _encoder_part(config: CompressionConfig, built: Mapping[str, tuple[Graph, Ma
         return np.asarray(evaluate(short, feeds, values)["encoder_output_embeds"], np.float32)
 
     part = package.part(ENCODER, measure, MEASURED["encoder"], SQUARED_UNIT, 2 * (1 - FOLDER_COSINE),
-                        lambda loss: f"cosine {1 - loss / 2:.4f}")
+                        lambda loss: f"cosine {1 - loss / 2:.4f}", default=True)
     return part, want.astype(np.float32), mixed
 
 
@@ -241,7 +241,7 @@ def _decoder_part(config: CompressionConfig, built: Mapping[str, tuple[Graph, Ma
 
     bounds = [b for b in (config.max_kl, None if config.min_top1 is None else kl_for_top1(config.min_top1)) if b is not None]
     return package.part(DECODER, measure, MEASURED["decoder"], KL_UNIT, min(bounds) if bounds else FOLDER_KL,
-                        lambda loss: f"mean KL {loss:.3g}"), mixed
+                        lambda loss: f"mean KL {loss:.3g}", default=not bounds), mixed
 
 
 def folder_budget(config: CompressionConfig) -> float:

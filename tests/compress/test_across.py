@@ -84,9 +84,26 @@ def test_a_budget_too_small_for_the_target_says_which_budget_would() -> None:
         plan_across(4, [_part("A", "a", 2, 1.0, 1e-6), decoder], budget=0.3, search=True)
     with pytest.warns(CompressionWarning, match=r"the budget 0\.2x cannot be met: the narrowest mix takes 0\.250x"):
         plan_across(4, [encoder, decoder], budget=0.2)
-    with warnings.catch_warnings():  # no target asked for: the plan says it, no warning
+
+
+def test_without_a_target_asked_for_the_summary_claims_no_failure() -> None:
+    # The same parts and budget as above: with a target asked for, the encoder's misses it and
+    # the plan warns. Without one, the targets are the plan's defaults: the summary says what
+    # each part is predicted to reach against them, and nothing fails or warns.
+    encoder = _part("AudioEncoder", "enc", 2, sensitivity=1.0, target=0.0005)
+    decoder = _part("TextDecoder", "dec", 2, sensitivity=1.0, target=0.05)
+    with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert "predicted to meet it" in plan_across(4, [encoder, decoder], budget=0.3).summary
+        summary = plan_across(4, [encoder, decoder], budget=0.3).summary
+    assert "cannot be met" not in summary and "predicted to meet it" not in summary
+    found = re.search(r"AudioEncoder 0\.\d+x, predicted mean KL (0\.0\d+) \(default target mean KL 0\.0005\)", summary)
+    assert found is not None and float(found.group(1)) > 0.0005, summary
+    assert "TextDecoder 0.250x, predicted mean KL 0.02 (default target mean KL 0.05)" in summary
+    # with the search, a part whose target is the plan's own default still says so
+    encoder.default = True
+    with pytest.warns(CompressionWarning, match=r"AudioEncoder mean KL \S+ \(default target mean KL 0\.0005\)"):
+        summary = plan_across(4, [encoder, decoder], budget=0.3, search=True).summary
+    assert "TextDecoder 0.250x, predicted mean KL 0.02 (target mean KL 0.05)" in summary
 
 
 def test_bad_parts_are_refused_by_name() -> None:

@@ -73,6 +73,13 @@ def test_plan_auto_names_the_budget_that_would_meet_the_target() -> None:
     found = re.search(r"predicted mean KL ([0-9.e-]+) \(target", met.summary)
     assert found is not None and float(found.group(1)) <= 1e-4
     assert sum(met.contributions.values()) == pytest.approx(float(found.group(1)), rel=1e-2)
+    # No target asked for: the same tight budget, and the plan says what it predicts, claiming
+    # no failure of a target nobody set (the decoder-only plan has no default target).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompressionWarning)
+        free = plan_auto(*args, 0.3, None, measure=measure, loss_unit="mean KL")
+    assert re.search(r"; predicted mean KL [0-9.e-]+$", free.summary), free.summary
+    assert "target" not in free.summary and "cannot be met" not in free.summary
     # Without measured sensitivities there is no loss to predict: the target does not steer.
     plain = plan_auto(*args, 0.3, None, loss_target=1e-4, loss_unit="mean KL")
     assert "predicted" not in plain.summary

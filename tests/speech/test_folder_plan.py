@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -49,17 +51,23 @@ def planned(tmp_path_factory: pytest.TempPathFactory) -> dict:
     checkpoint = write_text_checkpoint(root / "whisper-tiny", CONFIG, says_text=False)
     wav = speech_wav(root / "speech.wav", 2.0)
     built = graphs(open_whisper(checkpoint), CACHE, True)
+    # A decoder target (mean KL 0.001) the budget cannot hold: the decoder takes every byte
+    # the encoder (already within its target) can spare, and the plan says what budget would do.
+    with pytest.warns(CompressionWarning) as caught:
+        config = _plan(f"auto4;budget={BUDGET};max_kl=0.001", checkpoint, built, wav)
+    return {"checkpoint": checkpoint, "config": config, "built": built, "wav": wav,
+            "warnings": [str(w.message) for w in caught]}
+
+
+def _plan(text: str, checkpoint: Path, built: dict, wav: Path, folder_kl: float = folder_plan.FOLDER_KL) -> Any:
+    """`plan_folder` of the tiny Whisper, cut to a few candidates and measured weights."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(folder_plan, "CANDIDATES", {4: ("int4-channel", "int4", "int8")})
         patch.setattr(folder_plan, "MEASURED", {"encoder": 8, "decoder": 8})
+        patch.setattr(folder_plan, "FOLDER_KL", folder_kl)
         patch.setattr(calibration, "CALIBRATION_SECONDS", 0.5)
-        # A decoder target (mean KL 0.001) the budget cannot hold: the decoder takes every byte
-        # the encoder (already within its target) can spare, and the plan says what budget would do.
-        with pytest.warns(CompressionWarning) as caught:
-            config = plan_folder(parse_compress(f"auto4;budget={BUDGET};max_kl=0.001"), open_whisper(checkpoint), built,
-                                 speech_calibration([wav]), target="iOS18", precision="fp16")
-    return {"checkpoint": checkpoint, "config": config, "built": built, "wav": wav,
-            "warnings": [str(w.message) for w in caught]}
+        return plan_folder(parse_compress(text), open_whisper(checkpoint), built, speech_calibration([wav]),
+                           target="iOS18", precision="fp16")
 
 
 def test_one_budget_is_spent_over_both_packages(planned: dict) -> None:
@@ -96,10 +104,25 @@ def test_one_budget_is_spent_over_both_packages(planned: dict) -> None:
     assert sum(after.values()) <= BUDGET * sum(before.values()) * 1.01, fractions
     assert fractions["TextDecoder"] > BUDGET * 1.05 and fractions["AudioEncoder"] < BUDGET, fractions
     assert re.fullmatch(r"auto4 across AudioEncoder, TextDecoder: the quality target cannot be met within the budget:"
-                        r" predicted (AudioEncoder cosine 0\.9\d+ \(target cosine 0\.9900\), )?TextDecoder mean KL \S+ \(target mean KL 0\.001\); a budget of (0\.\d+) is predicted"
+                        r" predicted (AudioEncoder cosine 0\.9\d+ \(default target cosine 0\.9900\), )?TextDecoder mean KL \S+ \(target mean KL 0\.001\); a budget of (0\.\d+) is predicted"
                         r" to meet it", planned["warnings"][0]), planned["warnings"]
     for role in before:  # the summary's per-package sizes count the float weights too
         assert said[role] >= fractions[role] * 0.9, (said, fractions)
+
+    assert "TextDecoder mean KL" in summary and "(target mean KL 0.001)" in summary
+
+
+def test_without_a_target_the_summary_says_the_default_and_claims_no_failure(planned: dict) -> None:
+    # `--compress auto4` alone: the plan judges the decoder against its default mean KL, here
+    # one the tiny model's mix misses; no target was asked for, so nothing "cannot be met".
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = _plan(f"auto4;budget={BUDGET}", planned["checkpoint"], planned["built"], planned["wav"],
+                        folder_kl=1e-6).plan.summary
+    found = re.search(r"TextDecoder \d\.\d+x, predicted mean KL (\S+) \(default target mean KL 1e-06\)", summary)
+    assert found is not None and float(found.group(1)) > 1e-6, summary
+    assert re.search(r"AudioEncoder \d\.\d+x, predicted cosine 0\.9\d+ \(default target cosine 0\.9900\)", summary)
+    assert "cannot be met" not in summary and "predicted to meet it" not in summary and "(target " not in summary
 
 
 def test_the_built_in_signal_is_speech_shaped() -> None:
