@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,13 @@ os.environ.setdefault("RLX_MIL_COREAI_CHECKED", "")
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 logging.getLogger("coremltools").setLevel(logging.ERROR)
+# Ctrl-C reaches the commands the tests start as it reaches a user's: a run started as a
+# shell script's background job (`pytest ... &` without job control) has SIGINT ignored, every
+# child inherits that, and rlx-mil rightly leaves an ignored SIGINT ignored
+# (`rlx_mil/__init__.py`): the Ctrl-C tests' children then never saw their signal, finished
+# their work and exited 0.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

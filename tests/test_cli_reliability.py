@@ -329,7 +329,7 @@ def test_ctrl_c_in_the_middle_of_saving_exits_130_leaving_nothing(checkpoint: Pa
     out.parent.mkdir()
     done = subprocess.run([sys.executable, "-c", _INTERRUPT_IN_SAVE, *_stateful_argv(checkpoint, out)[3:]],
                           env=_env(tmpdir), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 130, done.stderr
+    assert done.returncode == 130, (done.stdout, done.stderr)
     assert done.stderr.strip().splitlines() == ["rlx-mil convert-hf: interrupted"], done.stderr
     assert list(out.parent.iterdir()) == [] and list(tmpdir.iterdir()) == []
 
