@@ -159,33 +159,79 @@ def quality(want: np.ndarray, got: np.ndarray, ids: np.ndarray) -> dict[str, flo
             "kl": float(np.mean(np.sum(np.exp(lw) * (lw - lg), -1))), "ppl": float(np.exp(nll_g - nll_w))}
 
 
-def product_encode(w: np.ndarray, spec: str) -> np.ndarray:
+SHORT = {"lut4s": "lut4-scaled", "lut6s": "lut6-scaled", "lut3s": "lut3-scaled"}
+
+
+def encode_codes(w: np.ndarray, spec: str, hessian: np.ndarray | None = None, mode: str = "",
+                 activations: np.ndarray | None = None) -> Any:
+    """`spec`'s codes of `w` as an iOS18 conversion holds them: plain (`mode` empty, as
+    `rlx_mil.compress.plan.encode`) or fitted to the calibration (`mode` naming the parts)."""
     from rlx_mil.compress import parse_scheme
     from rlx_mil.compress.fit import fit_to_shape
-    from rlx_mil.compress.plan import encode
+    from rlx_mil.compress.fitting import FitOptions, fit_codes
+    from rlx_mil.compress.plan import encode, store_dtype
     from rlx_mil.lowering.target import Precision, Target
 
-    scheme = parse_scheme(spec)
+    scheme = parse_scheme(SHORT.get(spec, spec))
     assert scheme is not None
-    fitted, _ = fit_to_shape(scheme, tuple(w.shape), Target.IOS18)  # type: ignore[arg-type]
-    return encode(w, fitted, Precision.FP16, "w").dequantize().astype(np.float32)
+    fitted, _ = fit_to_shape(scheme, tuple(w.shape), Target.IOS18)
+    if not mode or hessian is None:
+        return encode(w, fitted, Precision.FP16, "w")
+    options = FitOptions(weighted="aw" in mode, gptq="gptq" in mode, refit="refit" in mode, rescale="rescale" in mode)
+    return fit_codes(w, fitted, store_dtype(Precision.FP16), "w", hessian, options, activations=activations)
+
+
+def package_bytes(codes: Any) -> tuple[int, int]:
+    """(iOS18 bytes, iOS26 bytes) of one weight's codes (`compressed_bytes`)."""
+    from rlx_mil.compress.emit import compressed_bytes
+    from rlx_mil.lowering.target import Target
+
+    return compressed_bytes(codes, Target.IOS18), compressed_bytes(codes, Target.IOS26)
+
+
+def product_encode(w: np.ndarray, spec: str) -> np.ndarray:
+    return encode_codes(w, spec).dequantize().astype(np.float32)
 
 
 def fitted_encode(w: np.ndarray, spec: str, hessian: np.ndarray | None, mode: str,
                   activations: np.ndarray | None = None) -> np.ndarray:
-    from rlx_mil.compress import parse_scheme
-    from rlx_mil.compress.fit import fit_to_shape
-    from rlx_mil.compress.fitting import FitOptions, fit_codes
-    from rlx_mil.lowering.target import Precision, Target
+    return encode_codes(w, spec, hessian, mode, activations).dequantize().astype(np.float32)
 
-    scheme = parse_scheme(spec)
-    assert scheme is not None
-    fitted, _ = fit_to_shape(scheme, tuple(w.shape), Target.IOS18)  # type: ignore[arg-type]
-    from rlx_mil.compress.plan import store_dtype
 
-    options = FitOptions(weighted="aw" in mode, gptq="gptq" in mode, refit="refit" in mode, rescale="rescale" in mode)
-    return fit_codes(w, fitted, store_dtype(Precision.FP16), "w", hessian, options,
-                     activations=activations).dequantize().astype(np.float32)
+def output_errors(model: Llama, args: argparse.Namespace, held: np.ndarray, acts: dict[str, np.ndarray],
+                  hess: dict[str, np.ndarray], mix: list[Any]) -> int:
+    """Each weight of `--layers` alone in every `--configs` scheme: its relative squared output
+    error on the held-out text's activations (`|X (W - Q)^T|^2 / |X W^T|^2`, X the float model's
+    inputs of that weight) and its bytes on iOS18 / iOS26 against fp16's."""
+    record: dict[str, Any] = {}
+    model.forward(held, record=record)
+    held_acts = {name: np.concatenate(xs).astype(np.float64) for name, xs in record.items()}
+    layers = range(model.layers) if args.layers is None else args.layers
+    names = [model.full_name(i, p) for i in layers for p in LINEARS]
+    print(f"held-out relative output error per weight ({held.size} positions), layers {list(layers)}")
+    print("config: " + " ".join(f"{p:>9}" for p in LINEARS) + " |   mean  | iOS18 x / iOS26 x  | s")
+    for config in args.configs:
+        base, _, mode = config.partition("+")
+        t0 = time.perf_counter()
+        errs: dict[str, list[float]] = {p: [] for p in LINEARS}
+        b18 = b26 = before = 0
+        for name in names:
+            spec = base
+            for pattern, s in mix:
+                if pattern in name:
+                    spec = s
+            w = model.w[name]
+            codes = encode_codes(w, spec, hess[name], mode, acts[name])
+            x = held_acts[name]
+            want = x @ w.T.astype(np.float64)
+            got = x @ codes.dequantize().astype(np.float64).T
+            errs[name.split(".")[-2]].append(float(np.sum((got - want) ** 2) / np.sum(want ** 2)))
+            a, c = package_bytes(codes)
+            b18, b26, before = b18 + a, b26 + c, before + 2 * w.size
+        means = [float(np.mean(errs[p])) for p in LINEARS]
+        print(f"{config}: " + " ".join(f"{m:9.5f}" for m in means) + f" | {np.mean(means):.5f} |"
+              f" {b18 / before:.4f} / {b26 / before:.4f} | {time.perf_counter() - t0:.0f}", flush=True)
+    return 0
 
 
 def per_layer(model: Llama, args: argparse.Namespace, cal: np.ndarray, held: np.ndarray, want: np.ndarray,
@@ -202,8 +248,7 @@ def per_layer(model: Llama, args: argparse.Namespace, cal: np.ndarray, held: np.
         a, b = logsm(ref), logsm(got)
         return np.sum(np.exp(a) * (a - b), -1)
 
-    base = args.configs[0].partition("+")[0]
-    spec0 = {"lut4s": "lut4-scaled", "lut6s": "lut6-scaled", "lut3s": "lut3-scaled"}.get(base, base)
+    spec0 = SHORT.get(args.configs[0].partition("+")[0], args.configs[0].partition("+")[0])
     print(f"per layer, {spec0} ({fit} fit tokens, {cal.size - fit} held apart, {held.size} held out):"
           " layer: fitted KL fit / apart / held-out; plain KL fit / apart / held-out", flush=True)
     sums = np.zeros(6)
@@ -246,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-layer", action="store_true",
                         help="each layer alone, fitted and plain: its KL on the fitted tokens, on the calibration"
                              " tokens the fit did not use (held apart) and on the held-out text")
+    parser.add_argument("--output-error", action="store_true",
+                        help="each weight of --layers alone in each config: held-out output error and bytes")
     args = parser.parse_args(argv)
     from rlx_mil.compress.builtin_text import builtin_text
     from rlx_mil.llm.text import TextTokenizer
@@ -271,24 +318,32 @@ def main(argv: list[str] | None = None) -> int:
     del record
     print(f"float forward + hessians: {time.perf_counter() - t0:.1f} s ({cal.size} calibration tokens)", flush=True)
     head = model.w["model.embed_tokens.weight"]
-    head8 = product_encode(head, "int8")
+    head8_codes = encode_codes(head, "int8")
+    head8, head8_bytes = head8_codes.dequantize().astype(np.float32), package_bytes(head8_codes)
     mix = [tuple(item.split("=")) for item in args.mix.split(";") if item]
+    if args.output_error:
+        return output_errors(model, args, held, acts, hess, mix)
     if args.per_layer:
         return per_layer(model, args, cal, held, want, acts, hess, head8, mix)
     fit_ids = cal[:args.fit_tokens] if args.fit_tokens else cal
     for config in args.configs:
         base, _, mode = config.partition("+")
         t0 = time.perf_counter()
+        sizes: dict[str, tuple[int, int]] = {}
 
-        def encode(name: str, x: np.ndarray | None = None, base: str = base, mode: str = mode) -> np.ndarray:
-            spec = {"lut4s": "lut4-scaled", "lut6s": "lut6-scaled", "lut3s": "lut3-scaled"}.get(base, base)
+        def encode(name: str, x: np.ndarray | None = None, base: str = base, mode: str = mode,
+                   sizes: dict[str, tuple[int, int]] = sizes) -> np.ndarray:
+            spec = base
             for pattern, s in mix:
                 if pattern in name:
                     spec = s
             if not mode:
-                return product_encode(model.w[name], spec)
-            x = acts[name] if x is None else x
-            return fitted_encode(model.w[name], spec, input_hessian(x), mode, x)
+                codes = encode_codes(model.w[name], spec)
+            else:
+                x = acts[name] if x is None else x
+                codes = encode_codes(model.w[name], spec, input_hessian(x), mode, x)
+            sizes[name] = package_bytes(codes)
+            return codes.dequantize().astype(np.float32)
 
         if args.sequential and mode:
             new = sequential_encode(model, fit_ids, encode)
@@ -297,12 +352,16 @@ def main(argv: list[str] | None = None) -> int:
             for name in model.linear_names():
                 new[name] = encode(name)
         secs = time.perf_counter() - t0
+        fp16 = 2 * sum(int(v.size) for v in model.w.values())
+        rest = fp16 - 2 * sum(model.w[n].size for n in sizes) - 2 * head.size  # norms stay fp16
+        size18 = (rest + head8_bytes[0] + sum(v[0] for v in sizes.values())) / fp16
+        size26 = (rest + head8_bytes[1] + sum(v[1] for v in sizes.values())) / fp16
         got = model.forward(held, new, head=head8)
         q = quality(want, got, held)
         fitted = quality(model.forward(fit_ids), model.forward(fit_ids, new, head=head8), fit_ids)
         print(f"{config} {args.mix}{' sequential' * args.sequential}: top-1 {q['top1']:.3f} / {q['gap']:.3f},"
               f" KL {q['kl']:.4f}, ppl x{q['ppl']:.3f}; on the fitted tokens KL {fitted['kl']:.4f}"
-              f" ({secs:.0f} s encode)", flush=True)
+              f"; {size18:.4f}x iOS18 / {size26:.4f}x iOS26 ({secs:.0f} s encode)", flush=True)
     return 0
 
 

@@ -8,7 +8,9 @@ minimises each element's own error, as if H were the identity; two fits here use
 
 * **activation-weighted tables** (``weighted``): a palette's entries are fitted by a 1-D
   k-means in which element (r, j) counts ``H_jj`` times (times the row's squared scale for a
-  scaled table): the diagonal of the objective, AWQ's E[x_j^2] per input feature;
+  scaled table): the diagonal of the objective, AWQ's E[x_j^2] per input feature; a table per
+  group of rows is also started from the shared weighted table of the rows normalised by
+  their group's largest magnitude, so a table per row never fits worse than one scaled table;
 * **error-compensating rounding** (``gptq``, Frantar et al. 2022): the columns are rounded
   one at a time, in order of decreasing ``H_jj``, each onto the row's grid (its palette
   entries, times its scale, or its integer levels), and the error each rounding makes is
@@ -16,8 +18,9 @@ minimises each element's own error, as if H were the identity; two fits here use
   later codes compensate for it. The grid (table, scales) stays what the scheme fitted; the
   codes change. ``H`` gets 10 % of its mean diagonal added (the calibration text may have fewer
   tokens than inputs; its rank is then below `in`);
-* **table refitted to the codes** (``on``, after ``gptq``; one table of at most 16 entries):
-  the entries solve the least-squares problem the codes leave (`refit_table`). Measured on
+* **tables refitted to the codes** (``on``, after ``gptq``; tables of at most 16 entries, one
+  or one per group of rows, each group its own problem): the entries solve the least-squares
+  problem the codes leave (`refit_tables`). Measured on
   SmolLM2's Neural Engine `lut4-scaled` codes (held-out output error, layers 2 and 11):
   `down_proj` 0.0028 -> 0.0021 and 0.0057 -> 0.0036, the other projections within 1 %;
 * **scales refitted to the codes** (`FitOptions.rescale`, after ``gptq`` and the table refit;
@@ -55,11 +58,13 @@ from typing import Any
 import numpy as np
 
 from rlx_mil.compress.code_store import CodeWriter, WriterFactory
-from rlx_mil.compress.linear import LinearCodes, finite_slab, quantize_linear, rows_view
+from rlx_mil.compress.linear import SLAB_ELEMENTS, LinearCodes, finite_slab, quantize_linear, rows_view
 from rlx_mil.compress.palette import (
+    GROUP_BINS,
     PaletteCodes,
     fit_lut,
     group_rows,
+    grouped_luts,
     lloyd_1d,
     palettize,
     quantile_seeds,
@@ -108,10 +113,10 @@ def _check_hessian(hessian: np.ndarray, width: int, name: str) -> np.ndarray:
     return h
 
 
-def weighted_table(values: np.ndarray, weights: np.ndarray, k: int) -> np.ndarray:
+def weighted_table(values: np.ndarray, weights: np.ndarray, k: int, seeds: tuple[np.ndarray, ...] = ()) -> np.ndarray:
     """A sorted k-entry table minimising sum(weights * (values - nearest entry)^2): weighted
-    Lloyd from weighted-quantile seeds, evenly spaced seeds and the unweighted table, the best
-    of the three."""
+    Lloyd from weighted-quantile seeds, evenly spaced seeds, the unweighted table and each of
+    `seeds` (k-entry tables), the best of them."""
     flat = values.reshape(-1).astype(np.float64)
     wts = np.broadcast_to(weights, values.shape).reshape(-1).astype(np.float64)
     order = np.argsort(flat, kind="stable")
@@ -128,7 +133,8 @@ def weighted_table(values: np.ndarray, weights: np.ndarray, k: int) -> np.ndarra
     # Lloyd is local: also from the unweighted table, so the result never costs more than it.
     runs = [lloyd_1d(distinct, summed, quantile_seeds(distinct, summed, k)),
             lloyd_1d(distinct, summed, np.linspace(distinct[0], distinct[-1], k)),
-            lloyd_1d(distinct, summed, fit_lut(flat, k))]
+            lloyd_1d(distinct, summed, fit_lut(flat, k)),
+            *(lloyd_1d(distinct, summed, np.asarray(seed, np.float64)) for seed in seeds)]
     errors = [weighted_sse(distinct, summed, c) for c in runs]
     return runs[int(np.argmin(errors))]
 
@@ -239,41 +245,74 @@ def refit_table(
     rows: np.ndarray, codes: np.ndarray, table: np.ndarray, scale: np.ndarray | None, activations: np.ndarray,
     damping: float = DAMPING,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The k table entries T minimising the calibration output error of a one-table palette
-    with these `codes`: ``sum_r (w_r - s_r T[c_r]) H (w_r - s_r T[c_r])^T``, H the damped
-    Hessian of `activations` ([positions, in]; each position normalised as `input_hessian`).
+    """The k entries of a one-table palette refitted to its `codes` (`refit_tables` with one
+    group): returns (table, codes)."""
+    luts, out = refit_tables(rows, codes, np.asarray(table)[None, :], scale, activations, damping)
+    return luts[0], out
+
+
+#: Rows of one-hot codes held at once by `refit_tables` (a [rows, in, k] float64 slab).
+REFIT_SLAB_ELEMENTS = 1 << 21
+
+
+def refit_tables(
+    rows: np.ndarray, codes: np.ndarray, luts: np.ndarray, scale: np.ndarray | None, activations: np.ndarray,
+    damping: float = DAMPING,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The k entries of each group's table (`luts` [groups, k]; a group is `out / groups`
+    consecutive rows) minimising the calibration output error of the palette with these
+    `codes`: ``sum_r (w_r - s_r T_g(r)[c_r]) H (w_r - s_r T_g(r)[c_r])^T``, H the damped Hessian
+    of `activations` ([positions, in]; each position normalised as `input_hessian`). The rows
+    of one group share its table and nothing else, so each group is its own problem.
 
     GPTQ chooses each code for the table k-means gave, then moves later codes to make up for
     earlier ones; the table that best serves the codes it ended with is no longer the k-means
-    one. The error is quadratic in T, so the best table solves the normal equations
-    ``M T = b``: ``M = sum_r s_r^2 A_r^T H A_r``, ``b = sum_r s_r A_r^T H w_r`` (A_r the
-    one-hot matrix of row r's codes). With H = X^T X / N + lam I, ``A_r^T X^T X A_r`` is the
-    Gram matrix of ``X A_r`` (per code, the sum of the input columns holding it), which costs
-    one pass over the codes per entry. Returns (table, codes): entries no code uses keep
-    their value, and the table is sorted again (the codes renumbered to match)."""
+    one. The error is quadratic in T_g, so the best table solves the normal equations
+    ``M_g T_g = b_g``: ``M_g = sum_{r in g} s_r^2 A_r^T H A_r``, ``b_g = sum_{r in g} s_r A_r^T H
+    w_r`` (A_r the one-hot matrix of row r's codes). With H = X^T X / N + lam I, ``A_r^T X^T X
+    A_r`` is the Gram matrix of ``X A_r`` (per code, the sum of the input columns holding it).
+    Returns (luts, codes): entries no code of the group uses keep their value, and each table
+    is sorted again (its codes renumbered to match)."""
     w = np.asarray(rows, np.float64)
     idx = np.asarray(codes).astype(np.int64)
-    k = int(np.size(table))
+    old = np.asarray(luts, np.float64)
+    groups, k = old.shape
+    out_rows = w.shape[0]
+    per = out_rows // groups
     x, n, lam = _unit_positions(activations, w.shape[1], damping)
-    s = np.ones(w.shape[0]) if scale is None else np.asarray(scale, np.float64)
-    hw = (w @ x.T) @ x / n + lam * w  # rows of W H
-    b = np.bincount(idx.ravel(), weights=(s[:, None] * hw).ravel(), minlength=k)[:k]
-    sums = np.stack([(idx == a).astype(np.float64) @ x.T for a in range(k)]) * s[None, :, None]  # [k, out, N]
-    m = np.einsum("arn,brn->ab", sums, sums) / n
-    counts = np.bincount(idx.ravel(), weights=np.repeat(s * s, idx.shape[1]), minlength=k)[:k]
-    m[np.diag_indices(k)] += lam * counts
-    used = counts > 0
-    out = np.asarray(table, np.float64).copy()
-    if used.any():
-        sub = m[np.ix_(used, used)]
+    s = np.ones(out_rows) if scale is None else np.asarray(scale, np.float64)
+    m = np.zeros((groups, k, k))
+    b = np.zeros((groups, k))
+    counts = np.zeros((groups, k))
+    entries = np.arange(k)
+    step = max(1, REFIT_SLAB_ELEMENTS // max(w.shape[1] * k, 1))
+    for r0 in range(0, out_rows, step):
+        part = slice(r0, min(r0 + step, out_rows))
+        onehot = (idx[part, :, None] == entries).astype(np.float64)  # [R, in, k]
+        z = np.einsum("ni,rik->rnk", x, onehot, optimize=True)  # X A_r
+        sr = s[part]
+        g = np.arange(part.start, part.stop) // per
+        np.add.at(m, g, np.einsum("rnk,rnl->rkl", z, z, optimize=True) / n * (sr * sr)[:, None, None])
+        hw = (w[part] @ x.T) @ x / n + lam * w[part]  # rows of W H
+        np.add.at(b, g, np.einsum("rik,ri->rk", onehot, hw, optimize=True) * sr[:, None])
+        np.add.at(counts, g, onehot.sum(axis=1) * (sr * sr)[:, None])
+    m[:, entries, entries] += lam * counts
+    new = old.copy()
+    for grp in range(groups):
+        used = counts[grp] > 0
+        if not used.any():
+            continue
+        sub = m[grp][np.ix_(used, used)]
         try:
-            out[used] = np.linalg.solve(sub + 1e-12 * max(float(np.trace(sub)), 1e-30) * np.eye(int(used.sum())), b[used])
-        except np.linalg.LinAlgError:  # singular even with the ridge: keep the table
-            return np.asarray(table), np.asarray(codes)
-    order = np.argsort(out, kind="stable")
-    rank = np.empty(k, np.int64)
-    rank[order] = np.arange(k)
-    return out[order], rank[idx].astype(np.asarray(codes).dtype)
+            new[grp, used] = np.linalg.solve(sub + 1e-12 * max(float(np.trace(sub)), 1e-30) * np.eye(int(used.sum())),
+                                             b[grp, used])
+        except np.linalg.LinAlgError:  # singular even with the ridge: keep this group's table
+            continue
+    order = np.argsort(new, axis=1, kind="stable")
+    rank = np.empty((groups, k), np.int64)
+    np.put_along_axis(rank, order, np.broadcast_to(entries, (groups, k)), axis=1)
+    renumbered = rank[(np.arange(out_rows) // per)[:, None], idx]
+    return np.take_along_axis(new, order, axis=1), renumbered.astype(np.asarray(codes).dtype)
 
 
 def refit_scales(
@@ -299,12 +338,40 @@ def refit_scales(
     return np.where(den > 0, num / np.where(den > 0, den, 1.0), old)
 
 
+#: Grouped weighted tables: groups of at most this many elements are fitted all at once on a
+#: per-group histogram (`palette.grouped_luts`, with as many bins: near-exact there); larger
+#: groups one at a time on their exact values.
+VECTOR_GROUP_ELEMENTS = GROUP_BINS
+
+
 def _weighted_luts(u: np.ndarray, weights: np.ndarray, per_group: int, k: int, store: type[np.floating]) -> np.ndarray:
+    """One table per group of `per_group` rows of `u` ([out, in]), fitted by k-means weighted
+    by `weights` (broadcast to `u`). Grouped tables also start from the shared table of the
+    rows normalised by their group's largest magnitude (the weighted fit of a scaled table),
+    scaled back to each group: Lloyd never raises the error of its start, so a table per row
+    keeps at most the error of one scaled table (before fp16 rounding); from quantile seeds alone a 16-entry table on
+    one row's few hundred values stops in worse local optima."""
     groups = u.shape[0] // per_group
+    wts = np.broadcast_to(weights, u.shape)
+    if groups == 1:
+        return np.sort(weighted_table(u, wts, k).astype(store))[None, :]
+    peak = np.max(np.abs(u.reshape(groups, -1)), axis=1)
+    peak[peak == 0] = 1
+    each = np.repeat(peak, per_group)[:, None]
+    shared = weighted_table(u / each, wts * each * each, k)
+    seeds = peak[:, None] * shared[None, :]
     luts = np.empty((groups, k), store)
+    if per_group * u.shape[1] <= VECTOR_GROUP_ELEMENTS:
+        step = max(1, SLAB_ELEMENTS // max(per_group * u.shape[1], 1))
+        for g0 in range(0, groups, step):
+            part = slice(g0 * per_group, (g0 + step) * per_group)
+            x = u[part].reshape(-1, per_group * u.shape[1])
+            fitted = grouped_luts(x.astype(np.float32), k, wts[part].reshape(x.shape), (seeds[g0:g0 + x.shape[0]],))
+            luts[g0:g0 + x.shape[0]] = np.sort(fitted.astype(store), axis=1)
+        return luts
     for g in range(groups):
         part = slice(g * per_group, (g + 1) * per_group)
-        luts[g] = np.sort(weighted_table(u[part], weights[part], k).astype(store))
+        luts[g] = np.sort(weighted_table(u[part], wts[part], k, (seeds[g],)).astype(store))
     return luts
 
 
@@ -338,9 +405,9 @@ def fit_palette(
     grid = _PaletteGrid(luts, per_group, scale)
     if options.gptq:
         idx = compensated_codes(rows.copy(), h, grid)
-        if options.refit and activations is not None and luts.shape[0] == 1 and k <= REFIT_ENTRIES:
-            table, idx = refit_table(rows, idx, luts[0], scale, activations)
-            luts = table.astype(store)[None, :]
+        if options.refit and activations is not None and k <= REFIT_ENTRIES:
+            refitted, idx = refit_tables(rows, idx, luts, scale, activations)
+            luts = refitted.astype(store)
         if options.rescale and activations is not None and scale is not None and luts.shape[0] == 1:
             scale = refit_scales(rows, idx, luts[0], scale, activations).astype(store)
     else:

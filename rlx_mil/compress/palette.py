@@ -155,15 +155,19 @@ def group_rows(scheme: PaletteScheme, shape: tuple[int, ...], name: str) -> int:
     return scheme.group_size
 
 
-def _grouped_luts(x: np.ndarray, k: int) -> np.ndarray:
+def grouped_luts(x: np.ndarray, k: int, weights: np.ndarray | None = None,
+                  seeds: tuple[np.ndarray, ...] = ()) -> np.ndarray:
     """One sorted k-entry table per row of `x` ([groups, n] float32): Lloyd's algorithm on a
     per-group histogram of `GROUP_BINS` equal-width bins, all groups at once.
 
     Each bin is an atom at the exact mean of its values (per-bin counts, sums and sums of
     squares in float64), so a cluster's centroid is the exact mean of its values and its
     squared error exact; only a bin holding a midpoint moves as a whole. Runs from quantile
-    seeds and from evenly spaced seeds and keeps, per group, the one with the lower error. A
-    group with at most k distinct values gets them exactly."""
+    seeds, from evenly spaced seeds and from each of `seeds` ([groups, k] tables, e.g. a
+    shared table scaled to each group: Lloyd never raises the error of its start) and keeps,
+    per group, the one with the lowest error. With `weights` (non-negative, the shape of `x`)
+    every element counts its weight (an activation-weighted fit). A group with at most k
+    distinct values gets them exactly."""
     groups = x.shape[0]
     bins = GROUP_BINS
     lo = x.min(axis=1).astype(np.float64)
@@ -175,10 +179,16 @@ def _grouped_luts(x: np.ndarray, k: int) -> np.ndarray:
     b += (np.arange(groups, dtype=np.int64) * bins)[:, None]
     flat = b.reshape(-1)
     x64 = x.reshape(-1).astype(np.float64)
-    cnt = np.bincount(flat, minlength=groups * bins).reshape(groups, bins).astype(np.float64)
-    s1 = np.bincount(flat, weights=x64, minlength=groups * bins).reshape(groups, bins)
-    s2 = np.bincount(flat, weights=x64 * x64, minlength=groups * bins).reshape(groups, bins)
-    del b, flat, x64
+    if weights is None:
+        cnt = np.bincount(flat, minlength=groups * bins).reshape(groups, bins).astype(np.float64)
+        wx = x64
+    else:
+        wt = np.broadcast_to(np.asarray(weights, np.float64), x.shape).reshape(-1)
+        cnt = np.bincount(flat, weights=wt, minlength=groups * bins).reshape(groups, bins).astype(np.float64)
+        wx = wt * x64
+    s1 = np.bincount(flat, weights=wx, minlength=groups * bins).reshape(groups, bins)
+    s2 = np.bincount(flat, weights=wx * x64, minlength=groups * bins).reshape(groups, bins)
+    del b, flat, x64, wx
     with np.errstate(invalid="ignore", divide="ignore"):
         means = s1 / cnt
     zero = np.zeros((groups, 1))
@@ -200,7 +210,7 @@ def _grouped_luts(x: np.ndarray, k: int) -> np.ndarray:
             num = np.diff(cum_n[rows, e], axis=1)
             tot = np.diff(cum_s[rows, e], axis=1)
             with np.errstate(invalid="ignore", divide="ignore"):
-                moved = np.sort(np.where(num > 0, tot / np.maximum(num, 1), c), axis=1)
+                moved = np.sort(np.where(num > 0, tot / np.where(num > 0, num, 1.0), c), axis=1)  # weights may be < 1
             if np.array_equal(moved, c):
                 break
             c = moved
@@ -209,15 +219,18 @@ def _grouped_luts(x: np.ndarray, k: int) -> np.ndarray:
         tot = np.diff(cum_s[rows, e], axis=1)
         sq = np.diff(cum_q[rows, e], axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
-            sse = np.sum(np.where(num > 0, sq - tot * tot / np.maximum(num, 1), 0.0), axis=1)
+            sse = np.sum(np.where(num > 0, sq - tot * tot / np.where(num > 0, num, 1.0), 0.0), axis=1)
         return c, sse
 
     targets = (np.arange(k) + 0.5) / k * cum_n[:, -1:]
     seed_bins = np.minimum(np.sum(cum_n[:, None, 1:] <= targets[:, :, None], axis=2), bins - 1)
     quantile = np.sort(np.where(cnt[rows, seed_bins] > 0, means[rows, seed_bins], lo[:, None]), axis=1)
     even = lo[:, None] + span[:, None] * np.linspace(0.0, 1.0, k)[None, :]
-    (c1, e1), (c2, e2) = lloyd(quantile), lloyd(even)
-    best = np.where((e2 < e1)[:, None], c2, c1)
+    best, error = lloyd(quantile)
+    for start in (even, *(np.sort(np.asarray(t, np.float64), axis=1) for t in seeds)):
+        c, e = lloyd(start)
+        better = e < error
+        best, error = np.where(better[:, None], c, best), np.where(better, e, error)
     # Exact tables where a group has at most k distinct values (then it occupies at most k bins).
     for g in np.nonzero(np.count_nonzero(cnt, axis=1) <= k)[0]:
         values = np.unique(x[g].astype(np.float64))
@@ -260,7 +273,7 @@ def palettize(
     element. The LUT is rounded to `store` before indexing, so indices fit the stored table;
     the indices go to `code_writer` a slab at a time. Grouped tables are fitted a slab of
     groups at a time (about `slab_elements` weights: the fit's temporaries are some 60 bytes a
-    weight), vectorised over the groups (`_grouped_luts`). A ``scaled`` scheme normalises each
+    weight), vectorised over the groups (`grouped_luts`). A ``scaled`` scheme normalises each
     output channel first (`palettize_scaled`)."""
     if scheme.channel_scale:
         return palettize_scaled(weight, scheme, store, name, code_writer)
@@ -292,7 +305,7 @@ def palettize(
         r0 = g0 * per_group
         slab = finite_slab(rows[r0:r0 + group_step * per_group], name, r0)
         x = slab.reshape(-1, per_group * width)
-        lut = np.sort(_grouped_luts(x, k).astype(store), axis=1)
+        lut = np.sort(grouped_luts(x, k).astype(store), axis=1)
         luts[g0:g0 + x.shape[0]] = lut
         idx = _nearest_grouped(x, lut)
         indices.put(r0, idx.reshape(-1, width))

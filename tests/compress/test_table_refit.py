@@ -66,7 +66,7 @@ def test_fit_on_refits_a_single_table_and_lowers_the_calibration_objective(spec:
     assert np.all(np.diff(refit.lut[0]) >= 0)  # type: ignore[union-attr]
     damped = _damped(x)
     assert _objective(w, refit.dequantize().astype(np.float64), damped) < _objective(w, kept.dequantize().astype(np.float64), damped)
-    # Without the activations (or with a wide table / grouped tables) nothing is refitted.
+    # Without the activations (or with a table of more than 16 entries) nothing is refitted.
     assert np.array_equal(fit_codes(w.astype(np.float32), scheme, np.float32, "w", h).lut, kept.lut)  # type: ignore[union-attr]
     wide = parse_scheme("lut6-scaled")
     assert wide is not None
