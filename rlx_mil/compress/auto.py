@@ -24,6 +24,7 @@ The report says, per weight, which candidate it became, its estimated error and 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import warnings
@@ -36,6 +37,7 @@ import numpy as np
 from rlx_mil.compress.emit import check_target, compressed_bytes
 from rlx_mil.compress.fit import fit_to_shape
 from rlx_mil.compress.linear import LinearCodes, quantize_linear, rows_view
+from rlx_mil.compress.lowrank import CorrectedCodes, check_rank_fits, correct
 from rlx_mil.compress.palette import PaletteCodes, palettize
 from rlx_mil.compress.schemes import AUTO_BUDGETS, PER_GROUPED_CHANNEL, PaletteScheme, Scheme, parse_scheme
 from rlx_mil.errors import CompressionError, CompressionWarning
@@ -104,10 +106,13 @@ def _weighted_error(sample: np.ndarray, back: np.ndarray, importance: np.ndarray
 
 def options_for(
     storage: np.ndarray, bits: int, target: Target, store: type[np.floating[Any]], importance: np.ndarray | None = None,
-    candidates: tuple[str, ...] | None = None,
+    candidates: tuple[str, ...] | None = None, corrected: bool = True,
 ) -> list[Option]:
     """Each candidate the target holds, with its estimated error and bytes, cheapest first;
-    candidates another one beats on both are dropped."""
+    candidates another one beats on both are dropped. A candidate with a low-rank correction
+    (``+rN``, `rlx_mil.compress.lowrank`) is left out unless `corrected`; its error is measured
+    on the whole weight (a correction's share of it depends on every row), the correction
+    fitted with the same activation weighting."""
     shape = tuple(int(d) for d in storage.shape)
     channels = rows_view(storage).shape[0]
     found = []
@@ -117,14 +122,20 @@ def options_for(
         scheme, _ = fit_to_shape(base, shape, target)
         try:
             check_target(scheme, target, "weight")
+            check_rank_fits(scheme, shape, "weight")
         except CompressionError:
             continue
-        sample = _sample(storage, scheme)
-        codes: LinearCodes | PaletteCodes
-        if isinstance(scheme, PaletteScheme):
-            codes = palettize(sample, scheme, store)
+        if scheme.rank and not corrected:
+            continue
+        sample = np.asarray(storage) if scheme.rank else _sample(storage, scheme)
+        codes: LinearCodes | PaletteCodes | CorrectedCodes
+        plain = dataclasses.replace(scheme, rank=0)
+        if isinstance(plain, PaletteScheme):
+            codes = palettize(sample, plain, store)
         else:
-            codes = quantize_linear(sample.reshape((sample.shape[0], *shape[1:])), scheme, store)
+            codes = quantize_linear(sample.reshape((sample.shape[0], *shape[1:])), plain, store)
+        if scheme.rank:
+            codes = correct(codes, sample, scheme, store, "weight", importance)
         estimate = round(compressed_bytes(codes, target) * channels / sample.shape[0])
         found.append(Option(scheme, _weighted_error(sample, codes.dequantize(), importance), estimate))
     found.sort(key=lambda o: (o.bytes, o.error))
@@ -332,6 +343,7 @@ def plan_auto(
     measure: Callable[[str, Scheme], float] | None = None, sample: Collection[str] | None = None,
     loss_target: float | None = None, loss_unit: str = "squared output error", narrower: tuple[str, ...] = (),
     measure_layer: Callable[[Mapping[str, Scheme]], float] | None = None, measured_note: str = "",
+    uncorrected: Collection[str] = (),
 ) -> AutoPlan:
     """The mix for the weights `storages` (name -> a callable giving the storage-layout array,
     read one weight at a time), `fixed_bytes` being what the other weights take. `measure(name,
@@ -346,7 +358,8 @@ def plan_auto(
     if measure is None:
         loss_target = None  # without measured sensitivities the sums are weight errors, not a loss
     for name, read in storages.items():
-        options[name] = options_for(read(), bits, target, store, (importance or {}).get(name), candidates)
+        options[name] = options_for(read(), bits, target, store, (importance or {}).get(name), candidates,
+                                    corrected=name not in uncorrected)
     layers = layer_count(list(storages))
     weights = {n: sensitivity(n, roles.get(n, "weight"), layers) for n in options}
     for n in options:

@@ -3,6 +3,7 @@ weight decoded from the conversion's own codes (or encoded again from its report
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from rlx_mil.compress.code_store import CodeWriter, WriterFactory
 from rlx_mil.compress.linear import LinearCodes, quantize_linear
+from rlx_mil.compress.lowrank import CorrectedCodes, check_rank_fits, correct
 from rlx_mil.compress.palette import PaletteCodes, palettize
 from rlx_mil.compress.prequantized import LutScaleCodes, carried_weights
 from rlx_mil.compress.report import CompressionReport, WeightReport
@@ -24,9 +26,22 @@ def store_dtype(precision: Precision) -> type[np.floating[Any]]:
 
 
 def encode(storage: np.ndarray, scheme: Scheme, precision: Precision, name: str,
-           code_writer: WriterFactory = CodeWriter) -> LinearCodes | PaletteCodes:
+           code_writer: WriterFactory = CodeWriter) -> LinearCodes | PaletteCodes | CorrectedCodes:
+    """`scheme`'s codes of `storage` encoded plainly (a low-rank correction fitted unweighted:
+    no calibration input here)."""
+    if not scheme.rank:
+        return plain_encode(storage, scheme, precision, name, code_writer)
+    check_rank_fits(scheme, tuple(int(d) for d in np.shape(storage)), name)
+    base = plain_encode(storage, scheme, precision, name, code_writer)
+    return correct(base, storage, scheme, store_dtype(precision), name)
+
+
+def plain_encode(storage: np.ndarray, scheme: Scheme, precision: Precision, name: str,
+                 code_writer: WriterFactory = CodeWriter) -> LinearCodes | PaletteCodes:
+    """`scheme`'s codes of `storage` encoded plainly, without any low-rank correction it names."""
     quantize: Any = quantize_linear if isinstance(scheme, LinearScheme) else palettize
-    return quantize(storage, scheme, store_dtype(precision), name, code_writer)
+    return quantize(storage, dataclasses.replace(scheme, rank=0) if scheme.rank else scheme, store_dtype(precision), name,
+                    code_writer)
 
 
 class DequantizedParams(OverlaidParams):
@@ -36,7 +51,7 @@ class DequantizedParams(OverlaidParams):
 
     def __init__(
         self, params: Mapping[str, Any], report: CompressionReport,
-        codes: Mapping[str, LinearCodes | PaletteCodes | LutScaleCodes] | None = None,
+        codes: Mapping[str, LinearCodes | PaletteCodes | LutScaleCodes | CorrectedCodes] | None = None,
         remember: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(params)

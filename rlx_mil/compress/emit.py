@@ -17,6 +17,7 @@ import numpy as np
 
 from rlx_mil.compress.code_store import CodeStore
 from rlx_mil.compress.linear import LinearCodes
+from rlx_mil.compress.lowrank import CorrectedCodes
 from rlx_mil.compress.palette import PaletteCodes, check_palette_bits
 from rlx_mil.compress.schemes import (
     PER_BLOCK,
@@ -133,10 +134,13 @@ def packed_bytes(count: int, bits: int) -> int:
     return (count * bits + 7) // 8
 
 
-def compressed_bytes(codes: LinearCodes | PaletteCodes, target: Target | None = None) -> int:
-    """Bytes the weight takes in the package: packed codes plus its scale/offset or LUT tables.
-    A channel-scaled palette on a `target` before iOS26 is stored as a scaled table per output
-    channel (coremltools' `canonicalize_quantized_lut_pattern`), its scales kept too."""
+def compressed_bytes(codes: LinearCodes | PaletteCodes | CorrectedCodes, target: Target | None = None) -> int:
+    """Bytes the weight takes in the package: packed codes plus its scale/offset or LUT tables
+    (and a low-rank correction's factors). A channel-scaled palette on a `target` before iOS26
+    is stored as a scaled table per output channel (coremltools'
+    `canonicalize_quantized_lut_pattern`), its scales kept too."""
+    if isinstance(codes, CorrectedCodes):
+        return compressed_bytes(codes.base, target) + codes.factor_bytes
     if isinstance(codes, LinearCodes):
         bits = codes.scheme.bits
         total = packed_bytes(codes.data.size, bits) + codes.scale.size * codes.scale.dtype.itemsize

@@ -29,6 +29,9 @@ from rlx_mil.compress.palette import PaletteCodes
 from rlx_mil.compress.schemes import Scheme
 from rlx_mil.errors import CompressionError
 
+#: What the factor consts of a weight's correction add to the name of its decoding op
+#: (B [r, in], A [out, r]): how `rlx_mil.milexec.stored_weights` finds them in a package.
+FACTOR_SUFFIXES = ("_lr_down", "_lr_up")
 #: Input features whose second moment is below this share of the mean count as this share:
 #: a feature the calibration text never drives would otherwise get an unbounded correction.
 WEIGHT_FLOOR = 1e-4

@@ -8,6 +8,7 @@ scales, biases) are protected; other float weights of rank >= 2 are ordinary wei
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,11 +17,12 @@ import numpy as np
 
 from rlx_mil.compress.auto import AutoPlan, plan_auto
 from rlx_mil.compress.code_store import CodeStore
-from rlx_mil.compress.dequantized import DequantizedParams, encode, store_dtype
+from rlx_mil.compress.dequantized import DequantizedParams, encode, plain_encode, store_dtype
 from rlx_mil.compress.emit import check_target, compressed_bytes, linear_op, palette_op
 from rlx_mil.compress.fit import fit_to_shape
 from rlx_mil.compress.fitting import CalibrationFit
 from rlx_mil.compress.linear import LinearCodes
+from rlx_mil.compress.lowrank import FACTOR_SUFFIXES, CorrectedCodes, check_rank_fits, correct
 from rlx_mil.compress.palette import PaletteCodes
 from rlx_mil.compress.prequantized import (
     LutScaleCodes,
@@ -115,6 +117,12 @@ def _uses(graph: Graph, node_id: int, users: Mapping[int, list[int]]) -> list[tu
     return out
 
 
+def _matmul_weight_only(graph: Graph, name: str, users: Mapping[int, list[int]]) -> bool:
+    """Whether every use of the Param `name` is the weight of a matmul (through a transpose or not)."""
+    uses = [u for n in graph if isinstance(n.op, Param) and n.op.name == name for u in _uses(graph, n.id, users)]
+    return bool(uses) and all(p in _MATMUL_WEIGHT.get(graph.node(u).op.type_name, ()) for u, p, _ in uses)
+
+
 def _user_map(graph: Graph) -> dict[int, list[int]]:
     users: dict[int, list[int]] = {}
     for node in graph:
@@ -181,6 +189,7 @@ class WeightCompressor:
         self.target = target
         self.precision = precision
         self.roles = param_roles(graph)
+        self._users = _user_map(graph)
         self.sizes = {n.op.name: n.shape.sizes() for n in graph if isinstance(n.op, Param)}
         self.schemes: dict[str, Scheme | PrequantizedScheme] = {}
         #: the weights compressed so far, shown beside the lowering's bar (`rlx_mil.progress`).
@@ -203,7 +212,7 @@ class WeightCompressor:
                     defaults.append(name)
         self.notes: dict[str, str] = {}
         self.plan: AutoPlan | None = None
-        self.fit = CalibrationFit.of(self, encode)  # codes fitted to the calibration activations (`fit=`)
+        self.fit = CalibrationFit.of(self, plain_encode)  # codes fitted to the calibration activations (`fit=`)
         #: Weights autoN measured better plainly encoded than fitted (`sensitivity.output_sensitivity`).
         self.plain_codes: dict[str, tuple[float, float]] = {}
         self.shared = shared_session()
@@ -231,7 +240,10 @@ class WeightCompressor:
         self._done: dict[tuple[str, str], Any] = {}
         #: The codes of each compressed weight (the arrays the program holds, no copy): what
         #: the conversion-time checks decode instead of encoding the weights again.
-        self.codes: dict[str, LinearCodes | PaletteCodes | LutScaleCodes] = {}
+        self.codes: dict[str, LinearCodes | PaletteCodes | LutScaleCodes | CorrectedCodes] = {}
+        #: By the id of a weight's constexpr var: the factor consts (B [r, in], A [out, r]) of
+        #: its low-rank correction (`rlx_mil.compress.lowrank`), run beside each linear using it.
+        self._corrections: dict[int, tuple[Any, Any]] = {}
         self.weights: list[WeightReport] = []
         self.store = CodeStore()  # large codes: in a temporary file while the program holds them
 
@@ -251,6 +263,8 @@ class WeightCompressor:
         if scheme is None:
             return None, "config"
         own = role in ("embedding", "lm_head") and scheme is not self.config.default
+        if scheme.rank and not own and (role != "weight" or not _matmul_weight_only(self.graph, name, self._users)):
+            return dataclasses.replace(scheme, rank=0), f"{role}: no low-rank correction (not only a matmul's weight)"
         return scheme, f"{role}: the config's {role} scheme" if own else ""
 
     def auto_weights(self, names: list[str]) -> tuple[dict[str, Callable[[], np.ndarray]], dict[str, str], int, int]:
@@ -294,13 +308,20 @@ class WeightCompressor:
                               store_dtype(self.precision), fixed, total, self.config.budget, self.config.max_error, importance,
                               self.config.candidates, measure, sample, loss_target=self._loss_target(unit), loss_unit=unit,
                               narrower=self.config.narrower, measure_layer=measure_layer,
-                              measured_note=split_note(self) if measure is not None else "")
+                              measured_note=split_note(self) if measure is not None else "",
+                              uncorrected=self._uncorrected(names, roles))
         self.schemes.update(self.plan.schemes)
         self.notes = dict(self.plan.notes)
         if self.plain_codes:  # held apart, their fitted codes kept the model further off
             self.fit.skip = self.fit.skip | frozenset(self.plain_codes)
             for n, (plainly, fitted) in self.plain_codes.items():
                 self.notes[n] = self.notes.get(n, "") + f"; plain codes (held apart {plainly:.2g}, fitted {fitted:.2g})"
+
+    def _uncorrected(self, names: list[str], roles: Mapping[str, str]) -> set[str]:
+        """The weights autoN gives no low-rank correction: the LM head and embeddings (a tied
+        one is read by gathers), and any weight with a use other than a matmul's weight."""
+        users = _user_map(self.graph)
+        return {n for n in names if roles.get(n) in ("lm_head", "embedding") or not _matmul_weight_only(self.graph, n, users)}
 
     def _calibration_graph(self) -> Graph:
         return self.graph if self.config.calibration_graph is None else self.config.calibration_graph
@@ -356,6 +377,10 @@ class WeightCompressor:
             try:
                 fitted, _ = fit_to_shape(scheme, shape, self.target)
                 check_target(fitted, self.target, name)
+                check_rank_fits(fitted, shape, name)
+                if fitted.rank and not _matmul_weight_only(self.graph, name, users):
+                    raise CompressionError(f"weight {name!r}: {fitted.label}: a low-rank correction runs beside a matmul;"
+                                           " this weight has other uses (a gather, a conv, ...): give it a scheme without '+r'")
             except CompressionError as err:
                 problems.append(str(err))
         if problems:
@@ -363,6 +388,11 @@ class WeightCompressor:
 
     def scheme_for(self, source: WeightSource | None) -> Scheme | PrequantizedScheme | None:
         return None if source is None else self.schemes.get(source.name)
+
+    def correction(self, weight: Any) -> tuple[Any, Any] | None:
+        """The factor consts (B [r, in], A [out, r]) of the low-rank correction of the compressed
+        weight var `weight` (as `compress` gave it), None where it has none."""
+        return self._corrections.get(id(weight))
 
     def compress(
         self, source: WeightSource, value: np.ndarray, *, layout: str, op_name: Callable[[], str]
@@ -390,7 +420,7 @@ class WeightCompressor:
         if isinstance(scheme, PrequantizedScheme):
             if param_layout != "dense":
                 raise CompressionError(f"weight {name!r}: {scheme.label} codes are rows of the stored weight, used here transposed")
-            codes: LinearCodes | PaletteCodes | LutScaleCodes = self.config.prequantized[name].encode(
+            codes: LinearCodes | PaletteCodes | LutScaleCodes | CorrectedCodes = self.config.prequantized[name].encode(
                 store_dtype(self.precision), self.store.writer, self.target)
         if self._count is None:  # the schemes are final once weights arrive
             self._count = ItemCount("compressing weights", len(self.schemes))
@@ -400,7 +430,18 @@ class WeightCompressor:
             scheme, fitted = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
             note = "; ".join(filter(None, [self.notes.get(name, "") or note, fitted]))
             check_target(scheme, self.target, name)
-            codes = self.fit.encode(storage, scheme, name, self.store.writer)
+            if not scheme.rank:
+                codes = self.fit.encode(storage, scheme, name, self.store.writer)
+            else:  # the correction is fitted to the codes stored (fitted ones too), weighted as they were
+                if layout != "kn":
+                    raise CompressionError(f"weight {name!r}: {scheme.label}: a low-rank correction runs beside a matmul;"
+                                           " this use of the weight is not one")
+                base = self.fit.encode(storage, dataclasses.replace(scheme, rank=0), name, self.store.writer)
+                h = self.fit.hessian(name, storage.shape[1])
+                corrected = correct(base, storage, scheme, store_dtype(self.precision), name, None if h is None else np.diag(h))
+                codes = corrected
+                note = "; ".join(filter(None, [note, f"rank-{scheme.rank} correction: {corrected.factor_bytes} bytes"
+                                               + (", fitted to the calibration activations" if h is not None else "")]))
         after = lut_scale_bytes(codes) if isinstance(codes, LutScaleCodes) else compressed_bytes(codes, self.target)
         param_shape = storage.shape[::-1] if param_layout == "kn" else storage.shape
         entry = WeightReport(
@@ -418,12 +459,18 @@ class WeightCompressor:
         source_type = getattr(self.params, "source_type", None)
         return (source_type(name) or "") if callable(source_type) else ""
 
-    def _emit(self, key: tuple[str, str], codes: LinearCodes | PaletteCodes | LutScaleCodes, entry: WeightReport,
-              op_name: Callable[[], str]) -> Any:
+    def _emit(self, key: tuple[str, str], codes: LinearCodes | PaletteCodes | LutScaleCodes | CorrectedCodes,
+              entry: WeightReport, op_name: Callable[[], str]) -> Any:
         """The constexpr var of `codes` in this function's program, recorded (with its op's name) in the report."""
-        build: Any = linear_op if isinstance(codes, LinearCodes) else palette_op
-        var = lut_scale_op(codes, op_name(), self.store) if isinstance(codes, LutScaleCodes) else build(
-            codes, self.target, op_name(), self.store)
+        base = codes.base if isinstance(codes, CorrectedCodes) else codes
+        build: Any = linear_op if isinstance(base, LinearCodes) else palette_op
+        var = lut_scale_op(base, op_name(), self.store) if isinstance(base, LutScaleCodes) else build(
+            base, self.target, op_name(), self.store)
+        if isinstance(codes, CorrectedCodes):  # its factors, named after the op (how stored_weights finds them)
+            from coremltools.converters.mil import Builder as mb
+
+            self._corrections[id(var)] = (mb.const(val=codes.right, name=f"{var.op.name}{FACTOR_SUFFIXES[0]}"),
+                                          mb.const(val=codes.left, name=f"{var.op.name}{FACTOR_SUFFIXES[1]}"))
         entry.ops += [var.op.name] if var.op.name not in entry.ops else []  # this function's name for it
         self.weights.append(entry)
         self._done[key] = var

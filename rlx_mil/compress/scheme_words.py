@@ -3,6 +3,7 @@ one per kind."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rlx_mil.errors import InvalidOptionError
@@ -29,3 +30,29 @@ class Modifiers:
 
     def get(self, kind: str, default: Any) -> Any:
         return self.values[kind][1] if kind in self.values else default
+
+
+#: ``SCHEME+rN``: the suffix of a scheme carrying a rank-N correction of its error.
+_RANK = re.compile(r"\+\s*r(\d+)\s*$", re.IGNORECASE)
+
+
+def split_rank(text: str) -> tuple[str, int]:
+    """(the scheme text before ``+rN``, N), N 0 without the suffix; a '+' that is not ``+rN``
+    (N >= 1) is refused."""
+    if "+" not in text:
+        return text, 0
+    match = _RANK.search(text)
+    body = text[:match.start()] if match else text
+    if match is None or "+" in body or int(match.group(1)) < 1:
+        raise InvalidOptionError(f"compression scheme {text!r}: a '+' takes a low-rank correction '+rN' with N >= 1"
+                                 " (e.g. lut4-scaled+r4), once, at the end")
+    return body, int(match.group(1))
+
+
+def check_rank(rank: object) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise InvalidOptionError(f"a low-rank correction's rank must be a non-negative integer, got {rank!r}")
+
+
+def rank_suffix(rank: int) -> str:
+    return f"+r{rank}" if rank else ""

@@ -13,6 +13,7 @@ Text form (the CLI's ``--compress`` and ``convert(compress="...")``)::
            int4-block64, uint4-float (= uint4 codes, float offset, block 32: llama.cpp's Q4_1 grid),
            lut4 (= lut4-group16: a table per 16 output channels), lut4-tensor, lut4-group4, lut6,
            lut4-scaled (one table on rows divided by their largest |w|, an fp16 scale per row),
+           lut4-scaled+r4 (any scheme +rN: a rank-N correction of its error, rlx_mil.compress.lowrank),
            4bit (the deployment form's 4-bit default: int4 per block; lut4-scaled with deploy="ane")
     CONFIG                      items separated by ';'
       SCHEME                    the default for every eligible weight
@@ -34,6 +35,7 @@ compressed otherwise) and weights below `min_size`, or keep a weight in float (`
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import fnmatch
 import re
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlx_mil.compress.quality import DEFAULT_THRESHOLDS, QualityThresholds, check_target
-from rlx_mil.compress.scheme_words import Modifiers
+from rlx_mil.compress.scheme_words import Modifiers, check_rank, rank_suffix, split_rank
 from rlx_mil.errors import InvalidOptionError
 
 PER_TENSOR = "per_tensor"
@@ -79,8 +81,11 @@ class LinearScheme:
     #: [min, max] mapped onto the codes, zero need not be representable), as iOS18's
     #: `constexpr_blockwise_shift_scale` allows: llama.cpp's Q4_1 / Q5_1 `d*q + m` grids.
     float_offset: bool = False
+    #: ``+rN``: a rank-N correction of the codes' error rides beside them (`rlx_mil.compress.lowrank`).
+    rank: int = 0
 
     def __post_init__(self) -> None:
+        check_rank(self.rank)
         if self.float_offset and (self.symmetric or self.signed):
             raise InvalidOptionError("a float offset is for unsigned asymmetric codes (e.g. uint4-float)")
         if self.bits not in (4, 8):
@@ -125,12 +130,12 @@ class LinearScheme:
             parts.append(f"block{self.block_size}")
         else:
             parts.append("tensor" if self.granularity == PER_TENSOR else "channel")
-        return "-".join(parts)
+        return "-".join(parts) + rank_suffix(self.rank)
 
     def coremltools_config(self) -> dict[str, Any]:
         """Keyword arguments of the equivalent `OpLinearQuantizerConfig`."""
-        if self.float_offset:
-            raise InvalidOptionError(f"{self.label}: coremltools has no float-offset linear quantizer")
+        if self.float_offset or self.rank:
+            raise InvalidOptionError(f"{self.label}: coremltools has no {'low-rank correction' if self.rank else 'float-offset linear quantizer'}")
         cfg: dict[str, Any] = {"mode": self.mode, "dtype": self.dtype_name, "granularity": self.granularity}
         if self.granularity == PER_BLOCK:
             cfg["block_size"] = self.block_size
@@ -153,8 +158,11 @@ class PaletteScheme:
     #: (`constexpr_lut_to_dense` then `constexpr_blockwise_shift_scale`, iOS18): coremltools'
     #: `OpPalettizerConfig(enable_per_channel_scale=True)`.
     channel_scale: bool = False
+    #: ``+rN``: a rank-N correction of the codes' error rides beside them (`rlx_mil.compress.lowrank`).
+    rank: int = 0
 
     def __post_init__(self) -> None:
+        check_rank(self.rank)
         if self.bits not in PALETTE_BITS:
             raise InvalidOptionError(f"palettization takes {'/'.join(map(str, PALETTE_BITS))} bits, got {self.bits}")
         if self.granularity not in (PER_TENSOR, PER_GROUPED_CHANNEL):
@@ -165,10 +173,12 @@ class PaletteScheme:
     @property
     def label(self) -> str:
         grouping = f"-group{self.group_size}" if self.granularity == PER_GROUPED_CHANNEL else "-tensor"
-        return f"lut{self.bits}{grouping}" + ("-scaled" if self.channel_scale else "")
+        return f"lut{self.bits}{grouping}" + ("-scaled" if self.channel_scale else "") + rank_suffix(self.rank)
 
     def coremltools_config(self) -> dict[str, Any]:
         """Keyword arguments of the equivalent `OpPalettizerConfig`."""
+        if self.rank:
+            raise InvalidOptionError(f"{self.label}: coremltools has no low-rank correction")
         cfg: dict[str, Any] = {"mode": "kmeans", "nbits": self.bits, "granularity": self.granularity}
         if self.granularity == PER_GROUPED_CHANNEL:
             cfg["group_size"] = self.group_size
@@ -187,7 +197,15 @@ def parse_scheme(text: str) -> Scheme | None:
     """A scheme from its text form (see the module doc); None for ``none``."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidOptionError(f"a compression scheme is a non-empty string, got {text!r}")
-    words = text.strip().lower().replace("_", "-").split("-")
+    base_text, rank = split_rank(text)
+    scheme = _parse_base(base_text, text)
+    if rank and scheme is None:
+        raise InvalidOptionError(f"compression scheme {text!r}: a low-rank correction needs codes to correct (not none)")
+    return dataclasses.replace(scheme, rank=rank) if rank and scheme is not None else scheme
+
+
+def _parse_base(body: str, text: str) -> Scheme | None:
+    words = body.strip().lower().replace("_", "-").split("-")
     base, mods = words[0], [w for w in words[1:] if w]
     if base in _NONE_WORDS and not mods:
         return None

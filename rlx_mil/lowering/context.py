@@ -32,6 +32,10 @@ class Compressor(Protocol):
     ) -> Any | None:
         """The MIL var decoding `value` (None where it stays float)."""
 
+    def correction(self, weight: Any) -> tuple[Any, Any] | None:
+        """For a var `compress` gave: the consts (B [r, in], A [out, r]) of a low-rank correction
+        each `linear` using it adds on the activation side, ``x B^T A^T``; None without one."""
+
 
 class Lowerer(Protocol):
     """What a `LowerContext` asks of the driver lowering its graph (`program.NodeLowerer`):

@@ -119,7 +119,7 @@ class StoredWeights(Mapping[str, np.ndarray]):
                 program = read_program(path, packed_4bit=True) or load_program(path, packed_4bit=True)
                 where = Path(path).name
             self._add(program, where)
-        self._places: dict[str, tuple[WeightPlace, _Function, list[Any]]] = {}
+        self._places: dict[str, tuple[WeightPlace, _Function, list[Any], tuple[Any, Any] | None]] = {}
         wanted = list(weights)
         missing = self._locate_all(wanted)
         if missing and rest is not None:
@@ -159,24 +159,31 @@ class StoredWeights(Mapping[str, np.ndarray]):
         return missing
 
     # -- locating ---------------------------------------------------------------------------
-    def _locate(self, weight: WeightPlace) -> tuple[_Function, list[Any]] | None:
-        """The function and the op(s) holding `weight`: one op, or the pieces it was cut into."""
+    def _locate(self, weight: WeightPlace) -> tuple[_Function, list[Any], tuple[Any, Any] | None] | None:
+        """The function and the op(s) holding `weight`: one op, or the pieces it was cut into;
+        and the factor consts of its low-rank correction when it has one."""
         names = list(weight.ops) or [_identifier(weight.name)]
         for function in self._functions:
             for base in names:
                 for candidate in (base, f"{base}_conv"):
                     op = function.by_name.get(candidate)
                     if op is not None:
-                        return function, [op]
+                        return function, [op], _factors(function, base)
                 pieces = _pieces(function, base)
                 if pieces:
-                    return function, pieces
+                    return function, pieces, _factors(function, base)
         return None
 
     # -- Mapping ----------------------------------------------------------------------------
     def __getitem__(self, name: str) -> np.ndarray:
-        weight, function, ops = self._places[name]
+        weight, function, ops, factors = self._places[name]
         values = [self._decode(function, op) for op in ops]
+        if factors is not None:  # Q + A B, in the stored [out, in] layout, before it is laid out as the Param
+            down, up = (_dropped_unit_dims(np.asarray(op.outputs[0].val, np.float32), 2) for op in factors)
+            storage = _storage_shape(weight)
+            whole = _assemble(weight, values, function.where, [op.name for op in ops])
+            rows = (whole.T if weight.layout == "kn" else whole).reshape(storage[0], -1) + up @ down
+            return _assemble(weight, [rows.reshape(storage)], function.where, [op.name for op in (*ops, *factors)])
         return _assemble(weight, values, function.where, [op.name for op in ops])
 
     def __iter__(self) -> Iterator[str]:
@@ -190,7 +197,7 @@ class StoredWeights(Mapping[str, np.ndarray]):
 
     def op_names(self, name: str) -> list[str]:
         """The ops `name` is decoded from (`package:function:op`), for messages."""
-        _, function, ops = self._places[name]
+        _, function, ops, _ = self._places[name]
         return [f"{function.where}:{op.name}" for op in ops]
 
     # -- decoding ---------------------------------------------------------------------------
@@ -238,6 +245,16 @@ def _input_vars(op: Any) -> list[Any]:
     for value in op.inputs.values():
         found.extend(value if isinstance(value, (list, tuple)) else [value])
     return found
+
+
+def _factors(function: _Function, base: str) -> tuple[Any, Any] | None:
+    """The (B, A) consts of the low-rank correction of the weight decoded by op `base`
+    (`rlx_mil.compress.lowrank.FACTOR_SUFFIXES`, a 1x1 conv's `_conv` after them), else None."""
+    found = []
+    for suffix in ("_lr_down", "_lr_up"):
+        op = function.by_name.get(f"{base}{suffix}_conv") or function.by_name.get(f"{base}{suffix}")
+        found.append(op)
+    return (found[0], found[1]) if found[0] is not None and found[1] is not None else None
 
 
 _PIECE = re.compile(r"(_conv)?_part(\d+)(_\d+)?$")

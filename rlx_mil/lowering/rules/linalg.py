@@ -85,6 +85,11 @@ def linear_var(
     if bias is not None and np.any(np.asarray(bias) != 0):
         kwargs["bias"] = program_array(bias, ctx.float_dtype)
     result = mb.linear(x=x, weight=weight, name=ctx.name(suffix), **kwargs)
+    correction = None if ctx.options.compressor is None else ctx.options.compressor.correction(weight)
+    if correction is not None:  # a compressed weight's low-rank correction, never a dense weight: x B^T A^T
+        down = mb.linear(x=x, weight=correction[0], name=ctx.name(join(suffix, "lowrank_down")))
+        up = mb.linear(x=down, weight=correction[1], name=ctx.name(join(suffix, "lowrank_up")))
+        result = mb.add(x=result, y=up, name=ctx.name(join(suffix, "corrected")))
     return _reshape(ctx, result, out_sizes, join(suffix, "shape"))
 
 
