@@ -285,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mix", default="", help="name-pattern=spec;... overriding the layers' scheme")
     parser.add_argument("--fit-tokens", type=int, default=0,
                         help="fit on the calibration text's first N tokens only (0: all of --cal-tokens)")
+    parser.add_argument("--fit-chunks", type=int, default=0,
+                        help="also fit on N sequences of --chunk tokens of the calibration text after its first"
+                             " --chunk tokens, each run alone (as the built-in calibration's fit-only chunks)")
+    parser.add_argument("--chunk", type=int, default=256, help="with --fit-chunks: their length")
     parser.add_argument("--layers", type=int, nargs="*", default=None, help="with --per-layer: only these layers")
     parser.add_argument("--sequential", action="store_true",
                         help="fit each layer to the inputs the already-encoded layers before it produce")
@@ -311,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"float model perplexity on the held-out text: {np.exp(-lsm[np.arange(held.size - 1), held[1:]].mean()):.2f}")
     record: dict[str, Any] = {}
     model.forward(cal[:args.fit_tokens] if args.fit_tokens else cal, record=record)
+    for i in range(args.fit_chunks):
+        chunk = cal[args.chunk * (i + 1):args.chunk * (i + 2)]
+        if chunk.size < args.chunk:
+            parser.error(f"--fit-chunks {args.fit_chunks}: the calibration text has {cal.size} tokens")
+        model.forward(chunk, record=record)
     from rlx_mil.compress.fitting import input_hessian
 
     acts = {name: np.concatenate(xs) for name, xs in record.items()}

@@ -149,12 +149,10 @@ def compress_option(args: argparse.Namespace) -> Any:
     elif (config.auto is not None or config.fit not in (None, "off")) and getattr(args, "model_dir", None) is not None:
         # autoN measures (and fit= fits codes) on text: the built-in calibration text through the plain graph.
         from rlx_mil.coreml.deploy.compression import form_compression
-        from rlx_mil.llm.calibration import builtin_calibration, calibration_tokens
+        from rlx_mil.llm.calibration import with_builtin_calibration
 
         formed = form_compression(config, DeployForm.parse(getattr(args, "deploy", None) or "plain"))
-        found = builtin_calibration(args.model_dir, calibration_tokens(formed))
-        if found is not None:
-            config = dataclasses.replace(config, calibration=found[0], calibration_graph=found[1], calibration_params=found[2])
+        config = with_builtin_calibration(config, formed, args.model_dir)
     from rlx_mil.cli.quality import quality_targets
 
     return dataclasses.replace(config, **quality_check_option(args), **quality_targets(args))

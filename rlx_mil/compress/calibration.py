@@ -52,17 +52,25 @@ def _weight_param(graph: Graph, node_id: int) -> str | None:
     return None
 
 
-def _matmul_activations(graph: Graph, values: Mapping[int, Any]) -> Iterator[tuple[str, int, np.ndarray]]:
-    """(weight param name, activation node id, activation) for every matmul of a weight in
-    `graph`, from one reference run's `values`."""
+def matmul_inputs(graph: Graph) -> Iterator[tuple[str, int]]:
+    """(weight param name, activation node id) for every matmul of a weight in `graph`, in
+    graph order."""
     for node in graph:
         ports = _MATMULS.get(node.op.type_name)
         if ports is None or len(node.inputs) <= ports[1]:
             continue
         name = _weight_param(graph, node.inputs[ports[1]])
-        act = values.get(node.inputs[ports[0]])
-        if name is not None and act is not None and act.ndim >= 1:
-            yield name, node.inputs[ports[0]], act
+        if name is not None:
+            yield name, node.inputs[ports[0]]
+
+
+def _matmul_activations(graph: Graph, values: Mapping[int, Any]) -> Iterator[tuple[str, int, np.ndarray]]:
+    """(weight param name, activation node id, activation) for every matmul of a weight in
+    `graph`, from one reference run's `values`."""
+    for name, source in matmul_inputs(graph):
+        act = values.get(source)
+        if act is not None and act.ndim >= 1:
+            yield name, source, act
 
 
 def activation_importance(graph: Graph, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -38,7 +38,7 @@ tens of times the median norm at some layers) dominate it, and the codes fitted 
 on every other position (measured: SmolLM2 layer 27's down_proj, held-out output error 0.098
 plain, 0.16-0.22 fitted to the raw second moment, 0.10 to the normalised one).
 
-H is built from the float model's activations (`rlx_mil.compress.calibration.input_activations`),
+H is built from the float model's activations (`rlx_mil.compress.moments.second_moments`),
 not from the inputs the already-compressed layers before the weight produce, as GPTQ does
 (sequential calibration). Measured in benchmarks/gptq_lut_bench.py (`--sequential`; the
 configuration above): held-out KL 0.257 -> 0.225, perplexity x1.311 -> x1.224, top-1 0.719 ->
@@ -59,6 +59,7 @@ import numpy as np
 
 from rlx_mil.compress.code_store import CodeWriter, WriterFactory
 from rlx_mil.compress.linear import SLAB_ELEMENTS, LinearCodes, finite_slab, quantize_linear, rows_view
+from rlx_mil.compress.moments import SecondMoment
 from rlx_mil.compress.palette import (
     GROUP_BINS,
     PaletteCodes,
@@ -230,19 +231,24 @@ def compensated_codes(rows: np.ndarray, hessian: np.ndarray, grid: _Grid, dampin
 REFIT_ENTRIES = 16
 
 
-def _unit_positions(activations: np.ndarray, width: int, damping: float) -> tuple[np.ndarray, int, float]:
+def _unit_positions(activations: np.ndarray | SecondMoment, width: int, damping: float) -> tuple[np.ndarray, int, float]:
     """(activation rows scaled to unit length, their count, the damping added to H's diagonal):
-    the pieces of ``H = X^T X / N + lam I`` as `input_hessian` weighs positions."""
-    x = np.asarray(activations, np.float64)
-    norm = np.linalg.norm(x, axis=1, keepdims=True)
-    x = x / np.where(norm > 0, norm, 1.0)
-    n = max(x.shape[0], 1)
+    the pieces of ``H = X^T X / N + lam I`` as `input_hessian` weighs positions (of a
+    `SecondMoment`: rows X with that Gram matrix, `SecondMoment.factor`)."""
+    if isinstance(activations, SecondMoment):
+        x, n = activations.factor()
+        n = max(n, 1)
+    else:
+        x = np.asarray(activations, np.float64)
+        norm = np.linalg.norm(x, axis=1, keepdims=True)
+        x = x / np.where(norm > 0, norm, 1.0)
+        n = max(x.shape[0], 1)
     diag_mean = float(np.sum(x * x)) / n / max(width, 1)
     return x, n, damping * (diag_mean if diag_mean > 0 else 1.0)
 
 
 def refit_table(
-    rows: np.ndarray, codes: np.ndarray, table: np.ndarray, scale: np.ndarray | None, activations: np.ndarray,
+    rows: np.ndarray, codes: np.ndarray, table: np.ndarray, scale: np.ndarray | None, activations: np.ndarray | SecondMoment,
     damping: float = DAMPING,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The k entries of a one-table palette refitted to its `codes` (`refit_tables` with one
@@ -256,14 +262,15 @@ REFIT_SLAB_ELEMENTS = 1 << 21
 
 
 def refit_tables(
-    rows: np.ndarray, codes: np.ndarray, luts: np.ndarray, scale: np.ndarray | None, activations: np.ndarray,
+    rows: np.ndarray, codes: np.ndarray, luts: np.ndarray, scale: np.ndarray | None, activations: np.ndarray | SecondMoment,
     damping: float = DAMPING,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The k entries of each group's table (`luts` [groups, k]; a group is `out / groups`
     consecutive rows) minimising the calibration output error of the palette with these
     `codes`: ``sum_r (w_r - s_r T_g(r)[c_r]) H (w_r - s_r T_g(r)[c_r])^T``, H the damped Hessian
-    of `activations` ([positions, in]; each position normalised as `input_hessian`). The rows
-    of one group share its table and nothing else, so each group is its own problem.
+    of `activations` ([positions, in]; each position normalised as `input_hessian`; or their
+    `SecondMoment`). The rows of one group share its table and nothing else, so each group is
+    its own problem.
 
     GPTQ chooses each code for the table k-means gave, then moves later codes to make up for
     earlier ones; the table that best serves the codes it ended with is no longer the k-means
@@ -316,7 +323,7 @@ def refit_tables(
 
 
 def refit_scales(
-    rows: np.ndarray, codes: np.ndarray, table: np.ndarray, scale: np.ndarray, activations: np.ndarray,
+    rows: np.ndarray, codes: np.ndarray, table: np.ndarray, scale: np.ndarray, activations: np.ndarray | SecondMoment,
     damping: float = DAMPING,
 ) -> np.ndarray:
     """Each row's scale s_r minimising the calibration output error of a scaled one-table
@@ -377,7 +384,8 @@ def _weighted_luts(u: np.ndarray, weights: np.ndarray, per_group: int, k: int, s
 
 def fit_palette(
     weight: np.ndarray, scheme: PaletteScheme, store: type[np.floating], name: str, hessian: np.ndarray,
-    options: FitOptions = FitOptions(), code_writer: WriterFactory = CodeWriter, activations: np.ndarray | None = None,
+    options: FitOptions = FitOptions(), code_writer: WriterFactory = CodeWriter,
+    activations: np.ndarray | SecondMoment | None = None,
 ) -> PaletteCodes:
     """`scheme`'s codes of `weight` (storage [out, in]) fitted with the calibration Hessian
     (and, to refit a table after `gptq`, the `activations` it was built from)."""
@@ -441,10 +449,12 @@ def fit_linear(
 
 def fit_codes(
     weight: np.ndarray, scheme: Scheme, store: type[np.floating], name: str, hessian: np.ndarray,
-    options: FitOptions = FitOptions(), code_writer: WriterFactory = CodeWriter, activations: np.ndarray | None = None,
+    options: FitOptions = FitOptions(), code_writer: WriterFactory = CodeWriter,
+    activations: np.ndarray | SecondMoment | None = None,
 ) -> LinearCodes | PaletteCodes:
     """`scheme`'s codes of `weight` (output channels on axis 0, the input on the rest)
-    fitted to its input's calibration Hessian (`activations`: the rows it was built from)."""
+    fitted to its input's calibration Hessian (`activations`: the rows it was built from, or
+    their `SecondMoment`)."""
     if np.ndim(weight) < 2:
         raise CompressionError(f"weight {name!r}: fitting to activations takes a matmul weight (2-D or more), got {list(np.shape(weight))}")
     if isinstance(scheme, LinearScheme):
@@ -459,11 +469,11 @@ FIT_OPTIONS = {"weighted": FitOptions(weighted=True, gptq=False, refit=False, re
 
 
 class CalibrationFit:
-    """A conversion's fitted codes: the calibration activations of every matmul weight's input
-    (`rlx_mil.compress.calibration.input_activations`, gathered at the first weight asked for),
-    each weight's H (`input_hessian`) built when it is encoded."""
+    """A conversion's fitted codes: the second moment of every matmul weight's calibration
+    input (`rlx_mil.compress.moments.second_moments`, gathered at the first weight asked for,
+    in bounded memory), each weight's H built from it when it is encoded."""
 
-    def __init__(self, options: FitOptions | None, activations: Callable[[], Mapping[str, np.ndarray]],
+    def __init__(self, options: FitOptions | None, moments: Callable[[], Mapping[str, SecondMoment]],
                  store: type[np.floating], plain: Callable[..., LinearCodes | PaletteCodes],
                  skip: frozenset[str] = frozenset()) -> None:
         self.options = options
@@ -471,9 +481,9 @@ class CalibrationFit:
         #: is read by token lookups the head's activations say nothing about.
         self.skip = skip
         self.store = store
-        self._gather = activations
+        self._gather = moments
         self._plain = plain
-        self._rows: Mapping[str, np.ndarray] | None = None
+        self._moments: Mapping[str, SecondMoment] | None = None
 
     @classmethod
     def of(cls, compressor: Any, plain: Callable[..., LinearCodes | PaletteCodes]) -> CalibrationFit:
@@ -484,33 +494,36 @@ class CalibrationFit:
         config = compressor.config
         options = FIT_OPTIONS.get(config.fit or "off") if config.calibration is not None else None
 
-        def gather() -> Mapping[str, np.ndarray]:
-            # the positions before autoN's held-apart measuring part (`sensitivity.held_apart`)
-            from rlx_mil.compress.sensitivity import fit_activations
+        def gather() -> Mapping[str, SecondMoment]:
+            # the positions before autoN's held-apart measuring part (`sensitivity.held_apart`),
+            # and the fit's own sequences (`CompressionConfig.fit_calibration`)
+            from rlx_mil.compress.sensitivity import fit_moments
 
-            return fit_activations(compressor)
+            return fit_moments(compressor)
         precision = compressor.precision
         return cls(options, gather, np.float16 if precision is Precision.FP16 else np.float32,
                    lambda storage, scheme, name, writer: plain(storage, scheme, precision, name, writer),
                    frozenset(n for n, role in compressor.roles.items() if role == "embedding"))
 
-    def hessian(self, name: str, width: int) -> np.ndarray | None:
-        """H (`input_hessian`) of the input of weight `name` (None: no fit, or no matmul input of `width`)."""
+    def moment(self, name: str, width: int) -> SecondMoment | None:
+        """The second moment of weight `name`'s input (None: no fit, or no matmul input of `width`)."""
         if self.options is None or name in self.skip:
             return None
-        if self._rows is None:
-            self._rows = self._gather()
-        x = self._rows.get(name)
-        if x is None or x.shape[1] != width or x.shape[0] == 0:
-            return None
-        return input_hessian(x)
+        if self._moments is None:
+            self._moments = self._gather()
+        found = self._moments.get(name)
+        return found if found is not None and found.width == width and found.count > 0 else None
+
+    def hessian(self, name: str, width: int) -> np.ndarray | None:
+        """H (`input_hessian`) of the input of weight `name` (None: no fit, or no matmul input of `width`)."""
+        found = self.moment(name, width)
+        return None if found is None else found.hessian()
 
     def encode(self, storage: np.ndarray, scheme: Scheme, name: str,
                code_writer: WriterFactory = CodeWriter) -> LinearCodes | PaletteCodes:
         """`scheme`'s codes of `storage` fitted to its input's activations, else (no fit asked
         for, or no activations of that width) encoded plainly."""
-        h = self.hessian(name, rows_view(storage).shape[1]) if np.ndim(storage) >= 2 else None
-        if h is None or self.options is None:
+        found = self.moment(name, rows_view(storage).shape[1]) if np.ndim(storage) >= 2 else None
+        if found is None or self.options is None:
             return self._plain(storage, scheme, name, code_writer)
-        assert self._rows is not None
-        return fit_codes(storage, scheme, self.store, name, h, self.options, code_writer, self._rows.get(name))
+        return fit_codes(storage, scheme, self.store, name, found.hessian(), self.options, code_writer, found)

@@ -348,6 +348,8 @@ class CompressionConfig:
     #: Params of `calibration_graph`'s own, read where the conversion's differ in shape (RoPE
     #: tables sized for its length); every other Param is the conversion's.
     calibration_params: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    #: More inputs of `calibration_graph` that only a fit (`fit`) sees, each run alone (`sensitivity.fit_feeds`).
+    fit_calibration: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, hash=False)
     #: With `auto`: the schemes (text form, cheapest first) it chooses from instead of
     #: `rlx_mil.compress.auto.CANDIDATES` (a deployment form's own, e.g. no per-block ints on
     #: the Neural Engine).

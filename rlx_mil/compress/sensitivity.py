@@ -56,20 +56,6 @@ def held_apart(graph: Any, inputs: Mapping[str, Any]) -> int | None:
     return first if first >= MIN_PART and length - first >= MIN_PART else None
 
 
-def fit_rows(rows: Mapping[str, np.ndarray], length: int, first: int | None) -> dict[str, np.ndarray]:
-    """The activation rows (`[batch x positions, width]` per weight, several uses one after the
-    other) of each row's positions before `first` (all when None): what a split calibration
-    fits codes on. A weight whose rows are not whole sequences of `length` (not per position)
-    gets none: it is encoded plainly rather than fitted to positions the plan measures on."""
-    if first is None:
-        return dict(rows)
-    out = {}
-    for name, x in rows.items():
-        if x.shape[0] % length == 0:
-            out[name] = x.reshape(-1, length, x.shape[-1])[:, :first].reshape(-1, x.shape[-1])
-    return out
-
-
 def fitted_from(compressor: Any) -> int | None:
     """Where a `WeightCompressor`'s calibration is split (`held_apart`): only when autoN plans
     codes fitted to it (`fit=`); None otherwise (unfitted codes are measured on every position,
@@ -80,27 +66,49 @@ def fitted_from(compressor: Any) -> int | None:
 
 
 def split_note(compressor: Any) -> str:
-    """What the plan's summary says of where fitted codes were measured ("" without a fit)."""
+    """What the plan's summary says of where fitted codes were measured and what they were
+    fitted on ("" without a fit)."""
     if compressor.config.calibration is None or compressor.fit.options is None:
         return ""
+    from rlx_mil.compress.moments import fit_tokens
+
     first = fitted_from(compressor)
+    feeds = fit_feeds(compressor)
+    more = len(feeds) - 1
+    extra = "" if not more else f" and {more} more sequence{'s' * (more > 1)} of {feeds[1].length}"
     if first is None:
         return (f"; fitted codes measured on the positions they were fitted on (a decoder's {2 * MIN_PART}"
-                " or more calibration tokens would hold some apart)")
+                f" or more calibration tokens would hold some apart); fitted on {fit_tokens(feeds)} tokens"
+                f" (the calibration's{extra})")
     length = int(np.shape(compressor.calibration_inputs()["input_ids"])[-1])
-    return f"; fitted codes measured on calibration positions {first}-{length - 1}, which the fit did not use"
+    return (f"; fitted codes measured on calibration positions {first}-{length - 1}, which the fit did not use;"
+            f" fitted on {fit_tokens(feeds)} tokens (positions 0-{first - 1}{extra})")
 
 
-def fit_activations(compressor: Any) -> dict[str, np.ndarray]:
-    """The calibration activations a `WeightCompressor`'s fitted codes are fitted on: each
-    matmul weight's input rows (`rlx_mil.compress.calibration.input_activations`) at the
-    positions before the split (`fitted_from`; all without one)."""
-    from rlx_mil.compress.calibration import input_activations
+def fit_feeds(compressor: Any) -> list[Any]:
+    """The runs of the calibration graph a `WeightCompressor`'s fitted codes are fitted on
+    (`rlx_mil.compress.moments.FitFeed`): its calibration inputs, of which the positions before
+    the split (`fitted_from`; all without one), then each of the config's `fit_calibration`
+    sequences whole (more of the built-in text, which nothing measures on)."""
+    from rlx_mil.compress.moments import FitFeed
+    from rlx_mil.errors import CompressionError
 
     inputs = compressor.calibration_inputs()
-    rows = input_activations(compressor._calibration_graph(), compressor._calibration_params(), inputs)
-    first = fitted_from(compressor)
-    return fit_rows(rows, int(np.shape(inputs["input_ids"])[-1]) if first is not None else 1, first)
+    feeds = [FitFeed(inputs, fitted_from(compressor))]
+    for i, more in enumerate(compressor.config.fit_calibration):
+        missing = [n for n in inputs if n not in more]
+        if missing:
+            raise CompressionError(f"fit calibration sequence {i} lacks the graph's inputs {missing} (given: {sorted(more)})")
+        feeds.append(FitFeed({n: more[n] for n in inputs}))
+    return feeds
+
+
+def fit_moments(compressor: Any) -> dict[str, Any]:
+    """Param name -> the `SecondMoment` of its matmul input over `fit_feeds` (each run alone:
+    `rlx_mil.compress.moments.second_moments`): what fitted codes are fitted to."""
+    from rlx_mil.compress.moments import second_moments
+
+    return second_moments(compressor._calibration_graph(), compressor._calibration_params(), fit_feeds(compressor))
 
 
 def measure_sample(names: list[str], roles: Mapping[str, str], count: int) -> list[str] | None:

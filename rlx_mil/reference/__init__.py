@@ -30,7 +30,7 @@ from rlx_mil.reference.attention import FILL, attention_backward
 from rlx_mil.reference.conv import pool
 from rlx_mil.reference.elementwise import activation, binary
 from rlx_mil.reference.fused import attention_block, swiglu, transformer_layer
-from rlx_mil.reference.interpreter import evaluate, evaluate_all, evaluate_changed
+from rlx_mil.reference.interpreter import evaluate, evaluate_all, evaluate_changed, evaluate_visiting
 from rlx_mil.reference.linalg import matmul
 from rlx_mil.reference.norm import group_norm, layer_norm, rms_norm
 from rlx_mil.reference.quant import (
@@ -78,6 +78,7 @@ __all__ = [
     "evaluate",
     "evaluate_all",
     "evaluate_changed",
+    "evaluate_visiting",
     "gather_indices",
     "gguf_dequantize",
     "group_norm",

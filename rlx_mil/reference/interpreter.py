@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -291,11 +291,13 @@ def _check_arguments(graph: object, inputs: object, params: object) -> None:
 def _evaluate(
     graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None, only: set[int] | None,
     states: dict[int, tuple[np.ndarray, ...]] | None = None, keep: set[int] | None = None,
+    visit: tuple[set[int], Callable[[int, np.ndarray], None]] | None = None,
 ) -> dict[int, np.ndarray]:
     """Every value computed (all of `only`'s nodes, or the graph's). With `keep`, the run holds
     only what is still to be used: a value is dropped after its last use unless kept, and a
     lazy mapping's float params are read at each use (`_bind_feeds`), so a model's weights are
-    never all in float32 at once: the run holds one weight at a time beyond its activations."""
+    never all in float32 at once: the run holds one weight at a time beyond its activations.
+    `visit` (node ids, callback): each of those values is passed to the callback once computed."""
     given = params or {}
     deferred: dict[int, str] | None = {} if keep is not None else None
     feeds, bindings = _bind_feeds(graph, inputs, given, deferred)
@@ -318,6 +320,10 @@ def _evaluate(
         read = {i: _read_param(graph.node(i), deferred[i], given) for i in node.inputs if deferred and i in deferred}
         values[node.id] = _run_node(node, [read[i] if i in read else values[i] for i in node.inputs], bindings, states)
         del read
+        if visit is not None and node.id in visit[0]:
+            visit[1](node.id, values[node.id])
+            if keep is not None and node.id not in last_use and node.id not in keep:  # nothing else reads it
+                del values[node.id]
         if keep is not None:
             for i in node.inputs:
                 if last_use.get(i) == index and i not in keep:
@@ -388,6 +394,20 @@ def evaluate_all(
     _check_arguments(graph, inputs, params)
     keep = None if weights else {node.id for node in graph if not isinstance(node.op, Param)}
     return _evaluate(graph, inputs or {}, params, None, keep=keep)
+
+
+def evaluate_visiting(
+    graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None, nodes: Iterable[int],
+    visit: Callable[[int, np.ndarray], None],
+) -> None:
+    """Run what the values of `nodes` (node ids) need, passing each to `visit(node id, value)`
+    as soon as it is computed. Nothing is kept for the caller: a value is let go after its
+    last use, and a lazy mapping's float params are read at each use, so the run holds one
+    layer's working set however many nodes are visited (what a statistic over a model's
+    activations gathers from, where `evaluate_all` would hold every value of the run)."""
+    _check_arguments(graph, inputs, params)
+    watched = set(nodes)
+    _evaluate(graph, inputs or {}, params, _needed(graph, watched), keep=set(), visit=(watched, visit))
 
 
 def evaluate_changed(

@@ -12,8 +12,9 @@ from rlx_mil.compress import parse_compress
 from rlx_mil.compress.calibration import input_activations
 from rlx_mil.compress.fit import fit_to_shape
 from rlx_mil.compress.fitting import FitOptions, fit_codes, input_hessian
+from rlx_mil.compress.moments import FitFeed, second_moments
 from rlx_mil.compress.schemes import parse_scheme
-from rlx_mil.compress.sensitivity import MIN_PART, fit_rows, held_apart
+from rlx_mil.compress.sensitivity import MIN_PART, held_apart
 from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.reference import evaluate
 from tests.compress.tiny_lm import TinyLM, tiny_lm, tiny_lm_inputs, tiny_lm_params
@@ -34,11 +35,17 @@ def test_a_decoders_token_ids_are_split_in_half_unless_too_few() -> None:
 
 
 def test_the_fit_sees_each_rows_positions_before_the_split_only() -> None:
-    x = np.arange(2 * 6 * 3, dtype=np.float32).reshape(2 * 6, 3)  # 2 rows of 6 positions, width 3
-    got = fit_rows({"w": x, "odd": x[:5]}, 6, 4)
-    np.testing.assert_array_equal(got["w"], np.concatenate([x[0:4], x[6:10]]))
-    assert "odd" not in got  # not whole sequences: not fitted at all rather than on unknown positions
-    assert fit_rows({"w": x}, 6, None)["w"] is x
+    graph = tiny_lm(CONFIG)
+    params = tiny_lm_params(graph, CONFIG)
+    inputs = tiny_lm_inputs(CONFIG)
+    rows = input_activations(graph, params, inputs)
+    split = second_moments(graph, params, [FitFeed(inputs, 20)])
+    whole = second_moments(graph, params, [FitFeed(inputs)])
+    assert set(split) == set(whole) == set(rows)
+    for name, x in rows.items():
+        assert split[name].count == 20 and whole[name].count == SEQ
+        np.testing.assert_allclose(split[name].hessian(), input_hessian(x[:20]), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(whole[name].hessian(), input_hessian(x), rtol=1e-5, atol=1e-7)
 
 
 def _kl_rows(want: np.ndarray, got: np.ndarray) -> np.ndarray:
@@ -83,12 +90,12 @@ def test_fitted_codes_are_measured_only_where_the_fit_did_not_look(planned: dict
         compressor.plan.summary
     rows = input_activations(graph, params, inputs)
     name = "layers.1.mlp.down_proj.weight"
-    # The fit's activations: each weight's rows of positions 0..31 only.
-    fitted_rows = compressor.fit._rows
-    assert fitted_rows is not None
-    assert set(fitted_rows) == set(rows)
+    # The fit's statistics: each weight's input over positions 0..31 only.
     for n, x in rows.items():
-        np.testing.assert_array_equal(fitted_rows[n], x[: SEQ // 2])
+        moment = compressor.fit.moment(n, x.shape[1])
+        if n not in compressor.fit.skip:
+            assert moment is not None and moment.count == SEQ // 2
+            np.testing.assert_allclose(moment.hessian(), input_hessian(x[: SEQ // 2]), rtol=1e-5, atol=1e-7)
     # A measurement: the mean KL, over positions 32..62 only, of the model with that weight's
     # codes fitted on positions 0..31 (recomputed here from the fit's own functions).
     scheme, _ = fit_to_shape(parse_scheme("lut4-scaled"), (CONFIG.hidden, CONFIG.intermediate), Target.IOS18)  # type: ignore[arg-type]
@@ -150,9 +157,8 @@ def test_a_fixed_scheme_or_an_unfitted_plan_uses_every_position() -> None:
     assert spec is not None
     compressor = plan.WeightCompressor(dataclasses.replace(spec, calibration=inputs), graph, Target.IOS18,
                                        Precision.FP32, params)
-    assert compressor.fit.hessian("layers.0.mlp.down_proj.weight", CONFIG.intermediate) is not None
-    assert compressor.fit._rows is not None
-    assert compressor.fit._rows["layers.0.mlp.down_proj.weight"].shape[0] == SEQ  # every position
+    moment = compressor.fit.moment("layers.0.mlp.down_proj.weight", CONFIG.intermediate)
+    assert moment is not None and moment.count == SEQ  # every position
 
 
 def test_too_few_calibration_tokens_fit_and_measure_on_all_of_them_and_say_so() -> None:
@@ -167,8 +173,8 @@ def test_too_few_calibration_tokens_fit_and_measure_on_all_of_them_and_say_so() 
                                        Target.IOS18, Precision.FP32, params)
     assert compressor.plan is not None
     assert "fitted codes measured on the positions they were fitted on" in compressor.plan.summary
-    assert compressor.fit._rows is not None
-    assert compressor.fit._rows["layers.0.mlp.down_proj.weight"].shape[0] == config.seq
+    moment = compressor.fit.moment("layers.0.mlp.down_proj.weight", config.intermediate)
+    assert moment is not None and moment.count == config.seq
 
 
 def test_the_builtin_calibration_doubles_only_for_plans_that_fit_codes() -> None:
