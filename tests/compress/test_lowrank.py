@@ -226,3 +226,16 @@ def test_a_stateful_neural_engine_package_with_corrections_stays_as_valid(tiny_a
     for w in report.weights:
         if w.scheme.endswith("+r2"):
             assert stored[w.name].shape == tuple(w.shape)
+
+
+def test_apples_core_ai_runtime_runs_the_corrections_as_the_executor(tmp_path: Path) -> None:
+    pytest.importorskip("coreai", reason="needs the coreai extra: pip install -e \".[coreai]\" (Python >= 3.11)")
+    from rlx_mil.coreai.crosscheck import crosscheck
+
+    graph, params = _mlp()
+    path = tmp_path / "m.mlpackage"
+    for deploy in ("plain", "ane"):  # (Core AI's translator takes no scaled palettes yet: a grouped table here)
+        rlx_mil.convert(graph, params, compress="lut4+r4;check=off", precision="fp32", deploy=deploy).save(str(path))
+        x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+        report = crosscheck(path, [(None, {"x": x})])
+        assert len(report.outputs) == 1 and not report.failures(rtol=1e-4, atol=1e-5), report.failures()
