@@ -39,6 +39,19 @@ class FitFeed:
         ids = self.inputs.get("input_ids")
         return 1 if ids is None else int(np.shape(ids)[-1])
 
+    def rows(self, value: np.ndarray) -> np.ndarray | None:
+        """The rows ([positions, width]) of an activation of this run that the fit uses: each
+        sequence's positions before `first` (all without a split); None when the activation is
+        not one row per position of a split run (its weights are then not fitted)."""
+        if np.ndim(value) < 1:
+            return None
+        x = np.asarray(value).reshape(-1, np.shape(value)[-1])
+        if self.first is None:
+            return x
+        if x.shape[0] % self.length:
+            return None
+        return x.reshape(-1, self.length, x.shape[1])[:, :self.first].reshape(-1, x.shape[1])
+
 
 class SecondMoment:
     """The running second moment of one activation's rows (each scaled to unit length, as
@@ -116,14 +129,11 @@ def second_moments(
 
     def visitor(feed: FitFeed) -> Callable[[int, np.ndarray], None]:
         def visit(source: int, value: np.ndarray) -> None:
-            if np.ndim(value) < 1:
-                return
-            x = np.asarray(value).reshape(-1, np.shape(value)[-1])
-            if feed.first is not None:
-                if x.shape[0] % feed.length:  # not per position: no fit for its weights
+            x = feed.rows(value)
+            if x is None:  # not per position: no fit for its weights
+                if np.ndim(value) >= 1:
                     moments.update((key, None) for key in readers[source])
-                    return
-                x = x.reshape(-1, feed.length, x.shape[1])[:, :feed.first].reshape(-1, x.shape[1])
+                return
             for key in readers[source]:
                 if key not in moments:
                     moments[key] = SecondMoment(x.shape[1])

@@ -214,3 +214,14 @@ def test_the_calibration_text_shares_no_phrase_with_the_held_out_text() -> None:
     calibration, heldout = grams("calibration"), grams("heldout")
     assert len(calibration) > 650 and len(heldout) > 300
     assert calibration & heldout == set()
+
+
+def test_a_split_run_gives_the_fit_each_sequences_positions_before_the_split_only() -> None:
+    x = np.arange(2 * 6 * 3, dtype=np.float32).reshape(2, 6, 3)  # 2 sequences of 6 positions, width 3
+    feed = FitFeed({"input_ids": np.zeros((2, 6), np.int32)}, 4)
+    got = feed.rows(x)
+    assert got is not None
+    np.testing.assert_array_equal(got, np.concatenate([x[0, :4], x[1, :4]]))
+    assert feed.rows(x.reshape(-1, 3)[:5]) is None  # not one row per position: not fitted at all
+    whole = FitFeed({"input_ids": np.zeros((2, 6), np.int32)}).rows(x)
+    assert whole is not None and whole.shape == (12, 3)
