@@ -75,20 +75,29 @@ def _matmul_activations(graph: Graph, values: Mapping[int, Any]) -> Iterator[tup
 
 def activation_importance(graph: Graph, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Param name -> E[x_j^2] of the activation each input column j of that matmul weight
-    multiplies (averaged over its uses); float64 vectors of the weight's input width."""
-    from rlx_mil.reference import evaluate_all
+    multiplies (averaged over its uses); float64 vectors of the weight's input width. Each
+    activation is reduced as the run computes it (`rlx_mil.reference.evaluate_visiting`): the
+    run never holds every value, nor the weights in float32 at once."""
+    from rlx_mil.reference import evaluate_visiting
 
-    values = evaluate_all(graph, inputs, params)
+    readers: dict[int, list[str]] = {}
+    for name, source in matmul_inputs(graph):
+        readers.setdefault(source, []).append(name)
     sums: dict[str, np.ndarray] = {}
     uses: dict[str, int] = {}
-    for name, _, act in _matmul_activations(graph, values):
+
+    def visit(source: int, act: np.ndarray) -> None:
+        if np.ndim(act) < 1:
+            return
         x = np.asarray(act, np.float64).reshape(-1, act.shape[-1])
         stat = np.mean(x * x, axis=0)
-        if name in sums and sums[name].shape != stat.shape:
-            continue
-        sums[name] = sums.get(name, 0.0) + stat
-        uses[name] = uses.get(name, 0) + 1
-    del values
+        for name in readers[source]:
+            if name in sums and sums[name].shape != stat.shape:
+                continue
+            sums[name] = sums.get(name, 0.0) + stat
+            uses[name] = uses.get(name, 0) + 1
+
+    evaluate_visiting(graph, inputs, params, readers, visit)
     return {n: s / uses[n] for n, s in sums.items()}
 
 
