@@ -1,5 +1,6 @@
-"""Sizes as people read them: the one byte formatter every message and summary uses, and the
-one parser of sizes people type (`--chunk-bytes 1GB`)."""
+"""Sizes and counts as people read them: the one byte formatter every message and summary uses,
+the one parser of sizes people type (`--chunk-bytes 1GB`), and counts with their noun in the
+singular or plural (`counted`)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def human_bytes(n: float) -> str:
         if abs(size) < 1024 or unit == _UNITS[-1]:
             return f"{size:.1f} {unit}"
     raise AssertionError("unreachable")
+
+
+def counted(count: int, word: str, plural: str | None = None) -> str:
+    """`count` `word`s in a sentence: "1 weight", "0 weights", "2 weights", "1,234 weights";
+    `plural` where adding an s is not it ("1 entry", "2 entries"). A count of a total says
+    "1 of 3 weights" / "1 of 1 weight": f"{n} of {counted(total, 'weight')}"."""
+    return f"{count:,} {word if count == 1 else plural or word + 's'}"
 
 
 def parse_bytes(text: str | int, what: str = "size") -> int:

@@ -27,7 +27,7 @@ from rlx_mil.cli.convert_hf import (
 )
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.progress import Progress, running_under_ci
-from rlx_mil.units import human_bytes
+from rlx_mil.units import counted, human_bytes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         check_inputs=check_inputs, loader=from_gguf, prepare=prepare_gguf_package,
     )
     info = package_info(path)
-    print(f"wrote {path} ({info.num_ops} ops, {human_bytes(info.package_bytes)}) in {time.perf_counter() - start:.1f} s")
+    print(f"wrote {path} ({counted(info.num_ops, 'op')}, {human_bytes(info.package_bytes)}) in {time.perf_counter() - start:.1f} s")
     print_compression(info.metadata)
     quality = gguf_quality(args, info.metadata, package=path)
     if args.verify:

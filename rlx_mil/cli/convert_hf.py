@@ -19,7 +19,7 @@ from rlx_mil.cli.arguments import int_at_least
 from rlx_mil.cli.quality import print_compression  # the commands' shared summary line
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.progress import Progress, detail, running_under_ci
-from rlx_mil.units import human_bytes
+from rlx_mil.units import counted, human_bytes
 
 if TYPE_CHECKING:  # the command's heavy parts load when it runs, never while parsing flags
     import numpy as np
@@ -267,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
         description=description_overrides(args), check_inputs=check_inputs,
     )
     info = package_info(path)
-    print(f"wrote {path} ({info.num_ops} op{'s' * (info.num_ops != 1)}, {human_bytes(info.package_bytes)}) in"
+    print(f"wrote {path} ({counted(info.num_ops, 'op')}, {human_bytes(info.package_bytes)}) in"
           f" {time.perf_counter() - start:.1f} s")
     print_compression(info.metadata)
     quality = stored_check(info.metadata)
@@ -545,7 +545,7 @@ def report_chunked(args: argparse.Namespace, model: Any, chunked: Any, seconds: 
     from rlx_mil.cli.quality import print_summary, verify_quality
 
     sizes = ", ".join(human_bytes(c.weight_bytes) for c in chunked.chunks)
-    print(f"wrote {args.output} ({len(chunked.chunks)} chunks, weights {sizes}; functions"
+    print(f"wrote {args.output} ({counted(len(chunked.chunks), 'chunk')}, weights {sizes}; functions"
           f" {', '.join(chunked.functions)}) in {seconds:.1f} s")
     print_summary(quality)
     if args.verify:
@@ -585,6 +585,6 @@ def verify_stateful_command(model: Any, package: Any, precision: str, metadata: 
         report=step, loader=loader, engine=engine, codes=codes,
         opened=lambda: progress.begin("verify: greedy steps", total=VERIFY_STEPS, unit=" steps"),
     )
-    progress.end(f"{len(comparison.steps)} steps")
+    progress.end(counted(len(comparison.steps), "step"))
     print(f"verify: {comparison.summary()}")
     return 0 if comparison.ok else 1

@@ -16,7 +16,7 @@ import numpy as np
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
 from rlx_mil.progress import Progress, running_under_ci
-from rlx_mil.units import human_bytes
+from rlx_mil.units import counted, human_bytes
 
 #: The stateful decoder's relative logit error allowed by --verify (its cache state is fp16).
 STATEFUL_TOLERANCE = 5e-2
@@ -176,7 +176,7 @@ def run_whisper(args: argparse.Namespace, convert: Mapping[str, Any]) -> int:
     for role, path in written.packages.items():
         info = package_info(path)
         total += info.package_bytes
-        print(f"  {role}: {info.num_ops} ops, {human_bytes(info.package_bytes)}")
+        print(f"  {role}: {counted(info.num_ops, 'op')}, {human_bytes(info.package_bytes)}")
     print(f"wrote {written.folder} ({human_bytes(total)}) in {time.perf_counter() - start:.1f} s")
     qualities = [] if written.quality is None else written.quality.checks
     for quality in qualities:

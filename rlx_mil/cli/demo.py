@@ -13,6 +13,7 @@ from typing import Any
 
 from rlx_mil.models.families import family
 from rlx_mil.models.random_checkpoint import ROUND2_FAMILIES, TINY_CONFIGS, resized_round2_config
+from rlx_mil.units import counted
 
 DEMO_FAMILIES = tuple(TINY_CONFIGS)
 #: The encoders among them, text and image (no KV heads, no decode variant).
@@ -104,8 +105,8 @@ def run_demo(args: argparse.Namespace) -> int:
         text = config.get("vision_config" if image else "text_config", config)
         # A temporary checkpoint is deleted when the demo ends: name where it went only when kept.
         where = f"written to {folder}" if keep else "written (a temporary folder; --checkpoint DIR keeps it)"
-        print(f"rlx-mil demo: random {args.family} checkpoint ({text['num_hidden_layers']} layers, hidden "
-              f"{text['hidden_size']}, {text['num_attention_heads']} heads) {where} "
+        print(f"rlx-mil demo: random {args.family} checkpoint ({counted(text['num_hidden_layers'], 'layer')}, hidden "
+              f"{text['hidden_size']}, {counted(text['num_attention_heads'], 'head')}) {where} "
               f"in {time.perf_counter() - t0:.2f} s")
         t1 = time.perf_counter()
         graph, params, path = convert_checkpoint(

@@ -20,6 +20,7 @@ from rlx_mil.cli.arguments import (
     int_at_least,
 )
 from rlx_mil.errors import RlxMilError
+from rlx_mil.units import counted
 
 #: -n when not given: the reply ends at the tokenizer's stop token, or after this many tokens.
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -172,10 +173,10 @@ def run_generate(args: argparse.Namespace) -> int:
     with _stats_on_exit(session, opening, args.quiet):
         progress.begin("reading the prompt")
         for piece in pieces:
-            progress.end(f"{session.stats.prompt_tokens} tokens")  # the first piece ends the stage
+            progress.end(counted(session.stats.prompt_tokens, "token"))  # the first piece ends the stage
             sys.stdout.write(piece)
             sys.stdout.flush()
-        progress.end(f"{session.stats.prompt_tokens} tokens")
+        progress.end(counted(session.stats.prompt_tokens, "token"))
         sys.stdout.write("\n")
         sys.stdout.flush()
     return 0
@@ -255,7 +256,7 @@ class Conversation:
             ids = tokenizer.encode_chat(self._messages())
         if len(ids) > limit:
             self.turns.pop()
-            raise RlxMilError(f"the message takes {len(ids)} tokens; the package's context holds"
+            raise RlxMilError(f"the message takes {counted(len(ids), 'token')}; the package's context holds"
                               f" {self.session.max_context} with {self.reserve} for the reply")
         if dropped:
             announce(f"(dropped the {dropped} oldest turn{'s' * (dropped != 1)} to fit the context of"
@@ -372,5 +373,5 @@ def _chat_summary(args: argparse.Namespace, totals: dict[str, Any]) -> None:
         return
     tokens, seconds = totals["tokens"], totals["seconds"]
     rate = f"{tokens / seconds:.1f} tok/s" if seconds > 0 and tokens else "- tok/s"
-    print(f"chat: {tokens} tokens generated in {seconds:.2f} s ({rate}); {peak_memory_text()}",
+    print(f"chat: {counted(tokens, 'token')} generated in {seconds:.2f} s ({rate}); {peak_memory_text()}",
           file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ from rlx_mil.cli.aimodel_output import add_format_argument
 from rlx_mil.cli.arguments import DEFAULT_EVAL_TOKENS, DEPLOY_FORMS, compute_units, token_limit
 from rlx_mil.cli.interrupts import EXIT_INTERRUPTED, exit_interrupted, interrupted, own_interrupt_handling
 from rlx_mil.errors import RlxMilError
+from rlx_mil.units import counted
 
 # Nothing heavy is imported at module level: `--help`, `--version` and usage errors answer
 # before NumPy, the IR or coremltools load (tests/test_cli_startup.py checks it).
@@ -200,7 +201,7 @@ def _convert(args: argparse.Namespace) -> int:
         measure_output_error(model, convert(graph, params, **options), check_inputs)
     save(model, args.output, overwrite=args.overwrite)
     info = package_info(args.output)
-    print(f"wrote {args.output} ({info.num_ops} op{'s' * (info.num_ops != 1)}, {human_bytes(info.package_bytes)}) in"
+    print(f"wrote {args.output} ({counted(info.num_ops, 'op')}, {human_bytes(info.package_bytes)}) in"
           f" {time.perf_counter() - start:.2f} s")
     from rlx_mil.cli.convert_hf import print_compression
     from rlx_mil.cli.quality import print_summary, stored_check, write_report
@@ -437,7 +438,7 @@ def _eval(args: argparse.Namespace) -> int:
         args.package, text, reference=args.reference, max_tokens=limit, engine=args.engine,
         compute_units=compute_units(args), progress=start, warn_cut=args.max_tokens is None,
     )
-    progress.end(f"{result.scored} tokens")
+    progress.end(counted(result.scored, "token"))
     print(result.to_json() if args.json else result.to_text())
     return EXIT_OK
 

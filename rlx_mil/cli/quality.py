@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlx_mil.errors import InvalidOptionError
+from rlx_mil.units import counted
 
 if TYPE_CHECKING:  # loaded when a conversion runs, not while the command line is parsed
     import numpy as np
@@ -102,7 +103,7 @@ def user_ids(args: argparse.Namespace) -> tuple[list[int], str] | None:
         raise InvalidOptionError(f"--compress-calibration {str(path)!r}: 'input_ids' must hold 2 or more integer token ids")
     first = ids.reshape(-1) if ids.ndim <= 1 else ids.reshape(-1, ids.shape[-1])[0]
     row = [int(i) for i in first[:CHECK_TOKENS]]
-    return row, f"{len(row)} token ids of --compress-calibration"
+    return row, f"{counted(len(row), 'token id')} of --compress-calibration"
 
 
 def check_inputs_of(model_dir: Path, args: argparse.Namespace, length: int) -> tuple[dict[str, np.ndarray], str] | None:
@@ -269,7 +270,7 @@ def print_compression(metadata: Mapping[str, str]) -> None:
         return
     ratio = report.bytes_after / report.bytes_before if report.bytes_before else 1.0
     count = len(report.weights)
-    print(f"compressed {count} weight{'s' * (count != 1)} ({report.config}): {human_bytes(report.bytes_before)} ->"
+    print(f"compressed {counted(count, 'weight')} ({report.config}): {human_bytes(report.bytes_before)} ->"
           f" {human_bytes(report.bytes_after)} ({ratio:.3f}x)")
     sources = source_summary(report.weights)
     if sources:  # what a GGUF file's tensors were, beside what they became

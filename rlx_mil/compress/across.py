@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from rlx_mil.compress.auto import AutoPlan, Option, _best_widening, predicted
 from rlx_mil.errors import CompressionError, CompressionWarning
+from rlx_mil.units import counted
 
 
 @dataclass
@@ -145,7 +146,7 @@ def plan_across(bits: int, parts: list[PlanPart], budget: float, search: bool = 
         f"{p.name} {(p.fixed_bytes + sum(options[n][pick[n]].bytes for n in p.options)) / max(p.total_bytes, 1):.3f}x,"
         f" predicted {p.against(_loss(p, pick), search)}" for p in parts)
     widened = sum(1 for i in pick.values() if i)
-    summary = (f"auto{bits} across {len(parts)} packages: {widened} of {len(pick)} weights widened, {reached:.3f}x the"
+    summary = (f"auto{bits} across {counted(len(parts), 'package')}: {widened} of {counted(len(pick), 'weight')} widened, {reached:.3f}x the"
                f" uncompressed weight bytes (one budget {budget:g}x over all; measured output sensitivities); {per_part}"
                + "".join(f"; {p}" for p in problems))
     return AutoPlan(schemes, notes, contributions, summary)
@@ -155,7 +156,7 @@ def part_of_plan(plan: AutoPlan, names: Collection[str], graph: str) -> AutoPlan
     """The share of a plan across graphs (`plan_across`) that graph `graph`'s weights `names` take."""
     missing = [n for n in names if n not in plan.schemes]
     if missing:
-        raise CompressionError(f"the compression plan made across packages has no scheme for {len(missing)} weight(s)"
+        raise CompressionError(f"the compression plan made across packages has no scheme for {counted(len(missing), 'weight')}"
                                f" of graph {graph!r}: {', '.join(missing[:3])}")
     return AutoPlan({n: plan.schemes[n] for n in names}, {n: plan.notes[n] for n in names if n in plan.notes},
                     {n: plan.contributions[n] for n in names if n in plan.contributions}, plan.summary)

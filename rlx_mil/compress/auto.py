@@ -42,6 +42,7 @@ from rlx_mil.compress.palette import PaletteCodes, palettize
 from rlx_mil.compress.schemes import AUTO_BUDGETS, PER_GROUPED_CHANNEL, PaletteScheme, Scheme, parse_scheme
 from rlx_mil.errors import CompressionError, CompressionWarning
 from rlx_mil.lowering.target import Target
+from rlx_mil.units import counted
 
 #: Candidates per target width, cheapest first.
 CANDIDATES: dict[int, tuple[str, ...]] = {
@@ -417,11 +418,11 @@ def plan_auto(
     if measure is not None:
         measured = ", measured output sensitivities"
         if sample is not None:
-            measured += f" ({sum(1 for n in pick if n in sample)} of {len(pick)} weights measured, the rest by kind"
+            measured += f" ({sum(1 for n in pick if n in sample)} of {counted(len(pick), 'weight')} measured, the rest by kind"
             layered = len({_layer_of(n) for n in pick} - {None}) if measure_layer is not None else 0
             measured += (f", scaled per layer by {layered} measured layers" if layered >= 2 else "") + ")"
         measured += measured_note
-    summary = (f"auto{bits}: {widened} of {len(pick)} weights widened, {reached:.3f}x the uncompressed weight bytes"
+    summary = (f"auto{bits}: {widened} of {counted(len(pick), 'weight')} widened, {reached:.3f}x the uncompressed weight bytes"
                f" (budget {cap}" + (f", max_error {max_error:g}" if max_error is not None else "") + f"; {basis} errors{measured})"
                + loss + over)
     return AutoPlan(schemes, notes, contributions, summary)

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from rlx_mil.units import counted
+
 #: A position counts for `confident_top1_agreement` when the reference's best logit beats its
 #: second best by at least this much.
 CONFIDENT_GAP = 0.5
@@ -156,7 +158,7 @@ def mean_kl(reference: Any, compressed: Any) -> float:
 def _target_ids(targets: Any, positions: int, vocab: int) -> np.ndarray:
     ids = np.asarray(targets).reshape(-1).astype(np.int64)
     if len(ids) != positions:
-        raise ValueError(f"{len(ids)} targets for {positions} logit positions")
+        raise ValueError(f"{counted(len(ids), 'target')} for {counted(positions, 'logit position')}")
     if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
         raise ValueError(f"target ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
     return ids
@@ -261,7 +263,7 @@ class DecoderQuality:
         """`top-1 96.8 %, KL 0.005, ppl x1.011` (no 'vs what': the caller says that)."""
         parts = [f"top-1 {self.top1 * 100:.1f} %"]
         if self.confident_positions and self.confident_positions != self.positions:
-            parts.append(f"confident top-1 {self.top1_confident * 100:.1f} % ({self.confident_positions} positions)")
+            parts.append(f"confident top-1 {self.top1_confident * 100:.1f} % ({counted(self.confident_positions, 'position')})")
         parts.append(f"KL {self.mean_kl:.3g}")
         ratio = self.perplexity_ratio
         if ratio is not None:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rlx_mil.errors import RlxMilError
-from rlx_mil.units import human_bytes
+from rlx_mil.units import counted, human_bytes
 
 METADATA_KEY = "rlx_mil.compression"
 
@@ -140,11 +140,6 @@ class CompressionReport:
             "weights": len(self.weights), "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
             "output_error": self.output_error,
         }
-
-
-def counted(count: int, word: str) -> str:
-    """`count` `word`s in a sentence: "1 weight", "2 weights"."""
-    return f"{count:,} {word}{'s' * (count != 1)}"
 
 
 def source_summary(weights: list[WeightReport]) -> str:

@@ -46,6 +46,7 @@ from typing import Any
 from rlx_mil.compress.quality import DEFAULT_THRESHOLDS, QualityThresholds, check_target
 from rlx_mil.compress.scheme_words import Modifiers, check_rank, rank_suffix, split_rank
 from rlx_mil.errors import InvalidOptionError
+from rlx_mil.units import counted
 
 PER_TENSOR = "per_tensor"
 PER_CHANNEL = "per_channel"
@@ -430,7 +431,7 @@ class CompressionConfig:
         parts.append(f"min_size={self.min_size}")
         if self.prequantized:
             kinds = sorted({w.label for w in self.prequantized.values()})
-            parts.append(f"prequantized={len(self.prequantized)} weights ({', '.join(kinds)})")
+            parts.append(f"prequantized={counted(len(self.prequantized), 'weight')} ({', '.join(kinds)})")
         return ";".join(parts)
 
 
@@ -584,5 +585,5 @@ def unmatched_rules(config: CompressionConfig, roles: Mapping[str, str], graph_n
         extra = f" (did you mean the option {hint[0]!r}?)" if hint else (f" (did you mean {near[0]!r}?)" if near else "")
         problems.append(f"rule {rule.label!r} matches no weight{extra}")
     raise InvalidOptionError(
-        f"compression rules match no weight of graph {graph_name!r} ({len(roles)} weights):\n  - " + "\n  - ".join(problems)
+        f"compression rules match no weight of graph {graph_name!r} ({counted(len(roles), 'weight')}):\n  - " + "\n  - ".join(problems)
     )

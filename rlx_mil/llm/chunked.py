@@ -42,7 +42,7 @@ from rlx_mil.llm.chunk_plan import (
 )
 from rlx_mil.llm.chunk_seal import manifest_digest, package_fingerprint, sealed
 from rlx_mil.progress import Progress
-from rlx_mil.units import human_bytes, parse_bytes
+from rlx_mil.units import counted, human_bytes, parse_bytes
 
 MANIFEST = "chunks.json"
 MANIFEST_FORMAT = "rlx_mil.chunked/1"
@@ -126,9 +126,9 @@ class ChunkedSet:
         info = self.summary()
         llm = self.contract
         lines = [
-            f"chunked set: {self.folder} ({len(self.chunks)} chunks, limit {human_bytes(self.chunk_bytes)} per weight file)",
-            f"functions: {', '.join(f'{n} ({q} tokens)' for n, q in self.functions.items())}; default {self.default_function}",
-            f"LLM contract: {llm.layers} layers, max_context {llm.max_context}, cache layout {llm.layout},"
+            f"chunked set: {self.folder} ({counted(len(self.chunks), 'chunk')}, limit {human_bytes(self.chunk_bytes)} per weight file)",
+            f"functions: {', '.join(n + ' (' + counted(q, 'token') + ')' for n, q in self.functions.items())}; default {self.default_function}",
+            f"LLM contract: {counted(llm.layers, 'layer')}, max_context {llm.max_context}, cache layout {llm.layout},"
             f" masks {', '.join(llm.mask_kinds)}"
             + (f", recurrent states {len(llm.recurrent_states)}" if llm.recurrent_states else ""),
         ]
@@ -283,7 +283,7 @@ def convert_chunked(
     for fn, graph in graphs.items():
         check_same_cut(plan, fn, graph)
     count = len(plan.groups)
-    stages.note(f"  {count} chunks of {', '.join(str(g) for g in plan.groups)} layer segments, planned at"
+    stages.note(f"  {counted(count, 'chunk')} of {', '.join(str(g) for g in plan.groups)} layer segments, planned at"
                 f" {', '.join(human_bytes(b) for b in plan.planned_bytes)} (limit {human_bytes(limit)})")
     pieces = {fn: cut_graph(g, data_inputs(g), plan.groups, shared_inputs={TOKEN_INPUT}) for fn, g in graphs.items()}
     stem = name or out.name

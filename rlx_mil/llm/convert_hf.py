@@ -13,7 +13,7 @@ from rlx_mil.coreml.saving import sweep_killed_saves
 from rlx_mil.errors import InvalidOptionError
 from rlx_mil.ir import Graph
 from rlx_mil.progress import CountingParams, Progress
-from rlx_mil.units import human_bytes
+from rlx_mil.units import counted, human_bytes
 
 VARIANTS = ("prefill", "decode")
 
@@ -65,7 +65,7 @@ def convert_checkpoint(
     check_output(out, overwrite)
     progress.begin("reading the checkpoint")
     graph, params = (loader or from_pretrained)(model_dir, **build)
-    progress.end(f"{graph.name}: {len(graph)} IR nodes, {len(params)} params")
+    progress.end(f"{graph.name}: {counted(len(graph), 'IR node')}, {counted(len(params), 'param')}")
     if save_graph is not None:
         graph.to_json_file(save_graph)
         progress.note(f"  wrote the graph to {save_graph}")
@@ -83,7 +83,7 @@ def convert_checkpoint(
         loaded[0] += int(np.asarray(value).nbytes)
         progress.advance()
         if len(seen) == total:
-            progress.end(f"{total} tensors, {human_bytes(loaded[0])}")
+            progress.end(f"{counted(total, 'tensor')}, {human_bytes(loaded[0])}")
             progress.begin("building the MIL program", unit=" ops")
 
     progress.begin("loading coremltools")

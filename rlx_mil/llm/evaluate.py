@@ -37,6 +37,7 @@ import numpy as np
 
 from rlx_mil.compress.quality import DecoderTally, total_nll
 from rlx_mil.errors import InvalidOptionError, RlxMilError
+from rlx_mil.units import counted
 
 #: Tokens `rlx-mil eval` scores when --max-tokens is not given (a warning says so when the text
 #: has more): minutes on the NumPy executor for a 135M model, not hours for a long file.
@@ -77,7 +78,7 @@ class EvalResult:
 
     def to_text(self) -> str:
         lines = [
-            f"tokens:      {self.tokens} in {self.windows} window(s) of up to {self.window}; {self.scored} scored",
+            f"tokens:      {self.tokens} in {counted(self.windows, 'window')} of up to {self.window}; {self.scored} scored",
             f"perplexity:  {self.perplexity:.4f} (mean NLL {self.mean_nll:.5f} nats)",
         ]
         if self.reference is not None:
@@ -87,7 +88,7 @@ class EvalResult:
                 f"  mean KL(reference || package) {self.mean_kl:.6g} nats",
                 f"  top-1 agreement {self.top1_agreement:.4%}",
                 f"  confident top-1 agreement {self.confident_top1_agreement:.4%}"
-                f" ({self.confident_positions} positions with a top-2 gap >= 0.5)",
+                f" ({counted(self.confident_positions or 0, 'position')} with a top-2 gap >= 0.5)",
             ]
         return "\n".join(lines)
 
@@ -156,7 +157,7 @@ def evaluate_text(
     windowed to `window` tokens; see the module docstring."""
     parts = windows(ids, window)
     if not parts:
-        raise InvalidOptionError(f"the text has {len(ids)} token(s); perplexity needs at least 2")
+        raise InvalidOptionError(f"the text has {counted(len(ids), 'token')}; perplexity needs at least 2")
     tally = DecoderTally()
     nll = 0.0  # without a reference, the package's own NLL (with one, the tally holds it)
     scored = 0
@@ -231,7 +232,7 @@ def evaluate_package(
     session = Session(package, engine=engine, compute_units=compute_units)
     ids, cut = encode_limited(session.tokenizer.encode, read, max_tokens)
     if cut and warn_cut:
-        warnings.warn(f"scoring the first {max_tokens} tokens of {'the text' if isinstance(text, str) else text};"
+        warnings.warn(f"scoring the first {counted(max_tokens or 0, 'token')} of {'the text' if isinstance(text, str) else text};"
                       " it has more (--max-tokens N scores N, --max-tokens all the whole text)", UserWarning,
                       stacklevel=2)
     window = session.max_context

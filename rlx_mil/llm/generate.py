@@ -40,6 +40,7 @@ from rlx_mil.llm.sampling import GenerationError, check_sampling, pick_token
 from rlx_mil.lowering.state.kv_cache import POSITION_INPUT
 from rlx_mil.milexec.executor import PrecisionModel
 from rlx_mil.milexec.prepared import MEMORY_MODES, MemoryMode
+from rlx_mil.units import counted
 
 if TYPE_CHECKING:
     from rlx_mil.llm.text import TextTokenizer
@@ -578,7 +579,7 @@ def new_token_budget(max_context: int, prompt_tokens: int, max_new_tokens: int) 
         raise GenerationError("the prompt is empty: it encodes to no tokens (this tokenizer adds no BOS token)")
     if prompt_tokens > max_context:
         raise GenerationError(
-            f"the prompt has {prompt_tokens} tokens, more than the package's context of {max_context};"
+            f"the prompt has {counted(prompt_tokens, 'token')}, more than the package's context of {max_context};"
             " shorten it (or convert with a larger --max-context)"
         )
     room = max_context - prompt_tokens + 1

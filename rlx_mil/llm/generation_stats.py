@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlx_mil.units import counted
+
 
 @dataclass
 class GenerationStats:
@@ -24,7 +26,7 @@ class GenerationStats:
         if not self.prompt_read:  # an unfinished stage has no rate and no generation to report
             if not self.prompt_tokens:
                 return f"prompt: not read; stopped: {self.stopped}"
-            return f"prompt: {self.prompt_tokens} tokens, not all fed ({self.prompt_seconds:.2f} s); stopped: {self.stopped}"
-        return (f"prompt: {self.prompt_tokens} tokens in {self.prompt_seconds:.2f} s"
-                f" ({rate(self.prompt_tokens, self.prompt_seconds)}); generation: {self.new_tokens} tokens in"
+            return f"prompt: {counted(self.prompt_tokens, 'token')}, not all fed ({self.prompt_seconds:.2f} s); stopped: {self.stopped}"
+        return (f"prompt: {counted(self.prompt_tokens, 'token')} in {self.prompt_seconds:.2f} s"
+                f" ({rate(self.prompt_tokens, self.prompt_seconds)}); generation: {counted(self.new_tokens, 'token')} in"
                 f" {self.seconds:.2f} s ({rate(self.new_tokens, self.seconds)}); stopped: {self.stopped}")

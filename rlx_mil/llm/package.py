@@ -19,6 +19,7 @@ from rlx_mil.errors import Fp16OverflowWarning, InvalidOptionError, RlxMilError
 from rlx_mil.lowering.state.capacity import neural_engine_capacity
 from rlx_mil.milexec.prepared import MemoryMode
 from rlx_mil.progress import Progress
+from rlx_mil.units import counted
 
 
 def prefill_buckets(text: str | Sequence[int] | None, max_context: int) -> list[int]:
@@ -121,7 +122,7 @@ def convert_llm_checkpoint(
     decode, params = graph(1)
     functions: dict[str, Any] = {f"prefill_{n}": graph(n)[0] for n in buckets}
     functions["decode"] = decode
-    stages.end(f"{len(functions)} function{'s' * (len(functions) != 1)} ({', '.join(functions)}), {len(params)} params")
+    stages.end(f"{counted(len(functions), 'function')} ({', '.join(functions)}), {counted(len(params), 'param')}")
     if chunk_bytes is not None:
         from rlx_mil.llm.chunked import convert_chunked
 

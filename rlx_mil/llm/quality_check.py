@@ -24,6 +24,7 @@ from rlx_mil.compress.builtin_text import CHECK_TOKENS, builtin_text
 from rlx_mil.compress.quality import DEFAULT_THRESHOLDS, QualityThresholds
 from rlx_mil.compress.quality_check import QualityCheck, judge_outputs, warn_below_threshold
 from rlx_mil.errors import RlxMilError
+from rlx_mil.units import counted
 
 #: (source, variant, **build options) -> (graph, params), as `from_pretrained` / `from_gguf`.
 Loader = Callable[..., tuple[Any, Any]]
@@ -41,7 +42,7 @@ def check_text_ids(tokenizer_folder: str | os.PathLike[str] | None, text: str | 
     tokenizer = TextTokenizer(tokenizer_folder)
     ids = tokenizer.encode(text if text is not None else builtin_text("heldout"))[:max_tokens]
     where = "the given text" if text is not None else "the built-in held-out English text"
-    return ids, f"{len(ids)} tokens of {where}"
+    return ids, f"{counted(len(ids), 'token')} of {where}"
 
 
 def gguf_check_text_ids(path: str | os.PathLike[str], text: str | None = None) -> tuple[list[int], str] | None:

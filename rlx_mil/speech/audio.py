@@ -30,6 +30,7 @@ import numpy as np
 from rlx_mil.errors import AudioFormatError
 from rlx_mil.fileio import open_regular_file
 from rlx_mil.speech.model import N_FRAMES, N_SAMPLES, SAMPLE_RATE
+from rlx_mil.units import counted
 
 #: Longest audio read (3 hours): 173 M samples, 0.7 GB of float32 at 16 kHz.
 MAX_SECONDS = 3 * 3600
@@ -148,7 +149,7 @@ def _decode(sound: Any, info: AudioInfo, path: str | os.PathLike[str]) -> Audio:
         read += len(block)
         pieces.append(resample(block.mean(axis=1, dtype=np.float32), False))
     if read < frames:
-        raise AudioFormatError(f"{path}: truncated: the header declares {frames} frames, the file holds {read}")
+        raise AudioFormatError(f"{path}: truncated: the header declares {counted(frames, 'frame')}, the file holds {read}")
     pieces.append(resample(np.zeros(0, np.float32), True))
     samples = np.concatenate(pieces).astype(np.float32, copy=False)
     if len(samples) == 0:

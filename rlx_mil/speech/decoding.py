@@ -28,6 +28,7 @@ import numpy as np
 from rlx_mil.errors import RlxMilError
 from rlx_mil.speech.model import DecoderSession, WhisperModel
 from rlx_mil.speech.tokens import TASKS, WhisperTokens
+from rlx_mil.units import counted
 
 NEG_INF = np.float32(-np.inf)
 
@@ -179,7 +180,7 @@ def _last_row(session: DecoderSession, ids: Sequence[int], vocab: int) -> np.nda
     logits = np.asarray(session.step(ids))
     if logits.ndim != 2 or logits.shape[0] != len(ids) or logits.shape[1] < vocab:
         raise RlxMilError(
-            f"the text decoder returned logits of shape {list(logits.shape)} for {len(ids)} tokens"
+            f"the text decoder returned logits of shape {list(logits.shape)} for {counted(len(ids), 'token')}"
             f" (expected [{len(ids)}, {vocab}])"
         )
     return logits[-1, :vocab]

@@ -41,6 +41,7 @@ from rlx_mil.errors import InvalidOptionError
 from rlx_mil.models.whisper_checkpoint import ParamsOf
 from rlx_mil.speech.audio import Audio
 from rlx_mil.speech.model import ENCODER, MEL, N_AUDIO_CTX, N_FRAMES, N_SAMPLES
+from rlx_mil.units import counted
 
 #: What the reference is, as the report says it.
 REFERENCE_LABEL = "the checkpoint (NumPy reference, float32)"
@@ -196,7 +197,7 @@ class SpeechEvalResult:
         return [self.check] + ([self.stateful] if self.stateful is not None else [])
 
     def to_text(self) -> str:
-        lines = [f"{f.audio}: {f.positions} positions of the reference's greedy transcript {f.transcript!r}"
+        lines = [f"{f.audio}: {counted(f.positions, 'position')} of the reference's greedy transcript {f.transcript!r}"
                  for f in self.files]
         lines += [c.summary() for c in self.checks]
         return "\n".join(lines)
@@ -318,11 +319,11 @@ def judge_folder(
             first = len(decoded.prompt) - 1  # the row after the prompt predicts the first sampled token
             ref_rows = rows[first:len(fed)]
             text = tokens.text(decoded.tokens)
-        say(f"{clip.name}: the package's decoder over {len(wanted)} tokens")
+        say(f"{clip.name}: the package's decoder over {counted(len(wanted), 'token')}")
         pkg_rows = np.asarray(package.decoder(encoded).step(fed), np.float32)[first:, :ref.vocab_size]
         ref_rows = ref_rows[:, :ref.vocab_size]
         if stateful_model is not None:
-            say(f"{clip.name}: the package's stateful decoder over {len(wanted)} tokens")
+            say(f"{clip.name}: the package's stateful decoder over {counted(len(wanted), 'token')}")
             stateful_rows.append(np.asarray(stateful_model.decoder(encoded).step(fed), np.float32)[first:, :ref.vocab_size])
         scored = wanted if tokens is not None else None
         file_decoder = decoder_quality(ref_rows, pkg_rows, scored)
@@ -335,8 +336,8 @@ def judge_folder(
         got_enc.append(encoded)
     encoder: OutputQuality = output_quality("encoder_output", np.concatenate(want_enc), np.concatenate(got_enc))
     transcripts = "the reference's greedy transcripts" if tokens is not None else "generated token ids (no tokenizer)"
-    label = ((inputs or f"{len(clips)} audio file(s), the first 30 s of each")
-             + f"; {len(targets)} positions of {transcripts}, each model on its own encoder output")
+    label = ((inputs or f"{counted(len(clips), 'audio file')}, the first 30 s of each")
+             + f"; {counted(len(targets), 'position')} of {transcripts}, each model on its own encoder output")
     scored_targets = targets if tokens is not None else None
     want_all = np.concatenate(want_rows)
     check = QualityCheck(compared_with=REFERENCE_LABEL, inputs=label,

@@ -37,6 +37,7 @@ from rlx_mil.models.whisper_checkpoint import (
 from rlx_mil.progress import Progress
 from rlx_mil.speech.graphs import graphs
 from rlx_mil.speech.model import DECODER, ENCODER, MEL, STATEFUL_DECODER
+from rlx_mil.units import counted
 
 if TYPE_CHECKING:
     from rlx_mil.compress import CompressionConfig
@@ -116,7 +117,7 @@ def convert_whisper(
 
     heard = speech_calibration(calibration)  # the files read (and refused) before any conversion
     progress.end(f"Whisper ({checkpoint.layout} layout): d_model {checkpoint.spec.d_model},"
-                 f" {checkpoint.spec.encoder_layers} + {checkpoint.spec.decoder_layers} layers,"
+                 f" {checkpoint.spec.encoder_layers} + {counted(checkpoint.spec.decoder_layers, 'layer')},"
                  f" {checkpoint.spec.num_mel_bins} mels")
     folder = Path(output_dir) / (name or folder_name(checkpoint.directory))
     if folder.exists() and not overwrite:
@@ -302,8 +303,8 @@ def _describe(model: Any, role: str, checkpoint: WhisperCheckpoint) -> None:
     spec = checkpoint.spec
     model.short_description = {
         MEL: f"Whisper log-mel front end: 30 s of 16 kHz audio -> {spec.num_mel_bins} mel bins x 3000 frames",
-        ENCODER: f"Whisper audio encoder (d_model {spec.d_model}, {spec.encoder_layers} layers)",
-        DECODER: f"Whisper text decoder, one token per call (WhisperKit's contract; {spec.decoder_layers} layers)",
+        ENCODER: f"Whisper audio encoder (d_model {spec.d_model}, {counted(spec.encoder_layers, 'layer')})",
+        DECODER: f"Whisper text decoder, one token per call (WhisperKit's contract; {counted(spec.decoder_layers, 'layer')})",
     }[role]
     model.user_defined_metadata[ROLE_KEY] = role
 

@@ -376,7 +376,7 @@ def test_eval_of_hostile_texts_and_references_is_one_error_line(package: Path, t
         (["--text", str(tmp_path / "missing.txt")], "no such text file"),
         (["--text", str(tmp_path)], "a directory"),
         (["--text", str(tmp_path / "fifo.txt")], "a FIFO"),
-        (["--text", str(tmp_path / "one.txt")], "the text has 1 token(s)"),
+        (["--text", str(tmp_path / "one.txt")], "the text has 1 token;"),
         (["--text", str(tmp_path / "ok.txt"), "--reference", str(other)], "vocabulary"),
         (["--text", str(tmp_path / "ok.txt"), "--reference", str(tmp_path / "nothing")], "nothing"),
     ]
