@@ -24,6 +24,28 @@ if TYPE_CHECKING:  # loaded when a conversion runs, not while the command line i
     from rlx_mil.compress.quality_check import QualityCheck
 
 
+def add_compression_flags(p: argparse.ArgumentParser) -> None:
+    """The conversion commands' compression options (`convert`, `convert-hf`, `convert-gguf`),
+    the quality check's among them (`add_quality_flags`)."""
+    p.add_argument("--compress", metavar="SPEC",
+                   help="compress weights while converting: a preset (int8, int4, uint8, uint4, lut2..lut8) or"
+                   " a per-weight config such as 'lut4;embeddings=int8;lm_head=lut6;re:v_proj=int8;min_size=4096'"
+                   " (see docs/compression.md)")
+    p.add_argument("--compress-check", type=Path, metavar="INPUTS.npz",
+                   help="with --compress: also convert without compression and record the output error on these"
+                   " inputs in the package's compression report")
+    p.add_argument("--compress-budget", type=float, metavar="FRACTION",
+                   help="with --compress autoN: the package's weight bytes as a fraction of fp16 (default per width,"
+                   " e.g. 0.3 for auto4)")
+    p.add_argument("--max-error", type=float, metavar="E",
+                   help="with --compress autoN: widen every weight whose estimated relative error exceeds E")
+    p.add_argument("--compress-calibration", type=Path, metavar="FILE",
+                   help="calibration inputs (.npz of the graph's inputs; for convert-hf / -gguf also a .txt tokenized by"
+                   " the checkpoint's / file's tokenizer; for a Whisper folder an audio file): what autoN and the quality"
+                   " check measure on (default: built-in English text; Whisper: built-in speech clips, one to plan, one to check)")
+    add_quality_flags(p)
+
+
 def add_quality_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", type=Path, metavar="FILE.json",
                    help="with compression: write the full report (every weight's scheme, size and error; the quality"
