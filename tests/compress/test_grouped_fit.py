@@ -150,3 +150,34 @@ def test_each_candidates_bytes_on_ios18_and_ios26(spec: str, ios18: int, ios26: 
     codes = (quantize_linear(w, scheme, np.float16) if not spec.startswith("lut")  # type: ignore[arg-type]
              else palettize(w, scheme, np.float16))  # type: ignore[arg-type]
     assert (compressed_bytes(codes, Target.IOS18), compressed_bytes(codes, Target.IOS26)) == (ios18, ios26)
+
+
+def _q4_1_rows(seed: int, rows: int = 32, width: int = 256) -> np.ndarray:
+    """Rows on llama.cpp Q4_1-like grids (16 levels per 32 elements, each block its own range),
+    as SmolLM2's weights are: few, clumped values per row."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, width)) * rng.uniform(0.5, 2.0, (rows, 1))
+    b = x.reshape(rows, -1, 32)
+    lo, hi = b.min(-1, keepdims=True), b.max(-1, keepdims=True)
+    d = (hi - lo) / 15
+    return (np.rint((b - lo) / d) * d + lo).reshape(rows, width).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_plain_tables_per_row_start_from_the_scaled_table_and_never_fit_worse(
+    seed: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Plain (unfitted) `lut4-group1`: each row's table also starts from the shared table of
+    the max-normalised rows scaled back, so its squared error is at most `lut4-scaled`'s, row
+    by row; from quantile / evenly spaced seeds alone Lloyd on these rows ends worse."""
+    import rlx_mil.compress.palette as palette
+
+    w = _q4_1_rows(seed)
+    per_row = palettize(w, parse_scheme("lut4-group1"), np.float32)  # type: ignore[arg-type]
+    scaled = palettize(w, parse_scheme("lut4-scaled"), np.float32)  # type: ignore[arg-type]
+    mine = np.sum((per_row.dequantize() - w) ** 2, axis=1)
+    theirs = np.sum((scaled.dequantize() - w) ** 2, axis=1)
+    assert np.all(mine <= theirs * (1 + 1e-6))
+    monkeypatch.setattr(palette, "SHARED_SEED_ELEMENTS", 0)
+    unseeded = palettize(w, parse_scheme("lut4-group1"), np.float32)  # type: ignore[arg-type]
+    assert unseeded.sq_error > scaled.sq_error > per_row.sq_error
