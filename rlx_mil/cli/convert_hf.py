@@ -56,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-graph", type=Path, metavar="GRAPH_JSON", help="also write the RLX graph as JSON")
     p.add_argument("--verify", action="store_true",
                    help="run the package through the NumPy MIL executor (--engine coreai: Apple's runtime) and compare"
-                        " with the reference")
+                        " with the reference; a compressed package is also judged against the original model and"
+                        " fails below the quality thresholds unless --allow-quality-loss")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output (also off when CI is set)")
     p.add_argument("--author", help="Core ML model author (default: the model card's, or the owner in config.json's"
                    " _name_or_path)")

@@ -52,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     add_format_argument(conv)
     conv.add_argument("--overwrite", action="store_true", help="replace an existing package")
     conv.add_argument("--verify", action="store_true",
-                      help="run the package on example inputs (through --engine) and compare with the NumPy reference")
+                      help="run the package on example inputs (through --engine) and compare with the NumPy reference;"
+                      " a compressed package is also judged against the float weights and fails below the quality"
+                      " thresholds unless --allow-quality-loss")
     conv.add_argument("-q", "--quiet", action="store_true", help="no warnings on stderr")
     conv.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
                       help="bind a dynamic dim symbol (e.g. 1=128 for SEQ); repeatable")

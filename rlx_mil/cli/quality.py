@@ -28,21 +28,26 @@ def add_compression_flags(p: argparse.ArgumentParser) -> None:
     """The conversion commands' compression options (`convert`, `convert-hf`, `convert-gguf`),
     the quality check's among them (`add_quality_flags`)."""
     p.add_argument("--compress", metavar="SPEC",
-                   help="compress weights while converting: a preset (int8, int4, uint8, uint4, lut2..lut8) or"
-                   " a per-weight config such as 'lut4;embeddings=int8;lm_head=lut6;re:v_proj=int8;min_size=4096'"
-                   " (see docs/compression.md)")
+                   help="compress weights while converting: a preset (int8, uint8, int4, uint4, lut2, lut3, lut4, lut6,"
+                   " lut8; 4bit: the --deploy form's 4-bit scheme), auto4 (also auto3, auto6, auto8: a scheme per"
+                   " weight, chosen by measured error within --compress-budget) or a per-weight config such as"
+                   " 'lut4;embeddings=int8;lm_head=lut6;re:v_proj=int8;min_size=4096' (docs/compression.md). Every"
+                   " compressed conversion is checked against the original model and prints one quality line")
     p.add_argument("--compress-check", type=Path, metavar="INPUTS.npz",
                    help="with --compress: also convert without compression and record the output error on these"
                    " inputs in the package's compression report")
     p.add_argument("--compress-budget", type=float, metavar="FRACTION",
-                   help="with --compress autoN: the package's weight bytes as a fraction of fp16 (default per width,"
-                   " e.g. 0.3 for auto4)")
+                   help="with --compress autoN: the weights' bytes as a fraction of their fp16 bytes, in (0, 1]"
+                   " (default for auto4 0.30, with --deploy gpu 0.36, --deploy ane 0.40, a Whisper folder 0.325; auto3"
+                   " 0.24, auto6 0.42, auto8 0.55; with --max-kl / --min-top1 and no --deploy gpu/ane, a decoder's"
+                   " or Whisper folder's search has none and stops at the cheapest mix predicted to meet the target)")
     p.add_argument("--max-error", type=float, metavar="E",
                    help="with --compress autoN: widen every weight whose estimated relative error exceeds E")
     p.add_argument("--compress-calibration", type=Path, metavar="FILE",
                    help="calibration inputs (.npz of the graph's inputs; for convert-hf / -gguf also a .txt tokenized by"
                    " the checkpoint's / file's tokenizer; for a Whisper folder an audio file): what autoN and the quality"
-                   " check measure on (default: built-in English text; Whisper: built-in speech clips, one to plan, one to check)")
+                   " check measure on (default: built-in English text, or generated inputs for a model without a"
+                   " tokenizer; Whisper: built-in speech clips, one to plan, one to check)")
     add_quality_flags(p)
 
 
@@ -51,14 +56,17 @@ def add_quality_flags(p: argparse.ArgumentParser) -> None:
                    help="with compression: write the full report (every weight's scheme, size and error; the quality"
                    " check against the original model) as JSON")
     p.add_argument("--allow-quality-loss", action="store_true",
-                   help="--verify passes a compressed package whose quality against the original model is below the"
-                   " documented thresholds (docs/compression.md)")
+                   help="--verify passes (exit 0) a compressed package whose quality against the original model is"
+                   " below the thresholds (default KL 0.1, top-1 0.8, cosine 0.95; docs/compression.md); the warning"
+                   " stays")
     p.add_argument("--max-kl", metavar="KL",
                    help="with compression: the quality target's mean KL against the original model (nats, > 0):"
-                   " the quality check warns, and --verify fails, above it (default 0.1)")
+                   " autoN widens weights until the mix is predicted to meet it (decoders, measured on the calibration"
+                   " text), the quality check warns, and --verify fails, above it (default 0.1, which judges only)")
     p.add_argument("--min-top1", metavar="SHARE",
                    help="with compression: the quality target's teacher-forced top-1 agreement with the original"
-                   " model, in (0, 1]: the check warns, and --verify fails, below it (default 0.8)")
+                   " model, in (0, 1]: autoN searches toward it as --max-kl does (as the KL (2 (1 - SHARE))^2), the"
+                   " check warns, and --verify fails, below it (default 0.8, which judges only)")
 
 
 def quality_targets(args: argparse.Namespace) -> dict[str, Any]:

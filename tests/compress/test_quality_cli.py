@@ -84,3 +84,39 @@ def test_the_users_token_ids_are_what_the_check_runs_on(
     np.savez(ids, input_ids=np.zeros((1, 4), np.float32))
     assert _convert(checkpoint, tmp_path / "m2.mlpackage", "int8", "--compress-calibration", str(ids)) == 1
     assert "must hold 2 or more integer token ids" in capsys.readouterr().err
+
+
+def test_the_compression_help_says_what_the_code_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """`convert-hf --help` as a newcomer reads it: the presets and autoN, the default budgets and
+    thresholds the code uses (the help states them without importing the code that owns them)."""
+    from rlx_mil.compress.quality import DEFAULT_THRESHOLDS
+    from rlx_mil.compress.schemes import AUTO_BUDGETS, PRESETS
+    from rlx_mil.coreml.deploy import DeployForm
+    from rlx_mil.coreml.deploy.compression import AUTO4
+    from rlx_mil.speech.folder_plan import FOLDER_BUDGETS
+
+    try:
+        code = main(["convert-hf", "--help"])
+    except SystemExit as done:
+        code = done.code
+    assert code == 0
+    options: dict[str, str] = {}  # option -> its help, on one line
+    for line in capsys.readouterr().out.split("options:", 1)[1].splitlines():
+        if line.startswith("  -"):
+            name = line.split()[0].split(",")[0].lstrip("-")
+            options[name] = line
+        elif line.strip():
+            options[name] += " " + line.strip()
+    options = {n: " ".join(h.split()) for n, h in options.items()}
+    compress = options["compress"]
+    assert all(re.search(rf"[ (]{name}[,;:) ]", compress) for name in [*PRESETS, *(f"auto{b}" for b in AUTO_BUDGETS)]), compress
+    budget = options["compress-budget"]
+    assert f"auto4 {AUTO_BUDGETS[4]:.2f}," in budget and f"Whisper folder {FOLDER_BUDGETS[4]:g};" in budget, budget
+    assert all(f"auto{bits} {AUTO_BUDGETS[bits]:.2f}" in budget for bits in AUTO_BUDGETS), budget
+    for form in (DeployForm.GPU, DeployForm.ANE):
+        assert f"--deploy {form.value} {AUTO4[form][2]:.2f}" in budget, budget
+    loss = options["allow-quality-loss"]
+    t = DEFAULT_THRESHOLDS
+    assert f"KL {t.max_mean_kl:g}, top-1 {t.min_top1:g}, cosine {t.min_cosine:g}" in loss, loss
+    assert f"(default {t.max_mean_kl:g}," in options["max-kl"] and f"(default {t.min_top1:g}," in options["min-top1"]
+    assert "quality thresholds unless --allow-quality-loss" in options["verify"], options["verify"]
