@@ -21,6 +21,14 @@ from rlx_mil.compress.dequantized import DequantizedParams, encode, plain_encode
 from rlx_mil.compress.emit import check_target, compressed_bytes, linear_op, palette_op
 from rlx_mil.compress.fit import fit_to_shape
 from rlx_mil.compress.fitting import CalibrationFit
+from rlx_mil.compress.layout import (
+    _MATMUL_WEIGHT,
+    _matmul_weight_only,
+    _predicted_layout,
+    _user_map,
+    _uses,
+    storage_shape,
+)
 from rlx_mil.compress.linear import LinearCodes
 from rlx_mil.compress.lowrank import FACTOR_SUFFIXES, CorrectedCodes, check_rank_fits, correct
 from rlx_mil.compress.palette import PaletteCodes
@@ -80,7 +88,6 @@ LAYER_MEASURE_LIMIT = 0
 FITTED_LAYER_MEASURE_LIMIT = 0
 PROTECTED_ROLES = frozenset({"norm", "rope", "vector", "integer"})
 _NORM_OPS = frozenset({"LayerNorm", "RmsNorm", "GroupNorm", "FusedResidualLN", "FusedResidualRmsNorm"})
-_MATMUL_WEIGHT = {"MatMul": (1,), "FusedMatMulBiasAct": (1,), "LoraMatMul": (1, 2, 3)}
 _PASS_THROUGH = frozenset({"Reshape", "Cast", "Narrow", "Transpose", "Expand"})
 _ROPE_NAME = re.compile(r"(^|[._])(rope|rotary|inv_freq|cos|sin)([._]|$)", re.IGNORECASE)
 _LM_HEAD_NAME = re.compile(r"lm_head|(^|\.)output\.weight$", re.IGNORECASE)
@@ -97,38 +104,6 @@ def _feeds_output(graph: Graph, node_id: int, users: Mapping[int, list[int]]) ->
             return False
         current = nexts[0]
     return False
-
-
-def _is_axis_swap(graph: Graph, node_id: int) -> bool:
-    node = graph.node(node_id)
-    return node.op.type_name == "Transpose" and tuple(getattr(node.op, "perm", ())) == (1, 0)
-
-
-def _uses(graph: Graph, node_id: int, users: Mapping[int, list[int]]) -> list[tuple[int, int, bool]]:
-    """(user node, input position, through a 2-D transpose) for each use of a Param node; a
-    Transpose swapping a matrix's axes (how [out, in] checkpoint weights feed MatMul) is looked
-    through."""
-    out = []
-    for user_id in users.get(node_id, []):
-        if _is_axis_swap(graph, user_id):
-            out += [(u, p, True) for u in users.get(user_id, []) for p, i in enumerate(graph.node(u).inputs) if i == user_id]
-            continue
-        out += [(user_id, p, False) for p, i in enumerate(graph.node(user_id).inputs) if i == node_id]
-    return out
-
-
-def _matmul_weight_only(graph: Graph, name: str, users: Mapping[int, list[int]]) -> bool:
-    """Whether every use of the Param `name` is the weight of a matmul (through a transpose or not)."""
-    uses = [u for n in graph if isinstance(n.op, Param) and n.op.name == name for u in _uses(graph, n.id, users)]
-    return bool(uses) and all(p in _MATMUL_WEIGHT.get(graph.node(u).op.type_name, ()) for u, p, _ in uses)
-
-
-def _user_map(graph: Graph) -> dict[int, list[int]]:
-    users: dict[int, list[int]] = {}
-    for node in graph:
-        for i in dict.fromkeys(node.inputs):
-            users.setdefault(i, []).append(node.id)
-    return users
 
 
 def param_roles(graph: Graph) -> dict[str, str]:
@@ -162,18 +137,6 @@ def param_roles(graph: Graph) -> dict[str, str]:
         prev = roles.get(name)
         roles[name] = found if prev is None or rank.get(found, 0) > rank.get(prev, 0) else prev
     return roles
-
-
-def _predicted_layout(graph: Graph, name: str, users: Mapping[int, list[int]]) -> str:
-    """"kn" when the Param is stored transposed: every use is a matmul weight ([K, N] held as
-    the [N, K] `linear` weight), none through a Transpose (which makes it [N, K] already)."""
-    uses = [u for n in graph if isinstance(n.op, Param) and n.op.name == name for u in _uses(graph, n.id, users)]
-    weights = [(p in _MATMUL_WEIGHT.get(graph.node(u).op.type_name, ()), swapped) for u, p, swapped in uses]
-    return "kn" if weights and all(w and not swapped for w, swapped in weights) else "dense"
-
-
-def storage_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
-    return (shape[-1], shape[-2]) if layout == "kn" else shape
 
 
 class WeightCompressor:
