@@ -38,12 +38,12 @@ tens of times the median norm at some layers) dominate it, and the codes fitted 
 on every other position (measured: SmolLM2 layer 27's down_proj, held-out output error 0.098
 plain, 0.16-0.22 fitted to the raw second moment, 0.10 to the normalised one).
 
-H is built from the float model's activations (`rlx_mil.compress.moments.second_moments`),
-not from the inputs the already-compressed layers before the weight produce, as GPTQ does
-(sequential calibration). Measured in benchmarks/gptq_lut_bench.py (`--sequential`; the
-configuration above): held-out KL 0.257 -> 0.225, perplexity x1.311 -> x1.224, top-1 0.719 ->
-0.730; not in the product yet (the lowering encodes one weight at a time, and re-running the
-calibration graph over the encoded prefix needs the encode order of the plan).
+H is built from the float model's activations (`rlx_mil.compress.moments.second_moments`) for
+autoN's measurements (each encodes one weight or one layer alone, the rest float) and, with
+`fit=MODE` / `MODE,float`, for the conversion's codes. `fit=MODE,sequential` fits the
+conversion's codes in GPTQ's order instead: each weight to the inputs the calibration graph
+gives with every weight before it encoded (`rlx_mil.compress.sequential`; measured in
+docs/compression.md, "Codes fitted to the calibration").
 The codes are ordinary codes of the scheme: the package holds and decodes them as any other,
 but they depend on the calibration text (a check must decode the package's codes, not encode
 the weights again). Holds one weight in float64 while fitting.
@@ -71,7 +71,7 @@ from rlx_mil.compress.palette import (
     quantile_seeds,
     weighted_sse,
 )
-from rlx_mil.compress.schemes import LinearScheme, PaletteScheme, Scheme
+from rlx_mil.compress.schemes import FIT_ORDER, LinearScheme, PaletteScheme, Scheme
 from rlx_mil.errors import CompressionError
 
 #: The share of H's mean diagonal added to its diagonal before inverting. Measured on
@@ -469,13 +469,16 @@ FIT_OPTIONS = {"weighted": FitOptions(weighted=True, gptq=False, refit=False, re
 
 
 class CalibrationFit:
-    """A conversion's fitted codes: the second moment of every matmul weight's calibration
-    input (`rlx_mil.compress.moments.second_moments`, gathered at the first weight asked for,
-    in bounded memory), each weight's H built from it when it is encoded."""
+    """A conversion's fitted codes. autoN's measurements (`encode`) fit each weight to the
+    second moment of its calibration input in the float model
+    (`rlx_mil.compress.moments.second_moments`, gathered at the first weight asked for, in
+    bounded memory); the conversion's own codes (`final`) are fitted in GPTQ's order when
+    `fit=MODE,sequential` (`rlx_mil.compress.sequential`: each weight to the inputs the weights
+    before it give encoded), else as the measurements. H is built when a weight is encoded."""
 
     def __init__(self, options: FitOptions | None, moments: Callable[[], Mapping[str, SecondMoment]],
                  store: type[np.floating], plain: Callable[..., LinearCodes | PaletteCodes],
-                 skip: frozenset[str] = frozenset()) -> None:
+                 skip: frozenset[str] = frozenset(), sequential: Callable[[], Any] | None = None) -> None:
         self.options = options
         #: Weights encoded plainly whatever the config: an embedding table (also a tied LM head)
         #: is read by token lookups the head's activations say nothing about.
@@ -484,6 +487,9 @@ class CalibrationFit:
         self._gather = moments
         self._plain = plain
         self._moments: Mapping[str, SecondMoment] | None = None
+        #: Makes the `SequentialCodes` of the conversion's codes (None: fitted as the measurements).
+        self._sequential = sequential
+        self._ahead: Any = None
 
     @classmethod
     def of(cls, compressor: Any, plain: Callable[..., LinearCodes | PaletteCodes]) -> CalibrationFit:
@@ -492,7 +498,8 @@ class CalibrationFit:
         from rlx_mil.lowering.target import Precision
 
         config = compressor.config
-        options = FIT_OPTIONS.get(config.fit or "off") if config.calibration is not None else None
+        mode, _, order = (config.fit or "off").partition(",")
+        options = FIT_OPTIONS.get(mode) if config.calibration is not None else None
 
         def gather() -> Mapping[str, SecondMoment]:
             # the positions before autoN's held-apart measuring part (`sensitivity.held_apart`),
@@ -501,9 +508,14 @@ class CalibrationFit:
 
             return fit_moments(compressor)
         precision = compressor.precision
-        return cls(options, gather, np.float16 if precision is Precision.FP16 else np.float32,
-                   lambda storage, scheme, name, writer: plain(storage, scheme, precision, name, writer),
-                   frozenset(n for n, role in compressor.roles.items() if role == "embedding"))
+        fit = cls(options, gather, np.float16 if precision is Precision.FP16 else np.float32,
+                  lambda storage, scheme, name, writer: plain(storage, scheme, precision, name, writer),
+                  frozenset(n for n, role in compressor.roles.items() if role == "embedding"))
+        if options is not None and (order or FIT_ORDER) == "sequential" and compressor.params is not None:
+            from rlx_mil.compress.sequential import sequential_codes
+
+            fit._sequential = lambda: sequential_codes(compressor, fit)
+        return fit
 
     def moment(self, name: str, width: int) -> SecondMoment | None:
         """The second moment of weight `name`'s input (None: no fit, or no matmul input of `width`)."""
@@ -521,9 +533,35 @@ class CalibrationFit:
 
     def encode(self, storage: np.ndarray, scheme: Scheme, name: str,
                code_writer: WriterFactory = CodeWriter) -> LinearCodes | PaletteCodes:
-        """`scheme`'s codes of `storage` fitted to its input's activations, else (no fit asked
-        for, or no activations of that width) encoded plainly."""
+        """`scheme`'s codes of `storage` fitted to its input's float activations, else (no fit
+        asked for, or no activations of that width) encoded plainly."""
         found = self.moment(name, rows_view(storage).shape[1]) if np.ndim(storage) >= 2 else None
-        if found is None or self.options is None:
+        return self.encode_moment(storage, scheme, name, found, code_writer)
+
+    def encode_moment(self, storage: np.ndarray, scheme: Scheme, name: str, moment: SecondMoment | None,
+                      code_writer: WriterFactory = CodeWriter) -> LinearCodes | PaletteCodes:
+        """`scheme`'s codes of `storage` fitted to the second `moment` of the input its matmul
+        multiplies, else (none, another width, a weight in `skip`, no fit) plainly."""
+        width = rows_view(storage).shape[1] if np.ndim(storage) >= 2 else -1
+        if self.options is None or name in self.skip or moment is None or moment.width != width or moment.count == 0:
             return self._plain(storage, scheme, name, code_writer)
-        return fit_codes(storage, scheme, self.store, name, found.hessian(), self.options, code_writer, found)
+        return fit_codes(storage, scheme, self.store, name, moment.hessian(), self.options, code_writer, moment)
+
+    def ahead(self, name: str, transposed: bool) -> Any:
+        """The conversion's codes of weight `name` fitted in GPTQ's order (`fit=MODE,sequential`;
+        a low-rank correction included), the lowering holding it `transposed` against the
+        param (or not); None when not sequential, or not in the planned layout (the caller then
+        encodes it as `encode` does)."""
+        if self._sequential is None:
+            return None
+        if self._ahead is None:
+            self._ahead = self._sequential()
+            self._moments = None  # the float statistics of the measurements: no longer needed
+        return self._ahead.final_codes(name, transposed)
+
+    def final(self, storage: np.ndarray, scheme: Scheme, name: str, transposed: bool,
+              code_writer: WriterFactory = CodeWriter) -> Any:
+        """The conversion's codes of weight `name` (`storage`: the param, or its transpose when
+        `transposed`; a scheme without a low-rank correction): `ahead`'s, else `encode`'s."""
+        codes = self.ahead(name, transposed)
+        return self.encode(storage, scheme, name, code_writer) if codes is None else codes

@@ -393,7 +393,12 @@ class WeightCompressor:
             scheme, fitted = fit_to_shape(scheme, tuple(int(d) for d in storage.shape), self.target)
             note = "; ".join(filter(None, [self.notes.get(name, "") or note, fitted]))
             check_target(scheme, self.target, name)
-            if not scheme.rank:
+            ahead = self.fit.ahead(name, param_layout == "kn")  # fitted in the graph's order (`fit=MODE,sequential`)
+            if ahead is not None:
+                codes = ahead
+                if isinstance(ahead, CorrectedCodes):
+                    note = "; ".join(filter(None, [note, f"rank-{scheme.rank} correction: {ahead.factor_bytes} bytes"]))
+            elif not scheme.rank:
                 codes = self.fit.encode(storage, scheme, name, self.store.writer)
             else:  # the correction is fitted to the codes stored (fitted ones too), weighted as they were
                 if layout != "kn":

@@ -64,8 +64,12 @@ DEFAULT_MIN_SIZE = 2048
 #: at most this many bytes (a 256M-parameter model): it holds them whole, as read and decoded.
 CHECK_AUTO_LIMIT = 2**30
 #: `fit=`: how codes use the calibration activations (`rlx_mil.compress.fitting`): not at all,
-#: activation-weighted tables, error-compensating (GPTQ-style) rounding, or both.
+#: activation-weighted tables, error-compensating (GPTQ-style) rounding, or both; `MODE,ORDER`
+#: fits each weight to the activations the already-encoded weights before it give (`sequential`)
+#: or to the float model's (`float`; `FIT_ORDER` when unsaid) (`rlx_mil.compress.sequential`).
 FIT_MODES = ("off", "weighted", "gptq", "on")
+FIT_ORDERS = ("sequential", "float")
+FIT_ORDER = "float"
 
 
 @dataclass(frozen=True)
@@ -396,8 +400,11 @@ class CompressionConfig:
         for option in ("max_kl", "min_top1"):
             if getattr(self, option) is not None:
                 object.__setattr__(self, option, check_target(option, getattr(self, option)))
-        if self.fit is not None and self.fit not in FIT_MODES:
-            raise InvalidOptionError(f"fit takes {'/'.join(FIT_MODES)}, got {self.fit!r}")
+        mode, _, order = str(self.fit or "off").replace(" ", "").partition(",")
+        if mode not in FIT_MODES or order not in ("", *FIT_ORDERS):
+            raise InvalidOptionError(f"fit takes {'/'.join(FIT_MODES)}[,{'/'.join(FIT_ORDERS)}], got {self.fit!r}")
+        if self.fit is not None:  # the default order unsaid, none without a fit
+            object.__setattr__(self, "fit", mode if order in ("", FIT_ORDER) or mode == "off" else f"{mode},{order}")
         if (self.budget is not None or self.max_error is not None) and self.auto is None:
             raise InvalidOptionError("budget / max_error choose an automatic mix: use them with autoN (e.g. auto4)")
 

@@ -24,6 +24,9 @@ class SharedCompression:
     plans: dict[Hashable, tuple[dict[str, Any], dict[str, str], Any, dict[str, Any]]] = field(default_factory=dict)
     #: codes key -> (codes, WeightReport) of the first compressor that encoded the weight.
     codes: dict[Hashable, tuple[Any, Any]] = field(default_factory=dict)
+    #: compression key -> the `rlx_mil.compress.sequential.SequentialCodes` of the first
+    #: compressor whose codes were fitted in order (one pass over the calibration graph).
+    sequential: dict[Hashable, Any] = field(default_factory=dict)
     #: check key -> the report fields the first function's check filled.
     checks: dict[Hashable, dict[str, Any]] = field(default_factory=dict)
     #: Keep what the keys name by identity alive while the session lasts.

@@ -185,7 +185,7 @@ def test_fit_is_a_checked_option() -> None:
 
     assert parse_compress("auto4;fit=gptq").fit == "gptq"  # type: ignore[union-attr]
     assert "fit=on" in parse_compress({"default": "lut4-scaled", "fit": "on"}).describe()  # type: ignore[union-attr]
-    with pytest.raises(InvalidOptionError, match="fit takes off/weighted/gptq/on, got 'maybe'"):
+    with pytest.raises(InvalidOptionError, match=r"fit takes off/weighted/gptq/on\[,sequential/float\], got 'maybe'"):
         parse_compress("lut4;fit=maybe")
 
 
