@@ -22,7 +22,7 @@ from rlx_mil.coreml.metadata import (
 from rlx_mil.coreml.package_items import TEXT_ITEM, item_folder
 from rlx_mil.errors import RlxMilError
 from rlx_mil.fileio import check_package_tree
-from rlx_mil.units import human_bytes
+from rlx_mil.units import counted, human_bytes
 
 #: Core ML specification version -> the deployment target that introduced it.
 SPEC_VERSION_TARGETS = {6: "iOS15", 7: "iOS16", 8: "iOS17", 9: "iOS18", 10: "iOS26"}
@@ -116,7 +116,7 @@ class PackageInfo:
             contract = LLMContract.read(self.metadata)
             if contract is not None:
                 lines.append(
-                    f"kv cache: {contract.layout}, {contract.layers} layers, max_context {contract.max_context},"
+                    f"kv cache: {contract.layout}, {counted(contract.layers, 'layer')}, max_context {contract.max_context},"
                     f" write position input {contract.cache_position!r}"
                 )
                 lines += [f"  note: {n}" for n in contract.neural_engine_notes]

@@ -21,6 +21,7 @@ from typing import Any
 
 from rlx_mil.errors import RlxMilError
 from rlx_mil.progress import detail
+from rlx_mil.units import counted
 
 #: coremltools releases the suite passed with: (major, minor) pairs. `pyproject.toml` bounds the
 #: dependency to the same range.
@@ -158,7 +159,7 @@ def passes_shown_on(progress: Any, after: str = "Core ML conversion") -> Iterato
             detail(str(item).rsplit("::", 1)[-1])  # the pass running now
             yield item
             progress.advance()
-        progress.end(f"{len(items)} passes")
+        progress.end(counted(len(items), "pass", "passes"))
         progress.begin(after, min_seconds=0.1)
 
     with replaced(_PASS_BARS, passes):

@@ -32,6 +32,7 @@ from rlx_mil.coreml.preflight_rules import (
     on_notch,
 )
 from rlx_mil.errors import InvalidOptionError, RlxMilError
+from rlx_mil.units import counted
 
 # MIL protobuf data types (coremltools.proto.MIL_pb2.DataType).
 _FP16, _FP32, _UINT4 = 10, 11, 35
@@ -231,7 +232,7 @@ class _Checker:
     def _ops(self, f: _Function) -> None:
         fp32 = [op for op in f.ops if _computes_fp32(f, op)]
         if fp32:
-            self.add("ane-fp32-compute", f"{len(fp32)} ops compute in fp32 (first: {fp32[0].type} {_op_name(fp32[0])})",
+            self.add("ane-fp32-compute", f"{counted(len(fp32), 'op')} compute{'s' * (len(fp32) == 1)} in fp32 (first: {fp32[0].type} {_op_name(fp32[0])})",
                      f.name)
         for op in f.ops:
             if op.type in ANE_UNSUPPORTED_OPS:
@@ -476,7 +477,7 @@ def preflight(model_or_path: Any, device: str = "ane") -> list[Finding]:
                                    "a table of integers, then a per-block scale (iOS26)")):
             if found:
                 f, op = found[0]
-                checker.add(rule, f"{len(found)} weights palettized to <= 4 bits ({kind}), states, built"
+                checker.add(rule, f"{counted(len(found), 'weight')} palettized to <= 4 bits ({kind}), states, built"
                             f" with coremltools {version}", f.name, op, op.outputs[0].name)
     for file in _weight_files(model, path):
         size = file.stat().st_size
