@@ -32,7 +32,7 @@ FOUR_BIT: dict[DeployForm, str] = {DeployForm.PLAIN: "int4", DeployForm.GPU: "in
 #: the default size budget (a fraction of the fp16 weight bytes; module doc).
 AUTO4: dict[DeployForm, tuple[str, tuple[str, ...], float]] = {
     DeployForm.GPU: ("int4", ("int4", "uint4-float", "int8"), 0.36),
-    DeployForm.ANE: ("lut4-scaled", ("lut4-scaled", "lut4-scaled+r4", "lut6", "lut6+r4", "lut6-scaled", "int8"), 0.40),
+    DeployForm.ANE: ("lut4-scaled", ("lut4-scaled", "lut6", "lut6-scaled", "int8"), 0.40),
 }
 #: With measured sensitivities, `auto4` per form may also take these (narrower than its start)
 #: for the weights the outputs hardly feel.
