@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import rlx_mil
-from rlx_mil.compress import parse_compress, report_of
+from rlx_mil.compress import parse_compress, parse_scheme, report_of
 from rlx_mil.coreml.deploy import DeployForm
 from rlx_mil.coreml.deploy.compression import form_compression, four_bit_text
 from rlx_mil.ir.graph import Graph
@@ -62,3 +62,39 @@ def test_auto4_chooses_among_the_forms_candidates(deploy: str, allowed: tuple[st
     assert all(w.scheme.startswith(allowed) for w in report.weights), [w.scheme for w in report.weights]
     if deploy == "ane":
         assert not any("block" in w.scheme for w in report.weights)
+
+
+def test_the_neural_engine_auto4_candidates_are_per_channel_forms_it_holds() -> None:
+    """`--deploy ane`'s auto4 chooses among tables per row / per 4 rows, one scaled table, lut6
+    and per-channel int8 (lut3 tables narrower): every one a per-output-channel form iOS18
+    holds, none with per-block ints (coremltools #2510)."""
+    from rlx_mil.compress.emit import check_target
+    from rlx_mil.compress.schemes import PER_BLOCK, LinearScheme, PaletteScheme
+    from rlx_mil.coreml.deploy.compression import AUTO4, AUTO4_NARROWER
+    from rlx_mil.lowering.target import Target
+
+    config = form_compression("auto4", DeployForm.ANE)
+    assert config is not None and config.candidates == ("lut4-group4", "lut4-group1", "lut4-scaled", "lut6",
+                                                          "lut6-scaled", "int8")
+    assert config.narrower == ("lut3-scaled", "lut3-group1") and config.budget == 0.40 and config.fit == "on"
+    assert AUTO4[DeployForm.ANE][1] == config.candidates and AUTO4_NARROWER[DeployForm.ANE] == config.narrower
+    for text in config.candidates + config.narrower:
+        scheme = parse_scheme(text)
+        check_target(scheme, Target.IOS18, "w")  # type: ignore[arg-type]
+        if isinstance(scheme, LinearScheme):
+            assert scheme.granularity != PER_BLOCK and scheme.bits == 8
+        else:
+            assert isinstance(scheme, PaletteScheme) and scheme.bits in (3, 4, 6)
+
+
+@pytest.mark.parametrize("spec", ["lut4-group1", "lut4-group4", "lut3-group1"])
+def test_tables_per_row_or_per_four_rows_pass_the_neural_engine_preflight(spec: str) -> None:
+    graph, params = _graph()
+    model = rlx_mil.convert(graph, params, compress=spec, deploy="ane")
+    report = report_of(model)
+    assert report is not None and {w.scheme for w in report.weights} == {spec}
+    luts = [o.inputs["lut"].shape for o in model._mil_program.functions["main"].operations
+            if o.op_type == "constexpr_lut_to_dense"]
+    rows = int(spec.split("group")[1])
+    assert sorted(s[0] for s in luts) == [64 // rows, 128 // rows]  # a table per group of output channels
+    assert not [f.rule for f in rlx_mil.preflight(model, device="ane")]

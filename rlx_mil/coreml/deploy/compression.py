@@ -4,7 +4,7 @@
 |---|---|---|---|
 | `plain` | per-block int4 (block 32; today's default) | `rlx_mil.compress.auto.CANDIDATES` | 0.30x |
 | `gpu` | per-block int4 (block 32): fastest on the GPU, where a 4-bit LUT is 2.3x slower (FluidInference/mobius#81) | int4, uint4-float, int8 (no LUTs) | 0.36x |
-| `ane` | `lut4-scaled`: one 4-bit LUT on max-normalised rows and an fp16 scale per output channel (measured: SmolLM2 top-1 0.52 with an int8 head where grouped `lut4` keeps 0.31); per-block ints run on the GPU/CPU only (coremltools #2510) | lut4-scaled, lut6, lut6-scaled, int8 per channel (no per-block ints); lut3-scaled too with measured sensitivities; tables and codes fitted to the calibration text (`fit=on`: activation-weighted, GPTQ-rounded, the table refitted to the codes), the plan measuring them on calibration tokens the fit did not use | 0.40x |
+| `ane` | `lut4-scaled`: one 4-bit LUT on max-normalised rows and an fp16 scale per output channel (measured: SmolLM2 top-1 0.52 with an int8 head where grouped `lut4` keeps 0.31); per-block ints run on the GPU/CPU only (coremltools #2510) | lut4-group4, lut4-group1 (a table per 4 rows / per row: on iOS18, which stores a scaled table per row anyway, no more bytes than lut4-scaled), lut4-scaled, lut6, lut6-scaled, int8 per channel (no per-block ints); lut3-scaled and lut3-group1 too with measured sensitivities; tables and codes fitted to the calibration text (`fit=on`: activation-weighted, GPTQ-rounded, the table refitted to the codes), the plan measuring them on calibration tokens the fit did not use | 0.40x |
 
 An explicit scheme (`int4`, `lut4-group8`, ...) is always what it says, and so is an explicit
 budget (`auto4;budget=0.3`, `--compress-budget`). The forms' default budgets are measured
@@ -13,8 +13,9 @@ layers exactly (`uint4-float`, 0.3125x of their fp16 bytes) with an 8-bit tied e
 (teacher-forced top-1 0.975, perplexity x1.003 on held-out text), where 0.30x cannot. The
 Neural Engine's per-channel palettes cannot hold those per-block grids; GPTQ-style rounding
 halves what its `lut4-scaled` layers cost the model (SmolLM2, int8 head: mean KL 0.52 -> 0.26,
-top-1 0.60 -> 0.72; docs/compression.md); its `auto4` keeps top-1 0.887, KL 0.043, perplexity
-x1.042 at 0.400x (docs/compression.md, "Per device on SmolLM2-135M-Instruct").
+top-1 0.60 -> 0.72; docs/compression.md); its `auto4` keeps top-1 0.924, KL 0.028, perplexity
+x1.041 at 0.399x, where with one scaled table as its only 4-bit palette it kept 0.887, KL 0.043,
+x1.042 (docs/compression.md, "Per device on SmolLM2-135M-Instruct").
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ FOUR_BIT: dict[DeployForm, str] = {DeployForm.PLAIN: "int4", DeployForm.GPU: "in
 #: the default size budget (a fraction of the fp16 weight bytes; module doc).
 AUTO4: dict[DeployForm, tuple[str, tuple[str, ...], float]] = {
     DeployForm.GPU: ("int4", ("int4", "uint4-float", "int8"), 0.36),
-    DeployForm.ANE: ("lut4-scaled", ("lut4-scaled", "lut6", "lut6-scaled", "int8"), 0.40),
+    DeployForm.ANE: ("lut4-scaled", ("lut4-group4", "lut4-group1", "lut4-scaled", "lut6", "lut6-scaled", "int8"), 0.40),
 }
 #: With measured sensitivities, `auto4` per form may also take these (narrower than its start)
 #: for the weights the outputs hardly feel.
-AUTO4_NARROWER: dict[DeployForm, tuple[str, ...]] = {DeployForm.ANE: ("lut3-scaled",)}
+AUTO4_NARROWER: dict[DeployForm, tuple[str, ...]] = {DeployForm.ANE: ("lut3-scaled", "lut3-group1")}
 #: `auto4`'s codes per form when the config does not say (`fit=`, `rlx_mil.compress.fitting`):
 #: the Neural Engine's per-channel palettes cannot hold a per-block grid, so their codes are
 #: fitted to the calibration text: activation-weighted tables, codes rounded with error
