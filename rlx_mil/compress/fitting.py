@@ -490,6 +490,7 @@ class CalibrationFit:
         #: Makes the `SequentialCodes` of the conversion's codes (None: fitted as the measurements).
         self._sequential = sequential
         self._ahead: Any = None
+        self._last: SecondMoment | None = None  # the one whose H and factor are kept
 
     @classmethod
     def of(cls, compressor: Any, plain: Callable[..., LinearCodes | PaletteCodes]) -> CalibrationFit:
@@ -524,7 +525,12 @@ class CalibrationFit:
         if self._moments is None:
             self._moments = self._gather()
         found = self._moments.get(name)
-        return found if found is not None and found.width == width and found.count > 0 else None
+        if found is None or found.width != width or found.count == 0:
+            return None
+        if self._last is not None and self._last is not found:
+            self._last.release()
+        self._last = found
+        return found
 
     def hessian(self, name: str, width: int) -> np.ndarray | None:
         """H (`input_hessian`) of the input of weight `name` (None: no fit, or no matmul input of `width`)."""
@@ -556,7 +562,7 @@ class CalibrationFit:
             return None
         if self._ahead is None:
             self._ahead = self._sequential()
-            self._moments = None  # the float statistics of the measurements: no longer needed
+            self._moments = self._last = None  # the float statistics of the measurements: no longer needed
         return self._ahead.final_codes(name, transposed)
 
     def final(self, storage: np.ndarray, scheme: Scheme, name: str, transposed: bool,

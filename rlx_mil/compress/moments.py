@@ -64,9 +64,17 @@ class SecondMoment:
         self.count = 0
         self._rows: list[np.ndarray] = []
         self._gram: np.ndarray | None = None
+        #: `hessian()` and `factor()` as last computed (the weights sharing an input ask in a row).
+        self._hessian: np.ndarray | None = None
+        self._factor: np.ndarray | None = None
+
+    def release(self) -> None:
+        """Let go of the H and factor kept since they were last asked for."""
+        self._hessian = self._factor = None
 
     def add(self, rows: np.ndarray) -> None:
         """Add activation rows ([positions, width])."""
+        self.release()
         x = np.asarray(rows, np.float64).reshape(-1, self.width)
         norm = np.linalg.norm(x, axis=1, keepdims=True)
         x = x / np.where(norm > 0, norm, 1.0)
@@ -88,21 +96,26 @@ class SecondMoment:
 
     def hessian(self) -> np.ndarray:
         """H ([width, width], float64): the mean of x x^T over the unit-length rows added."""
-        if self._gram is not None:
-            return self._gram.astype(np.float64) / max(self.count, 1)
-        x = np.concatenate(self._rows).astype(np.float64) if self._rows else np.zeros((0, self.width))
-        return x.T @ x / max(self.count, 1)
+        if self._hessian is None:
+            if self._gram is not None:
+                self._hessian = self._gram.astype(np.float64) / max(self.count, 1)
+            else:
+                x = np.concatenate(self._rows).astype(np.float64) if self._rows else np.zeros((0, self.width))
+                self._hessian = x.T @ x / max(self.count, 1)
+        return self._hessian
 
     def factor(self) -> tuple[np.ndarray, int]:
         """(R, N): rows R (float64, [<= width, width]) with R^T R = N H, and N the positions
         added: what a least-squares refit weighs its error with (the rows themselves while
         they are few, else the Gram matrix's square root from its eigenvectors)."""
-        if self._gram is None:
-            rows = np.concatenate(self._rows).astype(np.float64) if self._rows else np.zeros((0, self.width))
-            return rows, self.count
-        values, vectors = np.linalg.eigh(self._gram.astype(np.float64))
-        keep = values > values[-1] * 1e-12
-        return (vectors[:, keep] * np.sqrt(values[keep])).T, self.count
+        if self._factor is None:
+            if self._gram is None:
+                self._factor = np.concatenate(self._rows).astype(np.float64) if self._rows else np.zeros((0, self.width))
+            else:
+                values, vectors = np.linalg.eigh(self._gram.astype(np.float64))
+                keep = values > values[-1] * 1e-12
+                self._factor = (vectors[:, keep] * np.sqrt(values[keep])).T
+        return self._factor, self.count
 
 
 def second_moments(
