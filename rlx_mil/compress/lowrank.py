@@ -97,12 +97,25 @@ def fit_correction(
         d = np.asarray(feature_weights, np.float64).reshape(-1)
         mean = float(np.mean(d)) if d.size else 0.0
         s = np.sqrt(np.maximum(d, WEIGHT_FLOOR * mean)) if mean > 0 else np.ones(e.shape[1])
-    u, sig, vt = np.linalg.svd(e * s[None, :], full_matrices=False)
-    left, right = u[:, :rank] * sig[:rank], vt[:rank] / s[None, :]
+    left, right = _top_components(e * s[None, :], rank)
+    right = right / s[None, :]
     # Equal norms per component keep both factors in the stored type's range and precision.
     norm = np.sqrt(np.linalg.norm(left, axis=0) / np.maximum(np.linalg.norm(right, axis=1), 1e-30))
     norm = np.where(norm > 0, norm, 1.0)
     return (left / norm).astype(store), (right * norm[:, None]).astype(store)
+
+
+def _top_components(m: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """(L [out, rank], R [rank, in]) with L R the best rank-`rank` approximation of `m`: the
+    truncated SVD, from the eigenvectors of the smaller Gram matrix (a full SVD of a
+    256 x 1536 error took 5.8 s on the shared machine, the Gram route 0.1 s)."""
+    if m.shape[0] <= m.shape[1]:
+        _, vectors = np.linalg.eigh(m @ m.T)
+        u = vectors[:, ::-1][:, :rank]  # the left singular vectors, largest first
+        return u, u.T @ m
+    _, vectors = np.linalg.eigh(m.T @ m)
+    v = vectors[:, ::-1][:, :rank]
+    return m @ v, v.T
 
 
 def correct(
