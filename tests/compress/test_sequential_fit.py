@@ -20,11 +20,11 @@ from rlx_mil.lowering.target import Precision, Target
 from rlx_mil.reference import evaluate, evaluate_all
 from tests.compress.tiny_lm import TinyLM, tiny_lm, tiny_lm_inputs, tiny_lm_params
 
-CONFIG = TinyLM(layers=2, seq=64)
+CONFIG = TinyLM(layers=2, seq=48, hidden=32, intermediate=64)
 
 
 def _compressor(spec: str, graph: Any, params: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> WeightCompressor:
-    config = parse_compress(spec)
+    config = parse_compress(spec + ";min_size=0")
     assert config is not None
     return WeightCompressor(dataclasses.replace(config, calibration=inputs), graph, Target.IOS18, Precision.FP32, params)
 
@@ -122,7 +122,7 @@ def test_the_conversion_holds_the_codes_fitted_in_order(tiny: dict[str, Any]) ->
     from rlx_mil import milexec
 
     graph, params, inputs = tiny["graph"], tiny["params"], tiny["inputs"]
-    config = parse_compress("lut4-scaled;fit=gptq,sequential")
+    config = parse_compress("lut4-scaled;fit=gptq,sequential;min_size=0")
     assert config is not None
     model = rlx_mil.convert(graph, params, target="iOS18", precision="fp32", compress=dataclasses.replace(config, calibration=inputs))
     got = np.asarray(milexec.run(model, inputs)["logits"], np.float64)
@@ -132,3 +132,25 @@ def test_the_conversion_holds_the_codes_fitted_in_order(tiny: dict[str, Any]) ->
         want = evaluate(graph, inputs, {**params, **decoded})["logits"].astype(np.float64)
         error = float(np.linalg.norm(got - want) / np.linalg.norm(want))
         assert (error < 1e-4) == close, (spec, error)
+
+
+def test_on_a_tiny_random_decoder_the_order_changes_held_out_error_little() -> None:
+    """Measured, not a gain: on a tiny random decoder (2 layers, 32 wide, every weight
+    `lut4-scaled`, `fit=on`, 128 calibration tokens) the logits' relative error on other token
+    ids is 0.1719 fitted in order against 0.1722 fitted to the float activations (with the
+    weights under 2048 elements left float, 6 seeds: -2 % to +3 % either way; on SmolLM2 the
+    order lowers KL, docs/compression.md). Its activations hardly move when the layers before
+    are encoded, so either fit serves it: this pins what each fit gives there."""
+    config = TinyLM(layers=2, seq=128, hidden=32, intermediate=64)
+    graph = tiny_lm(config)
+    params, inputs, held = tiny_lm_params(graph, config), tiny_lm_inputs(config), tiny_lm_inputs(config, seed=7)
+    want = evaluate(graph, held, params)["logits"].astype(np.float64)
+    errors = {}
+    for order in ("sequential", "float"):
+        comp = _compressor(f"lut4-scaled;fit=on,{order}", graph, params, inputs)
+        decoded = _final(comp, graph, params, list(comp.schemes))
+        got = evaluate(graph, held, {**params, **decoded})["logits"].astype(np.float64)
+        errors[order] = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    assert errors["sequential"] == pytest.approx(0.1719, abs=1e-3), errors
+    assert errors["float"] == pytest.approx(0.1722, abs=1e-3), errors
+    assert errors["sequential"] <= errors["float"], errors
