@@ -66,7 +66,8 @@ CHECK_AUTO_LIMIT = 2**30
 #: `fit=`: how codes use the calibration activations (`rlx_mil.compress.fitting`): not at all,
 #: activation-weighted tables, error-compensating (GPTQ-style) rounding, or both; `MODE,ORDER`
 #: fits each weight to the activations the already-encoded weights before it give (`sequential`)
-#: or to the float model's (`float`; `FIT_ORDER` when unsaid) (`rlx_mil.compress.sequential`).
+#: or to the float model's (`float`); unsaid, `FIT_ORDER` (`rlx_mil.compress.sequential`;
+#: measured on SmolLM2's Neural Engine auto4, docs/compression.md).
 FIT_MODES = ("off", "weighted", "gptq", "on")
 FIT_ORDERS = ("sequential", "float")
 FIT_ORDER = "float"
