@@ -68,7 +68,7 @@ def test_verify_steps_encode_each_weight_once(tmp_path: Path, monkeypatch: pytes
     """--verify's reference builds a graph per step; with the codes dict it carries between
     steps a compressed weight is encoded on the first step only, and the logits are the same."""
     from rlx_mil import api
-    from rlx_mil.compress import plan, report_of
+    from rlx_mil.compress import dequantized, report_of
     from rlx_mil.llm.package import reference_logits
 
     folder = write_random_checkpoint(tmp_path / "llama", TINY_CONFIGS["llama"])
@@ -76,13 +76,13 @@ def test_verify_steps_encode_each_weight_once(tmp_path: Path, monkeypatch: pytes
     report = report_of(api.convert(graph, params, compress="int4;min_size=0;check=off", precision="fp32"))
     assert report is not None and report.weights
     calls: list[str] = []
-    real = plan.encode
+    real = dequantized.encode
 
     def counting(arr: np.ndarray, scheme: object, precision: object, name: str) -> object:
         calls.append(name)
         return real(arr, scheme, precision, name)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(plan, "encode", counting)
+    monkeypatch.setattr(dequantized, "encode", counting)  # what the reference's dequantized view encodes with
     fresh = reference_logits(folder, [1, 2, 3], report)
     once = len(calls)
     assert once == len({w.name for w in report.weights})  # once per weight, though a run reads each twice

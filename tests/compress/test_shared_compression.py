@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,17 +20,21 @@ def test_every_function_holds_the_codes_encoded_once(tmp_path: Path, monkeypatch
     folder = write_random_checkpoint(tmp_path / "llama", TINY_CONFIGS["llama"], seed=2)
     encoded: list[str] = []
     planned: list[int] = []
-    real_encode, real_plan = plan.encode, plan.plan_auto
+    real_plan = plan.plan_auto
 
-    def counting_encode(storage: np.ndarray, scheme: object, precision: object, name: str, *rest: object) -> object:
-        encoded.append(name)
-        return real_encode(storage, scheme, precision, name, *rest)  # type: ignore[arg-type]
+    def counting(real: Any) -> Any:
+        def counting_encode(storage: np.ndarray, scheme: object, precision: object, name: str, *rest: object) -> object:
+            encoded.append(name)
+            return real(storage, scheme, precision, name, *rest)
+        return counting_encode
 
     def counting_plan(*args: object, **kwargs: object) -> object:
         planned.append(1)
         return real_plan(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(plan, "encode", counting_encode)
+    # the planner's candidates go through `encode`, the conversion's codes through `plain_encode`
+    monkeypatch.setattr(plan, "encode", counting(plan.encode))
+    monkeypatch.setattr(plan, "plain_encode", counting(plan.plain_encode))
     monkeypatch.setattr(plan, "plan_auto", counting_plan)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
