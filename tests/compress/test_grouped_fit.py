@@ -181,3 +181,25 @@ def test_plain_tables_per_row_start_from_the_scaled_table_and_never_fit_worse(
     monkeypatch.setattr(palette, "SHARED_SEED_ELEMENTS", 0)
     unseeded = palettize(w, parse_scheme("lut4-group1"), np.float32)  # type: ignore[arg-type]
     assert unseeded.sq_error > scaled.sq_error > per_row.sq_error
+
+
+def test_tables_of_sixteen_rows_keep_their_own_seeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared scaled table seeds only tables of at most `SHARED_SEED_ROWS` rows: a grouped
+    `lut4` (16 rows a table) is fitted as before it, whatever the group's element count."""
+    import rlx_mil.compress.palette as palette
+
+    w = _q4_1_rows(0)
+    grouped = palettize(w, parse_scheme("lut4-group16"), np.float32)  # type: ignore[arg-type]
+    calls: list[int] = []
+    real = palette._shared_seed
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(palette, "_shared_seed", counting)
+    monkeypatch.setattr(palette, "SHARED_SEED_ELEMENTS", 1 << 30)
+    again = palettize(w, parse_scheme("lut4-group16"), np.float32)  # type: ignore[arg-type]
+    assert not calls and again.sq_error == grouped.sq_error
+    palettize(w, parse_scheme("lut4-group4"), np.float32)  # type: ignore[arg-type]
+    assert calls == [1]
