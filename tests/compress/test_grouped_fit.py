@@ -9,25 +9,19 @@ import pytest
 
 from rlx_mil.compress import parse_scheme
 from rlx_mil.compress.emit import compressed_bytes
-from rlx_mil.compress.fitting import DAMPING, FitOptions, fit_codes, input_hessian, refit_tables
+from rlx_mil.compress.fitting import FitOptions, fit_codes, input_hessian, refit_tables
 from rlx_mil.compress.linear import quantize_linear
 from rlx_mil.compress.palette import GROUP_BINS, PaletteCodes, grouped_luts, palettize
 from rlx_mil.compress.schemes import PaletteScheme
 from rlx_mil.lowering.target import Target
+from tests.compress.fit_layers import calibrated_layer, damped_hessian
 
 
 def _layer(seed: int, out: int = 16, width: int = 24, tokens: int = 48) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((out, width)) * 0.05
-    w[3, 5] = 0.6  # an outlier row
-    x = rng.standard_normal((tokens, width)) @ (np.eye(width) + rng.standard_normal((width, width)) / 4)
-    x[:, :2] *= 6.0  # outlier features
-    return w, x
+    return calibrated_layer(seed, out, width, tokens, outlier_row=True)
 
 
-def _damped(x: np.ndarray) -> np.ndarray:
-    h = input_hessian(x)
-    return h + DAMPING * float(np.mean(np.diag(h))) * np.eye(h.shape[0])
+_damped = damped_hessian
 
 
 def _weighted_sse(values: np.ndarray, weights: np.ndarray, table: np.ndarray) -> float:

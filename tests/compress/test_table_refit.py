@@ -6,20 +6,15 @@ import numpy as np
 import pytest
 
 from rlx_mil.compress import parse_scheme
-from rlx_mil.compress.fitting import DAMPING, FitOptions, fit_codes, input_hessian, refit_scales, refit_table
+from rlx_mil.compress.fitting import FitOptions, fit_codes, input_hessian, refit_scales, refit_table
+from tests.compress.fit_layers import calibrated_layer, damped_hessian
 
 
 def _layer(seed: int, out: int = 12, width: int = 16, tokens: int = 40) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((out, width)) * 0.05
-    x = rng.standard_normal((tokens, width)) @ (np.eye(width) + rng.standard_normal((width, width)) / 4)
-    x[:, :2] *= 6.0  # outlier features
-    return w, x
+    return calibrated_layer(seed, out, width, tokens)
 
 
-def _damped(x: np.ndarray) -> np.ndarray:
-    h = input_hessian(x)
-    return h + DAMPING * float(np.mean(np.diag(h))) * np.eye(h.shape[0])
+_damped = damped_hessian
 
 
 def _objective(w: np.ndarray, q: np.ndarray, h: np.ndarray) -> float:
